@@ -1,0 +1,274 @@
+//! `Agent` and its builder: the library's front door.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{Limits, RunContext};
+use crate::engine::{Engine, Run};
+use crate::event::EventEmitter;
+use crate::handle::{RunController, RunHandle};
+use crate::llm::Llm;
+use crate::metrics::RunMetrics;
+use crate::pipeline::ToolPipeline;
+use crate::status::RunStatus;
+use crate::tool::{DynTool, RegistryError, ToolRegistry};
+
+/// Why an agent could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// No model was given.
+    #[error("no model: call .model(...) on the builder")]
+    MissingModel,
+    /// A tool could not be registered.
+    #[error(transparent)]
+    Tool(#[from] RegistryError),
+    /// The workspace directory is unusable.
+    #[error("workspace {path}: {source}")]
+    Workspace {
+        /// The directory.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A limit makes no sense.
+    #[error("invalid limit: {0}")]
+    InvalidLimit(String),
+}
+
+/// The instructions every run starts with, unless replaced.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are Loom, an agent that completes the user's task \
+with the tools provided. Work step by step: call tools when you need information or must change \
+something, and answer in plain text once the task is done. A tool result that starts with 'Error' \
+says what to fix; fix it and try again. Use paths relative to the workspace root.";
+
+/// Builds an [`Agent`].
+#[derive(Default)]
+pub struct AgentBuilder {
+    llm: Option<Arc<dyn Llm>>,
+    tools: Vec<Arc<dyn DynTool>>,
+    system_prompt: Option<String>,
+    limits: Limits,
+    workspace: Option<PathBuf>,
+}
+
+impl AgentBuilder {
+    /// The model the agent talks to.
+    pub fn model(mut self, llm: impl Llm + 'static) -> Self {
+        self.llm = Some(Arc::new(llm));
+        self
+    }
+
+    /// The model, already shared.
+    pub fn model_arc(mut self, llm: Arc<dyn Llm>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+
+    /// Adds a tool (any [`crate::tool::Tool`] or [`DynTool`]).
+    pub fn tool(mut self, tool: impl DynTool) -> Self {
+        self.tools.push(Arc::new(tool));
+        self
+    }
+
+    /// Adds tools that are already shared.
+    pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn DynTool>>) -> Self {
+        self.tools.extend(tools);
+        self
+    }
+
+    /// Replaces the default system prompt.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// Tool turns allowed before the final answer is demanded (default 10).
+    pub fn max_steps(mut self, max_steps: u32) -> Self {
+        self.limits.max_steps = max_steps;
+        self
+    }
+
+    /// Limit of the whole run (default 300 s); `None` for none.
+    pub fn run_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.limits.run_timeout = limit;
+        self
+    }
+
+    /// Limit of one turn, model call plus tools (default 120 s); `None` for none.
+    pub fn step_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.limits.step_timeout = limit;
+        self
+    }
+
+    /// How long a cancelled tool may take to return before it is dropped (default 250 ms).
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.limits.cancel_grace = grace;
+        self
+    }
+
+    /// The directory the tools are confined to (default: the current directory).
+    pub fn workspace(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(dir.into());
+        self
+    }
+
+    /// Checks the configuration and builds the agent.
+    pub fn build(self) -> Result<Agent, BuildError> {
+        let llm = self.llm.ok_or(BuildError::MissingModel)?;
+        if self.limits.max_steps == 0 {
+            return Err(BuildError::InvalidLimit(
+                "max_steps must be at least 1".into(),
+            ));
+        }
+        for (name, limit) in [
+            ("run timeout", self.limits.run_timeout),
+            ("step timeout", self.limits.step_timeout),
+        ] {
+            if limit == Some(Duration::ZERO) {
+                return Err(BuildError::InvalidLimit(format!(
+                    "{name} must be more than zero"
+                )));
+            }
+        }
+        let dir = match self.workspace {
+            Some(dir) => dir,
+            None => std::env::current_dir().map_err(|source| BuildError::Workspace {
+                path: PathBuf::from("."),
+                source,
+            })?,
+        };
+        let workspace = dir.canonicalize().map_err(|source| BuildError::Workspace {
+            path: dir.clone(),
+            source,
+        })?;
+        if !workspace.is_dir() {
+            return Err(BuildError::Workspace {
+                path: dir,
+                source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+            });
+        }
+        let mut registry = ToolRegistry::new();
+        for tool in self.tools {
+            registry.register(tool)?;
+        }
+        Ok(Agent {
+            engine: Arc::new(Engine {
+                llm,
+                pipeline: ToolPipeline::new(Arc::new(registry)),
+                system_prompt: self
+                    .system_prompt
+                    .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
+            }),
+            limits: self.limits,
+            workspace: workspace.into(),
+        })
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// The user's task.
+    pub prompt: String,
+    /// Use this run id instead of a generated one.
+    pub run_id: Option<String>,
+    /// The session the run belongs to (default: the run id).
+    pub session_id: Option<String>,
+}
+
+impl From<&str> for RunRequest {
+    fn from(prompt: &str) -> Self {
+        Self {
+            prompt: prompt.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
+impl From<String> for RunRequest {
+    fn from(prompt: String) -> Self {
+        Self {
+            prompt,
+            ..Self::default()
+        }
+    }
+}
+
+/// A configured agent. Cheap to clone; each [`Agent::run`] is independent.
+#[derive(Clone)]
+pub struct Agent {
+    engine: Arc<Engine>,
+    limits: Limits,
+    workspace: Arc<Path>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("model", &self.engine.llm.model_name())
+            .field("limits", &self.limits)
+            .field("workspace", &self.workspace)
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Starts building an agent.
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder::default()
+    }
+
+    /// The agent's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The tools' jail, canonicalized.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// Starts a run on the current tokio runtime and returns its handle.
+    pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
+        let request = request.into();
+        let cancel = CancellationToken::new();
+        let ctx = RunContext::new(
+            request.run_id,
+            request.session_id,
+            self.workspace.to_path_buf(),
+            self.limits.clone(),
+            cancel,
+        );
+        let (event_tx, event_rx) = mpsc::unbounded_channel();
+        let (steer_tx, steer_rx) = mpsc::unbounded_channel();
+        let (pause_tx, pause_rx) = watch::channel(false);
+        let (status_tx, status_rx) = watch::channel(RunStatus::Queued);
+        let controller = RunController {
+            ctx: ctx.clone(),
+            pause_tx: Arc::new(pause_tx),
+            steer_tx,
+            status_rx,
+        };
+        let run = Run {
+            engine: self.engine.clone(),
+            events: EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx),
+            ctx,
+            workspace: self.workspace.clone(),
+            steer_rx,
+            pause_rx,
+            status_tx,
+            metrics: RunMetrics::default(),
+            steps: 0,
+        };
+        let task = tokio::spawn(run.drive(request.prompt));
+        RunHandle {
+            events: event_rx,
+            controller,
+            task,
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! `tt`: one turn of the run (seed 000), ending in a base case or a tail call.
+
+use std::time::Instant;
+
+use crate::context::{RunContext, StopCause};
+use crate::event::{CallSummary, EventKind, TurnIds};
+use crate::message::{Message, ToolCall};
+use crate::pipeline::{CallEnv, ToolPipeline};
+use crate::tool_result::ToolResult;
+use crate::turn_state::TurnState;
+
+use super::model_call::{CallError, ModelResponse};
+use super::Run;
+
+/// How one turn ended. The driver appends `new_messages` to the history in
+/// every case, so the transcript stays valid even when a run is stopped.
+#[derive(Debug)]
+pub enum TurnOutcome {
+    /// Tail call: run the next turn with this state.
+    Recurse {
+        /// The next turn's state.
+        next: TurnState,
+        /// Messages this turn added.
+        new_messages: Vec<Message>,
+    },
+    /// Base case: the model answered.
+    Finish {
+        /// The answer.
+        content: String,
+        /// Messages this turn added.
+        new_messages: Vec<Message>,
+    },
+    /// Base case: the run must end without an answer.
+    Stop {
+        /// Why.
+        reason: StopReason,
+        /// Messages this turn added.
+        new_messages: Vec<Message>,
+    },
+}
+
+/// Which deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutKind {
+    /// The whole run's limit.
+    Run,
+    /// One turn's limit.
+    Step,
+}
+
+/// Why a run ended without an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// Cancelled from outside.
+    Cancelled(String),
+    /// A deadline passed.
+    Timeout(TimeoutKind),
+    /// The turn limit was reached and the final call gave no answer either.
+    MaxStepsWithoutAnswer,
+    /// A fatal error (the model failed).
+    Error {
+        /// Machine-readable code.
+        code: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// The instruction for the one last call when the turn limit is reached (seed 004).
+const FINAL_ANSWER_PROMPT: &str = "You have reached the maximum number of steps for this task. \
+Do not call any more tools. Using only the information you already have, give your best final \
+answer now, and say briefly what remains unfinished, if anything.";
+
+impl Run {
+    /// Handles exactly one turn.
+    pub(crate) async fn tt(
+        &mut self,
+        history: &[Message],
+        state: &TurnState,
+        ctx: &RunContext,
+    ) -> TurnOutcome {
+        let turn = TurnIds::of(state);
+
+        // Phase 0: control.
+        if let Some(reason) = self.stop_reason(ctx) {
+            return stop(reason, Vec::new());
+        }
+        if ctx
+            .deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            ctx.stop(StopCause::RunTimeout);
+            return stop(StopReason::Timeout(TimeoutKind::Run), Vec::new());
+        }
+        if !self.wait_while_paused(ctx).await {
+            return stop(self.stop_reason(ctx).unwrap_or_else(cancelled), Vec::new());
+        }
+
+        self.metrics.iterations += 1;
+        self.events.emit(
+            &turn,
+            EventKind::IterationStart {
+                iteration: state.turn_counter(),
+            },
+        );
+
+        // The step deadline covers the model call and the turn's tools.
+        let step_deadline = ctx
+            .limits()
+            .step_timeout
+            .map(|limit| (Instant::now() + limit, StopCause::StepTimeout));
+        let deadline = match (step_deadline, ctx.deadline()) {
+            (Some((step, _)), Some(run)) if run < step => Some((run, StopCause::RunTimeout)),
+            (None, Some(run)) => Some((run, StopCause::RunTimeout)),
+            (step, _) => step,
+        };
+
+        let work = async {
+            if state.is_final() {
+                self.final_answer_turn(history, state, &turn, ctx).await
+            } else {
+                self.tool_turn(history, state, &turn, ctx).await
+            }
+        };
+        tokio::pin!(work);
+        let Some((at, cause)) = deadline else {
+            return work.await;
+        };
+        tokio::select! {
+            biased;
+            outcome = &mut work => outcome,
+            _ = tokio::time::sleep_until(at.into()) => {
+                // Stop the run, then let the turn wind down so every running
+                // tool gets a result and the transcript stays valid.
+                ctx.stop(cause);
+                work.await
+            }
+        }
+    }
+
+    async fn tool_turn(
+        &mut self,
+        history: &[Message],
+        state: &TurnState,
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> TurnOutcome {
+        let engine = self.engine.clone();
+        let response = match self
+            .model_phase(history, engine.pipeline.registry().specs(), turn, ctx)
+            .await
+        {
+            Ok(response) => response,
+            Err(outcome) => return outcome,
+        };
+
+        if response.tool_calls.is_empty() {
+            let mut new_messages = vec![Message::assistant(response.content.clone())];
+            let steering = self.take_steering();
+            if steering.is_empty() {
+                return TurnOutcome::Finish {
+                    content: response.content,
+                    new_messages,
+                };
+            }
+            // The person spoke while the model answered: their message gets a turn.
+            new_messages.extend(steering.into_iter().map(Message::user));
+            return self.recurse(state, turn, new_messages);
+        }
+
+        let calls = response.tool_calls;
+        self.events.emit(
+            turn,
+            EventKind::ToolCallsStart {
+                calls: calls
+                    .iter()
+                    .map(|call| CallSummary {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        args: call.arguments.clone(),
+                    })
+                    .collect(),
+            },
+        );
+        self.phase(turn, "tools", true);
+        let results = self.run_tools(&engine.pipeline, &calls, turn, ctx).await;
+        self.phase(turn, "tools", false);
+        self.events.emit(
+            turn,
+            EventKind::ToolCallsComplete {
+                count: results.len(),
+            },
+        );
+
+        let mut new_messages = Vec::with_capacity(results.len() + 1);
+        new_messages.push(Message::Assistant {
+            content: response.content,
+            tool_calls: calls,
+        });
+        new_messages.extend(
+            results
+                .into_iter()
+                .map(|result| Message::tool(result.call_id, result.name, result.content)),
+        );
+
+        if let Some(reason) = self.stop_reason(ctx) {
+            return stop(reason, new_messages);
+        }
+        self.steps += 1;
+        self.events.emit(
+            turn,
+            EventKind::StepCompleted {
+                step: self.steps,
+                max_steps: state.max_iterations(),
+                elapsed_seconds: ctx.elapsed().as_secs_f64(),
+            },
+        );
+        new_messages.extend(self.take_steering().into_iter().map(Message::user));
+        self.recurse(state, turn, new_messages)
+    }
+
+    /// The turn limit is reached: one last call without tools (seed 004).
+    async fn final_answer_turn(
+        &mut self,
+        history: &[Message],
+        state: &TurnState,
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> TurnOutcome {
+        self.events.emit(
+            turn,
+            EventKind::MaxIterationsReached {
+                turn_counter: state.turn_counter(),
+                max_iterations: state.max_iterations(),
+            },
+        );
+        let instruction = Message::system(FINAL_ANSWER_PROMPT);
+        let mut messages = Vec::with_capacity(history.len() + 1);
+        messages.extend_from_slice(history);
+        messages.push(instruction.clone());
+        let response = match self.model_phase(&messages, &[], turn, ctx).await {
+            Ok(response) => response,
+            Err(outcome) => return outcome,
+        };
+        let answer = response.content;
+        let new_messages = vec![instruction, Message::assistant(answer.clone())];
+        if answer.trim().is_empty() {
+            return stop(StopReason::MaxStepsWithoutAnswer, new_messages);
+        }
+        TurnOutcome::Finish {
+            content: answer,
+            new_messages,
+        }
+    }
+
+    async fn model_phase(
+        &mut self,
+        messages: &[Message],
+        tools: &[crate::llm::ToolSpec],
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> Result<ModelResponse, TurnOutcome> {
+        self.phase(turn, "llm", true);
+        let called = self.call_model(messages, tools, turn).await;
+        self.phase(turn, "llm", false);
+        match called {
+            Ok(response) => Ok(response),
+            Err(CallError::Cancelled) => Err(stop(
+                self.stop_reason(ctx).unwrap_or_else(cancelled),
+                Vec::new(),
+            )),
+            Err(CallError::Llm(err)) => Err(stop(
+                StopReason::Error {
+                    code: err.code().to_string(),
+                    message: err.to_string(),
+                },
+                Vec::new(),
+            )),
+        }
+    }
+
+    /// Runs the calls in the model's order; once the run is cancelled, the
+    /// calls not yet started get a synthesized `cancelled` result.
+    async fn run_tools(
+        &mut self,
+        pipeline: &ToolPipeline,
+        calls: &[ToolCall],
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> Vec<ToolResult> {
+        let run_id = ctx.run_id_arc();
+        let env = CallEnv {
+            run_id: &run_id,
+            workspace: &self.workspace,
+            cancel: ctx.cancel_token(),
+            cancel_grace: ctx.limits().cancel_grace,
+        };
+        let mut results = Vec::with_capacity(calls.len());
+        for call in calls {
+            let result = if ctx.is_cancelled() {
+                ToolPipeline::cancelled(call)
+            } else {
+                pipeline.run(call, env.clone()).await
+            };
+            self.metrics.tool_calls += 1;
+            if result.status.is_failure() {
+                self.metrics.tool_failures += 1;
+            }
+            self.events.emit(
+                turn,
+                EventKind::ToolResult {
+                    call_id: result.call_id.clone(),
+                    name: result.name.clone(),
+                    status: result.status,
+                    content: result.content.clone(),
+                    duration_ms: result.metadata.duration_ms,
+                    stages: result.metadata.stages,
+                },
+            );
+            results.push(result);
+        }
+        results
+    }
+
+    fn recurse(
+        &mut self,
+        state: &TurnState,
+        turn: &TurnIds,
+        new_messages: Vec<Message>,
+    ) -> TurnOutcome {
+        let next = state.next_turn(false);
+        self.events.emit(
+            turn,
+            EventKind::Recursion {
+                from_turn: state.turn_counter(),
+                to_turn: next.turn_counter(),
+                recursion_depth: next.turn_counter(),
+            },
+        );
+        TurnOutcome::Recurse { next, new_messages }
+    }
+
+    fn phase(&self, turn: &TurnIds, phase: &str, start: bool) {
+        let phase = phase.to_string();
+        let kind = if start {
+            EventKind::PhaseStart { phase }
+        } else {
+            EventKind::PhaseEnd { phase }
+        };
+        self.events.emit(turn, kind);
+    }
+
+    /// Why the run must stop now, if it must.
+    fn stop_reason(&self, ctx: &RunContext) -> Option<StopReason> {
+        if !ctx.is_cancelled() {
+            return None;
+        }
+        Some(match ctx.stop_cause() {
+            Some(StopCause::Cancelled(reason)) => StopReason::Cancelled(reason.clone()),
+            Some(StopCause::RunTimeout) => StopReason::Timeout(TimeoutKind::Run),
+            Some(StopCause::StepTimeout) => StopReason::Timeout(TimeoutKind::Step),
+            None => cancelled(),
+        })
+    }
+
+    /// Waits while the run is paused. Returns false when cancelled meanwhile.
+    async fn wait_while_paused(&mut self, ctx: &RunContext) -> bool {
+        while *self.pause_rx.borrow_and_update() {
+            tokio::select! {
+                biased;
+                _ = ctx.cancel_token().cancelled() => return false,
+                changed = self.pause_rx.changed() => {
+                    if changed.is_err() {
+                        // Nobody can resume us any more; carry on.
+                        return true;
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+fn stop(reason: StopReason, new_messages: Vec<Message>) -> TurnOutcome {
+    TurnOutcome::Stop {
+        reason,
+        new_messages,
+    }
+}
+
+fn cancelled() -> StopReason {
+    StopReason::Cancelled("cancelled".to_string())
+}

@@ -1,0 +1,332 @@
+//! The typed event stream of a run (DESIGN 4.1).
+//!
+//! Every event is one JSON object: the common fields (`runId`, `turnId`,
+//! `parentTurnId`, `depth`, `seq`, `ts`) plus `type` and the fields of its
+//! kind, all in camelCase.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::llm::Usage;
+use crate::metrics::RunMetrics;
+use crate::status::RunStatus;
+use crate::tool_result::{StageTimings, ToolStatus};
+
+/// One event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// The run the event belongs to.
+    pub run_id: Arc<str>,
+    /// The turn that produced it.
+    pub turn_id: Arc<str>,
+    /// The turn before it (or, for a sub-agent's first turn, the parent's turn).
+    pub parent_turn_id: Option<Arc<str>>,
+    /// 0 for the top-level run, 1 for its sub-agents, and so on.
+    pub depth: u32,
+    /// Strictly increasing within a run, starting at 1.
+    pub seq: u64,
+    /// RFC 3339 time with milliseconds, UTC.
+    pub ts: String,
+    /// The event's name and its own fields.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// A tool call as announced in `tool_calls.start`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallSummary {
+    /// The call id.
+    pub call_id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as the model gave them.
+    pub args: Value,
+}
+
+/// The name and fields of an event. `type` on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all_fields = "camelCase")]
+pub enum EventKind {
+    /// The run begins.
+    #[serde(rename = "lifecycle.start")]
+    LifecycleStart {
+        /// The user's request.
+        prompt: String,
+        /// The model, as `provider:name`.
+        model: String,
+        /// The run's turn limit.
+        max_steps: u32,
+    },
+    /// A turn begins.
+    #[serde(rename = "iteration.start")]
+    IterationStart {
+        /// The turn counter (0-based).
+        iteration: u32,
+    },
+    /// A phase of a turn begins (`llm`, `tools`, `final_answer`).
+    #[serde(rename = "phase.start")]
+    PhaseStart {
+        /// The phase's name.
+        phase: String,
+    },
+    /// A phase of a turn ends.
+    #[serde(rename = "phase.end")]
+    PhaseEnd {
+        /// The phase's name.
+        phase: String,
+    },
+    /// A model call begins.
+    #[serde(rename = "llm.start")]
+    LlmStart {
+        /// The model, as `provider:name`.
+        model: String,
+        /// Messages sent.
+        message_count: usize,
+        /// Whether tools were offered.
+        tools_offered: bool,
+    },
+    /// A piece of the model's text, as it arrives.
+    #[serde(rename = "llm.delta")]
+    LlmDelta {
+        /// The new text.
+        text: String,
+    },
+    /// A model call finished.
+    #[serde(rename = "llm.finish")]
+    LlmFinish {
+        /// All text of the answer.
+        content: String,
+        /// Tokens used, when the model reported them.
+        usage: Option<Usage>,
+        /// Why the model stopped (`stop`, `tool_calls`, `length`, …).
+        finish_reason: Option<String>,
+        /// Tool calls requested.
+        tool_call_count: usize,
+    },
+    /// The model asked for tools.
+    #[serde(rename = "tool_calls.start")]
+    ToolCallsStart {
+        /// The calls, in the model's order.
+        calls: Vec<CallSummary>,
+    },
+    /// One tool call finished.
+    #[serde(rename = "tool.result")]
+    ToolResult {
+        /// The call id.
+        call_id: String,
+        /// The tool's name.
+        name: String,
+        /// How it ended.
+        status: ToolStatus,
+        /// What the model reads.
+        content: String,
+        /// Wall time of the call.
+        duration_ms: u64,
+        /// Microseconds per pipeline stage.
+        stages: StageTimings,
+    },
+    /// All calls of the turn are done.
+    #[serde(rename = "tool_calls.complete")]
+    ToolCallsComplete {
+        /// Calls finished.
+        count: usize,
+    },
+    /// Tail call to the next turn.
+    #[serde(rename = "recursion")]
+    Recursion {
+        /// Counter of the turn that ends.
+        from_turn: u32,
+        /// Counter of the turn that begins; equal to the recursion depth.
+        to_turn: u32,
+        /// The recursion depth reached (seed 000's `depth`). Named apart from
+        /// the common `depth`, which is the run's depth in the run tree.
+        recursion_depth: u32,
+    },
+    /// A turn that used tools finished (seed 004).
+    #[serde(rename = "step.completed")]
+    StepCompleted {
+        /// Tool turns completed so far.
+        step: u32,
+        /// The run's limit.
+        max_steps: u32,
+        /// Seconds since the run began.
+        elapsed_seconds: f64,
+    },
+    /// The turn limit was hit; a final call without tools follows.
+    #[serde(rename = "max_iterations.reached")]
+    MaxIterationsReached {
+        /// The turn counter at the limit.
+        turn_counter: u32,
+        /// The limit.
+        max_iterations: u32,
+    },
+    /// The run was cancelled.
+    #[serde(rename = "execution.cancelled")]
+    ExecutionCancelled {
+        /// Why.
+        reason: String,
+    },
+    /// The model gave its final answer.
+    #[serde(rename = "agent.finish")]
+    AgentFinish {
+        /// The answer.
+        content: String,
+        /// Turns used.
+        turns: u32,
+        /// The run's metrics.
+        metrics: RunMetrics,
+    },
+    /// An error the run reports.
+    #[serde(rename = "error")]
+    Error {
+        /// Machine-readable code (e.g. `LLM_ERROR`, `RUN_TIMEOUT`).
+        code: String,
+        /// What happened, for people.
+        message: String,
+        /// Whether the run goes on after it.
+        recoverable: bool,
+    },
+    /// The run ended. Always the last event.
+    #[serde(rename = "lifecycle.end")]
+    LifecycleEnd {
+        /// The final status.
+        status: RunStatus,
+        /// The answer, if there is one.
+        content: Option<String>,
+        /// The run's metrics.
+        metrics: RunMetrics,
+    },
+}
+
+impl EventKind {
+    /// The event's wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::LifecycleStart { .. } => "lifecycle.start",
+            Self::IterationStart { .. } => "iteration.start",
+            Self::PhaseStart { .. } => "phase.start",
+            Self::PhaseEnd { .. } => "phase.end",
+            Self::LlmStart { .. } => "llm.start",
+            Self::LlmDelta { .. } => "llm.delta",
+            Self::LlmFinish { .. } => "llm.finish",
+            Self::ToolCallsStart { .. } => "tool_calls.start",
+            Self::ToolResult { .. } => "tool.result",
+            Self::ToolCallsComplete { .. } => "tool_calls.complete",
+            Self::Recursion { .. } => "recursion",
+            Self::StepCompleted { .. } => "step.completed",
+            Self::MaxIterationsReached { .. } => "max_iterations.reached",
+            Self::ExecutionCancelled { .. } => "execution.cancelled",
+            Self::AgentFinish { .. } => "agent.finish",
+            Self::Error { .. } => "error",
+            Self::LifecycleEnd { .. } => "lifecycle.end",
+        }
+    }
+}
+
+/// The turn an event is about.
+#[derive(Debug, Clone)]
+pub struct TurnIds {
+    /// The turn's id.
+    pub turn_id: Arc<str>,
+    /// Its parent's id.
+    pub parent_turn_id: Option<Arc<str>>,
+}
+
+impl TurnIds {
+    /// Ids of a `TurnState`.
+    pub fn of(state: &crate::turn_state::TurnState) -> Self {
+        Self {
+            turn_id: state.turn_id().into(),
+            parent_turn_id: state.parent_turn_id().map(Into::into),
+        }
+    }
+}
+
+/// Stamps events with the common fields and sends them, in `seq` order, to
+/// the run's stream. Shared by everything in a run that emits.
+#[derive(Debug)]
+pub struct EventEmitter {
+    run_id: Arc<str>,
+    depth: u32,
+    // The lock makes "take the next seq" and "send" one step, so events
+    // emitted from parallel tools still reach the stream in `seq` order.
+    seq: Mutex<u64>,
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+impl EventEmitter {
+    /// An emitter for `run_id` writing to `tx`.
+    pub fn new(run_id: Arc<str>, depth: u32, tx: mpsc::UnboundedSender<Event>) -> Self {
+        Self {
+            run_id,
+            depth,
+            seq: Mutex::new(0),
+            tx,
+        }
+    }
+
+    /// Emits one event for `turn`. A stream nobody listens to anymore is not an error.
+    pub fn emit(&self, turn: &TurnIds, kind: EventKind) {
+        let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let mut seq = match self.seq.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *seq += 1;
+        let event = Event {
+            run_id: self.run_id.clone(),
+            turn_id: turn.turn_id.clone(),
+            parent_turn_id: turn.parent_turn_id.clone(),
+            depth: self.depth,
+            seq: *seq,
+            ts,
+            kind,
+        };
+        let _ = self.tx.send(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_serializes_common_fields_and_camel_case_kind_fields() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let emitter = EventEmitter::new("run-1".into(), 0, tx);
+        let turn = TurnIds {
+            turn_id: "t1".into(),
+            parent_turn_id: None,
+        };
+        emitter.emit(
+            &turn,
+            EventKind::StepCompleted {
+                step: 1,
+                max_steps: 10,
+                elapsed_seconds: 0.5,
+            },
+        );
+        emitter.emit(&turn, EventKind::ToolCallsComplete { count: 2 });
+        let first = rx.try_recv().unwrap();
+        let second = rx.try_recv().unwrap();
+        let v = serde_json::to_value(&first).unwrap();
+        assert_eq!(v["type"], "step.completed");
+        assert_eq!(v["runId"], "run-1");
+        assert_eq!(v["turnId"], "t1");
+        assert!(v["parentTurnId"].is_null());
+        assert_eq!(v["depth"], 0);
+        assert_eq!(v["seq"], 1);
+        assert_eq!(v["maxSteps"], 10);
+        assert_eq!(v["elapsedSeconds"], 0.5);
+        assert!(v["ts"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(second.seq, 2);
+        let back: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(back, first);
+    }
+}

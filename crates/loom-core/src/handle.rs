@@ -1,0 +1,205 @@
+//! `RunHandle`: a live run's event stream and its controls.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::context::{RunContext, StopCause};
+use crate::engine::StopReason;
+use crate::event::Event;
+use crate::message::Message;
+use crate::metrics::RunMetrics;
+use crate::status::RunStatus;
+
+/// A control sent to a live run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Stop the run now: the model stream and running tools are aborted.
+    Cancel {
+        /// Why, as shown in `execution.cancelled`.
+        reason: String,
+    },
+    /// Hold the run at the next turn boundary.
+    Pause,
+    /// Let a paused run go on.
+    Resume,
+    /// Add a user message at the next turn boundary.
+    Steer(String),
+}
+
+/// A control could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlError {
+    /// The run has already ended.
+    #[error("the run has already ended")]
+    Finished,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The run's id.
+    pub run_id: String,
+    /// Its final status.
+    pub status: RunStatus,
+    /// The final answer, when there is one.
+    pub content: Option<String>,
+    /// Why it ended without an answer, when it did.
+    pub stop_reason: Option<StopReason>,
+    /// Turns used.
+    pub turns: u32,
+    /// What it did.
+    pub metrics: RunMetrics,
+    /// The full transcript, valid to send to any provider.
+    pub messages: Vec<Message>,
+}
+
+/// Cloneable controls of a live run.
+#[derive(Debug, Clone)]
+pub struct RunController {
+    pub(crate) ctx: RunContext,
+    pub(crate) pause_tx: Arc<watch::Sender<bool>>,
+    pub(crate) steer_tx: mpsc::UnboundedSender<String>,
+    pub(crate) status_rx: watch::Receiver<RunStatus>,
+}
+
+impl RunController {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        self.ctx.run_id()
+    }
+
+    /// Cancels the run. Cancelling twice, or after the end, is harmless.
+    pub fn cancel(&self, reason: impl Into<String>) {
+        self.ctx.stop(StopCause::Cancelled(reason.into()));
+    }
+
+    /// Holds the run at the next turn boundary.
+    pub fn pause(&self) {
+        self.pause_tx.send_replace(true);
+    }
+
+    /// Lets a paused run go on.
+    pub fn resume(&self) {
+        self.pause_tx.send_replace(false);
+    }
+
+    /// Adds a user message at the next turn boundary.
+    pub fn steer(&self, message: impl Into<String>) -> Result<(), ControlError> {
+        if self.status().is_terminal() {
+            return Err(ControlError::Finished);
+        }
+        self.steer_tx
+            .send(message.into())
+            .map_err(|_| ControlError::Finished)
+    }
+
+    /// Delivers any control.
+    pub fn send(&self, control: Control) -> Result<(), ControlError> {
+        match control {
+            Control::Cancel { reason } => self.cancel(reason),
+            Control::Pause => self.pause(),
+            Control::Resume => self.resume(),
+            Control::Steer(message) => return self.steer(message),
+        }
+        Ok(())
+    }
+
+    /// The run's current status.
+    pub fn status(&self) -> RunStatus {
+        *self.status_rx.borrow()
+    }
+}
+
+/// A live run: a stream of its events plus its controls. Dropping the handle
+/// does not stop the run; call [`RunHandle::cancel`] for that.
+#[derive(Debug)]
+pub struct RunHandle {
+    pub(crate) events: mpsc::UnboundedReceiver<Event>,
+    pub(crate) controller: RunController,
+    pub(crate) task: JoinHandle<RunOutcome>,
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        self.controller.run_id()
+    }
+
+    /// Controls that can be cloned and used from other tasks.
+    pub fn controller(&self) -> RunController {
+        self.controller.clone()
+    }
+
+    /// Cancels the run.
+    pub fn cancel(&self, reason: impl Into<String>) {
+        self.controller.cancel(reason);
+    }
+
+    /// Holds the run at the next turn boundary.
+    pub fn pause(&self) {
+        self.controller.pause();
+    }
+
+    /// Lets a paused run go on.
+    pub fn resume(&self) {
+        self.controller.resume();
+    }
+
+    /// Adds a user message at the next turn boundary.
+    pub fn steer(&self, message: impl Into<String>) -> Result<(), ControlError> {
+        self.controller.steer(message)
+    }
+
+    /// The run's current status.
+    pub fn status(&self) -> RunStatus {
+        self.controller.status()
+    }
+
+    /// The next event, or `None` after `lifecycle.end`.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Waits for the run to end, dropping events not yet read.
+    pub async fn outcome(self) -> RunOutcome {
+        let run_id = self.controller.run_id().to_string();
+        match self.task.await {
+            Ok(outcome) => outcome,
+            Err(join_error) => RunOutcome {
+                run_id,
+                status: RunStatus::Error,
+                content: None,
+                stop_reason: Some(StopReason::Error {
+                    code: "INTERNAL".to_string(),
+                    message: format!("the run's task failed: {join_error}"),
+                }),
+                turns: 0,
+                metrics: RunMetrics::default(),
+                messages: Vec::new(),
+            },
+        }
+    }
+
+    /// Reads every event to the end, then returns them with the outcome.
+    pub async fn collect(mut self) -> (Vec<Event>, RunOutcome) {
+        let mut events = Vec::new();
+        while let Some(event) = self.events.recv().await {
+            events.push(event);
+        }
+        let outcome = self.outcome().await;
+        (events, outcome)
+    }
+}
+
+impl Stream for RunHandle {
+    type Item = Event;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.events.poll_recv(cx)
+    }
+}

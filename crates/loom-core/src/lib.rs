@@ -1,0 +1,45 @@
+//! Loom's engine.
+//!
+//! A run is a chain of turns. [`engine`]'s `tt` handles exactly one turn —
+//! control checks, one streamed model call, the tool pipeline — and ends in a
+//! base case (answer, cancel, deadline, turn limit, fatal error) or a tail
+//! call with the next immutable [`TurnState`]. A driver trampolines the tail
+//! calls, so depth costs no stack and every turn has a clear save point.
+//!
+//! Start with [`Agent::builder`]; read the run through its [`RunHandle`].
+
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod context;
+mod engine;
+pub mod event;
+pub mod handle;
+pub mod history;
+pub mod llm;
+pub mod message;
+pub mod metrics;
+pub mod pipeline;
+pub mod status;
+pub mod tool;
+pub mod tool_result;
+pub mod turn_state;
+
+pub use agent::{Agent, AgentBuilder, BuildError, RunRequest, DEFAULT_SYSTEM_PROMPT};
+pub use context::{Limits, RunContext, StopCause};
+pub use engine::{StopReason, TimeoutKind, TurnOutcome};
+pub use event::{CallSummary, Event, EventKind};
+pub use handle::{Control, ControlError, RunController, RunHandle, RunOutcome};
+pub use history::{validate_history, HistoryError};
+pub use llm::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
+pub use message::{Message, ToolCall};
+pub use metrics::RunMetrics;
+pub use status::{InvalidTransition, RunStatus};
+pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use tool_result::{StageTimings, ToolResult, ToolStatus};
+pub use turn_state::TurnState;
+
+// Re-exported so tool authors use the same versions as the engine.
+pub use async_trait::async_trait;
+pub use schemars;
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,176 @@
+//! The `Llm` trait: how the engine talks to a model, whatever the provider.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_core::Stream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::message::Message;
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: Value,
+}
+
+/// One model call: the conversation so far and the tools on offer.
+/// Borrowed so a long history is never copied to make a request.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmRequest<'a> {
+    /// The messages, system prompt first.
+    pub messages: &'a [Message],
+    /// Tools the model may call; empty to demand a plain answer.
+    pub tools: &'a [ToolSpec],
+}
+
+/// Token counts of one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// Why the model stopped producing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A natural end of the answer.
+    Stop,
+    /// The model wants tools run.
+    ToolCalls,
+    /// The output token limit was hit.
+    Length,
+    /// The provider filtered the content.
+    ContentFilter,
+    /// Anything else the provider said.
+    Other(String),
+}
+
+impl FinishReason {
+    /// The reason as a plain string.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Stop => "stop",
+            Self::ToolCalls => "tool_calls",
+            Self::Length => "length",
+            Self::ContentFilter => "content_filter",
+            Self::Other(other) => other,
+        }
+    }
+}
+
+/// One piece of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LlmChunk {
+    /// New text of the answer.
+    Text(String),
+    /// A piece of tool call number `index`. The id and name usually come with
+    /// the first piece; argument text is concatenated across pieces.
+    ToolCallDelta {
+        /// Position of the call in the model's list.
+        index: usize,
+        /// The call id, when this piece carries it.
+        id: Option<String>,
+        /// The tool name, when this piece carries it.
+        name: Option<String>,
+        /// More argument JSON text.
+        arguments: String,
+    },
+    /// Token counts.
+    Usage(Usage),
+    /// The model stopped.
+    Finish(FinishReason),
+}
+
+/// A stream of answer pieces. Dropping it aborts the call.
+pub type LlmStream = Pin<Box<dyn Stream<Item = Result<LlmChunk, LlmError>> + Send>>;
+
+/// Everything that can go wrong with a model call.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    /// The provider is rate limiting us.
+    #[error("rate limited: {message}")]
+    RateLimited {
+        /// The provider's words.
+        message: String,
+        /// When to try again, if the provider said.
+        retry_after: Option<Duration>,
+    },
+    /// The request does not fit the model's context window.
+    #[error("context length exceeded: {0}")]
+    ContextLengthExceeded(String),
+    /// The API key is missing, wrong or lacks access.
+    #[error("authentication failed: {0}")]
+    Authentication(String),
+    /// The provider refused the request as malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The provider failed.
+    #[error("server error {status}: {message}")]
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// The provider's words.
+        message: String,
+    },
+    /// No answer in time.
+    #[error("model call timed out: {0}")]
+    Timeout(String),
+    /// The connection failed or broke.
+    #[error("connection failed: {0}")]
+    Connection(String),
+    /// The stream did not follow the provider's protocol (or ended early).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A scripted model has played every turn of its script.
+    #[error("the scripted model has no turn left: all {played} turns of {script} were played; add a turn to the script")]
+    ScriptExhausted {
+        /// Turns played.
+        played: usize,
+        /// Where the script came from.
+        script: String,
+    },
+    /// The request broke a rule the provider enforces (e.g. message order).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl LlmError {
+    /// The code used in `error` events.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::RateLimited { .. } => "LLM_RATE_LIMITED",
+            Self::ContextLengthExceeded(_) => "LLM_CONTEXT_LENGTH",
+            Self::Authentication(_) => "LLM_AUTH",
+            Self::BadRequest(_) => "LLM_BAD_REQUEST",
+            Self::Server { .. } => "LLM_SERVER",
+            Self::Timeout(_) => "LLM_TIMEOUT",
+            Self::Connection(_) => "LLM_CONNECTION",
+            Self::Protocol(_) => "LLM_PROTOCOL",
+            Self::ScriptExhausted { .. } => "SCRIPT_EXHAUSTED",
+            Self::InvalidRequest(_) => "LLM_INVALID_REQUEST",
+        }
+    }
+}
+
+/// A model behind a provider. Implementations turn a request into a stream
+/// of chunks; the engine assembles them, emits events and handles cancel.
+#[async_trait]
+pub trait Llm: Send + Sync {
+    /// The model as `provider:name` (shown in events).
+    fn model_name(&self) -> &str;
+
+    /// Starts one call. The returned stream must not borrow the request.
+    async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError>;
+}

@@ -1,0 +1,291 @@
+//! Tools: the typed `Tool` trait a developer implements, the object-safe
+//! `DynTool` the engine runs, and the `ToolRegistry` that holds them.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::ToolSpec;
+
+/// What a tool gets besides its arguments.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The call being executed.
+    pub call_id: String,
+    /// The run it belongs to.
+    pub run_id: Arc<str>,
+    /// The directory tools are confined to.
+    pub workspace: Arc<Path>,
+    /// Cancelled when the run is cancelled or the call times out. A tool
+    /// doing long work should watch it and return early.
+    pub cancel: CancellationToken,
+}
+
+/// A tool's successful output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// The text the model reads.
+    pub content: String,
+}
+
+impl From<String> for ToolOutput {
+    fn from(content: String) -> Self {
+        Self { content }
+    }
+}
+
+impl From<&str> for ToolOutput {
+    fn from(content: &str) -> Self {
+        Self {
+            content: content.to_string(),
+        }
+    }
+}
+
+/// Why a tool call failed. The message is shown to the model, so it should
+/// say what to do differently.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The arguments parsed but make no sense (e.g. a path outside the workspace).
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// The tool tried and failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The tool stopped because its token was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// A tool written as a plain Rust type, with its arguments as a struct whose
+/// JSON Schema is derived by `schemars`.
+///
+/// ```
+/// use loom_core::tool::{Tool, ToolContext, ToolError, ToolOutput};
+/// use schemars::JsonSchema;
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// struct AddArgs { a: i64, b: i64 }
+///
+/// struct Add;
+///
+/// impl Tool for Add {
+///     type Args = AddArgs;
+///     fn name(&self) -> &str { "add" }
+///     fn description(&self) -> &str { "Adds two integers." }
+///     fn concurrency_safe(&self) -> bool { true }
+///     async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+///         Ok((args.a + args.b).to_string().into())
+///     }
+/// }
+/// ```
+pub trait Tool: Send + Sync + 'static {
+    /// The arguments; their schema is what the model sees.
+    type Args: DeserializeOwned + JsonSchema + Send;
+
+    /// The name the model calls the tool by.
+    fn name(&self) -> &str;
+
+    /// What the tool does, for the model.
+    fn description(&self) -> &str;
+
+    /// Whether calls may run in parallel with other concurrency-safe calls
+    /// (true for tools that only read).
+    fn concurrency_safe(&self) -> bool {
+        false
+    }
+
+    /// Whether the tool can be used now; `Err` says why not.
+    fn check_available(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Runs the tool.
+    fn call(
+        &self,
+        args: Self::Args,
+        ctx: ToolContext,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+}
+
+/// The object-safe form of a tool that the engine runs. Every `Tool` is a
+/// `DynTool`; implement it directly for tools whose schema is only known at
+/// run time (e.g. MCP tools).
+pub trait DynTool: Send + Sync + 'static {
+    /// The name the model calls the tool by.
+    fn name(&self) -> &str;
+    /// What the tool does, for the model.
+    fn description(&self) -> &str;
+    /// JSON Schema of the arguments.
+    fn parameters_schema(&self) -> Value;
+    /// See [`Tool::concurrency_safe`].
+    fn concurrency_safe(&self) -> bool;
+    /// See [`Tool::check_available`].
+    fn check_available(&self) -> Result<(), String>;
+    /// Runs the tool with arguments already validated against the schema.
+    fn call_json(
+        &self,
+        args: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'_, Result<ToolOutput, ToolError>>;
+}
+
+impl<T: Tool> DynTool for T {
+    fn name(&self) -> &str {
+        Tool::name(self)
+    }
+
+    fn description(&self) -> &str {
+        Tool::description(self)
+    }
+
+    fn parameters_schema(&self) -> Value {
+        let mut schema = schemars::schema_for!(T::Args).to_value();
+        if let Some(object) = schema.as_object_mut() {
+            // Providers do not need the meta-schema URI or the Rust type name.
+            object.remove("$schema");
+            object.remove("title");
+        }
+        schema
+    }
+
+    fn concurrency_safe(&self) -> bool {
+        Tool::concurrency_safe(self)
+    }
+
+    fn check_available(&self) -> Result<(), String> {
+        Tool::check_available(self)
+    }
+
+    fn call_json(
+        &self,
+        args: Value,
+        ctx: ToolContext,
+    ) -> BoxFuture<'_, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let args: T::Args = serde_json::from_value(args)
+                .map_err(|err| ToolError::InvalidArguments(err.to_string()))?;
+            self.call(args, ctx).await
+        })
+    }
+}
+
+/// Why a tool could not be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Two tools share a name.
+    #[error("a tool named '{0}' is already registered")]
+    Duplicate(String),
+    /// The name is not what providers accept.
+    #[error("tool name '{0}' is invalid: use 1-64 letters, digits, '_' or '-'")]
+    InvalidName(String),
+    /// The argument schema is not a valid JSON Schema.
+    #[error("tool '{name}' has an invalid argument schema: {message}")]
+    InvalidSchema {
+        /// The tool.
+        name: String,
+        /// What the validator said.
+        message: String,
+    },
+}
+
+/// A registered tool with its compiled argument validator.
+pub struct RegisteredTool {
+    /// The tool.
+    pub tool: Arc<dyn DynTool>,
+    /// How it is offered to the model.
+    pub spec: ToolSpec,
+    /// The compiled JSON Schema of its arguments.
+    pub validator: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for RegisteredTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredTool")
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+/// The tools of an agent, by name, in registration order.
+#[derive(Debug, Default)]
+pub struct ToolRegistry {
+    tools: Vec<RegisteredTool>,
+    by_name: HashMap<String, usize>,
+    specs: Vec<ToolSpec>,
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a tool; its schema is compiled once here.
+    pub fn register(&mut self, tool: Arc<dyn DynTool>) -> Result<(), RegistryError> {
+        let name = tool.name().to_string();
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            return Err(RegistryError::InvalidName(name));
+        }
+        if self.by_name.contains_key(&name) {
+            return Err(RegistryError::Duplicate(name));
+        }
+        let parameters = tool.parameters_schema();
+        let validator =
+            jsonschema::validator_for(&parameters).map_err(|err| RegistryError::InvalidSchema {
+                name: name.clone(),
+                message: err.to_string(),
+            })?;
+        let spec = ToolSpec {
+            name: name.clone(),
+            description: tool.description().to_string(),
+            parameters,
+        };
+        self.by_name.insert(name, self.tools.len());
+        self.specs.push(spec.clone());
+        self.tools.push(RegisteredTool {
+            tool,
+            spec,
+            validator,
+        });
+        Ok(())
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&RegisteredTool> {
+        self.by_name.get(name).map(|&index| &self.tools[index])
+    }
+
+    /// Every tool as offered to the model.
+    pub fn specs(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+
+    /// Tool names in registration order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|t| t.spec.name.as_str())
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether there are no tools.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}

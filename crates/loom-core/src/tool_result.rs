@@ -1,0 +1,108 @@
+//! The outcome of one tool call, as the model and the event stream see it.
+
+use serde::{Deserialize, Serialize};
+
+/// How a tool call ended. Serialized in lowercase in `tool.result` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolStatus {
+    /// The tool ran and produced output.
+    Success,
+    /// The tool ran but something deserves the model's attention
+    /// (for example it produced no output at all).
+    Warning,
+    /// The call failed: unknown tool, invalid arguments, tool error or panic.
+    Error,
+    /// A permission rule refused the call; the tool never ran.
+    Denied,
+    /// The call ran past its time limit and was stopped.
+    Timeout,
+    /// The run was cancelled while the call was pending or running.
+    Cancelled,
+}
+
+impl ToolStatus {
+    /// The lowercase name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Warning => "warning",
+            Self::Error => "error",
+            Self::Denied => "denied",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the call counts as failed in metrics.
+    pub fn is_failure(self) -> bool {
+        !matches!(self, Self::Success | Self::Warning)
+    }
+}
+
+/// Microseconds spent in each stage of the tool pipeline for one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageTimings {
+    /// Looking the tool up and checking it is available.
+    pub discover_us: u64,
+    /// Checking the arguments against the tool's JSON Schema.
+    pub validate_us: u64,
+    /// Running the tool.
+    pub execute_us: u64,
+    /// Turning the output into the model-facing result.
+    pub format_us: u64,
+}
+
+/// Facts about a call that are not part of what the model reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResultMetadata {
+    /// Wall time of the whole pipeline for this call, in milliseconds.
+    pub duration_ms: u64,
+    /// Per-stage timings.
+    pub stages: StageTimings,
+    /// Machine-readable reason for a non-success status (e.g. `unknown_tool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
+}
+
+/// The result of one tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolResult {
+    /// The call this result answers.
+    pub call_id: String,
+    /// The tool's name as the model gave it.
+    pub name: String,
+    /// How the call ended.
+    pub status: ToolStatus,
+    /// What the model reads.
+    pub content: String,
+    /// Timing and diagnostics.
+    pub metadata: ToolResultMetadata,
+}
+
+impl ToolResult {
+    /// A result with empty metadata; the pipeline fills timing in.
+    pub fn new(
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        status: ToolStatus,
+        content: impl Into<String>,
+    ) -> Self {
+        Self {
+            call_id: call_id.into(),
+            name: name.into(),
+            status,
+            content: content.into(),
+            metadata: ToolResultMetadata::default(),
+        }
+    }
+
+    /// Sets the machine-readable error kind.
+    pub fn with_error_kind(mut self, kind: &str) -> Self {
+        self.metadata.error_kind = Some(kind.to_string());
+        self
+    }
+}
