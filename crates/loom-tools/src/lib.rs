@@ -1,1 +1,30 @@
+//! Loom's built-in tools.
+//!
+//! The file tools — `read_file`, `write_file`, `edit_file`, `list_dir`,
+//! `glob`, `grep` — are confined to the run's workspace by [`Jail`]: absolute
+//! paths outside it, `..` escapes and symlinks that lead out are refused with
+//! an error the model can act on. `glob` and `grep` honour `.gitignore`.
 
+#![warn(missing_docs)]
+
+pub mod files;
+pub mod jail;
+
+use std::sync::Arc;
+
+use loom_core::DynTool;
+
+pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
+pub use jail::{Jail, PathError};
+
+/// Every file tool, ready for `AgentBuilder::tools`.
+pub fn file_tools() -> Vec<Arc<dyn DynTool>> {
+    vec![
+        Arc::new(ReadFile),
+        Arc::new(WriteFile),
+        Arc::new(EditFile),
+        Arc::new(ListDir),
+        Arc::new(Glob),
+        Arc::new(Grep),
+    ]
+}

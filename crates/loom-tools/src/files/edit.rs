@@ -1,0 +1,71 @@
+use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::{blocking, io_error, resolve};
+
+/// Arguments of `edit_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EditFileArgs {
+    /// File to edit, relative to the workspace root.
+    pub path: String,
+    /// Exact text to replace; it must occur exactly once in the file.
+    pub old_string: String,
+    /// Text to put in its place.
+    pub new_string: String,
+}
+
+/// Replaces one exact, unique piece of text in a file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EditFile;
+
+impl Tool for EditFile {
+    type Args = EditFileArgs;
+
+    fn name(&self) -> &str {
+        "edit_file"
+    }
+
+    fn description(&self) -> &str {
+        "Replace an exact piece of text in a file. old_string must match the file exactly \
+         (including whitespace) and occur exactly once; include surrounding lines to make it unique."
+    }
+
+    async fn call(&self, args: EditFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let (jail, path) = resolve(&ctx, &args.path)?;
+        blocking(move || {
+            let shown = jail.display(&path);
+            if args.old_string.is_empty() {
+                return Err(ToolError::InvalidArguments(
+                    "old_string is empty; to create or replace a whole file use write_file".into(),
+                ));
+            }
+            if args.old_string == args.new_string {
+                return Err(ToolError::InvalidArguments("old_string and new_string are the same; nothing would change".into()));
+            }
+            let text = std::fs::read_to_string(&path).map_err(|err| io_error("read", &shown, err))?;
+            let count = text.matches(&args.old_string).count();
+            match count {
+                0 => {
+                    return Err(ToolError::Failed(format!(
+                        "old_string was not found in '{shown}'. Read the file and copy the exact text, including indentation and line breaks"
+                    )))
+                }
+                1 => {}
+                n => {
+                    return Err(ToolError::Failed(format!(
+                        "old_string occurs {n} times in '{shown}'; include more surrounding text so it matches exactly once"
+                    )))
+                }
+            }
+            let start = text.find(&args.old_string).unwrap_or(0);
+            let first_line = text[..start].matches('\n').count() + 1;
+            let updated = text.replacen(&args.old_string, &args.new_string, 1);
+            std::fs::write(&path, updated.as_bytes()).map_err(|err| io_error("write", &shown, err))?;
+            let last_line = first_line + args.new_string.matches('\n').count();
+            Ok(format!("Edited '{shown}': replaced 1 occurrence; the new text is on lines {first_line}-{last_line}.").into())
+        })
+        .await
+    }
+}

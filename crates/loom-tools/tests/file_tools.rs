@@ -1,0 +1,283 @@
+//! The file tools through their public `Tool` interface, on real files.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use loom_core::{CancellationToken, Tool, ToolContext, ToolError};
+use loom_tools::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
+use serde_json::json;
+
+fn ctx(root: &Path) -> ToolContext {
+    ToolContext {
+        call_id: "c1".into(),
+        run_id: "r1".into(),
+        workspace: Arc::from(root),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn args<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).unwrap()
+}
+
+#[tokio::test]
+async fn read_file_pages_through_large_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let text: String = (1..=50).map(|n| format!("line {n}\n")).collect();
+    std::fs::write(dir.path().join("big.txt"), text).unwrap();
+
+    let all = ReadFile
+        .call(args(json!({"path": "big.txt"})), ctx(dir.path()))
+        .await
+        .unwrap();
+    assert!(all.content.contains("     1\tline 1\n"));
+    assert!(all.content.contains("    50\tline 50\n"));
+    assert!(!all.content.contains("offset="));
+
+    let part = ReadFile
+        .call(
+            args(json!({"path": "big.txt", "offset": 10, "limit": 5})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap();
+    assert!(part.content.starts_with("    10\tline 10\n"));
+    assert!(part.content.contains("    14\tline 14\n"));
+    assert!(!part.content.contains("line 15\n"));
+    assert!(part
+        .content
+        .contains("[lines 10-14 of 50 in 'big.txt'; call read_file with offset=15 to read more]"));
+
+    let past = ReadFile
+        .call(
+            args(json!({"path": "big.txt", "offset": 99})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap_err();
+    assert!(past.to_string().contains("past the end"));
+
+    let missing = ReadFile
+        .call(args(json!({"path": "nope.txt"})), ctx(dir.path()))
+        .await
+        .unwrap_err();
+    assert!(missing.to_string().contains("does not exist"), "{missing}");
+}
+
+#[tokio::test]
+async fn write_then_edit_with_unique_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = WriteFile
+        .call(
+            args(json!({"path": "notes/a.txt", "content": "alpha\nbeta\nalpha\n"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        out.content.starts_with("Created 'notes/a.txt'"),
+        "{}",
+        out.content
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/a.txt")).unwrap(),
+        "alpha\nbeta\nalpha\n"
+    );
+
+    let ambiguous = EditFile
+        .call(
+            args(json!({"path": "notes/a.txt", "old_string": "alpha", "new_string": "gamma"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        ambiguous.to_string().contains("occurs 2 times"),
+        "{ambiguous}"
+    );
+
+    let missing = EditFile
+        .call(
+            args(json!({"path": "notes/a.txt", "old_string": "delta", "new_string": "x"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap_err();
+    assert!(missing.to_string().contains("not found"));
+
+    let edited = EditFile
+        .call(
+            args(json!({"path": "notes/a.txt", "old_string": "beta\n", "new_string": "BETA\n"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap();
+    assert!(edited.content.contains("lines 2-3"), "{}", edited.content);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/a.txt")).unwrap(),
+        "alpha\nBETA\nalpha\n"
+    );
+}
+
+#[tokio::test]
+async fn list_glob_and_grep_honour_gitignore() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("src/deep")).unwrap();
+    std::fs::create_dir_all(root.join("target")).unwrap();
+    std::fs::write(root.join(".gitignore"), "target/\n*.log\n").unwrap();
+    std::fs::write(
+        root.join("src/main.rs"),
+        "fn main() {\n    println!(\"needle\");\n}\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("src/deep/lib.rs"), "// NEEDLE here\n").unwrap();
+    std::fs::write(root.join("target/out.rs"), "needle in build output\n").unwrap();
+    std::fs::write(root.join("debug.log"), "needle in a log\n").unwrap();
+
+    let listing = ListDir
+        .call(args(json!({})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    assert!(listing.contains("src/\n"), "{listing}");
+    assert!(listing.contains("debug.log ("), "{listing}");
+
+    let globbed = Glob
+        .call(args(json!({"pattern": "**/*.rs"})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    assert_eq!(globbed, "src/deep/lib.rs\nsrc/main.rs\n");
+    let shallow = Glob
+        .call(args(json!({"pattern": "*.rs", "path": "src"})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    assert_eq!(shallow, "src/main.rs\n");
+
+    let found = Grep
+        .call(
+            args(json!({"pattern": "needle", "case_insensitive": true})),
+            ctx(root),
+        )
+        .await
+        .unwrap()
+        .content;
+    assert!(
+        found.contains("src/main.rs:2:     println!(\"needle\");"),
+        "{found}"
+    );
+    assert!(
+        found.contains("src/deep/lib.rs:1: // NEEDLE here"),
+        "{found}"
+    );
+    assert!(!found.contains("target/"), "ignored dir searched: {found}");
+    assert!(
+        !found.contains("debug.log"),
+        "ignored file searched: {found}"
+    );
+    assert!(found.contains("[2 matching lines in 2 files]"), "{found}");
+
+    let filtered = Grep
+        .call(
+            args(json!({"pattern": "needle", "glob": "main.rs"})),
+            ctx(root),
+        )
+        .await
+        .unwrap()
+        .content;
+    assert!(filtered.starts_with("src/main.rs:2:"), "{filtered}");
+
+    let bad = Grep
+        .call(args(json!({"pattern": "(unclosed"})), ctx(root))
+        .await
+        .unwrap_err();
+    assert!(matches!(bad, ToolError::InvalidArguments(_)));
+}
+
+#[tokio::test]
+async fn every_tool_refuses_paths_outside_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "secret").unwrap();
+    let secret = outside.path().join("secret.txt");
+    let secret = secret.to_str().unwrap();
+
+    let refused = |err: ToolError| {
+        let text = err.to_string();
+        assert!(text.contains("is refused"), "{text}");
+    };
+    refused(
+        ReadFile
+            .call(args(json!({"path": secret})), ctx(dir.path()))
+            .await
+            .unwrap_err(),
+    );
+    refused(
+        ReadFile
+            .call(args(json!({"path": "../x"})), ctx(dir.path()))
+            .await
+            .unwrap_err(),
+    );
+    refused(
+        WriteFile
+            .call(
+                args(json!({"path": "../escaped.txt", "content": "x"})),
+                ctx(dir.path()),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert!(!dir.path().parent().unwrap().join("escaped.txt").exists());
+    refused(
+        ListDir
+            .call(args(json!({"path": "/"})), ctx(dir.path()))
+            .await
+            .unwrap_err(),
+    );
+    refused(
+        Glob.call(args(json!({"pattern": "*", "path": ".."})), ctx(dir.path()))
+            .await
+            .unwrap_err(),
+    );
+    refused(
+        Grep.call(
+            args(json!({"pattern": "s", "path": "/etc"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap_err(),
+    );
+
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
+        refused(
+            ReadFile
+                .call(args(json!({"path": "out/secret.txt"})), ctx(dir.path()))
+                .await
+                .unwrap_err(),
+        );
+        refused(
+            WriteFile
+                .call(
+                    args(json!({"path": "out/planted.txt", "content": "x"})),
+                    ctx(dir.path()),
+                )
+                .await
+                .unwrap_err(),
+        );
+        refused(
+            EditFile
+                .call(args(json!({"path": "out/secret.txt", "old_string": "secret", "new_string": "owned"})), ctx(dir.path()))
+                .await
+                .unwrap_err(),
+        );
+        assert!(!outside.path().join("planted.txt").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(),
+            "secret"
+        );
+    }
+}
