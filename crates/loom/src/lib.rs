@@ -1,1 +1,31 @@
+//! Loom: an agent runtime that drives a model through a think–act loop with
+//! tools, streams every step as typed events, and lets you steer, cancel and
+//! inspect a run.
+//!
+//! ```no_run
+//! use loom::{Agent, models::ScriptedModel, tools::file_tools};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let agent = Agent::builder()
+//!     .model(ScriptedModel::from_path("script.json")?)
+//!     .tools(file_tools())
+//!     .workspace(".")
+//!     .build()?;
+//! let mut run = agent.run("Summarize the workspace");
+//! while let Some(event) = run.next_event().await {
+//!     println!("{}", serde_json::to_string(&event)?);
+//! }
+//! # Ok(()) }
+//! ```
 
+pub use loom_core::*;
+
+/// Model providers: the scripted model and `provider:model` parsing.
+pub mod models {
+    pub use loom_llm::*;
+}
+
+/// Built-in tools.
+pub mod tools {
+    pub use loom_tools::*;
+}

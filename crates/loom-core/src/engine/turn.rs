@@ -6,7 +6,7 @@ use crate::context::{RunContext, StopCause};
 use crate::event::{CallSummary, EventKind, TurnIds};
 use crate::message::{Message, ToolCall};
 use crate::pipeline::{CallEnv, ToolPipeline};
-use crate::tool_result::ToolResult;
+use crate::tool_result::{ToolResult, ToolStatus};
 use crate::turn_state::TurnState;
 
 use super::model_call::{CallError, ModelResponse};
@@ -297,11 +297,14 @@ impl Run {
         };
         let mut results = Vec::with_capacity(calls.len());
         for call in calls {
-            let result = if ctx.is_cancelled() {
+            let mut result = if ctx.is_cancelled() {
                 ToolPipeline::cancelled(call)
             } else {
                 pipeline.run(call, env.clone()).await
             };
+            if result.status == ToolStatus::Cancelled {
+                mark_deadline(&mut result, ctx);
+            }
             self.metrics.tool_calls += 1;
             if result.status.is_failure() {
                 self.metrics.tool_failures += 1;
@@ -379,6 +382,18 @@ impl Run {
         }
         true
     }
+}
+
+/// A call stopped by a deadline reads as `timeout`, not `cancelled`.
+fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
+    let limit = match ctx.stop_cause() {
+        Some(StopCause::RunTimeout) => "the run's time limit",
+        Some(StopCause::StepTimeout) => "the step's time limit",
+        _ => return,
+    };
+    result.status = ToolStatus::Timeout;
+    result.content = format!("The tool call was stopped because {limit} passed.");
+    result.metadata.error_kind = Some("timeout".to_string());
 }
 
 fn stop(reason: StopReason, new_messages: Vec<Message>) -> TurnOutcome {
