@@ -1,1 +1,50 @@
-fn main() {}
+//! The `loom` command.
+
+mod cli;
+mod config;
+mod render;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+use run::{exit, Failure};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("loom: error: cannot start the async runtime: {err}");
+            return ExitCode::from(exit::ERROR);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+        }
+    });
+    // Do not wait for tool work still on the blocking pool after a forced quit.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => code,
+        Err(Failure::Usage(err)) => {
+            eprintln!("loom: error: {}", one_line(&err));
+            ExitCode::from(exit::USAGE)
+        }
+        Err(Failure::Runtime(err)) => {
+            eprintln!("loom: error: {}", one_line(&err));
+            ExitCode::from(exit::ERROR)
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(err: &anyhow::Error) -> String {
+    format!("{err:#}").replace('\n', " ")
+}

@@ -1,0 +1,49 @@
+//! Command-line arguments (DESIGN 4.5).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Loom: run an agent that thinks, calls tools and answers.
+#[derive(Debug, Parser)]
+#[command(name = "loom", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one task: the answer streams to stdout, tool activity to stderr.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The task for the agent.
+    pub prompt: String,
+
+    /// The model as PROVIDER:MODEL (this version: scripted:PATH).
+    #[arg(long, env = "LOOM_MODEL")]
+    pub model: Option<String>,
+
+    /// The directory the tools are confined to (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    /// Tool turns before the model must give its final answer.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_steps: Option<u32>,
+
+    /// Time limit of the whole run in seconds (0: none).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+
+    /// Print every event as one JSON line on stdout instead of the answer.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Configuration file (default: ./loom.toml, then the user's config directory).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+}

@@ -1,0 +1,106 @@
+//! `loom.toml` (DESIGN 4.7): found, parsed and merged under the command line.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+/// The keys of loom.toml. Keys the contract defines for later features are
+/// accepted so one file serves every version; unknown keys are an error so
+/// typos do not pass silently.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub model: Option<String>,
+    pub max_steps: Option<u32>,
+    pub run_timeout_secs: Option<u64>,
+    pub step_timeout_secs: Option<u64>,
+    pub context_window: Option<u64>,
+    pub compression_threshold: Option<f64>,
+    pub permissions: Option<toml::Table>,
+    pub scheduler: Option<toml::Table>,
+    pub mcp: Option<toml::Table>,
+}
+
+/// A loaded configuration and where it came from.
+#[derive(Debug, Default)]
+pub struct LoadedConfig {
+    pub file: FileConfig,
+    /// The file's directory, for paths written in it.
+    pub dir: Option<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+/// Loads `explicit`, or else `./loom.toml`, or else the user's config file.
+pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
+    let path = match explicit {
+        Some(path) => {
+            if !path.is_file() {
+                bail!("config file {} does not exist", path.display());
+            }
+            Some(path.to_path_buf())
+        }
+        None => [Some(PathBuf::from("loom.toml")), user_config_file()]
+            .into_iter()
+            .flatten()
+            .find(|candidate| candidate.is_file()),
+    };
+    let Some(path) = path else {
+        return Ok(LoadedConfig::default());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let file: FileConfig = toml::from_str(&text)
+        .map_err(|err| anyhow::anyhow!("{}: {}", path.display(), err.message().trim()))?;
+    let mut notes = Vec::new();
+    if file.permissions.is_some() {
+        // Ignoring a deny rule would be unsafe, so refuse instead.
+        bail!(
+            "{}: [permissions] is not supported by this version of loom yet; remove it rather than have its rules ignored",
+            path.display()
+        );
+    }
+    for (present, key) in [
+        (file.context_window.is_some(), "context_window"),
+        (
+            file.compression_threshold.is_some(),
+            "compression_threshold",
+        ),
+        (file.scheduler.is_some(), "[scheduler]"),
+        (file.mcp.is_some(), "[mcp]"),
+    ] {
+        if present {
+            notes.push(format!(
+                "{}: {key} is not used by this version of loom yet",
+                path.display()
+            ));
+        }
+    }
+    let dir = path.parent().map(|dir| {
+        if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir.to_path_buf()
+        }
+    });
+    Ok(LoadedConfig { file, dir, notes })
+}
+
+fn user_config_file() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
+    Some(base.join("loom").join("loom.toml"))
+}
+
+/// A model string from the config file, with a relative script path taken
+/// relative to the file's directory.
+pub fn model_from_file(model: &str, dir: Option<&Path>) -> String {
+    match (model.strip_prefix("scripted:"), dir) {
+        (Some(path), Some(dir)) if Path::new(path).is_relative() => {
+            format!("scripted:{}", dir.join(path).display())
+        }
+        _ => model.to_string(),
+    }
+}

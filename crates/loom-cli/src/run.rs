@@ -1,0 +1,129 @@
+//! `loom run`: one task, streamed, with Ctrl-C that cancels cleanly.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use loom::models::model_from_spec;
+use loom::tools::file_tools;
+use loom::{Agent, RunOutcome, RunStatus, StopReason};
+
+use crate::cli::RunArgs;
+use crate::config::{self, LoadedConfig};
+use crate::render::{Human, JsonLines, Renderer};
+
+/// Exit codes of DESIGN 4.5.
+pub mod exit {
+    pub const ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NO_ANSWER: u8 = 3;
+    pub const TIMEOUT: u8 = 4;
+    pub const CANCELLED: u8 = 130;
+}
+
+/// Why `loom run` could not do its job.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad flags, config or script: one line, exit code 2.
+    Usage(anyhow::Error),
+    /// Anything else: exit code 1.
+    Runtime(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(err: anyhow::Error) -> Self {
+        Self::Runtime(err)
+    }
+}
+
+pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
+    let agent = build_agent(&args).map_err(Failure::Usage)?;
+    let mut renderer: Box<dyn Renderer> = if args.json {
+        Box::new(JsonLines)
+    } else {
+        Box::new(Human::default())
+    };
+
+    let mut handle = agent.run(args.prompt.as_str());
+    let controller = handle.controller();
+    let mut interrupts = 0u32;
+    loop {
+        tokio::select! {
+            event = handle.next_event() => match event {
+                Some(event) => renderer.event(&event).context("cannot write output")?,
+                None => break,
+            },
+            signal = tokio::signal::ctrl_c() => {
+                signal.context("cannot listen for Ctrl-C")?;
+                interrupts += 1;
+                if interrupts > 1 {
+                    eprintln!("loom: interrupted again; quitting now");
+                    return Ok(ExitCode::from(exit::CANCELLED));
+                }
+                eprintln!("loom: cancelling (press Ctrl-C again to quit at once)");
+                controller.cancel("interrupted by the user (Ctrl-C)");
+            }
+        }
+    }
+    let outcome = handle.outcome().await;
+    Ok(ExitCode::from(exit_code(&outcome)))
+}
+
+fn exit_code(outcome: &RunOutcome) -> u8 {
+    match (outcome.status, &outcome.stop_reason) {
+        (RunStatus::Done, _) => 0,
+        (RunStatus::Canceled, _) => exit::CANCELLED,
+        (RunStatus::Timeout, _) => exit::TIMEOUT,
+        (_, Some(StopReason::MaxStepsWithoutAnswer)) => exit::NO_ANSWER,
+        _ => exit::ERROR,
+    }
+}
+
+fn build_agent(args: &RunArgs) -> Result<Agent> {
+    let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
+    for note in notes {
+        eprintln!("loom: note: {note}");
+    }
+    let model = match (&args.model, &file.model) {
+        (Some(model), _) => model.clone(),
+        (None, Some(model)) => config::model_from_file(model, dir.as_deref()),
+        (None, None) => {
+            return Err(anyhow!(
+                "no model given: pass --model scripted:PATH, set LOOM_MODEL, or put model = \"...\" in loom.toml"
+            ))
+        }
+    };
+    let llm = model_from_spec(&model)?;
+
+    let workspace = match &args.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    if !workspace.is_dir() {
+        return Err(anyhow!(
+            "workspace {} is not a directory",
+            workspace.display()
+        ));
+    }
+
+    let mut builder = Agent::builder()
+        .model_arc(llm)
+        .tools(file_tools())
+        .workspace(PathBuf::from(&workspace));
+    if let Some(steps) = args.max_steps.or(file.max_steps) {
+        builder = builder.max_steps(steps);
+    }
+    if let Some(secs) = args.timeout.or(file.run_timeout_secs) {
+        builder = builder.run_timeout(seconds(secs));
+    }
+    if let Some(secs) = file.step_timeout_secs {
+        builder = builder.step_timeout(seconds(secs));
+    }
+    Ok(builder.build()?)
+}
+
+/// 0 means no limit.
+fn seconds(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
+}
