@@ -86,7 +86,7 @@ impl ToolPipeline {
         stages.discover_us = micros(t);
         let registered = match discovered {
             Ok(registered) => registered,
-            Err(result) => return result,
+            Err(rejection) => return rejection.into_result(call),
         };
 
         let t = Instant::now();
@@ -94,7 +94,7 @@ impl ToolPipeline {
         stages.validate_us = micros(t);
         let args = match validated {
             Ok(args) => args,
-            Err(result) => return result,
+            Err(rejection) => return rejection.into_result(call),
         };
 
         let t = Instant::now();
@@ -107,7 +107,7 @@ impl ToolPipeline {
         result
     }
 
-    fn discover(&self, call: &ToolCall) -> Result<&RegisteredTool, ToolResult> {
+    fn discover(&self, call: &ToolCall) -> Result<&RegisteredTool, Rejection> {
         let Some(registered) = self.registry.get(&call.name) else {
             let available: Vec<&str> = self.registry.names().collect();
             let list = if available.is_empty() {
@@ -115,8 +115,7 @@ impl ToolPipeline {
             } else {
                 available.join(", ")
             };
-            return Err(error(
-                call,
+            return Err(Rejection::new(
                 "unknown_tool",
                 format!(
                     "Error: there is no tool named '{}'. Available tools: {list}. Call one of them by its exact name.",
@@ -125,8 +124,7 @@ impl ToolPipeline {
             ));
         };
         if let Err(reason) = registered.tool.check_available() {
-            return Err(error(
-                call,
+            return Err(Rejection::new(
                 "unavailable",
                 format!(
                     "Error: tool '{}' is not available right now: {reason}. Try another way.",
@@ -138,13 +136,12 @@ impl ToolPipeline {
     }
 }
 
-fn validate(call: &ToolCall, registered: &RegisteredTool) -> Result<Value, ToolResult> {
+fn validate(call: &ToolCall, registered: &RegisteredTool) -> Result<Value, Rejection> {
     let args = match &call.arguments {
         Value::Null => Value::Object(Default::default()),
         // Arguments that arrived as text the model could not make valid JSON.
         Value::String(raw) => serde_json::from_str::<Value>(raw).map_err(|err| {
-            error(
-                call,
+            Rejection::new(
                 "invalid_arguments",
                 format!(
                     "Error: the arguments for '{}' are not valid JSON ({err}). Send the arguments as one JSON object matching the tool's schema.",
@@ -170,8 +167,7 @@ fn validate(call: &ToolCall, registered: &RegisteredTool) -> Result<Value, ToolR
     if violations.is_empty() {
         return Ok(args);
     }
-    Err(error(
-        call,
+    Err(Rejection::new(
         "invalid_arguments",
         format!(
             "Error: invalid arguments for '{}': {}. Expected arguments matching this JSON Schema: {}",
@@ -214,6 +210,22 @@ async fn execute(
         Ok(Err(ToolError::Cancelled)) => Err(Failure::Cancelled),
         Ok(Err(err)) => Err(Failure::Tool(err)),
         Err(panic) => Err(Failure::Panic(panic_message(panic.as_ref()))),
+    }
+}
+
+/// A call refused before it ran (unknown tool, invalid arguments).
+struct Rejection {
+    kind: &'static str,
+    message: String,
+}
+
+impl Rejection {
+    fn new(kind: &'static str, message: String) -> Self {
+        Self { kind, message }
+    }
+
+    fn into_result(self, call: &ToolCall) -> ToolResult {
+        error(call, self.kind, self.message)
     }
 }
 
