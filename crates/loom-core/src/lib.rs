@@ -1,6 +1,6 @@
 //! Loom's engine.
 //!
-//! A run is a chain of turns. [`engine`]'s `tt` handles exactly one turn —
+//! A run is a chain of turns. The engine's `tt` handles exactly one turn —
 //! control checks, one streamed model call, the tool pipeline — and ends in a
 //! base case (answer, cancel, deadline, turn limit, fatal error) or a tail
 //! call with the next immutable [`TurnState`]. A driver trampolines the tail

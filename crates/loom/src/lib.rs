@@ -18,6 +18,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 pub use loom_core::*;
 
 /// Model providers: the scripted model and `provider:model` parsing.

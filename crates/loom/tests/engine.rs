@@ -655,3 +655,59 @@ async fn steering_a_finished_run_is_refused() {
     controller.cancel("after the end is harmless");
     assert_eq!(controller.status(), RunStatus::Done);
 }
+
+#[tokio::test]
+async fn an_unavailable_tool_is_reported_and_never_runs() {
+    struct Offline;
+    impl loom::Tool for Offline {
+        type Args = NoArgs;
+        fn name(&self) -> &str {
+            "offline"
+        }
+        fn description(&self) -> &str {
+            "Needs a service that is down."
+        }
+        fn check_available(&self) -> Result<(), String> {
+            Err("the search index is still building".into())
+        }
+        async fn call(
+            &self,
+            _args: NoArgs,
+            _ctx: loom::ToolContext,
+        ) -> Result<loom::ToolOutput, loom::ToolError> {
+            panic!("an unavailable tool must not run")
+        }
+    }
+    let model = scripted(vec![call("offline", json!({})), answer("ok")]);
+    let (events, outcome) = agent(&model, 10)
+        .tool(Offline)
+        .build()
+        .unwrap()
+        .run("go")
+        .collect()
+        .await;
+    assert_contract(&events);
+    let results = tool_results(&events);
+    assert_eq!(results[0].1, "error");
+    assert!(
+        results[0]
+            .2
+            .contains("not available right now: the search index is still building"),
+        "{}",
+        results[0].2
+    );
+    assert_eq!(outcome.status, RunStatus::Done);
+}
+
+#[tokio::test]
+async fn duplicate_and_badly_named_tools_are_refused_at_build() {
+    let model = scripted(vec![]);
+    let err = agent(&model, 10)
+        .tool(Echo::default())
+        .tool(Echo::default())
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("already registered"), "{err}");
+    let err = agent(&model, 0).build().unwrap_err();
+    assert!(err.to_string().contains("max_steps"), "{err}");
+}
