@@ -3,7 +3,7 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, default_dot, resolve};
+use super::{blocking, default_dot, resolve, walk_files};
 
 const MAX_MATCHES: usize = 1000;
 
@@ -54,14 +54,8 @@ impl Tool for Glob {
         blocking(move || {
             let mut found = Vec::new();
             let mut more = 0usize;
-            for entry in ignore::WalkBuilder::new(&base).require_git(false).build() {
-                if cancel.is_cancelled() {
-                    return Err(ToolError::Cancelled);
-                }
-                let Ok(entry) = entry else { continue };
-                if !entry.file_type().is_some_and(|t| t.is_file()) {
-                    continue;
-                }
+            for entry in walk_files(&base, cancel) {
+                let entry = entry?;
                 let Ok(relative) = entry.path().strip_prefix(&base) else {
                     continue;
                 };

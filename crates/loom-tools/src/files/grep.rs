@@ -6,7 +6,7 @@ use regex::RegexBuilder;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, clip_line, default_dot, looks_binary, resolve};
+use super::{blocking, clip_line, default_dot, looks_binary, resolve, walk_files};
 
 const DEFAULT_MAX_RESULTS: usize = 200;
 const MAX_LINE_CHARS: usize = 300;
@@ -78,14 +78,8 @@ impl Tool for Grep {
             let mut shown = 0usize;
             let mut more = 0usize;
             let mut files_with_matches = 0usize;
-            for entry in ignore::WalkBuilder::new(&base).require_git(false).build() {
-                if cancel.is_cancelled() {
-                    return Err(ToolError::Cancelled);
-                }
-                let Ok(entry) = entry else { continue };
-                if !entry.file_type().is_some_and(|t| t.is_file()) {
-                    continue;
-                }
+            for entry in walk_files(&base, cancel) {
+                let entry = entry?;
                 let path = entry.path();
                 if let Some(filter) = &filter {
                     let relative = path.strip_prefix(&base).unwrap_or(path);

@@ -75,6 +75,33 @@ fn clip_line(line: &str, max: usize) -> String {
     }
 }
 
+/// The files under `base`, honouring `.gitignore` (also outside git
+/// repositories) and skipping hidden files. Stops with `Cancelled` as soon
+/// as `cancel` fires; unreadable entries are skipped.
+fn walk_files(
+    base: &Path,
+    cancel: loom_core::CancellationToken,
+) -> impl Iterator<Item = Result<ignore::DirEntry, ToolError>> {
+    let mut stopped = false;
+    ignore::WalkBuilder::new(base)
+        .require_git(false)
+        .build()
+        .filter_map(move |entry| {
+            if stopped {
+                return None;
+            }
+            if cancel.is_cancelled() {
+                stopped = true;
+                return Some(Err(ToolError::Cancelled));
+            }
+            let entry = entry.ok()?;
+            entry
+                .file_type()
+                .is_some_and(|t| t.is_file())
+                .then_some(Ok(entry))
+        })
+}
+
 fn default_dot() -> String {
     ".".to_string()
 }
