@@ -1,7 +1,8 @@
 //! `Agent` and its builder: the library's front door.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -11,9 +12,11 @@ use crate::context::{Limits, RunContext};
 use crate::engine::{Engine, Run};
 use crate::event::EventEmitter;
 use crate::handle::{RunController, RunHandle};
+use crate::hooks::{PermissionHook, ToolHook};
 use crate::llm::Llm;
 use crate::metrics::RunMetrics;
-use crate::pipeline::ToolPipeline;
+use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
+use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 use crate::status::RunStatus;
 use crate::tool::{DynTool, RegistryError, ToolRegistry};
 
@@ -46,13 +49,34 @@ something, and answer in plain text once the task is done. A tool result that st
 says what to fix; fix it and try again. Use paths relative to the workspace root.";
 
 /// Builds an [`Agent`].
-#[derive(Default)]
 pub struct AgentBuilder {
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<Arc<dyn DynTool>>,
+    hooks: Vec<Arc<dyn ToolHook>>,
+    policy: PermissionPolicy,
+    permission_timeout: Option<Duration>,
+    pipeline: PipelineConfig,
+    redactor: Option<Redactor>,
     system_prompt: Option<String>,
     limits: Limits,
     workspace: Option<PathBuf>,
+}
+
+impl Default for AgentBuilder {
+    fn default() -> Self {
+        Self {
+            llm: None,
+            tools: Vec::new(),
+            hooks: Vec::new(),
+            policy: PermissionPolicy::default(),
+            permission_timeout: Some(Duration::from_secs(300)),
+            pipeline: PipelineConfig::default(),
+            redactor: None,
+            system_prompt: None,
+            limits: Limits::default(),
+            workspace: None,
+        }
+    }
 }
 
 impl AgentBuilder {
@@ -77,6 +101,59 @@ impl AgentBuilder {
     /// Adds tools that are already shared.
     pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn DynTool>>) -> Self {
         self.tools.extend(tools);
+        self
+    }
+
+    /// The permission policy (default: allow everything — the embedding
+    /// application decides what its tools may do).
+    pub fn permissions(mut self, policy: PermissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How long an `ask` waits for an answer before it counts as a deny
+    /// (default 300 s); `None` to wait as long as the run lives.
+    pub fn permission_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.permission_timeout = limit;
+        self
+    }
+
+    /// Adds a hook that runs before and after every tool call. Hooks run in
+    /// the order they are added, before the permission policy.
+    pub fn hook(mut self, hook: impl ToolHook) -> Self {
+        self.hooks.push(Arc::new(hook));
+        self
+    }
+
+    /// Concurrency-safe calls running at once (default 10).
+    pub fn max_concurrency(mut self, limit: usize) -> Self {
+        self.pipeline.max_concurrency = limit;
+        self
+    }
+
+    /// Limit of one tool call (default 120 s); `None` for none.
+    pub fn tool_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.pipeline.tool_timeout = limit;
+        self
+    }
+
+    /// Limit of one call of `tool`, replacing the general tool timeout.
+    pub fn tool_timeout_for(mut self, tool: impl Into<String>, limit: Duration) -> Self {
+        self.pipeline.tool_timeouts.insert(tool.into(), limit);
+        self
+    }
+
+    /// Tool results longer than this many characters are cut, visibly (default 30 000).
+    pub fn max_output_chars(mut self, limit: usize) -> Self {
+        self.pipeline.max_output_chars = limit;
+        self
+    }
+
+    /// How secrets are removed from tool output (default: known key and
+    /// token shapes, and the values of environment variables ending in
+    /// `_KEY`, `_TOKEN`, `_SECRET`).
+    pub fn redactor(mut self, redactor: Redactor) -> Self {
+        self.redactor = Some(redactor);
         self
     }
 
@@ -119,6 +196,16 @@ impl AgentBuilder {
     /// Checks the configuration and builds the agent.
     pub fn build(self) -> Result<Agent, BuildError> {
         let llm = self.llm.ok_or(BuildError::MissingModel)?;
+        if self.pipeline.max_concurrency == 0 {
+            return Err(BuildError::InvalidLimit(
+                "max_concurrency must be at least 1".into(),
+            ));
+        }
+        if self.pipeline.max_output_chars < 100 {
+            return Err(BuildError::InvalidLimit(
+                "max_output_chars must be at least 100".into(),
+            ));
+        }
         if self.limits.max_steps == 0 {
             return Err(BuildError::InvalidLimit(
                 "max_steps must be at least 1".into(),
@@ -155,16 +242,26 @@ impl AgentBuilder {
         for tool in self.tools {
             registry.register(tool)?;
         }
+        let mut hooks = self.hooks;
+        hooks.push(Arc::new(PermissionHook::new(self.policy)));
+        let pipeline = ToolPipeline::new(
+            Arc::new(registry),
+            hooks,
+            self.pipeline,
+            self.redactor.unwrap_or_else(Redactor::from_env),
+        );
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
-                pipeline: ToolPipeline::new(Arc::new(registry)),
+                pipeline,
                 system_prompt: self
                     .system_prompt
                     .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
             }),
             limits: self.limits,
+            permission_timeout: self.permission_timeout,
             workspace: workspace.into(),
+            sessions: Arc::default(),
         })
     }
 }
@@ -203,7 +300,10 @@ impl From<String> for RunRequest {
 pub struct Agent {
     engine: Arc<Engine>,
     limits: Limits,
+    permission_timeout: Option<Duration>,
     workspace: Arc<Path>,
+    /// "Always" grants per session id.
+    sessions: Arc<Mutex<HashMap<String, SessionGrants>>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -232,6 +332,15 @@ impl Agent {
         &self.workspace
     }
 
+    /// The "always" grants of a session, shared by its runs.
+    fn session_grants(&self, session_id: &str) -> SessionGrants {
+        let mut sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        sessions.entry(session_id.to_string()).or_default().clone()
+    }
+
     /// Starts a run on the current tokio runtime and returns its handle.
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
@@ -247,11 +356,20 @@ impl Agent {
         let (steer_tx, steer_rx) = mpsc::unbounded_channel();
         let (pause_tx, pause_rx) = watch::channel(false);
         let (status_tx, status_rx) = watch::channel(RunStatus::Queued);
+        let status_tx = Arc::new(status_tx);
+        let pending = Arc::new(PendingRequests::default());
+        let gate = PermissionGate {
+            pending: pending.clone(),
+            grants: self.session_grants(ctx.session_id()),
+            timeout: self.permission_timeout,
+            status_tx: status_tx.clone(),
+        };
         let controller = RunController {
             ctx: ctx.clone(),
             pause_tx: Arc::new(pause_tx),
             steer_tx,
             status_rx,
+            pending,
         };
         let run = Run {
             engine: self.engine.clone(),
@@ -261,6 +379,7 @@ impl Agent {
             steer_rx,
             pause_rx,
             status_tx,
+            gate,
             metrics: RunMetrics::default(),
             steps: 0,
         };

@@ -131,6 +131,30 @@ pub enum EventKind {
         /// Microseconds per pipeline stage.
         stages: StageTimings,
     },
+    /// A call needs a person's permission; answer through the `RunHandle`.
+    #[serde(rename = "permission.request")]
+    PermissionRequest {
+        /// Quote it in the reply.
+        request_id: String,
+        /// The tool to run.
+        tool: String,
+        /// Its arguments.
+        args: Value,
+        /// The rule that asked, if a rule did.
+        rule: Option<String>,
+    },
+    /// A permission request was answered (or timed out, or the run was cancelled).
+    #[serde(rename = "permission.resolved")]
+    PermissionResolved {
+        /// The request.
+        request_id: String,
+        /// The tool.
+        tool: String,
+        /// `allow`, `deny` or `always`.
+        decision: String,
+        /// Why, when it was not a person's answer (`timeout`, …).
+        reason: Option<String>,
+    },
     /// All calls of the turn are done.
     #[serde(rename = "tool_calls.complete")]
     ToolCallsComplete {
@@ -217,6 +241,8 @@ impl EventKind {
             Self::LlmFinish { .. } => "llm.finish",
             Self::ToolCallsStart { .. } => "tool_calls.start",
             Self::ToolResult { .. } => "tool.result",
+            Self::PermissionRequest { .. } => "permission.request",
+            Self::PermissionResolved { .. } => "permission.resolved",
             Self::ToolCallsComplete { .. } => "tool_calls.complete",
             Self::Recursion { .. } => "recursion",
             Self::StepCompleted { .. } => "step.completed",

@@ -13,6 +13,7 @@ use crate::engine::StopReason;
 use crate::event::Event;
 use crate::message::Message;
 use crate::metrics::RunMetrics;
+use crate::permission::{PendingRequests, PermissionDecision};
 use crate::status::RunStatus;
 
 /// A control sent to a live run.
@@ -29,6 +30,13 @@ pub enum Control {
     Resume,
     /// Add a user message at the next turn boundary.
     Steer(String),
+    /// Answer a `permission.request`.
+    PermissionReply {
+        /// The request's id.
+        request_id: String,
+        /// The answer.
+        decision: PermissionDecision,
+    },
 }
 
 /// A control could not be delivered.
@@ -37,6 +45,9 @@ pub enum ControlError {
     /// The run has already ended.
     #[error("the run has already ended")]
     Finished,
+    /// No permission request with this id is waiting.
+    #[error("no permission request '{0}' is waiting for an answer")]
+    UnknownRequest(String),
 }
 
 /// How a run ended.
@@ -65,6 +76,7 @@ pub struct RunController {
     pub(crate) pause_tx: Arc<watch::Sender<bool>>,
     pub(crate) steer_tx: mpsc::UnboundedSender<String>,
     pub(crate) status_rx: watch::Receiver<RunStatus>,
+    pub(crate) pending: Arc<PendingRequests>,
 }
 
 impl RunController {
@@ -98,6 +110,19 @@ impl RunController {
             .map_err(|_| ControlError::Finished)
     }
 
+    /// Answers a `permission.request`.
+    pub fn respond_permission(
+        &self,
+        request_id: &str,
+        decision: PermissionDecision,
+    ) -> Result<(), ControlError> {
+        if self.pending.answer(request_id, decision) {
+            Ok(())
+        } else {
+            Err(ControlError::UnknownRequest(request_id.to_string()))
+        }
+    }
+
     /// Delivers any control.
     pub fn send(&self, control: Control) -> Result<(), ControlError> {
         match control {
@@ -105,6 +130,10 @@ impl RunController {
             Control::Pause => self.pause(),
             Control::Resume => self.resume(),
             Control::Steer(message) => return self.steer(message),
+            Control::PermissionReply {
+                request_id,
+                decision,
+            } => return self.respond_permission(&request_id, decision),
         }
         Ok(())
     }
@@ -158,6 +187,15 @@ impl RunHandle {
     /// The run's current status.
     pub fn status(&self) -> RunStatus {
         self.controller.status()
+    }
+
+    /// Answers a `permission.request`.
+    pub fn respond_permission(
+        &self,
+        request_id: &str,
+        decision: PermissionDecision,
+    ) -> Result<(), ControlError> {
+        self.controller.respond_permission(request_id, decision)
     }
 
     /// The next event, or `None` after `lifecycle.end`.

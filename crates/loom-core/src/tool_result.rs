@@ -48,9 +48,11 @@ pub struct StageTimings {
     pub discover_us: u64,
     /// Checking the arguments against the tool's JSON Schema.
     pub validate_us: u64,
+    /// Hooks and permissions, including any wait for a person's answer.
+    pub authorize_us: u64,
     /// Running the tool.
     pub execute_us: u64,
-    /// Turning the output into the model-facing result.
+    /// Hooks, secret redaction and truncation of the output.
     pub format_us: u64,
 }
 

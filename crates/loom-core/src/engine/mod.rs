@@ -13,6 +13,7 @@ use crate::context::RunContext;
 use crate::event::EventEmitter;
 use crate::llm::Llm;
 use crate::metrics::RunMetrics;
+use crate::permission::PermissionGate;
 use crate::pipeline::ToolPipeline;
 use crate::status::RunStatus;
 
@@ -33,7 +34,8 @@ pub(crate) struct Run {
     pub events: EventEmitter,
     pub steer_rx: mpsc::UnboundedReceiver<String>,
     pub pause_rx: watch::Receiver<bool>,
-    pub status_tx: watch::Sender<RunStatus>,
+    pub status_tx: Arc<watch::Sender<RunStatus>>,
+    pub gate: PermissionGate,
     pub metrics: RunMetrics,
     /// Tool turns completed (seed 004's `step`).
     pub steps: u32,

@@ -5,8 +5,8 @@ use std::time::Instant;
 use crate::context::{RunContext, StopCause};
 use crate::event::{CallSummary, EventKind, TurnIds};
 use crate::message::{Message, ToolCall};
-use crate::pipeline::{CallEnv, ToolPipeline};
-use crate::tool_result::{ToolResult, ToolStatus};
+use crate::pipeline::{BatchEnv, ToolPipeline};
+use crate::tool_result::ToolResult;
 use crate::turn_state::TurnState;
 
 use super::model_call::{CallError, ModelResponse};
@@ -279,8 +279,8 @@ impl Run {
         }
     }
 
-    /// Runs the calls in the model's order; once the run is cancelled, the
-    /// calls not yet started get a synthesized `cancelled` result.
+    /// Runs the turn's calls through the pipeline; every call gets exactly
+    /// one result, in call order, also when the run is cancelled.
     async fn run_tools(
         &mut self,
         pipeline: &ToolPipeline,
@@ -288,39 +288,19 @@ impl Run {
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> Vec<ToolResult> {
-        let run_id = ctx.run_id_arc();
-        let env = CallEnv {
-            run_id: &run_id,
+        let env = BatchEnv {
+            ctx,
             workspace: &self.workspace,
-            cancel: ctx.cancel_token(),
-            cancel_grace: ctx.limits().cancel_grace,
+            events: &self.events,
+            turn,
+            gate: &self.gate,
         };
-        let mut results = Vec::with_capacity(calls.len());
-        for call in calls {
-            let mut result = if ctx.is_cancelled() {
-                ToolPipeline::cancelled(call)
-            } else {
-                pipeline.run(call, env.clone()).await
-            };
-            if result.status == ToolStatus::Cancelled {
-                mark_deadline(&mut result, ctx);
-            }
+        let results = pipeline.run_batch(calls, &env).await;
+        for result in &results {
             self.metrics.tool_calls += 1;
             if result.status.is_failure() {
                 self.metrics.tool_failures += 1;
             }
-            self.events.emit(
-                turn,
-                EventKind::ToolResult {
-                    call_id: result.call_id.clone(),
-                    name: result.name.clone(),
-                    status: result.status,
-                    content: result.content.clone(),
-                    duration_ms: result.metadata.duration_ms,
-                    stages: result.metadata.stages,
-                },
-            );
-            results.push(result);
         }
         results
     }
@@ -382,18 +362,6 @@ impl Run {
         }
         true
     }
-}
-
-/// A call stopped by a deadline reads as `timeout`, not `cancelled`.
-fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
-    let limit = match ctx.stop_cause() {
-        Some(StopCause::RunTimeout) => "the run's time limit",
-        Some(StopCause::StepTimeout) => "the step's time limit",
-        _ => return,
-    };
-    result.status = ToolStatus::Timeout;
-    result.content = format!("The tool call was stopped because {limit} passed.");
-    result.metadata.error_kind = Some("timeout".to_string());
 }
 
 fn stop(reason: StopReason, new_messages: Vec<Message>) -> TurnOutcome {

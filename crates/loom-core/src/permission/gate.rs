@@ -1,0 +1,182 @@
+//! Asking a person: `permission.request`, a wait for the reply through the
+//! `RunHandle`, `permission.resolved`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::status::RunStatus;
+
+/// A person's answer to a permission request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PermissionDecision {
+    /// Run this call.
+    Allow,
+    /// Do not run it.
+    Deny,
+    /// Run it, and do not ask again for this tool (or this rule) in this session.
+    Always,
+}
+
+impl PermissionDecision {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::Always => "always",
+        }
+    }
+}
+
+/// How a wait for a person ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AskOutcome {
+    /// Allowed (once or always).
+    Allowed,
+    /// Denied, with the reason the model will read.
+    Denied(String),
+    /// The run was cancelled while waiting.
+    Cancelled,
+}
+
+/// Grants of "always" that last for a session.
+pub type SessionGrants = Arc<Mutex<HashSet<String>>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Pending requests of one run, shared by the run and its controller.
+#[derive(Debug, Default)]
+pub(crate) struct PendingRequests {
+    waiting: Mutex<HashMap<String, oneshot::Sender<PermissionDecision>>>,
+}
+
+impl PendingRequests {
+    /// Delivers a reply. `false` when no such request is waiting.
+    pub(crate) fn answer(&self, request_id: &str, decision: PermissionDecision) -> bool {
+        match lock(&self.waiting).remove(request_id) {
+            Some(sender) => sender.send(decision).is_ok(),
+            None => false,
+        }
+    }
+}
+
+/// The ask machinery of one run.
+#[derive(Debug, Clone)]
+pub(crate) struct PermissionGate {
+    pub pending: Arc<PendingRequests>,
+    pub grants: SessionGrants,
+    pub timeout: Option<Duration>,
+    pub status_tx: Arc<watch::Sender<RunStatus>>,
+}
+
+/// What is being asked about.
+pub(crate) struct AskRequest<'a> {
+    pub tool: &'a str,
+    pub args: &'a Value,
+    /// What an "always" grants: `tool:NAME` or `rule:PATTERN`.
+    pub grant_key: String,
+    /// Why the question is asked (the rule), shown to the person.
+    pub reason: Option<String>,
+}
+
+impl PermissionGate {
+    /// Whether an earlier "always" covers `grant_key`.
+    pub(crate) fn is_granted(&self, grant_key: &str) -> bool {
+        lock(&self.grants).contains(grant_key)
+    }
+
+    /// Asks and waits for the reply, a timeout, or a cancel.
+    pub(crate) async fn ask(
+        &self,
+        request: AskRequest<'_>,
+        events: &EventEmitter,
+        turn: &TurnIds,
+        cancel: &CancellationToken,
+    ) -> AskOutcome {
+        let request_id = format!("perm_{}", uuid::Uuid::new_v4().simple());
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending.waiting).insert(request_id.clone(), tx);
+        events.emit(
+            turn,
+            EventKind::PermissionRequest {
+                request_id: request_id.clone(),
+                tool: request.tool.to_string(),
+                args: request.args.clone(),
+                rule: request.reason.clone(),
+            },
+        );
+        self.status_tx.send_if_modified(|status| {
+            let waiting = *status == RunStatus::Running;
+            if waiting {
+                *status = RunStatus::WaitingPermission;
+            }
+            waiting
+        });
+
+        let timeout = async {
+            match self.timeout {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (outcome, decision, reason) = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => (AskOutcome::Cancelled, "deny", Some("the run was cancelled".to_string())),
+            reply = rx => match reply {
+                Ok(PermissionDecision::Allow) => (AskOutcome::Allowed, "allow", None),
+                Ok(PermissionDecision::Always) => {
+                    lock(&self.grants).insert(request.grant_key.clone());
+                    (AskOutcome::Allowed, "always", None)
+                }
+                Ok(PermissionDecision::Deny) => (
+                    AskOutcome::Denied(format!("The user denied permission to run '{}'. Do not retry this call; ask the user or try another way.", request.tool)),
+                    "deny",
+                    None,
+                ),
+                Err(_) => (
+                    AskOutcome::Denied(format!("Permission to run '{}' could not be asked for, so it was denied.", request.tool)),
+                    "deny",
+                    Some("nobody can answer".to_string()),
+                ),
+            },
+            _ = timeout => (
+                AskOutcome::Denied(format!(
+                    "Permission to run '{}' was not given in time, so it was denied. Do not retry this call; try another way or finish with what you have.",
+                    request.tool
+                )),
+                "deny",
+                Some("timeout".to_string()),
+            ),
+        };
+        lock(&self.pending.waiting).remove(&request_id);
+        self.status_tx.send_if_modified(|status| {
+            let resumed = *status == RunStatus::WaitingPermission;
+            if resumed {
+                *status = RunStatus::Running;
+            }
+            resumed
+        });
+        events.emit(
+            turn,
+            EventKind::PermissionResolved {
+                request_id,
+                tool: request.tool.to_string(),
+                decision: decision.to_string(),
+                reason,
+            },
+        );
+        outcome
+    }
+}

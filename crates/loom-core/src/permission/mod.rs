@@ -1,0 +1,9 @@
+//! Permissions: the policy (`allow` / `ask` / `deny` rules) and the gate
+//! that asks a person through the run's events and `RunHandle`.
+
+mod gate;
+mod policy;
+
+pub use gate::{AskOutcome, PermissionDecision, SessionGrants};
+pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
+pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};

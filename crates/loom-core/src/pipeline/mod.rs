@@ -1,0 +1,268 @@
+//! The six-stage tool pipeline (seed 002): discover → validate → authorize
+//! → check cancel → execute → format.
+//!
+//! The first four stages run call by call in the model's order (so a person
+//! is asked one question at a time, in order). Execution is scheduled:
+//! consecutive concurrency-safe calls run in parallel up to
+//! `max_concurrency`, any other call runs alone, and every call has a
+//! timeout. Each result is formatted (hooks, secret redaction, truncation)
+//! and announced as it finishes; the batch returns results in call order.
+//! Every failure in any stage becomes a `ToolResult` the model reads on its
+//! next turn; a tool never brings the run down.
+
+mod authorize;
+mod execute;
+mod redact;
+mod scheduler;
+mod stages;
+mod truncate;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::context::{RunContext, StopCause};
+use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::hooks::ToolHook;
+use crate::message::ToolCall;
+use crate::permission::PermissionGate;
+use crate::tool::{RegisteredTool, ToolRegistry};
+use crate::tool_result::{StageTimings, ToolResult, ToolStatus};
+
+pub use redact::{Redactor, REDACTED};
+pub use truncate::truncate;
+
+/// How tools are scheduled and their output shaped.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Concurrency-safe calls running at once (default 10).
+    pub max_concurrency: usize,
+    /// Limit of one call (default 120 s); `None` for none.
+    pub tool_timeout: Option<Duration>,
+    /// Per-tool limits that replace `tool_timeout`.
+    pub tool_timeouts: HashMap<String, Duration>,
+    /// Results longer than this many characters are cut (default 30 000).
+    pub max_output_chars: usize,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 10,
+            tool_timeout: Some(Duration::from_secs(120)),
+            tool_timeouts: HashMap::new(),
+            max_output_chars: 30_000,
+        }
+    }
+}
+
+impl PipelineConfig {
+    fn timeout_for(&self, tool: &str) -> Option<Duration> {
+        self.tool_timeouts.get(tool).copied().or(self.tool_timeout)
+    }
+}
+
+/// Runs tool calls through the pipeline stages.
+pub struct ToolPipeline {
+    registry: Arc<ToolRegistry>,
+    /// User hooks first, the permission hook last.
+    hooks: Vec<Arc<dyn ToolHook>>,
+    config: PipelineConfig,
+    redactor: Redactor,
+}
+
+impl std::fmt::Debug for ToolPipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolPipeline")
+            .field("tools", &self.registry.len())
+            .field("hooks", &self.hooks.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// What a batch needs from its run.
+pub(crate) struct BatchEnv<'a> {
+    pub ctx: &'a RunContext,
+    pub workspace: &'a Arc<Path>,
+    pub events: &'a EventEmitter,
+    pub turn: &'a TurnIds,
+    pub gate: &'a PermissionGate,
+}
+
+/// A call after the first four stages.
+pub(crate) enum Prepared<'a> {
+    /// Ready to execute.
+    Ready {
+        call: &'a ToolCall,
+        tool: &'a RegisteredTool,
+        args: serde_json::Value,
+        stages: StageTimings,
+        started: Instant,
+    },
+    /// Settled without running (unknown tool, invalid arguments, denied, cancelled).
+    Settled {
+        call: &'a ToolCall,
+        result: ToolResult,
+        stages: StageTimings,
+        started: Instant,
+    },
+}
+
+impl ToolPipeline {
+    /// A pipeline over `registry` with `hooks` (the permission hook last).
+    pub fn new(
+        registry: Arc<ToolRegistry>,
+        hooks: Vec<Arc<dyn ToolHook>>,
+        config: PipelineConfig,
+        redactor: Redactor,
+    ) -> Self {
+        Self {
+            registry,
+            hooks,
+            config,
+            redactor,
+        }
+    }
+
+    /// The registry the pipeline runs.
+    pub fn registry(&self) -> &ToolRegistry {
+        &self.registry
+    }
+
+    /// The scheduling and output settings.
+    pub fn config(&self) -> &PipelineConfig {
+        &self.config
+    }
+
+    /// A `cancelled` result for a call that never got to run.
+    pub fn cancelled(call: &ToolCall) -> ToolResult {
+        ToolResult::new(
+            &call.id,
+            &call.name,
+            ToolStatus::Cancelled,
+            "The run was cancelled before this tool call could run.",
+        )
+        .with_error_kind("cancelled")
+    }
+
+    /// Runs a turn's calls and returns their results in call order.
+    pub(crate) async fn run_batch(
+        &self,
+        calls: &[ToolCall],
+        env: &BatchEnv<'_>,
+    ) -> Vec<ToolResult> {
+        let mut prepared = Vec::with_capacity(calls.len());
+        for call in calls {
+            prepared.push(self.prepare(call, env).await);
+        }
+        scheduler::run(self, prepared, env).await
+    }
+
+    /// Stages 1-4 for one call.
+    async fn prepare<'a>(&'a self, call: &'a ToolCall, env: &BatchEnv<'_>) -> Prepared<'a> {
+        let started = Instant::now();
+        let mut stages = StageTimings::default();
+        let settled = |result: ToolResult, stages: StageTimings| Prepared::Settled {
+            call,
+            result,
+            stages,
+            started,
+        };
+        if env.ctx.is_cancelled() {
+            return settled(Self::cancelled(call), stages);
+        }
+
+        let t = Instant::now();
+        let discovered = stages::discover(&self.registry, call);
+        stages.discover_us = micros(t);
+        let tool = match discovered {
+            Ok(tool) => tool,
+            Err(rejection) => return settled(rejection.into_result(call), stages),
+        };
+
+        let t = Instant::now();
+        let validated = stages::validate(call, tool, &call.arguments);
+        stages.validate_us = micros(t);
+        let args = match validated {
+            Ok(args) => args,
+            Err(rejection) => return settled(rejection.into_result(call), stages),
+        };
+
+        let t = Instant::now();
+        let authorized = authorize::authorize(self, call, tool, args, env).await;
+        stages.authorize_us = micros(t);
+        let args = match authorized {
+            Ok(args) => args,
+            Err(result) => return settled(result, stages),
+        };
+
+        // Check cancel: nothing starts once the run is cancelled.
+        if env.ctx.is_cancelled() {
+            return settled(Self::cancelled(call), stages);
+        }
+        Prepared::Ready {
+            call,
+            tool,
+            args,
+            stages,
+            started,
+        }
+    }
+
+    /// Stage 6: hooks, redaction, truncation, timing; then the event.
+    async fn finish(
+        &self,
+        call: &ToolCall,
+        mut result: ToolResult,
+        mut stages: StageTimings,
+        started: Instant,
+        env: &BatchEnv<'_>,
+    ) -> ToolResult {
+        let t = Instant::now();
+        if result.status == ToolStatus::Cancelled {
+            mark_deadline(&mut result, env.ctx);
+        }
+        for hook in &self.hooks {
+            result = hook.after_tool(call, result).await;
+        }
+        if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&result.content) {
+            result.content = clean;
+        }
+        if let Some(cut) = truncate(&result.content, self.config.max_output_chars) {
+            result.content = cut;
+        }
+        stages.format_us = micros(t);
+        result.metadata.stages = stages;
+        result.metadata.duration_ms = started.elapsed().as_millis() as u64;
+        env.events.emit(
+            env.turn,
+            EventKind::ToolResult {
+                call_id: result.call_id.clone(),
+                name: result.name.clone(),
+                status: result.status,
+                content: result.content.clone(),
+                duration_ms: result.metadata.duration_ms,
+                stages: result.metadata.stages,
+            },
+        );
+        result
+    }
+}
+
+/// A call stopped by a run or step deadline reads as `timeout`, not `cancelled`.
+fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
+    let limit = match ctx.stop_cause() {
+        Some(StopCause::RunTimeout) => "the run's time limit",
+        Some(StopCause::StepTimeout) => "the step's time limit",
+        _ => return,
+    };
+    result.status = ToolStatus::Timeout;
+    result.content = format!("The tool call was stopped because {limit} passed.");
+    result.metadata.error_kind = Some("timeout".to_string());
+}
+
+fn micros(since: Instant) -> u64 {
+    since.elapsed().as_micros() as u64
+}

@@ -1,0 +1,78 @@
+//! Stage 5 for a batch: consecutive concurrency-safe calls run together (at
+//! most `max_concurrency` at once); any other call runs alone, after the
+//! calls before it and before the calls after it. Results keep call order.
+
+use std::time::Instant;
+
+use futures_util::future::join_all;
+use tokio::sync::Semaphore;
+
+use crate::tool_result::ToolResult;
+
+use super::execute::execute;
+use super::{micros, BatchEnv, Prepared, ToolPipeline};
+
+pub(crate) async fn run(
+    pipeline: &ToolPipeline,
+    prepared: Vec<Prepared<'_>>,
+    env: &BatchEnv<'_>,
+) -> Vec<ToolResult> {
+    let permits = Semaphore::new(pipeline.config.max_concurrency.max(1));
+    let mut results = Vec::with_capacity(prepared.len());
+    let mut group: Vec<Prepared<'_>> = Vec::new();
+    for item in prepared {
+        if is_exclusive(&item) {
+            results.extend(run_group(pipeline, std::mem::take(&mut group), &permits, env).await);
+            results.extend(run_group(pipeline, vec![item], &permits, env).await);
+        } else {
+            group.push(item);
+        }
+    }
+    results.extend(run_group(pipeline, group, &permits, env).await);
+    results
+}
+
+/// A call that must not overlap any other.
+fn is_exclusive(item: &Prepared<'_>) -> bool {
+    matches!(item, Prepared::Ready { tool, .. } if !tool.tool.concurrency_safe())
+}
+
+async fn run_group(
+    pipeline: &ToolPipeline,
+    group: Vec<Prepared<'_>>,
+    permits: &Semaphore,
+    env: &BatchEnv<'_>,
+) -> Vec<ToolResult> {
+    join_all(group.into_iter().map(|item| async move {
+        match item {
+            Prepared::Settled {
+                call,
+                result,
+                stages,
+                started,
+            } => pipeline.finish(call, result, stages, started, env).await,
+            Prepared::Ready {
+                call,
+                tool,
+                args,
+                mut stages,
+                started,
+            } => {
+                // The semaphore is never closed, so acquiring cannot fail.
+                let _permit = permits.acquire().await.ok();
+                let t = Instant::now();
+                let result = execute(
+                    call,
+                    tool,
+                    args,
+                    pipeline.config.timeout_for(&call.name),
+                    env,
+                )
+                .await;
+                stages.execute_us = micros(t);
+                pipeline.finish(call, result, stages, started, env).await
+            }
+        }
+    }))
+    .await
+}
