@@ -39,6 +39,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
 
+    /// Allow a tool (or a rule such as 'write_file(path=docs/**)') without asking. Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    pub allow: Vec<String>,
+
+    /// Ask before a tool (or rule) runs. Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    pub ask: Vec<String>,
+
+    /// Never run a tool (or rule). Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    pub deny: Vec<String>,
+
+    /// Approve every permission request without asking.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+
     /// Print every event as one JSON line on stdout instead of the answer.
     #[arg(long)]
     pub json: bool,

@@ -1,5 +1,6 @@
 //! `loom.toml` (DESIGN 4.7): found, parsed and merged under the command line.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -15,11 +16,27 @@ pub struct FileConfig {
     pub max_steps: Option<u32>,
     pub run_timeout_secs: Option<u64>,
     pub step_timeout_secs: Option<u64>,
+    /// How long a permission question waits for an answer (0: as long as the run).
+    pub permission_timeout_secs: Option<u64>,
+    /// Tool results longer than this many characters are cut.
+    pub tool_output_max_chars: Option<usize>,
     pub context_window: Option<u64>,
     pub compression_threshold: Option<f64>,
-    pub permissions: Option<toml::Table>,
-    pub scheduler: Option<toml::Table>,
+    /// `tool` or `tool(arg=glob)` → allow | ask | deny, and `default`.
+    pub permissions: Option<BTreeMap<String, String>>,
+    pub scheduler: Option<SchedulerConfig>,
     pub mcp: Option<toml::Table>,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    pub max_concurrency: Option<usize>,
+    pub tool_timeout_secs: Option<u64>,
+    /// Per-tool limits in seconds (`[scheduler.tool_timeouts]`).
+    #[serde(default)]
+    pub tool_timeouts: BTreeMap<String, u64>,
 }
 
 /// A loaded configuration and where it came from.
@@ -48,34 +65,18 @@ pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
     let Some(path) = path else {
         return Ok(LoadedConfig::default());
     };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let file: FileConfig = toml::from_str(&text)
-        .map_err(|err| anyhow::anyhow!("{}: {}", path.display(), err.message().trim()))?;
-    let mut notes = Vec::new();
-    if file.permissions.is_some() {
-        // Ignoring a deny rule would be unsafe, so refuse instead.
-        bail!(
-            "{}: [permissions] is not supported by this version of loom yet; remove it rather than have its rules ignored",
-            path.display()
-        );
-    }
-    for (present, key) in [
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file: FileConfig =
+        toml::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {}", path.display(), err.message().trim()))?;
+    let notes = [
         (file.context_window.is_some(), "context_window"),
-        (
-            file.compression_threshold.is_some(),
-            "compression_threshold",
-        ),
-        (file.scheduler.is_some(), "[scheduler]"),
+        (file.compression_threshold.is_some(), "compression_threshold"),
         (file.mcp.is_some(), "[mcp]"),
-    ] {
-        if present {
-            notes.push(format!(
-                "{}: {key} is not used by this version of loom yet",
-                path.display()
-            ));
-        }
-    }
+    ]
+    .into_iter()
+    .filter(|(present, _)| *present)
+    .map(|(_, key)| format!("{}: {key} is not used by this version of loom yet", path.display()))
+    .collect();
     let dir = path.parent().map(|dir| {
         if dir.as_os_str().is_empty() {
             PathBuf::from(".")

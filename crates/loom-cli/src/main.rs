@@ -2,6 +2,7 @@
 
 mod cli;
 mod config;
+mod permissions;
 mod render;
 mod run;
 
@@ -14,10 +15,7 @@ use run::{exit, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("loom: error: cannot start the async runtime: {err}");

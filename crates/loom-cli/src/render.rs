@@ -44,8 +44,7 @@ impl Renderer for Human {
             EventKind::LlmFinish { .. } => self.end_line()?,
             EventKind::ToolCallsStart { calls } => {
                 for call in calls {
-                    self.args
-                        .insert(call.call_id.clone(), summarize_args(&call.args));
+                    self.args.insert(call.call_id.clone(), summarize_args(&call.args));
                 }
             }
             EventKind::ToolResult {
@@ -100,7 +99,8 @@ impl Human {
     }
 }
 
-fn summarize_args(args: &serde_json::Value) -> String {
+/// Arguments as `key=value, …`, cut to one short line.
+pub fn summarize_args(args: &serde_json::Value) -> String {
     let text = match args.as_object() {
         Some(map) => map
             .iter()

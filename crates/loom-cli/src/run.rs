@@ -7,10 +7,11 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use loom::models::model_from_spec;
 use loom::tools::file_tools;
-use loom::{Agent, RunOutcome, RunStatus, StopReason};
+use loom::{Agent, EventKind, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::RunArgs;
 use crate::config::{self, LoadedConfig};
+use crate::permissions;
 use crate::render::{Human, JsonLines, Renderer};
 
 /// Exit codes of DESIGN 4.5.
@@ -51,7 +52,12 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     loop {
         tokio::select! {
             event = handle.next_event() => match event {
-                Some(event) => renderer.event(&event).context("cannot write output")?,
+                Some(event) => {
+                    if let EventKind::PermissionRequest { request_id, tool, args: call_args, .. } = &event.kind {
+                        permissions::answer(&controller, request_id.clone(), tool.clone(), call_args, args.yes);
+                    }
+                    renderer.event(&event).context("cannot write output")?;
+                }
                 None => break,
             },
             signal = tokio::signal::ctrl_c() => {
@@ -101,16 +107,31 @@ fn build_agent(args: &RunArgs) -> Result<Agent> {
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
     if !workspace.is_dir() {
-        return Err(anyhow!(
-            "workspace {} is not a directory",
-            workspace.display()
-        ));
+        return Err(anyhow!("workspace {} is not a directory", workspace.display()));
     }
 
     let mut builder = Agent::builder()
         .model_arc(llm)
         .tools(file_tools())
-        .workspace(PathBuf::from(&workspace));
+        .workspace(PathBuf::from(&workspace))
+        .permissions(permissions::policy(args, file.permissions.as_ref())?);
+    if let Some(secs) = file.permission_timeout_secs {
+        builder = builder.permission_timeout(seconds(secs));
+    }
+    if let Some(limit) = file.tool_output_max_chars {
+        builder = builder.max_output_chars(limit);
+    }
+    if let Some(scheduler) = &file.scheduler {
+        if let Some(limit) = scheduler.max_concurrency {
+            builder = builder.max_concurrency(limit);
+        }
+        if let Some(secs) = scheduler.tool_timeout_secs {
+            builder = builder.tool_timeout(seconds(secs));
+        }
+        for (tool, secs) in &scheduler.tool_timeouts {
+            builder = builder.tool_timeout_for(tool, Duration::from_secs(*secs));
+        }
+    }
     if let Some(steps) = args.max_steps.or(file.max_steps) {
         builder = builder.max_steps(steps);
     }

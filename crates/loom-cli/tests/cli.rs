@@ -47,15 +47,7 @@ fn assert_event_contract(events: &[Value]) {
     assert!(!events.is_empty());
     let mut last_seq = 0;
     for event in events {
-        for key in [
-            "type",
-            "runId",
-            "turnId",
-            "parentTurnId",
-            "depth",
-            "seq",
-            "ts",
-        ] {
+        for key in ["type", "runId", "turnId", "parentTurnId", "depth", "seq", "ts"] {
             assert!(event.get(key).is_some(), "{key} missing in {event}");
         }
         let seq = event["seq"].as_u64().unwrap();
@@ -71,7 +63,7 @@ fn quickstart_json_events_and_files_written() {
     let workspace = quickstart_copy();
     let script = repo_root().join("examples/quickstart/script.json");
     let output = loom()
-        .args(["run", "--json", "--model"])
+        .args(["run", "--json", "--allow", "write_file", "--model"])
         .arg(format!("scripted:{}", script.display()))
         .arg("--workspace")
         .arg(workspace.path())
@@ -108,10 +100,7 @@ fn quickstart_json_events_and_files_written() {
     assert_eq!(end["status"], "DONE");
     assert_eq!(end["metrics"]["toolCalls"], 4);
     assert_eq!(end["metrics"]["inputTokens"], 412 + 508 + 640 + 702 + 830);
-    let results: Vec<&Value> = events
-        .iter()
-        .filter(|e| e["type"] == "tool.result")
-        .collect();
+    let results: Vec<&Value> = events.iter().filter(|e| e["type"] == "tool.result").collect();
     assert!(results.iter().all(|r| r["status"] == "success"));
     assert!(results
         .iter()
@@ -125,7 +114,7 @@ fn human_output_streams_the_answer_to_stdout_and_tools_to_stderr() {
     let workspace = quickstart_copy();
     let script = repo_root().join("examples/quickstart/script.json");
     let output = loom()
-        .arg("run")
+        .args(["run", "--yes"])
         .arg("--model")
         .arg(format!("scripted:{}", script.display()))
         .arg("--workspace")
@@ -137,16 +126,13 @@ fn human_output_streams_the_answer_to_stdout_and_tools_to_stderr() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stdout.contains("I wrote SUMMARY.md"), "{stdout}");
-    assert!(
-        !stdout.contains("read_file("),
-        "tool lines belong on stderr"
-    );
+    assert!(!stdout.contains("read_file("), "tool lines belong on stderr");
     let tool_lines: Vec<&str> = stderr.lines().filter(|l| l.contains(" ms")).collect();
     assert_eq!(tool_lines.len(), 4, "{stderr}");
-    assert!(
-        tool_lines[1].contains("✓ read_file(path=README.md)"),
-        "{stderr}"
-    );
+    assert!(tool_lines[1].contains("✓ read_file(path=README.md)"), "{stderr}");
+    assert!(stderr.contains("? write_file(content=# Summary"), "{stderr}");
+    assert!(stderr.contains("allowed by --yes"), "{stderr}");
+    assert!(workspace.path().join("SUMMARY.md").exists());
 }
 
 #[test]
@@ -198,14 +184,7 @@ fn usage_errors_are_one_line_and_exit_2() {
             "--max-steps",
         ),
         (
-            vec![
-                "run",
-                "--model",
-                "scripted:x.json",
-                "--config",
-                "nope.toml",
-                "x",
-            ],
+            vec!["run", "--model", "scripted:x.json", "--config", "nope.toml", "x"],
             "does not exist",
         ),
     ];
@@ -230,26 +209,12 @@ fn exit_codes_for_no_answer_timeout_and_error() {
         dir.path(),
         r#"[{"tool_calls":[{"name":"list_dir","arguments":{}}]},{"content":""}]"#,
     );
-    let (code, _) = exit_of(
-        &["run", "--model", &no_answer, "--max-steps", "1", "x"],
-        dir.path(),
-    );
+    let (code, _) = exit_of(&["run", "--model", &no_answer, "--max-steps", "1", "x"], dir.path());
     assert_eq!(code, Some(3));
 
-    std::fs::write(
-        dir.path().join("slow.json"),
-        r#"[{"content":"late","delay_ms":20000}]"#,
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("slow.json"), r#"[{"content":"late","delay_ms":20000}]"#).unwrap();
     let (code, stderr) = exit_of(
-        &[
-            "run",
-            "--model",
-            "scripted:slow.json",
-            "--timeout",
-            "1",
-            "x",
-        ],
+        &["run", "--model", "scripted:slow.json", "--timeout", "1", "x"],
         dir.path(),
     );
     assert_eq!(code, Some(4), "{stderr}");
@@ -302,15 +267,21 @@ fn config_file_supplies_model_and_limits() {
 
     std::fs::write(
         dir.path().join("loom.toml"),
-        "model = \"scripted:conf/script.yaml\"\n[permissions]\nwrite_file = \"deny\"\n",
+        "model = \"scripted:conf/script.yaml\"\n[permissions]\nwrite_file = \"perhaps\"\n",
     )
     .unwrap();
     let (code, stderr) = exit_of(&["run", "x"], dir.path());
     assert_eq!(code, Some(2));
-    assert!(
-        stderr.contains("[permissions] is not supported"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("'perhaps' is not a permission"), "{stderr}");
+
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        "model = \"scripted:conf/script.yaml\"\n[scheduler]\nmax_concurrency = 0\n",
+    )
+    .unwrap();
+    let (code, stderr) = exit_of(&["run", "x"], dir.path());
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("max_concurrency"), "{stderr}");
 }
 
 #[cfg(unix)]

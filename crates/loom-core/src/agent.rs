@@ -197,28 +197,20 @@ impl AgentBuilder {
     pub fn build(self) -> Result<Agent, BuildError> {
         let llm = self.llm.ok_or(BuildError::MissingModel)?;
         if self.pipeline.max_concurrency == 0 {
-            return Err(BuildError::InvalidLimit(
-                "max_concurrency must be at least 1".into(),
-            ));
+            return Err(BuildError::InvalidLimit("max_concurrency must be at least 1".into()));
         }
         if self.pipeline.max_output_chars < 100 {
-            return Err(BuildError::InvalidLimit(
-                "max_output_chars must be at least 100".into(),
-            ));
+            return Err(BuildError::InvalidLimit("max_output_chars must be at least 100".into()));
         }
         if self.limits.max_steps == 0 {
-            return Err(BuildError::InvalidLimit(
-                "max_steps must be at least 1".into(),
-            ));
+            return Err(BuildError::InvalidLimit("max_steps must be at least 1".into()));
         }
         for (name, limit) in [
             ("run timeout", self.limits.run_timeout),
             ("step timeout", self.limits.step_timeout),
         ] {
             if limit == Some(Duration::ZERO) {
-                return Err(BuildError::InvalidLimit(format!(
-                    "{name} must be more than zero"
-                )));
+                return Err(BuildError::InvalidLimit(format!("{name} must be more than zero")));
             }
         }
         let dir = match self.workspace {
@@ -254,9 +246,7 @@ impl AgentBuilder {
             engine: Arc::new(Engine {
                 llm,
                 pipeline,
-                system_prompt: self
-                    .system_prompt
-                    .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
+                system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
             }),
             limits: self.limits,
             permission_timeout: self.permission_timeout,
@@ -334,10 +324,7 @@ impl Agent {
 
     /// The "always" grants of a session, shared by its runs.
     fn session_grants(&self, session_id: &str) -> SessionGrants {
-        let mut sessions = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut sessions = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         sessions.entry(session_id.to_string()).or_default().clone()
     }
 

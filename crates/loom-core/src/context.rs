@@ -70,9 +70,7 @@ impl RunContext {
         limits: Limits,
         cancel: CancellationToken,
     ) -> Self {
-        let run_id: Arc<str> = run_id
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
-            .into();
+        let run_id: Arc<str> = run_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string()).into();
         Self {
             inner: Arc::new(Inner {
                 correlation_id: uuid::Uuid::new_v4().to_string(),
@@ -141,10 +139,7 @@ impl RunContext {
 
     /// The moment the run must end, if it has a run timeout.
     pub fn deadline(&self) -> Option<Instant> {
-        self.inner
-            .limits
-            .run_timeout
-            .map(|limit| self.inner.started + limit)
+        self.inner.limits.run_timeout.map(|limit| self.inner.started + limit)
     }
 
     /// Records why the run is stopping (the first cause wins) and cancels it.

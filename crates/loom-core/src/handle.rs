@@ -105,17 +105,11 @@ impl RunController {
         if self.status().is_terminal() {
             return Err(ControlError::Finished);
         }
-        self.steer_tx
-            .send(message.into())
-            .map_err(|_| ControlError::Finished)
+        self.steer_tx.send(message.into()).map_err(|_| ControlError::Finished)
     }
 
     /// Answers a `permission.request`.
-    pub fn respond_permission(
-        &self,
-        request_id: &str,
-        decision: PermissionDecision,
-    ) -> Result<(), ControlError> {
+    pub fn respond_permission(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError> {
         if self.pending.answer(request_id, decision) {
             Ok(())
         } else {
@@ -130,10 +124,7 @@ impl RunController {
             Control::Pause => self.pause(),
             Control::Resume => self.resume(),
             Control::Steer(message) => return self.steer(message),
-            Control::PermissionReply {
-                request_id,
-                decision,
-            } => return self.respond_permission(&request_id, decision),
+            Control::PermissionReply { request_id, decision } => return self.respond_permission(&request_id, decision),
         }
         Ok(())
     }
@@ -190,11 +181,7 @@ impl RunHandle {
     }
 
     /// Answers a `permission.request`.
-    pub fn respond_permission(
-        &self,
-        request_id: &str,
-        decision: PermissionDecision,
-    ) -> Result<(), ControlError> {
+    pub fn respond_permission(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError> {
         self.controller.respond_permission(request_id, decision)
     }
 

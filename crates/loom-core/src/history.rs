@@ -53,10 +53,7 @@ pub enum HistoryError {
 /// Checks that after each assistant message with tool calls there is exactly
 /// one tool message per call id, in call order, before any other message.
 /// A history may end with calls still unanswered only if `allow_pending_tail`.
-pub fn validate_history(
-    messages: &[Message],
-    allow_pending_tail: bool,
-) -> Result<(), HistoryError> {
+pub fn validate_history(messages: &[Message], allow_pending_tail: bool) -> Result<(), HistoryError> {
     let mut pending: Vec<&str> = Vec::new();
     let mut next = 0usize;
     for (index, message) in messages.iter().enumerate() {
@@ -157,11 +154,7 @@ mod tests {
             validate_history(&reordered, false),
             Err(HistoryError::OutOfOrder { .. })
         ));
-        let missing = vec![
-            asks(&["a", "b"]),
-            Message::tool("a", "t", ""),
-            Message::system("x"),
-        ];
+        let missing = vec![asks(&["a", "b"]), Message::tool("a", "t", ""), Message::system("x")];
         assert!(matches!(
             validate_history(&missing, false),
             Err(HistoryError::MissingToolResult { .. })

@@ -134,7 +134,9 @@ pub enum LlmError {
     #[error("protocol error: {0}")]
     Protocol(String),
     /// A scripted model has played every turn of its script.
-    #[error("the scripted model has no turn left: all {played} turns of {script} were played; add a turn to the script")]
+    #[error(
+        "the scripted model has no turn left: all {played} turns of {script} were played; add a turn to the script"
+    )]
     ScriptExhausted {
         /// Turns played.
         played: usize,

@@ -51,10 +51,7 @@ impl RunStatus {
 
     /// Whether the status can never change again.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Done | Self::Error | Self::Canceled | Self::Timeout
-        )
+        matches!(self, Self::Done | Self::Error | Self::Canceled | Self::Timeout)
     }
 
     /// Moves to `to` if DESIGN 4.2 allows it.

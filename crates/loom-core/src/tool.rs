@@ -109,11 +109,7 @@ pub trait Tool: Send + Sync + 'static {
     }
 
     /// Runs the tool.
-    fn call(
-        &self,
-        args: Self::Args,
-        ctx: ToolContext,
-    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+    fn call(&self, args: Self::Args, ctx: ToolContext) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
 }
 
 /// The object-safe form of a tool that the engine runs. Every `Tool` is a
@@ -131,11 +127,7 @@ pub trait DynTool: Send + Sync + 'static {
     /// See [`Tool::check_available`].
     fn check_available(&self) -> Result<(), String>;
     /// Runs the tool with arguments already validated against the schema.
-    fn call_json(
-        &self,
-        args: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'_, Result<ToolOutput, ToolError>>;
+    fn call_json(&self, args: Value, ctx: ToolContext) -> BoxFuture<'_, Result<ToolOutput, ToolError>>;
 }
 
 impl<T: Tool> DynTool for T {
@@ -165,14 +157,10 @@ impl<T: Tool> DynTool for T {
         Tool::check_available(self)
     }
 
-    fn call_json(
-        &self,
-        args: Value,
-        ctx: ToolContext,
-    ) -> BoxFuture<'_, Result<ToolOutput, ToolError>> {
+    fn call_json(&self, args: Value, ctx: ToolContext) -> BoxFuture<'_, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
-            let args: T::Args = serde_json::from_value(args)
-                .map_err(|err| ToolError::InvalidArguments(err.to_string()))?;
+            let args: T::Args =
+                serde_json::from_value(args).map_err(|err| ToolError::InvalidArguments(err.to_string()))?;
             self.call(args, ctx).await
         })
     }
@@ -209,9 +197,7 @@ pub struct RegisteredTool {
 
 impl std::fmt::Debug for RegisteredTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegisteredTool")
-            .field("spec", &self.spec)
-            .finish()
+        f.debug_struct("RegisteredTool").field("spec", &self.spec).finish()
     }
 }
 
@@ -234,9 +220,7 @@ impl ToolRegistry {
         let name = tool.name().to_string();
         let valid_name = !name.is_empty()
             && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid_name {
             return Err(RegistryError::InvalidName(name));
         }
@@ -244,11 +228,10 @@ impl ToolRegistry {
             return Err(RegistryError::Duplicate(name));
         }
         let parameters = tool.parameters_schema();
-        let validator =
-            jsonschema::validator_for(&parameters).map_err(|err| RegistryError::InvalidSchema {
-                name: name.clone(),
-                message: err.to_string(),
-            })?;
+        let validator = jsonschema::validator_for(&parameters).map_err(|err| RegistryError::InvalidSchema {
+            name: name.clone(),
+            message: err.to_string(),
+        })?;
         let spec = ToolSpec {
             name: name.clone(),
             description: tool.description().to_string(),
@@ -256,11 +239,7 @@ impl ToolRegistry {
         };
         self.by_name.insert(name, self.tools.len());
         self.specs.push(spec.clone());
-        self.tools.push(RegisteredTool {
-            tool,
-            spec,
-            validator,
-        });
+        self.tools.push(RegisteredTool { tool, spec, validator });
         Ok(())
     }
 

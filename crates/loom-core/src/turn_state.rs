@@ -148,9 +148,7 @@ mod tests {
 
     #[test]
     fn serde_round_trip_uses_seed_field_names() {
-        let state = TurnState::initial(7)
-            .next_turn(true)
-            .with_metadata("k", json!(1));
+        let state = TurnState::initial(7).next_turn(true).with_metadata("k", json!(1));
         let value = serde_json::to_value(&state).unwrap();
         for key in [
             "turn_counter",

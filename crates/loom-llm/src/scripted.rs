@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
-use loom_core::{
-    validate_history, FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Usage,
-};
+use loom_core::{validate_history, FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -127,10 +125,7 @@ impl ScriptedModel {
             path: shown.clone(),
             source,
         })?;
-        let yaml = matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml") | Some("yml")
-        );
+        let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml") | Some("yml"));
         let turns = parse_script(&text, yaml).map_err(|message| ScriptError::Invalid {
             path: shown.clone(),
             message,
@@ -172,19 +167,15 @@ pub fn parse_script(text: &str, yaml: bool) -> Result<Vec<ScriptTurn>, String> {
     } else {
         // Parse to a value first so syntax errors keep their line and column.
         let value: Value = serde_json::from_str(text).map_err(|err| err.to_string())?;
-        serde_json::from_value(value).map_err(|err| {
-            format!("{err}; expected a list of turns like [{{\"content\": \"…\"}}]")
-        })?
+        serde_json::from_value(value)
+            .map_err(|err| format!("{err}; expected a list of turns like [{{\"content\": \"…\"}}]"))?
     };
     let turns = match file {
         ScriptFile::Turns(turns) | ScriptFile::Wrapped { turns } => turns,
     };
     for (index, turn) in turns.iter().enumerate() {
         if turn.content.is_none() && turn.tool_calls.is_empty() {
-            return Err(format!(
-                "turn {} has neither \"content\" nor \"tool_calls\"",
-                index + 1
-            ));
+            return Err(format!("turn {} has neither \"content\" nor \"tool_calls\"", index + 1));
         }
     }
     Ok(turns)
@@ -198,8 +189,7 @@ impl Llm for ScriptedModel {
 
     async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError> {
         if self.check_history {
-            validate_history(request.messages, false)
-                .map_err(|err| LlmError::InvalidRequest(err.to_string()))?;
+            validate_history(request.messages, false).map_err(|err| LlmError::InvalidRequest(err.to_string()))?;
         }
         let index = self.cursor.fetch_add(1, Ordering::SeqCst);
         let Some(turn) = self.turns.get(index) else {
@@ -211,10 +201,7 @@ impl Llm for ScriptedModel {
         // A model offered no tools cannot call any.
         let offer_tools = !request.tools.is_empty();
         let chunks = chunks_of(turn, index, offer_tools);
-        let delay = turn
-            .delay_ms
-            .filter(|ms| *ms > 0)
-            .map(Duration::from_millis);
+        let delay = turn.delay_ms.filter(|ms| *ms > 0).map(Duration::from_millis);
         let stream = stream::iter(chunks.into_iter().map(Ok));
         Ok(match delay {
             Some(delay) => stream::once(async move {
@@ -241,11 +228,7 @@ fn chunks_of(turn: &ScriptTurn, turn_index: usize, offer_tools: bool) -> Vec<Llm
         };
         chunks.push(LlmChunk::ToolCallDelta {
             index,
-            id: Some(
-                call.id
-                    .clone()
-                    .unwrap_or_else(|| format!("call_{turn_index}_{index}")),
-            ),
+            id: Some(call.id.clone().unwrap_or_else(|| format!("call_{turn_index}_{index}"))),
             name: Some(call.name.clone()),
             arguments,
         });

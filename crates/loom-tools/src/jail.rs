@@ -60,10 +60,7 @@ impl Jail {
         };
         let normalized = normalize(&joined);
         if !normalized.starts_with(&self.root) {
-            return Err(refuse(format!(
-                "it is outside the workspace {}",
-                self.root.display()
-            )));
+            return Err(refuse(format!("it is outside the workspace {}", self.root.display())));
         }
 
         // Judge symlinks by their targets: canonicalize the deepest ancestor
@@ -71,11 +68,9 @@ impl Jail {
         for existing in normalized.ancestors() {
             match std::fs::symlink_metadata(existing) {
                 Ok(_) => {
-                    let real = existing.canonicalize().map_err(|err| {
-                        refuse(format!(
-                            "it goes through a link that cannot be followed ({err})"
-                        ))
-                    })?;
+                    let real = existing
+                        .canonicalize()
+                        .map_err(|err| refuse(format!("it goes through a link that cannot be followed ({err})")))?;
                     if !real.starts_with(&self.root) {
                         return Err(refuse(format!(
                             "a symbolic link leads outside the workspace (to {})",
@@ -140,14 +135,8 @@ mod tests {
         let root = jail.root().to_path_buf();
 
         assert_eq!(jail.resolve("sub/a.txt").unwrap(), root.join("sub/a.txt"));
-        assert_eq!(
-            jail.resolve("./sub/../sub/a.txt").unwrap(),
-            root.join("sub/a.txt")
-        );
-        assert_eq!(
-            jail.resolve("new/dir/file.txt").unwrap(),
-            root.join("new/dir/file.txt")
-        );
+        assert_eq!(jail.resolve("./sub/../sub/a.txt").unwrap(), root.join("sub/a.txt"));
+        assert_eq!(jail.resolve("new/dir/file.txt").unwrap(), root.join("new/dir/file.txt"));
         assert_eq!(
             jail.resolve(root.join("sub").to_str().unwrap()).unwrap(),
             root.join("sub")
@@ -167,11 +156,9 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(outside.path().join("secret"), "s").unwrap();
         std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
-        std::os::unix::fs::symlink(outside.path().join("nothing"), dir.path().join("dangling"))
-            .unwrap();
+        std::os::unix::fs::symlink(outside.path().join("nothing"), dir.path().join("dangling")).unwrap();
         std::fs::write(dir.path().join("inside.txt"), "i").unwrap();
-        std::os::unix::fs::symlink(dir.path().join("inside.txt"), dir.path().join("ok_link"))
-            .unwrap();
+        std::os::unix::fs::symlink(dir.path().join("inside.txt"), dir.path().join("ok_link")).unwrap();
         let jail = Jail::new(dir.path()).unwrap();
 
         let err = jail.resolve("link/secret").unwrap_err();

@@ -49,10 +49,7 @@ async fn read_file_pages_through_large_files() {
         .contains("[lines 10-14 of 50 in 'big.txt'; call read_file with offset=15 to read more]"));
 
     let past = ReadFile
-        .call(
-            args(json!({"path": "big.txt", "offset": 99})),
-            ctx(dir.path()),
-        )
+        .call(args(json!({"path": "big.txt", "offset": 99})), ctx(dir.path()))
         .await
         .unwrap_err();
     assert!(past.to_string().contains("past the end"));
@@ -74,11 +71,7 @@ async fn write_then_edit_with_unique_match() {
         )
         .await
         .unwrap();
-    assert!(
-        out.content.starts_with("Created 'notes/a.txt'"),
-        "{}",
-        out.content
-    );
+    assert!(out.content.starts_with("Created 'notes/a.txt'"), "{}", out.content);
     assert_eq!(
         std::fs::read_to_string(dir.path().join("notes/a.txt")).unwrap(),
         "alpha\nbeta\nalpha\n"
@@ -91,10 +84,7 @@ async fn write_then_edit_with_unique_match() {
         )
         .await
         .unwrap_err();
-    assert!(
-        ambiguous.to_string().contains("occurs 2 times"),
-        "{ambiguous}"
-    );
+    assert!(ambiguous.to_string().contains("occurs 2 times"), "{ambiguous}");
 
     let missing = EditFile
         .call(
@@ -126,20 +116,12 @@ async fn list_glob_and_grep_honour_gitignore() {
     std::fs::create_dir_all(root.join("src/deep")).unwrap();
     std::fs::create_dir_all(root.join("target")).unwrap();
     std::fs::write(root.join(".gitignore"), "target/\n*.log\n").unwrap();
-    std::fs::write(
-        root.join("src/main.rs"),
-        "fn main() {\n    println!(\"needle\");\n}\n",
-    )
-    .unwrap();
+    std::fs::write(root.join("src/main.rs"), "fn main() {\n    println!(\"needle\");\n}\n").unwrap();
     std::fs::write(root.join("src/deep/lib.rs"), "// NEEDLE here\n").unwrap();
     std::fs::write(root.join("target/out.rs"), "needle in build output\n").unwrap();
     std::fs::write(root.join("debug.log"), "needle in a log\n").unwrap();
 
-    let listing = ListDir
-        .call(args(json!({})), ctx(root))
-        .await
-        .unwrap()
-        .content;
+    let listing = ListDir.call(args(json!({})), ctx(root)).await.unwrap().content;
     assert!(listing.contains("src/\n"), "{listing}");
     assert!(listing.contains("debug.log ("), "{listing}");
 
@@ -157,33 +139,18 @@ async fn list_glob_and_grep_honour_gitignore() {
     assert_eq!(shallow, "src/main.rs\n");
 
     let found = Grep
-        .call(
-            args(json!({"pattern": "needle", "case_insensitive": true})),
-            ctx(root),
-        )
+        .call(args(json!({"pattern": "needle", "case_insensitive": true})), ctx(root))
         .await
         .unwrap()
         .content;
-    assert!(
-        found.contains("src/main.rs:2:     println!(\"needle\");"),
-        "{found}"
-    );
-    assert!(
-        found.contains("src/deep/lib.rs:1: // NEEDLE here"),
-        "{found}"
-    );
+    assert!(found.contains("src/main.rs:2:     println!(\"needle\");"), "{found}");
+    assert!(found.contains("src/deep/lib.rs:1: // NEEDLE here"), "{found}");
     assert!(!found.contains("target/"), "ignored dir searched: {found}");
-    assert!(
-        !found.contains("debug.log"),
-        "ignored file searched: {found}"
-    );
+    assert!(!found.contains("debug.log"), "ignored file searched: {found}");
     assert!(found.contains("[2 matching lines in 2 files]"), "{found}");
 
     let filtered = Grep
-        .call(
-            args(json!({"pattern": "needle", "glob": "main.rs"})),
-            ctx(root),
-        )
+        .call(args(json!({"pattern": "needle", "glob": "main.rs"})), ctx(root))
         .await
         .unwrap()
         .content;
@@ -222,10 +189,7 @@ async fn every_tool_refuses_paths_outside_the_workspace() {
     );
     refused(
         WriteFile
-            .call(
-                args(json!({"path": "../escaped.txt", "content": "x"})),
-                ctx(dir.path()),
-            )
+            .call(args(json!({"path": "../escaped.txt", "content": "x"})), ctx(dir.path()))
             .await
             .unwrap_err(),
     );
@@ -242,12 +206,9 @@ async fn every_tool_refuses_paths_outside_the_workspace() {
             .unwrap_err(),
     );
     refused(
-        Grep.call(
-            args(json!({"pattern": "s", "path": "/etc"})),
-            ctx(dir.path()),
-        )
-        .await
-        .unwrap_err(),
+        Grep.call(args(json!({"pattern": "s", "path": "/etc"})), ctx(dir.path()))
+            .await
+            .unwrap_err(),
     );
 
     #[cfg(unix)]
@@ -270,7 +231,10 @@ async fn every_tool_refuses_paths_outside_the_workspace() {
         );
         refused(
             EditFile
-                .call(args(json!({"path": "out/secret.txt", "old_string": "secret", "new_string": "owned"})), ctx(dir.path()))
+                .call(
+                    args(json!({"path": "out/secret.txt", "old_string": "secret", "new_string": "owned"})),
+                    ctx(dir.path()),
+                )
                 .await
                 .unwrap_err(),
         );

@@ -108,7 +108,9 @@ fn measure(runtime: &tokio::runtime::Runtime, label: &str) {
         per_turn.sort_by(|a, b| a.total_cmp(b));
         let median = per_turn[per_turn.len() / 2];
         let best = per_turn[0];
-        println!("{label:<14} {turns:>5} turns: {median:>7.2} µs/turn median, {best:>7.2} µs/turn best ({samples} runs)");
+        println!(
+            "{label:<14} {turns:>5} turns: {median:>7.2} µs/turn median, {best:>7.2} µs/turn best ({samples} runs)"
+        );
         // Consumer-side timestamps are only meaningful when the run and the
         // consumer are on different threads; on one thread they arrive in bursts.
         if turns == 1000 && label == "multi_thread" {

@@ -62,11 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     ]);
 
-    let agent = Agent::builder()
-        .model(model)
-        .tool(WordCount)
-        .max_steps(5)
-        .build()?;
+    let agent = Agent::builder().model(model).tool(WordCount).max_steps(5).build()?;
     let mut run = agent.run("How many words are in 'the quick brown fox jumps over the lazy dog'?");
     while let Some(event) = run.next_event().await {
         println!("{}", serde_json::to_string(&event)?);

@@ -121,9 +121,7 @@ async fn recursion_with_a_tool_takes_two_turns() {
 #[tokio::test]
 async fn depth_limit_reached_then_final_answer_without_tools() {
     // The model would call tools forever; the fourth call is offered no tools.
-    let mut turns: Vec<ScriptTurn> = (0..3)
-        .map(|_| call("echo", json!({"text": "again"})))
-        .collect();
+    let mut turns: Vec<ScriptTurn> = (0..3).map(|_| call("echo", json!({"text": "again"}))).collect();
     let mut last = call("echo", json!({"text": "never"}));
     last.content = Some("Best answer with what I have".into());
     turns.push(last);
@@ -144,16 +142,9 @@ async fn depth_limit_reached_then_final_answer_without_tools() {
         })
         .collect();
     assert_eq!(reached, vec![(3, 3)]);
-    assert_eq!(
-        echo.calls.load(Ordering::SeqCst),
-        3,
-        "no tool runs after the limit"
-    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 3, "no tool runs after the limit");
     assert_eq!(outcome.status, RunStatus::Done);
-    assert_eq!(
-        outcome.content.as_deref(),
-        Some("Best answer with what I have")
-    );
+    assert_eq!(outcome.content.as_deref(), Some("Best answer with what I have"));
     let final_call = events
         .iter()
         .rev()
@@ -166,9 +157,7 @@ async fn depth_limit_reached_then_final_answer_without_tools() {
     let steps: Vec<u32> = events
         .iter()
         .filter_map(|e| match e.kind {
-            EventKind::StepCompleted {
-                step, max_steps, ..
-            } => {
+            EventKind::StepCompleted { step, max_steps, .. } => {
                 assert_eq!(max_steps, 3);
                 Some(step)
             }
@@ -206,18 +195,11 @@ async fn cancelled_before_start_never_calls_the_model() {
 #[tokio::test]
 async fn matrix_answer_without_tools_is_done() {
     let model = scripted(vec![answer("2")]);
-    let (events, outcome) = agent(&model, 10)
-        .build()
-        .unwrap()
-        .run("1+1?")
-        .collect()
-        .await;
+    let (events, outcome) = agent(&model, 10).build().unwrap().run("1+1?").collect().await;
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Done);
     match &events.last().unwrap().kind {
-        EventKind::LifecycleEnd {
-            status, content, ..
-        } => {
+        EventKind::LifecycleEnd { status, content, .. } => {
             assert_eq!(*status, RunStatus::Done);
             assert_eq!(content.as_deref(), Some("2"));
         }
@@ -238,9 +220,9 @@ async fn matrix_max_steps_without_answer_is_an_error_with_its_own_reason() {
     assert_contract(&events);
     assert_eq!(outcome.stop_reason, Some(StopReason::MaxStepsWithoutAnswer));
     assert_eq!(outcome.status, RunStatus::Error);
-    assert!(events.iter().any(
-        |e| matches!(&e.kind, EventKind::Error { code, .. } if code == "MAX_STEPS_NO_ANSWER")
-    ));
+    assert!(events
+        .iter()
+        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "MAX_STEPS_NO_ANSWER")));
     validate_history(&outcome.messages, false).unwrap();
 }
 
@@ -262,14 +244,8 @@ async fn matrix_run_timeout_stops_a_slow_tool() {
     );
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Timeout);
-    assert_eq!(
-        outcome.stop_reason,
-        Some(StopReason::Timeout(TimeoutKind::Run))
-    );
-    assert!(
-        slow.saw_cancel.load(Ordering::SeqCst),
-        "the tool observed its token"
-    );
+    assert_eq!(outcome.stop_reason, Some(StopReason::Timeout(TimeoutKind::Run)));
+    assert!(slow.saw_cancel.load(Ordering::SeqCst), "the tool observed its token");
     assert_eq!(tool_results(&events)[0].1, "timeout");
     assert!(events
         .iter()
@@ -289,10 +265,7 @@ async fn matrix_step_timeout_stops_a_slow_model() {
     assert!(started.elapsed() < Duration::from_secs(20));
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Timeout);
-    assert_eq!(
-        outcome.stop_reason,
-        Some(StopReason::Timeout(TimeoutKind::Step))
-    );
+    assert_eq!(outcome.stop_reason, Some(StopReason::Timeout(TimeoutKind::Step)));
     assert!(events
         .iter()
         .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "STEP_TIMEOUT")));
@@ -337,11 +310,7 @@ async fn matrix_external_cancel_during_a_slow_tool() {
     ]);
     let slow = Slow::default();
     let echo = Echo::default();
-    let agent = agent(&model, 10)
-        .tool(slow.clone())
-        .tool(echo.clone())
-        .build()
-        .unwrap();
+    let agent = agent(&model, 10).tool(slow.clone()).tool(echo.clone()).build().unwrap();
     let mut handle = agent.run("go");
     let mut seen = Vec::new();
     while let Some(event) = handle.next_event().await {
@@ -365,11 +334,7 @@ async fn matrix_external_cancel_during_a_slow_tool() {
         slow.saw_cancel.load(Ordering::SeqCst),
         "the running tool observed its token"
     );
-    assert_eq!(
-        echo.calls.load(Ordering::SeqCst),
-        0,
-        "calls not started never run"
-    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "calls not started never run");
     let statuses: Vec<String> = tool_results(&seen).into_iter().map(|r| r.1).collect();
     assert_eq!(statuses, vec!["cancelled", "cancelled"]);
     // Every call has its result, so the transcript can be sent to a provider.
@@ -379,10 +344,7 @@ async fn matrix_external_cancel_during_a_slow_tool() {
 
 #[tokio::test]
 async fn matrix_tool_failure_continues_the_run() {
-    let model = scripted(vec![
-        call("faulty", json!({"mode": "fail"})),
-        answer("recovered"),
-    ]);
+    let model = scripted(vec![call("faulty", json!({"mode": "fail"})), answer("recovered")]);
     let (events, outcome) = agent(&model, 10)
         .tool(Faulty)
         .build()
@@ -419,11 +381,7 @@ async fn unknown_tool_names_the_available_tools_and_the_model_recovers() {
     assert_contract(&events);
     let results = tool_results(&events);
     assert_eq!(results[0].1, "error");
-    assert!(
-        results[0].2.contains("no tool named 'read_fiel'"),
-        "{}",
-        results[0].2
-    );
+    assert!(results[0].2.contains("no tool named 'read_fiel'"), "{}", results[0].2);
     assert!(
         results[0].2.contains("Available tools: echo, faulty"),
         "{}",
@@ -432,11 +390,7 @@ async fn unknown_tool_names_the_available_tools_and_the_model_recovers() {
     assert_eq!(results[1].1, "success");
     assert_eq!(outcome.status, RunStatus::Done);
     // The model saw the error as the tool message of that call.
-    let tool_messages: Vec<&Message> = outcome
-        .messages
-        .iter()
-        .filter(|m| m.role() == "tool")
-        .collect();
+    let tool_messages: Vec<&Message> = outcome.messages.iter().filter(|m| m.role() == "tool").collect();
     assert!(tool_messages[0].content().contains("Available tools"));
 }
 
@@ -466,17 +420,9 @@ async fn invalid_arguments_are_reported_with_what_is_wrong() {
         "{}",
         results[0].2
     );
-    assert!(
-        results[1].2.contains("is not of type \"string\""),
-        "{}",
-        results[1].2
-    );
+    assert!(results[1].2.contains("is not of type \"string\""), "{}", results[1].2);
     assert!(results[2].2.contains("not valid JSON"), "{}", results[2].2);
-    assert_eq!(
-        echo.calls.load(Ordering::SeqCst),
-        0,
-        "invalid calls never run"
-    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0, "invalid calls never run");
 }
 
 #[tokio::test]
@@ -498,11 +444,7 @@ async fn panics_and_empty_output_become_results() {
     assert_contract(&events);
     let results = tool_results(&events);
     assert_eq!(results[0].1, "error");
-    assert!(
-        results[0].2.contains("crashed (panic: tool bug)"),
-        "{}",
-        results[0].2
-    );
+    assert!(results[0].2.contains("crashed (panic: tool bug)"), "{}", results[0].2);
     assert_eq!(results[1].1, "warning");
     assert!(results[1].2.contains("without output"));
     assert_eq!(outcome.status, RunStatus::Done);
@@ -527,20 +469,11 @@ async fn tool_results_follow_call_order_and_carry_timings() {
         .await;
     let contents: Vec<String> = tool_results(&events).into_iter().map(|r| r.2).collect();
     assert_eq!(contents, vec!["1", "2", "3"]);
-    let json = serde_json::to_value(
-        events
-            .iter()
-            .find(|e| e.kind.name() == "tool.result")
-            .unwrap(),
-    )
-    .unwrap();
+    let json = serde_json::to_value(events.iter().find(|e| e.kind.name() == "tool.result").unwrap()).unwrap();
     assert!(json["durationMs"].is_u64());
     assert!(json["stages"]["executeUs"].is_u64());
     assert_eq!(json["callId"], "call_0_0");
-    let start = events
-        .iter()
-        .find(|e| e.kind.name() == "tool_calls.start")
-        .unwrap();
+    let start = events.iter().find(|e| e.kind.name() == "tool_calls.start").unwrap();
     let json = serde_json::to_value(start).unwrap();
     assert_eq!(json["calls"][2]["args"]["text"], "3");
     let complete = events.iter().find_map(|e| match e.kind {
@@ -566,20 +499,14 @@ async fn steer_adds_a_user_message_at_the_next_turn_boundary() {
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Done);
     let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
-    assert_eq!(
-        roles,
-        vec!["system", "user", "assistant", "tool", "user", "assistant"]
-    );
+    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "user", "assistant"]);
     assert_eq!(outcome.messages[4].content(), "answer in French");
     validate_history(&outcome.messages, false).unwrap();
 }
 
 #[tokio::test]
 async fn steer_during_a_final_answer_gets_another_turn() {
-    let model = scripted(vec![
-        delayed(answer("first answer"), 200),
-        answer("revised answer"),
-    ]);
+    let model = scripted(vec![delayed(answer("first answer"), 200), answer("revised answer")]);
     let agent = agent(&model, 10).build().unwrap();
     let handle = agent.run("go");
     handle.steer("actually, be brief").unwrap();
@@ -670,11 +597,7 @@ async fn an_unavailable_tool_is_reported_and_never_runs() {
         fn check_available(&self) -> Result<(), String> {
             Err("the search index is still building".into())
         }
-        async fn call(
-            &self,
-            _args: NoArgs,
-            _ctx: loom::ToolContext,
-        ) -> Result<loom::ToolOutput, loom::ToolError> {
+        async fn call(&self, _args: NoArgs, _ctx: loom::ToolContext) -> Result<loom::ToolOutput, loom::ToolError> {
             panic!("an unavailable tool must not run")
         }
     }

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use loom::models::{ScriptTurn, ScriptedModel};
 use loom::tools::WriteFile;
 use loom::{
-    async_trait, validate_history, Agent, Decision, Event, EventKind, HookCall, HookDecision,
-    PermissionDecision, PermissionPolicy, Redactor, RunHandle, RunStatus, Tool, ToolCall,
-    ToolContext, ToolError, ToolHook, ToolOutput, ToolResult,
+    async_trait, validate_history, Agent, Decision, Event, EventKind, HookCall, HookDecision, PermissionDecision,
+    PermissionPolicy, Redactor, RunHandle, RunStatus, Tool, ToolCall, ToolContext, ToolError, ToolHook, ToolOutput,
+    ToolResult,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -51,9 +51,7 @@ fn resolutions(events: &[Event]) -> Vec<(String, Option<String>)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::PermissionResolved {
-                decision, reason, ..
-            } => Some((decision.clone(), reason.clone())),
+            EventKind::PermissionResolved { decision, reason, .. } => Some((decision.clone(), reason.clone())),
             _ => None,
         })
         .collect()
@@ -77,17 +75,10 @@ async fn deny_is_enforced_and_the_file_is_never_written() {
         .unwrap();
     let (events, outcome) = agent.run("write").collect().await;
     assert_contract(&events);
-    assert!(
-        !dir.path().join("out.txt").exists(),
-        "a denied call never runs"
-    );
+    assert!(!dir.path().join("out.txt").exists(), "a denied call never runs");
     let results = tool_results(&events);
     assert_eq!(results[0].1, "denied");
-    assert!(
-        results[0].2.contains("rule 'write_file' forbids"),
-        "{}",
-        results[0].2
-    );
+    assert!(results[0].2.contains("rule 'write_file' forbids"), "{}", results[0].2);
     assert_eq!(outcome.status, RunStatus::Done);
     validate_history(&outcome.messages, false).unwrap();
 }
@@ -96,14 +87,8 @@ async fn deny_is_enforced_and_the_file_is_never_written() {
 async fn argument_rules_allow_docs_and_ask_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     let model = scripted(vec![
-        call(
-            "write_file",
-            json!({"path": "docs/guide.md", "content": "guide"}),
-        ),
-        call(
-            "write_file",
-            json!({"path": "src/main.rs", "content": "fn main() {}"}),
-        ),
+        call("write_file", json!({"path": "docs/guide.md", "content": "guide"})),
+        call("write_file", json!({"path": "src/main.rs", "content": "fn main() {}"})),
         answer("ok"),
     ]);
     let agent = Agent::builder()
@@ -127,18 +112,14 @@ async fn argument_rules_allow_docs_and_ask_elsewhere() {
         "docs/** was allowed without asking"
     );
     let asked = seen.iter().rev().find_map(|e| match &e.kind {
-        EventKind::PermissionRequest {
-            tool, args, rule, ..
-        } => Some((tool.clone(), args.clone(), rule.clone())),
+        EventKind::PermissionRequest { tool, args, rule, .. } => Some((tool.clone(), args.clone(), rule.clone())),
         _ => None,
     });
     let (tool, args, rule) = asked.unwrap();
     assert_eq!(tool, "write_file");
     assert_eq!(args["path"], "src/main.rs");
     assert_eq!(rule.as_deref(), Some("write_file"));
-    handle
-        .respond_permission(&request, PermissionDecision::Deny)
-        .unwrap();
+    handle.respond_permission(&request, PermissionDecision::Deny).unwrap();
     let (rest, outcome) = handle.collect().await;
     seen.extend(rest);
     assert_contract(&seen);
@@ -167,9 +148,7 @@ async fn ask_allow_runs_the_call_and_status_shows_the_wait() {
     assert!(handle
         .respond_permission("perm_bogus", PermissionDecision::Allow)
         .is_err());
-    handle
-        .respond_permission(&request, PermissionDecision::Allow)
-        .unwrap();
+    handle.respond_permission(&request, PermissionDecision::Allow).unwrap();
     let (rest, outcome) = handle.collect().await;
     seen.extend(rest);
     assert_contract(&seen);
@@ -204,19 +183,12 @@ async fn ask_always_is_not_asked_again_in_the_session() {
         session_id: Some(session.into()),
         ..Default::default()
     };
-    let asks = |events: &[Event]| {
-        events
-            .iter()
-            .filter(|e| e.kind.name() == "permission.request")
-            .count()
-    };
+    let asks = |events: &[Event]| events.iter().filter(|e| e.kind.name() == "permission.request").count();
 
     let mut handle = agent.run(in_session("s1"));
     let mut seen = Vec::new();
     let request = next_request(&mut handle, &mut seen).await;
-    handle
-        .respond_permission(&request, PermissionDecision::Always)
-        .unwrap();
+    handle.respond_permission(&request, PermissionDecision::Always).unwrap();
     let (rest, _) = handle.collect().await;
     seen.extend(rest);
     assert_eq!(echo.calls.load(Ordering::SeqCst), 2);
@@ -253,9 +225,7 @@ async fn ask_deny_and_timeout_become_denied_results() {
     let mut handle = agent.run("go");
     let mut seen = Vec::new();
     let request = next_request(&mut handle, &mut seen).await;
-    handle
-        .respond_permission(&request, PermissionDecision::Deny)
-        .unwrap();
+    handle.respond_permission(&request, PermissionDecision::Deny).unwrap();
     // The second request is left unanswered: it times out into a deny.
     let (rest, outcome) = handle.collect().await;
     seen.extend(rest);
@@ -265,11 +235,7 @@ async fn ask_deny_and_timeout_become_denied_results() {
     assert_eq!(results[0].1, "denied");
     assert!(results[0].2.contains("The user denied"), "{}", results[0].2);
     assert_eq!(results[1].1, "denied");
-    assert!(
-        results[1].2.contains("not given in time"),
-        "{}",
-        results[1].2
-    );
+    assert!(results[1].2.contains("not given in time"), "{}", results[1].2);
     assert_eq!(
         resolutions(&seen),
         vec![
@@ -282,10 +248,7 @@ async fn ask_deny_and_timeout_become_denied_results() {
 
 #[tokio::test]
 async fn cancel_while_waiting_for_permission_ends_the_wait_at_once() {
-    let model = scripted(vec![
-        call("echo", json!({"text": "x"})),
-        answer("unreachable"),
-    ]);
+    let model = scripted(vec![call("echo", json!({"text": "x"})), answer("unreachable")]);
     let agent = Agent::builder()
         .model_arc(model)
         .tool(Echo::default())
@@ -542,11 +505,7 @@ async fn serial_tools_never_overlap_anything() {
         .unwrap();
     let (events, outcome) = agent.run("go").collect().await;
     assert_contract(&events);
-    assert_eq!(
-        peak_seen_by_serial.load(Ordering::SeqCst),
-        1,
-        "a serial call ran alone"
-    );
+    assert_eq!(peak_seen_by_serial.load(Ordering::SeqCst), 1, "a serial call ran alone");
     assert_eq!(
         safe.peak.load(Ordering::SeqCst),
         2,
@@ -588,11 +547,7 @@ async fn a_call_past_its_timeout_gets_a_timeout_result_and_the_run_goes_on() {
     assert_contract(&events);
     let results = tool_results(&events);
     assert_eq!(results[0].1, "timeout");
-    assert!(
-        results[0].2.contains("did not finish within 0.1 s"),
-        "{}",
-        results[0].2
-    );
+    assert!(results[0].2.contains("did not finish within 0.1 s"), "{}", results[0].2);
     assert_eq!(results[1].1, "success");
     assert_eq!(outcome.status, RunStatus::Done);
     assert_eq!(outcome.content.as_deref(), Some("went on"));
@@ -638,9 +593,7 @@ async fn output_is_redacted_and_truncated_visibly() {
     let agent = Agent::builder()
         .model_arc(model)
         .tool(Say)
-        .redactor(Redactor::with_secrets(vec![
-            "correct-horse-battery".to_string()
-        ]))
+        .redactor(Redactor::with_secrets(vec!["correct-horse-battery".to_string()]))
         .max_output_chars(300)
         .build()
         .unwrap();
@@ -657,10 +610,7 @@ async fn output_is_redacted_and_truncated_visibly() {
     }
     assert_eq!(redacted.matches("[REDACTED]").count(), 4, "{redacted}");
     let cut = &results[1].2;
-    assert!(
-        cut.contains("output truncated: 700 of 1000 characters cut"),
-        "{cut}"
-    );
+    assert!(cut.contains("output truncated: 700 of 1000 characters cut"), "{cut}");
     assert!(cut.len() < 400);
     // The model reads exactly what the events show.
     let tool_messages: Vec<&str> = outcome

@@ -41,17 +41,11 @@ impl Run {
                     history.extend(new_messages);
                     state = next;
                 }
-                TurnOutcome::Finish {
-                    content,
-                    new_messages,
-                } => {
+                TurnOutcome::Finish { content, new_messages } => {
                     history.extend(new_messages);
                     break End::Answer(content);
                 }
-                TurnOutcome::Stop {
-                    reason,
-                    new_messages,
-                } => {
+                TurnOutcome::Stop { reason, new_messages } => {
                     history.extend(new_messages);
                     break End::Stopped(reason);
                 }
@@ -102,12 +96,8 @@ impl Run {
     fn report_stop(&self, turn: &TurnIds, reason: &StopReason) -> RunStatus {
         let (status, code, message) = match reason {
             StopReason::Cancelled(why) => {
-                self.events.emit(
-                    turn,
-                    EventKind::ExecutionCancelled {
-                        reason: why.clone(),
-                    },
-                );
+                self.events
+                    .emit(turn, EventKind::ExecutionCancelled { reason: why.clone() });
                 return RunStatus::Canceled;
             }
             StopReason::Timeout(TimeoutKind::Run) => (
@@ -125,9 +115,7 @@ impl Run {
                 "MAX_STEPS_NO_ANSWER",
                 "the step limit was reached and the model gave no final answer".to_string(),
             ),
-            StopReason::Error { code, message } => {
-                (RunStatus::Error, code.as_str(), message.clone())
-            }
+            StopReason::Error { code, message } => (RunStatus::Error, code.as_str(), message.clone()),
         };
         self.events.emit(
             turn,

@@ -115,9 +115,7 @@ impl Run {
             .into_iter()
             .enumerate()
             // A provider may leave holes in the indices; a hole is no call.
-            .filter(|(_, call)| {
-                call.id.is_some() || !call.name.is_empty() || !call.arguments.is_empty()
-            })
+            .filter(|(_, call)| call.id.is_some() || !call.name.is_empty() || !call.arguments.is_empty())
             .map(|(index, call)| finish_call(index, call, turn))
             .collect();
         self.events.emit(
@@ -129,10 +127,7 @@ impl Run {
                 tool_call_count: tool_calls.len(),
             },
         );
-        Ok(ModelResponse {
-            content,
-            tool_calls,
-        })
+        Ok(ModelResponse { content, tool_calls })
     }
 }
 

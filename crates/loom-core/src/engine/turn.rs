@@ -73,22 +73,14 @@ answer now, and say briefly what remains unfinished, if anything.";
 
 impl Run {
     /// Handles exactly one turn.
-    pub(crate) async fn tt(
-        &mut self,
-        history: &[Message],
-        state: &TurnState,
-        ctx: &RunContext,
-    ) -> TurnOutcome {
+    pub(crate) async fn tt(&mut self, history: &[Message], state: &TurnState, ctx: &RunContext) -> TurnOutcome {
         let turn = TurnIds::of(state);
 
         // Phase 0: control.
         if let Some(reason) = self.stop_reason(ctx) {
             return stop(reason, Vec::new());
         }
-        if ctx
-            .deadline()
-            .is_some_and(|deadline| Instant::now() >= deadline)
-        {
+        if ctx.deadline().is_some_and(|deadline| Instant::now() >= deadline) {
             ctx.stop(StopCause::RunTimeout);
             return stop(StopReason::Timeout(TimeoutKind::Run), Vec::new());
         }
@@ -185,12 +177,8 @@ impl Run {
         self.phase(turn, "tools", true);
         let results = self.run_tools(&engine.pipeline, &calls, turn, ctx).await;
         self.phase(turn, "tools", false);
-        self.events.emit(
-            turn,
-            EventKind::ToolCallsComplete {
-                count: results.len(),
-            },
-        );
+        self.events
+            .emit(turn, EventKind::ToolCallsComplete { count: results.len() });
 
         let mut new_messages = Vec::with_capacity(results.len() + 1);
         new_messages.push(Message::Assistant {
@@ -265,10 +253,7 @@ impl Run {
         self.phase(turn, "llm", false);
         match called {
             Ok(response) => Ok(response),
-            Err(CallError::Cancelled) => Err(stop(
-                self.stop_reason(ctx).unwrap_or_else(cancelled),
-                Vec::new(),
-            )),
+            Err(CallError::Cancelled) => Err(stop(self.stop_reason(ctx).unwrap_or_else(cancelled), Vec::new())),
             Err(CallError::Llm(err)) => Err(stop(
                 StopReason::Error {
                     code: err.code().to_string(),
@@ -305,12 +290,7 @@ impl Run {
         results
     }
 
-    fn recurse(
-        &mut self,
-        state: &TurnState,
-        turn: &TurnIds,
-        new_messages: Vec<Message>,
-    ) -> TurnOutcome {
+    fn recurse(&mut self, state: &TurnState, turn: &TurnIds, new_messages: Vec<Message>) -> TurnOutcome {
         let next = state.next_turn(false);
         self.events.emit(
             turn,
@@ -365,10 +345,7 @@ impl Run {
 }
 
 fn stop(reason: StopReason, new_messages: Vec<Message>) -> TurnOutcome {
-    TurnOutcome::Stop {
-        reason,
-        new_messages,
-    }
+    TurnOutcome::Stop { reason, new_messages }
 }
 
 fn cancelled() -> StopReason {

@@ -51,9 +51,7 @@ pub enum AskOutcome {
 pub type SessionGrants = Arc<Mutex<HashSet<String>>>;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Pending requests of one run, shared by the run and its controller.

@@ -122,9 +122,7 @@ impl Rule {
         }
         let mut args = Vec::new();
         for part in inner.map(split_top_level).unwrap_or_default() {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| bad("write arguments as key=glob"))?;
+            let (key, value) = part.split_once('=').ok_or_else(|| bad("write arguments as key=glob"))?;
             let (key, value) = (key.trim(), value.trim());
             if key.is_empty() || value.is_empty() {
                 return Err(bad("write arguments as key=glob"));
@@ -171,11 +169,7 @@ impl Rule {
     }
 
     fn specificity(&self) -> (usize, bool, usize, Decision) {
-        let literal = self
-            .pattern
-            .chars()
-            .filter(|c| !"*?[]{}".contains(*c))
-            .count();
+        let literal = self.pattern.chars().filter(|c| !"*?[]{}".contains(*c)).count();
         (self.args.len(), self.tool_is_exact, literal, self.decision)
     }
 }
@@ -258,6 +252,7 @@ pub struct PermissionPolicy {
     overrides: Vec<Rule>,
     rules: Vec<Rule>,
     default: Decision,
+    unattended: Option<String>,
 }
 
 impl Default for PermissionPolicy {
@@ -274,7 +269,19 @@ impl PermissionPolicy {
             overrides: Vec::new(),
             rules: Vec::new(),
             default,
+            unattended: None,
         }
+    }
+
+    /// Declares that nobody can answer questions: every `ask` becomes a
+    /// deny whose result tells the model `why`.
+    pub fn set_unattended(&mut self, why: impl Into<String>) {
+        self.unattended = Some(why.into());
+    }
+
+    /// Why nobody can be asked, when nobody can.
+    pub fn unattended(&self) -> Option<&str> {
+        self.unattended.as_deref()
     }
 
     /// Changes the default.
@@ -355,22 +362,10 @@ mod tests {
 
     #[test]
     fn most_specific_rule_wins() {
-        assert_eq!(
-            decide("write_file", json!({"path": "docs/a.md"})),
-            Decision::Allow
-        );
-        assert_eq!(
-            decide("write_file", json!({"path": "docs/deep/a.md"})),
-            Decision::Allow
-        );
-        assert_eq!(
-            decide("write_file", json!({"path": "src/a.rs"})),
-            Decision::Ask
-        );
-        assert_eq!(
-            decide("write_file", json!({"path": "docs/secret/k"})),
-            Decision::Deny
-        );
+        assert_eq!(decide("write_file", json!({"path": "docs/a.md"})), Decision::Allow);
+        assert_eq!(decide("write_file", json!({"path": "docs/deep/a.md"})), Decision::Allow);
+        assert_eq!(decide("write_file", json!({"path": "src/a.rs"})), Decision::Ask);
+        assert_eq!(decide("write_file", json!({"path": "docs/secret/k"})), Decision::Deny);
         assert_eq!(decide("read_file", json!({"path": "x"})), Decision::Allow);
         assert_eq!(
             decide("read_file", json!({"path": "key.pem"})),
@@ -383,10 +378,7 @@ mod tests {
 
     #[test]
     fn paths_are_normalized_before_matching() {
-        assert_eq!(
-            decide("write_file", json!({"path": "./docs/a.md"})),
-            Decision::Allow
-        );
+        assert_eq!(decide("write_file", json!({"path": "./docs/a.md"})), Decision::Allow);
         assert_eq!(
             decide("write_file", json!({"path": "docs/../src/a.rs"})),
             Decision::Ask,
@@ -396,14 +388,8 @@ mod tests {
             decide("write_file", json!({"path": "docs/x/../secret/k"})),
             Decision::Deny
         );
-        assert_eq!(
-            decide("write_file", json!({"path": "/ws/docs/a.md"})),
-            Decision::Allow
-        );
-        assert_eq!(
-            decide("write_file", json!({"path": "/etc/docs/a.md"})),
-            Decision::Ask
-        );
+        assert_eq!(decide("write_file", json!({"path": "/ws/docs/a.md"})), Decision::Allow);
+        assert_eq!(decide("write_file", json!({"path": "/etc/docs/a.md"})), Decision::Ask);
     }
 
     #[test]
@@ -412,14 +398,9 @@ mod tests {
         policy.add_override("bash", Decision::Allow).unwrap();
         policy.add_override("write_file", Decision::Deny).unwrap();
         let ws = Path::new("/ws");
+        assert_eq!(policy.evaluate("bash", &json!({}), ws).decision, Decision::Allow);
         assert_eq!(
-            policy.evaluate("bash", &json!({}), ws).decision,
-            Decision::Allow
-        );
-        assert_eq!(
-            policy
-                .evaluate("write_file", &json!({"path": "docs/a"}), ws)
-                .decision,
+            policy.evaluate("write_file", &json!({"path": "docs/a"}), ws).decision,
             Decision::Deny
         );
     }
@@ -440,10 +421,6 @@ mod tests {
         assert!(Rule::parse("write_file(path)", Decision::Allow).is_err());
         assert!("maybe".parse::<Decision>().is_err());
         let braces = Rule::parse("edit_file(path={a,b}/*, old_string=*)", Decision::Allow).unwrap();
-        assert!(braces.matches(
-            "edit_file",
-            &json!({"path": "b/x", "old_string": "y"}),
-            Path::new("/")
-        ));
+        assert!(braces.matches("edit_file", &json!({"path": "b/x", "old_string": "y"}), Path::new("/")));
     }
 }

@@ -31,8 +31,7 @@ pub(crate) async fn authorize(
             HookDecision::Allow => return Ok(args),
             HookDecision::Deny(reason) => return Err(denied(call, reason)),
             HookDecision::Rewrite(rewritten) => {
-                args = validate(call, tool, &rewritten)
-                    .map_err(|rejection| rejection.into_result(call))?;
+                args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
             }
             HookDecision::Ask { grant_key, reason } => {
                 if env.gate.is_granted(&grant_key) {

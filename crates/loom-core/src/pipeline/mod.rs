@@ -148,11 +148,7 @@ impl ToolPipeline {
     }
 
     /// Runs a turn's calls and returns their results in call order.
-    pub(crate) async fn run_batch(
-        &self,
-        calls: &[ToolCall],
-        env: &BatchEnv<'_>,
-    ) -> Vec<ToolResult> {
+    pub(crate) async fn run_batch(&self, calls: &[ToolCall], env: &BatchEnv<'_>) -> Vec<ToolResult> {
         let mut prepared = Vec::with_capacity(calls.len());
         for call in calls {
             prepared.push(self.prepare(call, env).await);

@@ -97,8 +97,7 @@ mod tests {
 
     #[test]
     fn redacts_known_shapes_and_given_values() {
-        let redactor =
-            Redactor::with_secrets(vec!["hunter2-but-longer".to_string(), "short".to_string()]);
+        let redactor = Redactor::with_secrets(vec!["hunter2-but-longer".to_string(), "short".to_string()]);
         let text = format!(
             "openai sk-{} github ghp_{} auth: Bearer abc.def-ghi== aws AKIAABCDEFGHIJKLMNOP pw hunter2-but-longer short",
             "a".repeat(48),

@@ -12,11 +12,7 @@ use crate::tool_result::ToolResult;
 use super::execute::execute;
 use super::{micros, BatchEnv, Prepared, ToolPipeline};
 
-pub(crate) async fn run(
-    pipeline: &ToolPipeline,
-    prepared: Vec<Prepared<'_>>,
-    env: &BatchEnv<'_>,
-) -> Vec<ToolResult> {
+pub(crate) async fn run(pipeline: &ToolPipeline, prepared: Vec<Prepared<'_>>, env: &BatchEnv<'_>) -> Vec<ToolResult> {
     let permits = Semaphore::new(pipeline.config.max_concurrency.max(1));
     let mut results = Vec::with_capacity(prepared.len());
     let mut group: Vec<Prepared<'_>> = Vec::new();
@@ -61,14 +57,7 @@ async fn run_group(
                 // The semaphore is never closed, so acquiring cannot fail.
                 let _permit = permits.acquire().await.ok();
                 let t = Instant::now();
-                let result = execute(
-                    call,
-                    tool,
-                    args,
-                    pipeline.config.timeout_for(&call.name),
-                    env,
-                )
-                .await;
+                let result = execute(call, tool, args, pipeline.config.timeout_for(&call.name), env).await;
                 stages.execute_us = micros(t);
                 pipeline.finish(call, result, stages, started, env).await
             }

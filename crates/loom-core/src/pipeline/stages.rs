@@ -31,10 +31,7 @@ pub(crate) fn error(call: &ToolCall, kind: &str, content: String) -> ToolResult 
 }
 
 /// Stage 1: find the tool and check it is available.
-pub(crate) fn discover<'a>(
-    registry: &'a ToolRegistry,
-    call: &ToolCall,
-) -> Result<&'a RegisteredTool, Rejection> {
+pub(crate) fn discover<'a>(registry: &'a ToolRegistry, call: &ToolCall) -> Result<&'a RegisteredTool, Rejection> {
     let Some(registered) = registry.get(&call.name) else {
         let available: Vec<&str> = registry.names().collect();
         let list = if available.is_empty() {
@@ -63,11 +60,7 @@ pub(crate) fn discover<'a>(
 }
 
 /// Stage 2: the arguments must be a JSON object matching the tool's schema.
-pub(crate) fn validate(
-    call: &ToolCall,
-    registered: &RegisteredTool,
-    arguments: &Value,
-) -> Result<Value, Rejection> {
+pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: &Value) -> Result<Value, Rejection> {
     let args = match arguments {
         Value::Null => Value::Object(Default::default()),
         // Arguments that arrived as text the model could not make valid JSON.

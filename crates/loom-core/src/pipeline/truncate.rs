@@ -9,10 +9,7 @@ pub fn truncate(text: &str, max_chars: usize) -> Option<String> {
     }
     let head_chars = max_chars * 2 / 3;
     let tail_chars = max_chars - head_chars;
-    let head_end = text
-        .char_indices()
-        .nth(head_chars)
-        .map_or(text.len(), |(i, _)| i);
+    let head_end = text.char_indices().nth(head_chars).map_or(text.len(), |(i, _)| i);
     let tail_start = text
         .char_indices()
         .nth(total - tail_chars)

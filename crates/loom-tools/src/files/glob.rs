@@ -43,12 +43,7 @@ impl Tool for Glob {
         let matcher = GlobBuilder::new(&args.pattern)
             .literal_separator(true)
             .build()
-            .map_err(|err| {
-                ToolError::InvalidArguments(format!(
-                    "invalid glob pattern '{}': {err}",
-                    args.pattern
-                ))
-            })?
+            .map_err(|err| ToolError::InvalidArguments(format!("invalid glob pattern '{}': {err}", args.pattern)))?
             .compile_matcher();
         let cancel = ctx.cancel.clone();
         blocking(move || {
@@ -68,20 +63,13 @@ impl Tool for Glob {
                 }
             }
             if found.is_empty() {
-                return Ok(format!(
-                    "No files match '{}' under '{}'.",
-                    args.pattern,
-                    jail.display(&base)
-                )
-                .into());
+                return Ok(format!("No files match '{}' under '{}'.", args.pattern, jail.display(&base)).into());
             }
             found.sort();
             let mut out = found.join("\n");
             out.push('\n');
             if more > 0 {
-                out.push_str(&format!(
-                    "[{more} more matches not shown; narrow the pattern]\n"
-                ));
+                out.push_str(&format!("[{more} more matches not shown; narrow the pattern]\n"));
             }
             Ok(out.into())
         })

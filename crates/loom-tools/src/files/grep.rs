@@ -57,16 +57,12 @@ impl Tool for Grep {
         let regex = RegexBuilder::new(&args.pattern)
             .case_insensitive(args.case_insensitive)
             .build()
-            .map_err(|err| {
-                ToolError::InvalidArguments(format!("invalid regular expression: {err}"))
-            })?;
+            .map_err(|err| ToolError::InvalidArguments(format!("invalid regular expression: {err}")))?;
         let filter = match &args.glob {
             Some(pattern) => Some(
                 GlobBuilder::new(pattern)
                     .build()
-                    .map_err(|err| {
-                        ToolError::InvalidArguments(format!("invalid glob '{pattern}': {err}"))
-                    })?
+                    .map_err(|err| ToolError::InvalidArguments(format!("invalid glob '{pattern}': {err}")))?
                     .compile_matcher(),
             ),
             None => None,
@@ -83,9 +79,7 @@ impl Tool for Grep {
                 let path = entry.path();
                 if let Some(filter) = &filter {
                     let relative = path.strip_prefix(&base).unwrap_or(path);
-                    if !filter.is_match(relative)
-                        && !path.file_name().is_some_and(|name| filter.is_match(name))
-                    {
+                    if !filter.is_match(relative) && !path.file_name().is_some_and(|name| filter.is_match(name)) {
                         continue;
                     }
                 }
@@ -125,21 +119,14 @@ impl Tool for Grep {
                 files_with_matches += usize::from(matched);
             }
             if shown == 0 {
-                return Ok(format!(
-                    "No matches for /{}/ under '{}'.",
-                    args.pattern,
-                    jail.display(&base)
-                )
-                .into());
+                return Ok(format!("No matches for /{}/ under '{}'.", args.pattern, jail.display(&base)).into());
             }
             out.push_str(&format!(
                 "[{} matching lines in {files_with_matches} files",
                 shown + more
             ));
             if more > 0 {
-                out.push_str(&format!(
-                    "; {more} not shown, narrow the search or raise max_results"
-                ));
+                out.push_str(&format!("; {more} not shown, narrow the search or raise max_results"));
             }
             out.push_str("]\n");
             Ok(out.into())

@@ -57,20 +57,13 @@ impl Tool for ListDir {
             if total == 0 {
                 return Ok(format!("'{shown}' is empty.").into());
             }
-            let mut out = format!(
-                "{shown}/ ({} directories, {} files)\n",
-                dirs.len(),
-                files.len()
-            );
+            let mut out = format!("{shown}/ ({} directories, {} files)\n", dirs.len(), files.len());
             for entry in dirs.iter().chain(files.iter()).take(MAX_ENTRIES) {
                 out.push_str(entry);
                 out.push('\n');
             }
             if total > MAX_ENTRIES {
-                out.push_str(&format!(
-                    "[{} more entries not shown]\n",
-                    total - MAX_ENTRIES
-                ));
+                out.push_str(&format!("[{} more entries not shown]\n", total - MAX_ENTRIES));
             }
             Ok(out.into())
         })

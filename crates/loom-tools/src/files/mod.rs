@@ -49,9 +49,7 @@ fn resolve(ctx: &ToolContext, path: &str) -> Result<(Jail, PathBuf), ToolError> 
 /// An I/O error worded for the model.
 fn io_error(action: &str, shown: &str, err: std::io::Error) -> ToolError {
     let hint = match err.kind() {
-        std::io::ErrorKind::NotFound => {
-            " (it does not exist; list the directory or use glob to find the right path)"
-        }
+        std::io::ErrorKind::NotFound => " (it does not exist; list the directory or use glob to find the right path)",
         std::io::ErrorKind::PermissionDenied => " (permission denied)",
         std::io::ErrorKind::IsADirectory => " (it is a directory; use list_dir)",
         _ => "",
@@ -95,10 +93,7 @@ fn walk_files(
                 return Some(Err(ToolError::Cancelled));
             }
             let entry = entry.ok()?;
-            entry
-                .file_type()
-                .is_some_and(|t| t.is_file())
-                .then_some(Ok(entry))
+            entry.file_type().is_some_and(|t| t.is_file()).then_some(Ok(entry))
         })
 }
 

@@ -54,12 +54,9 @@ impl Tool for ReadFile {
                     "'{shown}' is a directory; use list_dir to see what it holds"
                 )));
             }
-            let mut file =
-                std::fs::File::open(&path).map_err(|err| io_error("read", &shown, err))?;
+            let mut file = std::fs::File::open(&path).map_err(|err| io_error("read", &shown, err))?;
             let mut head = vec![0u8; super::BINARY_SNIFF_BYTES];
-            let read = file
-                .read(&mut head)
-                .map_err(|err| io_error("read", &shown, err))?;
+            let read = file.read(&mut head).map_err(|err| io_error("read", &shown, err))?;
             head.truncate(read);
             if looks_binary(&head) {
                 return Err(ToolError::Failed(format!(
@@ -79,10 +76,7 @@ impl Tool for ReadFile {
                 if number >= first && number < first + limit {
                     let text = String::from_utf8_lossy(&line);
                     let text = text.strip_suffix('\r').unwrap_or(&text);
-                    out.push_str(&format!(
-                        "{number:>6}\t{}\n",
-                        clip_line(text, MAX_LINE_CHARS)
-                    ));
+                    out.push_str(&format!("{number:>6}\t{}\n", clip_line(text, MAX_LINE_CHARS)));
                     last_shown = number;
                 }
             }
@@ -98,10 +92,7 @@ impl Tool for ReadFile {
                 out.push_str(&format!(
                     "[lines {first}-{last_shown} of {total} in '{shown}'{}]\n",
                     if last_shown < total {
-                        format!(
-                            "; call read_file with offset={} to read more",
-                            last_shown + 1
-                        )
+                        format!("; call read_file with offset={} to read more", last_shown + 1)
                     } else {
                         String::new()
                     }

@@ -35,17 +35,13 @@ impl Tool for WriteFile {
         blocking(move || {
             let shown = jail.display(&path);
             if is_dir(&path) {
-                return Err(ToolError::Failed(format!(
-                    "'{shown}' is a directory; give a file path"
-                )));
+                return Err(ToolError::Failed(format!("'{shown}' is a directory; give a file path")));
             }
             let existed = path.exists();
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|err| io_error("create the directory for", &shown, err))?;
+                std::fs::create_dir_all(parent).map_err(|err| io_error("create the directory for", &shown, err))?;
             }
-            std::fs::write(&path, args.content.as_bytes())
-                .map_err(|err| io_error("write", &shown, err))?;
+            std::fs::write(&path, args.content.as_bytes()).map_err(|err| io_error("write", &shown, err))?;
             let lines = args.content.lines().count();
             Ok(format!(
                 "{} '{shown}': {} bytes, {lines} lines.",

@@ -144,27 +144,13 @@ pub fn assert_contract(events: &[Event]) {
     assert!(!events.is_empty(), "no events");
     assert_eq!(events[0].kind.name(), "lifecycle.start");
     assert_eq!(events.last().map(|e| e.kind.name()), Some("lifecycle.end"));
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| e.kind.name() == "lifecycle.end")
-            .count(),
-        1
-    );
+    assert_eq!(events.iter().filter(|e| e.kind.name() == "lifecycle.end").count(), 1);
     let run_id = &events[0].run_id;
     for (index, event) in events.iter().enumerate() {
         assert_eq!(event.seq, index as u64 + 1, "seq gap at {index}");
         assert_eq!(&event.run_id, run_id);
         let json = serde_json::to_value(event).unwrap();
-        for key in [
-            "type",
-            "runId",
-            "turnId",
-            "parentTurnId",
-            "depth",
-            "seq",
-            "ts",
-        ] {
+        for key in ["type", "runId", "turnId", "parentTurnId", "depth", "seq", "ts"] {
             assert!(json.get(key).is_some(), "{key} missing in {json}");
         }
         let back: Event = serde_json::from_value(json).unwrap();
@@ -178,10 +164,7 @@ pub fn tool_results(events: &[Event]) -> Vec<(String, String, String)> {
         .iter()
         .filter_map(|e| match &e.kind {
             EventKind::ToolResult {
-                name,
-                status,
-                content,
-                ..
+                name, status, content, ..
             } => Some((name.clone(), status.as_str().to_string(), content.clone())),
             _ => None,
         })

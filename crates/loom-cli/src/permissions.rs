@@ -1,0 +1,83 @@
+//! The command line's permission policy and its answers to `ask`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+
+use anyhow::{anyhow, Result};
+use loom::{Decision, PermissionDecision, PermissionPolicy, RunController};
+use serde_json::Value;
+
+use crate::cli::RunArgs;
+use crate::render::summarize_args;
+
+/// Tools that only read: allowed unless a rule says otherwise.
+const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
+
+/// The policy: read-only tools allowed, everything else asks; then the
+/// `[permissions]` of loom.toml; then `--allow/--ask/--deny`, which come first.
+pub fn policy(args: &RunArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
+    let mut policy = PermissionPolicy::new(Decision::Ask);
+    for tool in READ_ONLY_TOOLS {
+        policy.add_rule(tool, Decision::Allow)?;
+    }
+    for (pattern, decision) in file.into_iter().flatten() {
+        let decision: Decision = decision
+            .parse()
+            .map_err(|err| anyhow!("loom.toml [permissions] '{pattern}': {err}"))?;
+        if pattern == "default" {
+            policy.set_default(decision);
+        } else {
+            policy.add_rule(pattern, decision)?;
+        }
+    }
+    for (patterns, decision) in [
+        (&args.allow, Decision::Allow),
+        (&args.ask, Decision::Ask),
+        (&args.deny, Decision::Deny),
+    ] {
+        for pattern in patterns {
+            policy.add_override(pattern, decision)?;
+        }
+    }
+    if !args.yes && !std::io::stdin().is_terminal() {
+        policy.set_unattended("loom runs without a terminal to ask on; rerun with --yes or --allow TOOL to approve");
+    }
+    Ok(policy)
+}
+
+/// Answers one `permission.request`: at once with `--yes`, else by asking
+/// on the terminal (on the blocking pool, so the run's events keep flowing).
+pub fn answer(controller: &RunController, request_id: String, tool: String, args: &Value, yes: bool) {
+    let shown = format!("{tool}({})", summarize_args(args));
+    if yes {
+        eprintln!("  ? {shown}: allowed by --yes");
+        let _ = controller.respond_permission(&request_id, PermissionDecision::Allow);
+        return;
+    }
+    let controller = controller.clone();
+    tokio::task::spawn_blocking(move || {
+        let decision = prompt(&shown);
+        // The run may have been cancelled meanwhile; then nobody waits.
+        let _ = controller.respond_permission(&request_id, decision);
+    });
+}
+
+fn prompt(shown: &str) -> PermissionDecision {
+    let stdin = std::io::stdin();
+    for _ in 0..3 {
+        eprint!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        match stdin.lock().read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        match line.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => return PermissionDecision::Allow,
+            "a" | "always" => return PermissionDecision::Always,
+            "n" | "no" | "" => return PermissionDecision::Deny,
+            other => eprintln!("loom: '{other}' is not an answer"),
+        }
+    }
+    PermissionDecision::Deny
+}
