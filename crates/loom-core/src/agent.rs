@@ -14,7 +14,7 @@ use crate::event::EventEmitter;
 use crate::handle::{RunController, RunHandle};
 use crate::hooks::{PermissionHook, ToolHook};
 use crate::llm::Llm;
-use crate::metrics::RunMetrics;
+use crate::metrics::{Pricing, RunMetrics};
 use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 use crate::status::RunStatus;
@@ -57,6 +57,7 @@ pub struct AgentBuilder {
     permission_timeout: Option<Duration>,
     pipeline: PipelineConfig,
     redactor: Option<Redactor>,
+    pricing: Option<Pricing>,
     system_prompt: Option<String>,
     limits: Limits,
     workspace: Option<PathBuf>,
@@ -72,6 +73,7 @@ impl Default for AgentBuilder {
             permission_timeout: Some(Duration::from_secs(300)),
             pipeline: PipelineConfig::default(),
             redactor: None,
+            pricing: None,
             system_prompt: None,
             limits: Limits::default(),
             workspace: None,
@@ -154,6 +156,12 @@ impl AgentBuilder {
     /// `_KEY`, `_TOKEN`, `_SECRET`).
     pub fn redactor(mut self, redactor: Redactor) -> Self {
         self.redactor = Some(redactor);
+        self
+    }
+
+    /// The model's prices, so runs report their cost.
+    pub fn pricing(mut self, pricing: Pricing) -> Self {
+        self.pricing = Some(pricing);
         self
     }
 
@@ -247,6 +255,7 @@ impl AgentBuilder {
                 llm,
                 pipeline,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
+                pricing: self.pricing,
             }),
             limits: self.limits,
             permission_timeout: self.permission_timeout,

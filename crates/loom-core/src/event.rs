@@ -106,6 +106,9 @@ pub enum EventKind {
         usage: Option<Usage>,
         /// Why the model stopped (`stop`, `tool_calls`, `length`, …).
         finish_reason: Option<String>,
+        /// What the call cost, in US dollars, when prices are known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
         /// Tool calls requested.
         tool_call_count: usize,
     },

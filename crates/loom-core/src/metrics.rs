@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::llm::Usage;
 
 /// What a run did, counted as it went.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RunMetrics {
     /// Turns started.
@@ -22,6 +22,25 @@ pub struct RunMetrics {
     pub output_tokens: u64,
     /// Wall time of the run so far, in milliseconds.
     pub duration_ms: u64,
+    /// Money spent on the model, in US dollars, when the model's prices are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+/// A model's prices, in US dollars per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pricing {
+    /// Per million prompt tokens.
+    pub input_per_mtok: f64,
+    /// Per million completion tokens.
+    pub output_per_mtok: f64,
+}
+
+impl Pricing {
+    /// What `usage` costs.
+    pub fn cost(&self, usage: &Usage) -> f64 {
+        (usage.input_tokens as f64 * self.input_per_mtok + usage.output_tokens as f64 * self.output_per_mtok) / 1e6
+    }
 }
 
 impl RunMetrics {

@@ -1,13 +1,34 @@
 //! Model providers behind Loom's [`loom_core::Llm`] trait.
 //!
-//! This release ships the scripted model (DESIGN 4.6); the OpenAI-compatible
-//! and Anthropic providers come next. [`model_from_spec`] turns a
-//! `provider:model` string into a model.
+//! - [`openai`]: OpenAI-compatible chat completions (OpenAI, vLLM, Ollama,
+//!   llama.cpp's server, LM Studio, DeepSeek…), streamed or not, with an
+//!   opt-in mode that reads `<tool_call>` blocks from text.
+//! - [`anthropic`]: the Anthropic Messages API.
+//! - [`scripted`]: the scripted model (DESIGN 4.6) for tests and demos, and
+//!   [`recorder`], which writes any model's answers in that format.
+//!
+//! Every HTTP provider retries rate limits, server errors and broken
+//! connections with backoff (honouring `Retry-After`) while nothing of the
+//! answer has been streamed, times out connects, first bytes and silences,
+//! stops calling a failing provider for a while (circuit breaker), and can
+//! limit requests per minute. [`model_from_spec`] turns `provider:model`
+//! into a model.
 
 #![warn(missing_docs)]
 
+pub mod anthropic;
+pub mod openai;
+pub mod recorder;
+pub mod resilience;
 pub mod scripted;
 mod spec;
+pub mod text_tools;
+mod transport;
 
+pub use anthropic::{AnthropicConfig, AnthropicModel};
+pub use openai::{OpenAiConfig, OpenAiModel};
+pub use recorder::Recorder;
+pub use resilience::{BreakerSettings, BreakerState, CircuitBreaker, RateLimiter, RetryPolicy};
 pub use scripted::{ScriptError, ScriptToolCall, ScriptTurn, ScriptUsage, ScriptedModel};
-pub use spec::{model_from_spec, ModelSpecError};
+pub use spec::{model_from_spec, model_from_spec_with, ModelSpecError, ProviderOptions};
+pub use transport::HttpSettings;

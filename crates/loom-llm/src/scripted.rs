@@ -26,9 +26,16 @@ pub struct ScriptTurn {
     /// The text of the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The text as it was streamed, piece by piece (written by `--record`;
+    /// when present it is played instead of splitting `content` into words).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<Vec<String>>,
     /// Tools the answer asks for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ScriptToolCall>,
+    /// Why the answer ended (`stop`, `tool_calls`, `length`, …); derived when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
     /// Wait this long before the answer starts (simulates a slow model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
@@ -174,7 +181,7 @@ pub fn parse_script(text: &str, yaml: bool) -> Result<Vec<ScriptTurn>, String> {
         ScriptFile::Turns(turns) | ScriptFile::Wrapped { turns } => turns,
     };
     for (index, turn) in turns.iter().enumerate() {
-        if turn.content.is_none() && turn.tool_calls.is_empty() {
+        if turn.content.is_none() && turn.chunks.is_none() && turn.tool_calls.is_empty() {
             return Err(format!("turn {} has neither \"content\" nor \"tool_calls\"", index + 1));
         }
     }
@@ -217,8 +224,10 @@ impl Llm for ScriptedModel {
 
 fn chunks_of(turn: &ScriptTurn, turn_index: usize, offer_tools: bool) -> Vec<LlmChunk> {
     let mut chunks = Vec::new();
-    if let Some(content) = &turn.content {
-        chunks.extend(words(content).map(|word| LlmChunk::Text(word.to_string())));
+    match (&turn.chunks, &turn.content) {
+        (Some(pieces), _) => chunks.extend(pieces.iter().map(|piece| LlmChunk::Text(piece.clone()))),
+        (None, Some(content)) => chunks.extend(words(content).map(|word| LlmChunk::Text(word.to_string()))),
+        (None, None) => {}
     }
     let calls: &[ScriptToolCall] = if offer_tools { &turn.tool_calls } else { &[] };
     for (index, call) in calls.iter().enumerate() {
@@ -239,10 +248,14 @@ fn chunks_of(turn: &ScriptTurn, turn_index: usize, offer_tools: bool) -> Vec<Llm
             output_tokens: usage.output_tokens,
         }));
     }
-    chunks.push(LlmChunk::Finish(if calls.is_empty() {
-        FinishReason::Stop
-    } else {
-        FinishReason::ToolCalls
+    chunks.push(LlmChunk::Finish(match turn.finish_reason.as_deref() {
+        Some("stop") => FinishReason::Stop,
+        Some("tool_calls") => FinishReason::ToolCalls,
+        Some("length") => FinishReason::Length,
+        Some("content_filter") => FinishReason::ContentFilter,
+        Some(other) => FinishReason::Other(other.to_string()),
+        None if calls.is_empty() => FinishReason::Stop,
+        None => FinishReason::ToolCalls,
     }));
     chunks
 }

@@ -2,40 +2,82 @@
 
 use std::sync::Arc;
 
-use loom_core::Llm;
+use loom_core::{Llm, LlmError};
 
+use crate::anthropic::{AnthropicConfig, AnthropicModel, ANTHROPIC_BASE_URL};
+use crate::openai::{OpenAiConfig, OpenAiModel, OPENAI_BASE_URL};
 use crate::scripted::{ScriptError, ScriptedModel};
+use crate::transport::HttpSettings;
+
+/// Provider settings that do not fit in the model string.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderOptions {
+    /// The API base (else `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`, else the official one).
+    pub base_url: Option<String>,
+    /// Stream answers (default true; OpenAI-compatible only).
+    pub stream: Option<bool>,
+    /// `max_tokens` of each answer.
+    pub max_tokens: Option<u32>,
+    /// Read `<tool_call>` blocks from the text (OpenAI-compatible only).
+    pub text_tool_calls: bool,
+    /// Timeouts, retries, limits and extra headers.
+    pub http: HttpSettings,
+}
 
 /// Why a model string could not be turned into a model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelSpecError {
     /// No `provider:` prefix.
-    #[error("model '{0}' has no provider: write it as PROVIDER:MODEL, e.g. scripted:path/to/script.json")]
+    #[error(
+        "model '{0}' has no provider: write it as PROVIDER:MODEL, e.g. openai:gpt-4o-mini or scripted:script.json"
+    )]
     MissingProvider(String),
     /// A provider Loom does not know.
-    #[error("unknown model provider '{provider}' in '{spec}': use scripted:PATH")]
+    #[error("unknown model provider '{provider}' in '{spec}': use openai:MODEL, anthropic:MODEL or scripted:PATH")]
     UnknownProvider {
         /// The provider part.
         provider: String,
         /// The whole string.
         spec: String,
     },
-    /// A provider that is planned but not in this build.
-    #[error("the '{0}' provider is not available in this version of Loom yet: use scripted:PATH")]
-    NotYetAvailable(String),
+    /// `provider:` with nothing after it.
+    #[error("'{0}' names no model: write {0}MODEL")]
+    MissingModel(String),
+    /// The API key is not set.
+    #[error("{var} is not set: export {var}=… to use {provider} (or point --base-url at a server that needs no key)")]
+    MissingApiKey {
+        /// The variable to set.
+        var: &'static str,
+        /// The provider.
+        provider: &'static str,
+    },
     /// `scripted:` with no path.
     #[error("scripted model needs a script path: scripted:PATH")]
     MissingScriptPath,
     /// The script could not be loaded.
     #[error(transparent)]
     Script(#[from] ScriptError),
+    /// The provider could not be set up.
+    #[error("cannot set up the model: {0}")]
+    Setup(#[from] LlmError),
 }
 
-/// Builds the model named by `spec` (`scripted:PATH`).
+/// Builds the model named by `spec` with default options and this process's environment.
 pub fn model_from_spec(spec: &str) -> Result<Arc<dyn Llm>, ModelSpecError> {
+    model_from_spec_with(spec, &ProviderOptions::default(), &|name| std::env::var(name).ok())
+}
+
+/// Builds the model named by `spec` (`openai:MODEL`, `anthropic:MODEL`,
+/// `scripted:PATH`); `env` reads variables such as `OPENAI_API_KEY`.
+pub fn model_from_spec_with(
+    spec: &str,
+    options: &ProviderOptions,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn Llm>, ModelSpecError> {
     let Some((provider, rest)) = spec.split_once(':') else {
         return Err(ModelSpecError::MissingProvider(spec.to_string()));
     };
+    let var = |name: &str| env(name).filter(|value| !value.trim().is_empty());
     match provider {
         "scripted" => {
             if rest.is_empty() {
@@ -43,10 +85,94 @@ pub fn model_from_spec(spec: &str) -> Result<Arc<dyn Llm>, ModelSpecError> {
             }
             Ok(Arc::new(ScriptedModel::from_path(rest)?))
         }
-        "openai" | "anthropic" => Err(ModelSpecError::NotYetAvailable(provider.to_string())),
+        "openai" => {
+            if rest.is_empty() {
+                return Err(ModelSpecError::MissingModel("openai:".into()));
+            }
+            let base_url = options
+                .base_url
+                .clone()
+                .or_else(|| var("OPENAI_BASE_URL"))
+                .unwrap_or_else(|| OPENAI_BASE_URL.to_string());
+            let api_key = var("OPENAI_API_KEY");
+            if api_key.is_none() && base_url.trim_end_matches('/') == OPENAI_BASE_URL {
+                return Err(ModelSpecError::MissingApiKey {
+                    var: "OPENAI_API_KEY",
+                    provider: "openai",
+                });
+            }
+            let mut config = OpenAiConfig::new(rest);
+            config.base_url = base_url;
+            config.api_key = api_key;
+            config.stream = options.stream.unwrap_or(true);
+            config.max_tokens = options.max_tokens;
+            config.text_tool_calls = options.text_tool_calls;
+            config.http = options.http.clone();
+            Ok(Arc::new(OpenAiModel::new(config)?))
+        }
+        "anthropic" => {
+            if rest.is_empty() {
+                return Err(ModelSpecError::MissingModel("anthropic:".into()));
+            }
+            let base_url = options
+                .base_url
+                .clone()
+                .or_else(|| var("ANTHROPIC_BASE_URL"))
+                .unwrap_or_else(|| ANTHROPIC_BASE_URL.to_string());
+            let api_key = var("ANTHROPIC_API_KEY");
+            if api_key.is_none() && base_url.trim_end_matches('/') == ANTHROPIC_BASE_URL {
+                return Err(ModelSpecError::MissingApiKey {
+                    var: "ANTHROPIC_API_KEY",
+                    provider: "anthropic",
+                });
+            }
+            let mut config = AnthropicConfig::new(rest);
+            config.base_url = base_url;
+            config.api_key = api_key;
+            if let Some(max_tokens) = options.max_tokens {
+                config.max_tokens = max_tokens;
+            }
+            config.http = options.http.clone();
+            Ok(Arc::new(AnthropicModel::new(config)?))
+        }
         other => Err(ModelSpecError::UnknownProvider {
             provider: other.to_string(),
             spec: spec.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn missing_keys_name_the_variable() {
+        let err = model_from_spec_with("openai:gpt-4o-mini", &ProviderOptions::default(), &no_env)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("OPENAI_API_KEY is not set"), "{err}");
+        let err = model_from_spec_with("anthropic:claude-x", &ProviderOptions::default(), &no_env)
+            .err()
+            .unwrap();
+        assert!(err.to_string().starts_with("ANTHROPIC_API_KEY is not set"), "{err}");
+        let local = ProviderOptions {
+            base_url: Some("http://127.0.0.1:11434/v1".into()),
+            ..ProviderOptions::default()
+        };
+        let model = model_from_spec_with("openai:llama3", &local, &no_env).unwrap();
+        assert_eq!(model.model_name(), "openai:llama3");
+        assert!(matches!(
+            model_from_spec_with("openai:", &local, &no_env),
+            Err(ModelSpecError::MissingModel(_))
+        ));
+        assert!(matches!(
+            model_from_spec_with("gemini:x", &local, &no_env),
+            Err(ModelSpecError::UnknownProvider { .. })
+        ));
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use crate::context::RunContext;
 use crate::event::EventEmitter;
 use crate::llm::Llm;
-use crate::metrics::RunMetrics;
+use crate::metrics::{Pricing, RunMetrics};
 use crate::permission::PermissionGate;
 use crate::pipeline::ToolPipeline;
 use crate::status::RunStatus;
@@ -24,6 +24,7 @@ pub(crate) struct Engine {
     pub llm: Arc<dyn Llm>,
     pub pipeline: ToolPipeline,
     pub system_prompt: String,
+    pub pricing: Option<Pricing>,
 }
 
 /// The state of one run while it executes. Owned by the run's task.

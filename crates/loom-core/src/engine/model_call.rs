@@ -108,8 +108,14 @@ impl Run {
             }
         }
 
+        let mut cost_usd = None;
         if let Some(reported) = &usage {
             self.metrics.add_usage(reported);
+            if let Some(pricing) = &engine.pricing {
+                let cost = pricing.cost(reported);
+                cost_usd = Some(cost);
+                *self.metrics.cost_usd.get_or_insert(0.0) += cost;
+            }
         }
         let tool_calls: Vec<ToolCall> = calls
             .into_iter()
@@ -124,6 +130,7 @@ impl Run {
                 content: content.clone(),
                 usage,
                 finish_reason: finish.map(|reason| reason.as_str().to_string()),
+                cost_usd,
                 tool_call_count: tool_calls.len(),
             },
         );
@@ -136,7 +143,7 @@ fn finish_call(index: usize, call: PartialCall, turn: &TurnIds) -> ToolCall {
         Value::Object(Default::default())
     } else {
         // Invalid JSON is kept as text; the validate stage reports it to the model.
-        serde_json::from_str(&call.arguments).unwrap_or(Value::String(call.arguments))
+        crate::json_strict::parse_strict(&call.arguments).unwrap_or(Value::String(call.arguments))
     };
     let id = call.id.unwrap_or_else(|| {
         let turn_prefix: String = turn.turn_id.chars().take(8).collect();

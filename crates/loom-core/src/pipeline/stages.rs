@@ -64,7 +64,7 @@ pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: 
     let args = match arguments {
         Value::Null => Value::Object(Default::default()),
         // Arguments that arrived as text the model could not make valid JSON.
-        Value::String(raw) => serde_json::from_str::<Value>(raw).map_err(|err| {
+        Value::String(raw) => crate::json_strict::parse_strict(raw).map_err(|err| {
             Rejection::new(
                 "invalid_arguments",
                 format!(

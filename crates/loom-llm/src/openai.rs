@@ -1,0 +1,381 @@
+//! OpenAI-compatible chat completions: OpenAI, vLLM, Ollama, llama.cpp's
+//! server, LM Studio, DeepSeek, and anything else that speaks
+//! `POST {base}/chat/completions`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::stream::{self, StreamExt};
+use loom_core::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Message, ToolSpec, Usage};
+use serde_json::{json, Value};
+
+use crate::text_tools::{self, TextToolCalls};
+use crate::transport::{HttpSettings, StreamParser, Transport};
+
+/// The default API address.
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// Settings of an OpenAI-compatible provider.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    /// The model name as the server knows it.
+    pub model: String,
+    /// The API base, e.g. `http://localhost:11434/v1`.
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer …` when present.
+    pub api_key: Option<String>,
+    /// Stream the answer (`false` for servers that cannot).
+    pub stream: bool,
+    /// `max_tokens` of each answer, when set.
+    pub max_tokens: Option<u32>,
+    /// Describe tools in the prompt and read `<tool_call>{…}</tool_call>`
+    /// from the text, for models without native tool calling.
+    pub text_tool_calls: bool,
+    /// Timeouts, retries, limits, headers.
+    pub http: HttpSettings,
+}
+
+impl OpenAiConfig {
+    /// Defaults for `model` at the OpenAI API.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            base_url: OPENAI_BASE_URL.to_string(),
+            api_key: None,
+            stream: true,
+            max_tokens: None,
+            text_tool_calls: false,
+            http: HttpSettings::default(),
+        }
+    }
+}
+
+/// A model behind an OpenAI-compatible chat completions API.
+#[derive(Debug)]
+pub struct OpenAiModel {
+    name: String,
+    config: OpenAiConfig,
+    transport: Transport,
+}
+
+impl OpenAiModel {
+    /// A provider with `config`.
+    pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
+        let name = format!("openai:{}", config.model);
+        Ok(Self {
+            transport: Transport::new(&name, config.http.clone())?,
+            name,
+            config,
+        })
+    }
+
+    /// The JSON body of a request, as the API expects it.
+    pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
+        let text_mode = self.config.text_tool_calls;
+        let messages: Vec<Value> = if text_mode {
+            text_tools::render_messages(request.messages, request.tools)
+                .iter()
+                .map(message_json)
+                .collect()
+        } else {
+            request.messages.iter().map(message_json).collect()
+        };
+        let mut body = json!({
+            "model": self.config.model,
+            "messages": messages,
+            "stream": self.config.stream,
+        });
+        if self.config.stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        if !text_mode && !request.tools.is_empty() {
+            body["tools"] = Value::Array(request.tools.iter().map(tool_json).collect());
+        }
+        if let Some(max_tokens) = self.config.max_tokens {
+            body["max_tokens"] = json!(max_tokens);
+        }
+        body
+    }
+
+    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+        let url = format!("{}/chat/completions", self.config.base_url.trim_end_matches('/'));
+        let mut request = self.transport.client().post(url).json(body);
+        if let Some(key) = &self.config.api_key {
+            request = request.bearer_auth(key);
+        }
+        request
+    }
+}
+
+#[async_trait]
+impl Llm for OpenAiModel {
+    fn model_name(&self) -> &str {
+        &self.name
+    }
+
+    async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError> {
+        let body = self.request_body(&request);
+        let stream = if self.config.stream {
+            self.transport
+                .stream(|| self.post(&body), OpenAiParser::default, map_error)
+                .await?
+        } else {
+            let answer = self.transport.json(|| self.post(&body), map_error).await?;
+            stream::iter(parse_completion(&answer)?.into_iter().map(Ok)).boxed()
+        };
+        Ok(if self.config.text_tool_calls {
+            TextToolCalls::wrap(stream)
+        } else {
+            stream
+        })
+    }
+}
+
+fn message_json(message: &Message) -> Value {
+    match message {
+        Message::System { content } => json!({"role": "system", "content": content}),
+        Message::User { content } => json!({"role": "user", "content": content}),
+        Message::Assistant { content, tool_calls } if tool_calls.is_empty() => {
+            json!({"role": "assistant", "content": content})
+        }
+        Message::Assistant { content, tool_calls } => json!({
+            "role": "assistant",
+            "content": if content.is_empty() { Value::Null } else { json!(content) },
+            "tool_calls": tool_calls.iter().map(|call| json!({
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    // The API wants the arguments as JSON text; text the model
+                    // produced that was not JSON is sent back as it was.
+                    "arguments": match &call.arguments {
+                        Value::String(raw) => raw.clone(),
+                        other => other.to_string(),
+                    },
+                },
+            })).collect::<Vec<_>>(),
+        }),
+        Message::Tool {
+            tool_call_id, content, ..
+        } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+    }
+}
+
+fn tool_json(tool: &ToolSpec) -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    })
+}
+
+/// Parses `data:` lines of a chat completions stream.
+#[derive(Debug, Default)]
+pub(crate) struct OpenAiParser {
+    done: bool,
+    finished: bool,
+}
+
+impl StreamParser for OpenAiParser {
+    fn event(&mut self, _name: &str, data: &str) -> Result<Vec<LlmChunk>, LlmError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(Vec::new());
+        }
+        if data.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|err| LlmError::Protocol(format!("a stream chunk is not JSON ({err}): {}", clip(data))))?;
+        if let Some(error) = chunk.get("error") {
+            return Err(error_from_body(500, None, error));
+        }
+        let mut out = Vec::new();
+        if let Some(choice) = chunk["choices"]
+            .as_array()
+            .and_then(|choices| choices.iter().find(|c| c["index"].as_u64().unwrap_or(0) == 0))
+        {
+            let delta = &choice["delta"];
+            for key in ["content", "refusal"] {
+                if let Some(text) = delta[key].as_str().filter(|t| !t.is_empty()) {
+                    out.push(LlmChunk::Text(text.to_string()));
+                }
+            }
+            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                out.push(LlmChunk::ToolCallDelta {
+                    index: call["index"].as_u64().unwrap_or(0) as usize,
+                    id: call["id"].as_str().map(str::to_string),
+                    name: call["function"]["name"].as_str().map(str::to_string),
+                    arguments: call["function"]["arguments"].as_str().unwrap_or_default().to_string(),
+                });
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finished = true;
+                out.push(LlmChunk::Finish(finish_reason(reason)));
+            }
+        }
+        if let Some(usage) = usage(&chunk["usage"]) {
+            out.push(LlmChunk::Usage(usage));
+        }
+        Ok(out)
+    }
+
+    fn end(&mut self) -> Result<Vec<LlmChunk>, LlmError> {
+        // `[DONE]` ends a stream; a server that omits it must at least have
+        // said why the answer finished. Anything else is a cut stream.
+        if self.done || self.finished {
+            Ok(Vec::new())
+        } else {
+            Err(LlmError::Protocol(
+                "the stream ended before the answer was complete (no finish_reason and no [DONE])".into(),
+            ))
+        }
+    }
+}
+
+/// The chunks of a non-streamed answer.
+pub(crate) fn parse_completion(answer: &Value) -> Result<Vec<LlmChunk>, LlmError> {
+    if let Some(error) = answer.get("error") {
+        return Err(error_from_body(500, None, error));
+    }
+    let choice = answer["choices"]
+        .get(0)
+        .ok_or_else(|| LlmError::Protocol(format!("the answer has no choices: {}", clip(&answer.to_string()))))?;
+    let message = &choice["message"];
+    let mut out = Vec::new();
+    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        out.push(LlmChunk::Text(text.to_string()));
+    }
+    for (index, call) in message["tool_calls"].as_array().into_iter().flatten().enumerate() {
+        out.push(LlmChunk::ToolCallDelta {
+            index,
+            id: call["id"].as_str().map(str::to_string),
+            name: call["function"]["name"].as_str().map(str::to_string),
+            arguments: match &call["function"]["arguments"] {
+                Value::String(text) => text.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            },
+        });
+    }
+    if let Some(usage) = usage(&answer["usage"]) {
+        out.push(LlmChunk::Usage(usage));
+    }
+    out.push(LlmChunk::Finish(finish_reason(
+        choice["finish_reason"].as_str().unwrap_or("stop"),
+    )));
+    Ok(out)
+}
+
+fn usage(value: &Value) -> Option<Usage> {
+    value.as_object()?;
+    Some(Usage {
+        input_tokens: value["prompt_tokens"].as_u64().unwrap_or(0),
+        output_tokens: value["completion_tokens"].as_u64().unwrap_or(0),
+    })
+}
+
+fn finish_reason(reason: &str) -> FinishReason {
+    match reason {
+        "stop" => FinishReason::Stop,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "length" => FinishReason::Length,
+        "content_filter" => FinishReason::ContentFilter,
+        other => FinishReason::Other(other.to_string()),
+    }
+}
+
+/// An HTTP error answer as a typed error.
+pub(crate) fn map_error(status: u16, retry_after: Option<Duration>, body: &str) -> LlmError {
+    let parsed: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let error = parsed.get("error").cloned().unwrap_or(Value::Null);
+    if error.is_object() {
+        return error_from_body(status, retry_after, &error);
+    }
+    let message = if let Some(text) = error.as_str() {
+        text.to_string()
+    } else if body.trim().is_empty() {
+        format!("HTTP {status}")
+    } else {
+        clip(body)
+    };
+    error_from_body(status, retry_after, &json!({ "message": message }))
+}
+
+fn error_from_body(status: u16, retry_after: Option<Duration>, error: &Value) -> LlmError {
+    let message = error["message"].as_str().unwrap_or("no message").to_string();
+    let code = error["code"]
+        .as_str()
+        .or_else(|| error["type"].as_str())
+        .unwrap_or_default();
+    let lowered = message.to_lowercase();
+    if code == "context_length_exceeded"
+        || lowered.contains("maximum context length")
+        || lowered.contains("context length")
+        || lowered.contains("context window")
+    {
+        return LlmError::ContextLengthExceeded(message);
+    }
+    match status {
+        401 | 403 => LlmError::Authentication(message),
+        429 if code == "insufficient_quota" => LlmError::BadRequest(format!("quota exhausted: {message}")),
+        429 => LlmError::RateLimited { message, retry_after },
+        400..=499 => LlmError::BadRequest(format!("HTTP {status}: {message}")),
+        _ => LlmError::Server { status, message },
+    }
+}
+
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_errors_by_status_and_code() {
+        let body = r#"{"error":{"message":"This model's maximum context length is 128000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        assert!(matches!(map_error(400, None, body), LlmError::ContextLengthExceeded(_)));
+        assert!(matches!(
+            map_error(401, None, r#"{"error":{"message":"bad key"}}"#),
+            LlmError::Authentication(_)
+        ));
+        let limited = map_error(
+            429,
+            Some(Duration::from_secs(2)),
+            r#"{"error":{"message":"slow down"}}"#,
+        );
+        assert_eq!(
+            limited,
+            LlmError::RateLimited {
+                message: "slow down".into(),
+                retry_after: Some(Duration::from_secs(2))
+            }
+        );
+        assert!(matches!(
+            map_error(503, None, "upstream down"),
+            LlmError::Server { status: 503, .. }
+        ));
+        assert!(matches!(map_error(404, None, ""), LlmError::BadRequest(_)));
+    }
+
+    #[test]
+    fn a_stream_without_an_end_is_an_error() {
+        let mut parser = OpenAiParser::default();
+        parser
+            .event(
+                "",
+                r#"{"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
+            )
+            .unwrap();
+        assert!(matches!(parser.end(), Err(LlmError::Protocol(_))));
+    }
+}

@@ -1,0 +1,261 @@
+//! What keeps a provider usable when the service misbehaves: retries with
+//! exponential backoff and jitter, a circuit breaker (seed 002 11.4), and a
+//! client-side requests-per-minute limit.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How often and how patiently to retry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first one included (at least 1).
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled each time.
+    pub base_delay: Duration,
+    /// Longest wait between attempts (a longer `Retry-After` is capped to it).
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (1 for the first retry): the
+    /// server's `Retry-After` when it gave one, else exponential backoff with
+    /// "full jitter" (a random wait between half and all of the step).
+    pub fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(wait) = retry_after {
+            return wait.min(self.max_delay);
+        }
+        let step = self
+            .base_delay
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
+            .min(self.max_delay);
+        let half = step / 2;
+        half + step.saturating_sub(half).mul_f64(fastrand::f64())
+    }
+}
+
+/// Settings of a circuit breaker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BreakerSettings {
+    /// Consecutive failed calls that open the circuit.
+    pub failure_threshold: u32,
+    /// How long an open circuit refuses calls before letting one through.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The state of a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Calls go through.
+    Closed,
+    /// Calls are refused until the moment passes.
+    Open {
+        /// When one trial call will be let through.
+        until: Instant,
+    },
+    /// One trial call is in flight; its outcome closes or reopens the circuit.
+    HalfOpen,
+}
+
+/// Stops calling a provider that keeps failing, so a run fails fast instead
+/// of waiting through every retry of every call.
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    provider: String,
+    settings: BreakerSettings,
+    inner: Mutex<(BreakerState, u32)>,
+}
+
+impl CircuitBreaker {
+    /// A closed breaker for `provider`.
+    pub fn new(provider: impl Into<String>, settings: BreakerSettings) -> Self {
+        Self {
+            provider: provider.into(),
+            settings,
+            inner: Mutex::new((BreakerState::Closed, 0)),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (BreakerState, u32)> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current state.
+    pub fn state(&self) -> BreakerState {
+        self.lock().0
+    }
+
+    /// `Ok` when a call may go out; `Err(wait)` while the circuit is open.
+    pub fn admit(&self) -> Result<(), Duration> {
+        let mut inner = self.lock();
+        match inner.0 {
+            BreakerState::Closed => Ok(()),
+            BreakerState::HalfOpen => Err(self.settings.open_for.min(Duration::from_secs(1))),
+            BreakerState::Open { until } => {
+                let now = Instant::now();
+                if now >= until {
+                    inner.0 = BreakerState::HalfOpen;
+                    tracing::info!(provider = %self.provider, "circuit half-open: letting one trial call through");
+                    Ok(())
+                } else {
+                    Err(until - now)
+                }
+            }
+        }
+    }
+
+    /// Records a call that worked: the circuit closes.
+    pub fn record_success(&self) {
+        let mut inner = self.lock();
+        if inner.0 != BreakerState::Closed {
+            tracing::info!(provider = %self.provider, "circuit closed: the provider answers again");
+        }
+        *inner = (BreakerState::Closed, 0);
+    }
+
+    /// Records a call that failed in a way that says the provider is unwell.
+    pub fn record_failure(&self) {
+        let mut inner = self.lock();
+        inner.1 += 1;
+        let trip = inner.0 == BreakerState::HalfOpen || inner.1 >= self.settings.failure_threshold;
+        if trip {
+            inner.0 = BreakerState::Open {
+                until: Instant::now() + self.settings.open_for,
+            };
+            tracing::warn!(
+                provider = %self.provider,
+                failures = inner.1,
+                open_for_secs = self.settings.open_for.as_secs_f64(),
+                "circuit open: refusing calls to the provider for a while"
+            );
+        }
+    }
+}
+
+/// A client-side limit of requests per minute (a sliding window).
+#[derive(Debug)]
+pub struct RateLimiter {
+    per_minute: u32,
+    sent: tokio::sync::Mutex<VecDeque<Instant>>,
+}
+
+impl RateLimiter {
+    /// At most `per_minute` requests in any 60 s.
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute: per_minute.max(1),
+            sent: tokio::sync::Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Waits until one more request fits in the window, then counts it.
+    pub async fn acquire(&self) {
+        const WINDOW: Duration = Duration::from_secs(60);
+        let mut sent = self.sent.lock().await;
+        loop {
+            let now = Instant::now();
+            while sent.front().is_some_and(|at| now.duration_since(*at) >= WINDOW) {
+                sent.pop_front();
+            }
+            if sent.len() < self.per_minute as usize {
+                sent.push_back(now);
+                return;
+            }
+            let oldest = sent.front().copied().unwrap_or(now);
+            tokio::time::sleep(WINDOW.saturating_sub(now.duration_since(oldest))).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_honours_retry_after() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        };
+        for _ in 0..50 {
+            let first = policy.delay(1, None);
+            assert!(
+                first >= Duration::from_millis(50) && first <= Duration::from_millis(100),
+                "{first:?}"
+            );
+            let third = policy.delay(3, None);
+            assert!(
+                third >= Duration::from_millis(200) && third <= Duration::from_millis(400),
+                "{third:?}"
+            );
+            assert!(policy.delay(20, None) <= Duration::from_secs(1));
+        }
+        assert_eq!(
+            policy.delay(1, Some(Duration::from_millis(300))),
+            Duration::from_millis(300)
+        );
+        assert_eq!(policy.delay(1, Some(Duration::from_secs(90))), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn breaker_opens_after_failures_and_closes_after_a_good_trial() {
+        let breaker = CircuitBreaker::new(
+            "p",
+            BreakerSettings {
+                failure_threshold: 2,
+                open_for: Duration::from_millis(30),
+            },
+        );
+        assert!(breaker.admit().is_ok());
+        breaker.record_failure();
+        assert!(breaker.admit().is_ok());
+        breaker.record_failure();
+        assert!(matches!(breaker.state(), BreakerState::Open { .. }));
+        assert!(breaker.admit().is_err());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(breaker.admit().is_ok());
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        assert!(breaker.admit().is_err(), "one trial at a time");
+        breaker.record_failure();
+        assert!(
+            matches!(breaker.state(), BreakerState::Open { .. }),
+            "a failed trial reopens"
+        );
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(breaker.admit().is_ok());
+        breaker.record_success();
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test]
+    async fn rate_limiter_admits_up_to_the_limit_at_once() {
+        let limiter = RateLimiter::new(3);
+        let started = Instant::now();
+        for _ in 0..3 {
+            limiter.acquire().await;
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let fourth = tokio::time::timeout(Duration::from_millis(100), limiter.acquire()).await;
+        assert!(fourth.is_err(), "the fourth request in a minute waits");
+    }
+}
