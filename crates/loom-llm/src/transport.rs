@@ -206,7 +206,12 @@ impl Transport {
         map_error: ErrorMapper,
     ) -> Result<LlmStream, LlmError> {
         let response = self.send(request, map_error).await?;
-        let mut events: EventStream = Box::pin(response.bytes_stream().eventsource());
+        // A final blank line makes sure the last event is dispatched even when
+        // the server closed right after its `data:` line.
+        let bytes = response
+            .bytes_stream()
+            .chain(stream::once(async { Ok(bytes::Bytes::from_static(b"\n\n")) }));
+        let mut events: EventStream = Box::pin(bytes.eventsource());
         let mut pending = VecDeque::new();
         let mut ended = false;
         // Wait for the first chunk: until then a failure can still be retried.
