@@ -23,9 +23,17 @@ pub struct RunArgs {
     /// The task for the agent.
     pub prompt: String,
 
-    /// The model as PROVIDER:MODEL (this version: scripted:PATH).
+    /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
     #[arg(long, env = "LOOM_MODEL")]
     pub model: Option<String>,
+
+    /// The API base of the model's provider, e.g. http://localhost:11434/v1 (else OPENAI_BASE_URL / ANTHROPIC_BASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+
+    /// Write the model's answers to PATH as a script, to replay the run offline with --model scripted:PATH.
+    #[arg(long, value_name = "PATH")]
+    pub record: Option<PathBuf>,
 
     /// The directory the tools are confined to (default: the current directory).
     #[arg(long, value_name = "DIR")]

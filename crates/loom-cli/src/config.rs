@@ -25,7 +25,45 @@ pub struct FileConfig {
     /// `tool` or `tool(arg=glob)` → allow | ask | deny, and `default`.
     pub permissions: Option<BTreeMap<String, String>>,
     pub scheduler: Option<SchedulerConfig>,
+    /// How to reach the model's provider.
+    pub provider: Option<ProviderConfig>,
+    /// Prices per model (`"openai:gpt-4o-mini"` or just `"gpt-4o-mini"`).
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceConfig>,
     pub mcp: Option<toml::Table>,
+}
+
+/// `[provider]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub base_url: Option<String>,
+    /// Stream answers (false for servers that cannot).
+    pub stream: Option<bool>,
+    pub max_tokens: Option<u32>,
+    /// Read `<tool_call>` blocks from text, for models without tool calling.
+    #[serde(default)]
+    pub text_tool_calls: bool,
+    /// Extra HTTP headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub max_attempts: Option<u32>,
+    pub retry_base_ms: Option<u64>,
+    pub retry_max_secs: Option<u64>,
+    pub connect_timeout_secs: Option<u64>,
+    pub first_byte_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+    pub breaker_failures: Option<u32>,
+    pub breaker_open_secs: Option<u64>,
+}
+
+/// `[prices."MODEL"]`, US dollars per million tokens.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
 }
 
 /// `[scheduler]`.

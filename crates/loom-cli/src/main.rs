@@ -3,6 +3,7 @@
 mod cli;
 mod config;
 mod permissions;
+mod provider;
 mod render;
 mod run;
 

@@ -5,14 +5,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use loom::models::model_from_spec;
 use loom::tools::file_tools;
 use loom::{Agent, EventKind, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::RunArgs;
 use crate::config::{self, LoadedConfig};
-use crate::permissions;
 use crate::render::{Human, JsonLines, Renderer};
+use crate::{permissions, provider};
 
 /// Exit codes of DESIGN 4.5.
 pub mod exit {
@@ -100,7 +99,7 @@ fn build_agent(args: &RunArgs) -> Result<Agent> {
             ))
         }
     };
-    let llm = model_from_spec(&model)?;
+    let llm = provider::model(&model, args.base_url.as_deref(), &file, args.record.as_deref())?;
 
     let workspace = match &args.workspace {
         Some(dir) => dir.clone(),
@@ -115,6 +114,9 @@ fn build_agent(args: &RunArgs) -> Result<Agent> {
         .tools(file_tools())
         .workspace(PathBuf::from(&workspace))
         .permissions(permissions::policy(args, file.permissions.as_ref())?);
+    if let Some(pricing) = provider::pricing(&model, &file) {
+        builder = builder.pricing(pricing);
+    }
     if let Some(secs) = file.permission_timeout_secs {
         builder = builder.permission_timeout(seconds(secs));
     }
