@@ -2,11 +2,13 @@
 //! server, LM Studio, DeepSeek, and anything else that speaks
 //! `POST {base}/chat/completions`.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
 use loom_core::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Message, ToolSpec, Usage};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::text_tools::{self, TextToolCalls};
@@ -172,6 +174,64 @@ fn tool_json(tool: &ToolSpec) -> Value {
     })
 }
 
+/// One chunk of a chat completions stream. Typed and borrowing, so a long
+/// answer costs one small parse per chunk; unknown fields are ignored.
+#[derive(Deserialize)]
+struct StreamChunk<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<StreamChoice<'a>>,
+    #[serde(default)]
+    usage: Option<UsageJson>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct StreamChoice<'a> {
+    #[serde(default)]
+    index: u32,
+    #[serde(borrow, default)]
+    delta: Delta<'a>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCallPiece<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallPiece<'a> {
+    #[serde(default)]
+    index: usize,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<FunctionPiece<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionPiece<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct UsageJson {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
 /// Parses `data:` lines of a chat completions stream.
 #[derive(Debug, Default)]
 pub(crate) struct OpenAiParser {
@@ -189,37 +249,41 @@ impl StreamParser for OpenAiParser {
         if data.is_empty() {
             return Ok(Vec::new());
         }
-        let chunk: Value = serde_json::from_str(data)
-            .map_err(|err| LlmError::Protocol(format!("a stream chunk is not JSON ({err}): {}", clip(data))))?;
-        if let Some(error) = chunk.get("error") {
+        let chunk: StreamChunk<'_> = serde_json::from_str(data)
+            .map_err(|err| LlmError::Protocol(format!("a stream chunk is not valid ({err}): {}", clip(data))))?;
+        if let Some(error) = &chunk.error {
             return Err(error_from_body(500, None, error));
         }
         let mut out = Vec::new();
-        if let Some(choice) = chunk["choices"]
-            .as_array()
-            .and_then(|choices| choices.iter().find(|c| c["index"].as_u64().unwrap_or(0) == 0))
-        {
-            let delta = &choice["delta"];
-            for key in ["content", "refusal"] {
-                if let Some(text) = delta[key].as_str().filter(|t| !t.is_empty()) {
-                    out.push(LlmChunk::Text(text.to_string()));
+        if let Some(choice) = chunk.choices.into_iter().find(|c| c.index == 0) {
+            let delta = choice.delta;
+            for text in [delta.content, delta.refusal].into_iter().flatten() {
+                if !text.is_empty() {
+                    out.push(LlmChunk::Text(text.into_owned()));
                 }
             }
-            for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            for call in delta.tool_calls.into_iter().flatten() {
+                let (name, arguments) = match call.function {
+                    Some(function) => (function.name, function.arguments),
+                    None => (None, None),
+                };
                 out.push(LlmChunk::ToolCallDelta {
-                    index: call["index"].as_u64().unwrap_or(0) as usize,
-                    id: call["id"].as_str().map(str::to_string),
-                    name: call["function"]["name"].as_str().map(str::to_string),
-                    arguments: call["function"]["arguments"].as_str().unwrap_or_default().to_string(),
+                    index: call.index,
+                    id: call.id.map(Cow::into_owned),
+                    name: name.map(Cow::into_owned),
+                    arguments: arguments.map(Cow::into_owned).unwrap_or_default(),
                 });
             }
-            if let Some(reason) = choice["finish_reason"].as_str() {
+            if let Some(reason) = choice.finish_reason {
                 self.finished = true;
-                out.push(LlmChunk::Finish(finish_reason(reason)));
+                out.push(LlmChunk::Finish(finish_reason(&reason)));
             }
         }
-        if let Some(usage) = usage(&chunk["usage"]) {
-            out.push(LlmChunk::Usage(usage));
+        if let Some(usage) = chunk.usage {
+            out.push(LlmChunk::Usage(Usage {
+                input_tokens: usage.prompt_tokens,
+                output_tokens: usage.completion_tokens,
+            }));
         }
         Ok(out)
     }
