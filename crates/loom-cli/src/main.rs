@@ -16,6 +16,7 @@ use run::{exit, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -41,6 +42,19 @@ fn main() -> ExitCode {
             ExitCode::from(exit::ERROR)
         }
     }
+}
+
+/// Warnings (retries, the circuit breaker opening) go to stderr; `LOOM_LOG`
+/// (e.g. `LOOM_LOG=debug` or `LOOM_LOG=loom_llm=info`) shows more.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LOOM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 /// The error and its causes on one line.

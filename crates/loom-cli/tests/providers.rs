@@ -159,6 +159,10 @@ fn retries_exhausted_exit_1_with_a_clear_error() {
     let text = stderr(&output);
     assert!(text.contains("LLM_SERVER"), "{text}");
     assert!(text.contains("gave up after 2 attempts"), "{text}");
+    assert!(
+        text.contains("model call failed; retrying"),
+        "the retry is logged: {text}"
+    );
     assert_eq!(server.requests().len(), 2);
 }
 
