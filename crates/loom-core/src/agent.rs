@@ -9,15 +9,19 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Limits, RunContext};
-use crate::engine::{Engine, Run};
+use crate::engine::{ContextSettings, Engine, Run};
 use crate::event::EventEmitter;
+use crate::feedback::{MonitorConfig, RecursionMonitor, TaskHandler};
 use crate::handle::{RunController, RunHandle};
 use crate::hooks::{PermissionHook, ToolHook};
 use crate::llm::Llm;
+use crate::memory::MemoryConfig;
 use crate::metrics::{Pricing, RunMetrics};
 use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
+use crate::retrieval::Retriever;
 use crate::status::RunStatus;
+use crate::tokens::{TiktokenCounter, TokenCounter};
 use crate::tool::{DynTool, RegistryError, ToolRegistry};
 
 /// Why an agent could not be built.
@@ -61,6 +65,17 @@ pub struct AgentBuilder {
     system_prompt: Option<String>,
     limits: Limits,
     workspace: Option<PathBuf>,
+    memory: MemoryConfig,
+    counter: Option<Arc<dyn TokenCounter>>,
+    summarizer: Option<Arc<dyn Llm>>,
+    feedback: bool,
+    task_handlers: Vec<Arc<dyn TaskHandler>>,
+    monitor: MonitorConfig,
+    retriever: Option<Arc<dyn Retriever>>,
+    retrieval_limit: usize,
+    project_instructions: bool,
+    instruction_dirs: Vec<PathBuf>,
+    system_budget: Option<usize>,
 }
 
 impl Default for AgentBuilder {
@@ -77,6 +92,17 @@ impl Default for AgentBuilder {
             system_prompt: None,
             limits: Limits::default(),
             workspace: None,
+            memory: MemoryConfig::default(),
+            counter: None,
+            summarizer: None,
+            feedback: true,
+            task_handlers: Vec::new(),
+            monitor: MonitorConfig::default(),
+            retriever: None,
+            retrieval_limit: 5,
+            project_instructions: true,
+            instruction_dirs: Vec::new(),
+            system_budget: None,
         }
     }
 }
@@ -165,6 +191,81 @@ impl AgentBuilder {
         self
     }
 
+    /// The model's context window in tokens (default 200 000).
+    pub fn context_window(mut self, tokens: usize) -> Self {
+        self.memory.context_window = tokens;
+        self
+    }
+
+    /// Compress when a request would use this share of the window (default 0.92).
+    pub fn compression_threshold(mut self, share: f64) -> Self {
+        self.memory.compression_threshold = share;
+        self
+    }
+
+    /// All memory and compression settings at once.
+    pub fn memory(mut self, config: MemoryConfig) -> Self {
+        self.memory = config;
+        self
+    }
+
+    /// How tokens are counted (default: tiktoken, chosen by the model's name).
+    pub fn token_counter(mut self, counter: Arc<dyn TokenCounter>) -> Self {
+        self.counter = Some(counter);
+        self
+    }
+
+    /// The model that writes compression summaries (default: the run's model).
+    pub fn summarizer(mut self, llm: Arc<dyn Llm>) -> Self {
+        self.summarizer = Some(llm);
+        self
+    }
+
+    /// Whether guidance is written between turns (default true).
+    pub fn feedback(mut self, on: bool) -> Self {
+        self.feedback = on;
+        self
+    }
+
+    /// Adds a task handler; the first that can handle the task writes the guidance.
+    pub fn task_handler(mut self, handler: impl TaskHandler + 'static) -> Self {
+        self.task_handlers.push(Arc::new(handler));
+        self
+    }
+
+    /// Thresholds of the recursion monitor.
+    pub fn monitor(mut self, config: MonitorConfig) -> Self {
+        self.monitor = config;
+        self
+    }
+
+    /// A retriever asked once per run with the user's request; its passages
+    /// join the system prompt.
+    pub fn retriever(mut self, retriever: Arc<dyn Retriever>, limit: usize) -> Self {
+        self.retriever = Some(retriever);
+        self.retrieval_limit = limit.max(1);
+        self
+    }
+
+    /// Whether LOOM.md / AGENTS.md are read (default true: the workspace root
+    /// and the directories given to [`AgentBuilder::instructions_dir`]).
+    pub fn project_instructions(mut self, on: bool) -> Self {
+        self.project_instructions = on;
+        self
+    }
+
+    /// Another directory to read LOOM.md / AGENTS.md from (e.g. the user's config directory).
+    pub fn instructions_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.instruction_dirs.push(dir.into());
+        self
+    }
+
+    /// Token budget of the assembled system prompt (default: a quarter of the window, at most 16 000).
+    pub fn system_prompt_budget(mut self, tokens: usize) -> Self {
+        self.system_budget = Some(tokens);
+        self
+    }
+
     /// Replaces the default system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = Some(prompt.into());
@@ -204,11 +305,23 @@ impl AgentBuilder {
     /// Checks the configuration and builds the agent.
     pub fn build(self) -> Result<Agent, BuildError> {
         let llm = self.llm.ok_or(BuildError::MissingModel)?;
+        let llm_name = llm.model_name().to_string();
         if self.pipeline.max_concurrency == 0 {
             return Err(BuildError::InvalidLimit("max_concurrency must be at least 1".into()));
         }
         if self.pipeline.max_output_chars < 100 {
             return Err(BuildError::InvalidLimit("max_output_chars must be at least 100".into()));
+        }
+        let thresholds = (self.memory.warning_threshold, self.memory.compression_threshold);
+        if !(0.0 < thresholds.0 && thresholds.0 <= thresholds.1 && thresholds.1 <= 1.0) {
+            return Err(BuildError::InvalidLimit(
+                "thresholds must satisfy 0 < warning ≤ compression ≤ 1".into(),
+            ));
+        }
+        if self.memory.context_window < 1000 {
+            return Err(BuildError::InvalidLimit(
+                "context_window must be at least 1000 tokens".into(),
+            ));
         }
         if self.limits.max_steps == 0 {
             return Err(BuildError::InvalidLimit("max_steps must be at least 1".into()));
@@ -256,6 +369,28 @@ impl AgentBuilder {
                 pipeline,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
+                context: ContextSettings {
+                    counter: self
+                        .counter
+                        .unwrap_or_else(|| Arc::new(TiktokenCounter::for_model(llm_name.as_str()))),
+                    system_budget: self
+                        .system_budget
+                        .unwrap_or_else(|| (self.memory.context_window / 4).min(16_000)),
+                    memory: self.memory,
+                    summarizer: self.summarizer,
+                    feedback: self.feedback,
+                    task_handlers: self.task_handlers,
+                    monitor: self.monitor,
+                    retriever: self.retriever,
+                    retrieval_limit: self.retrieval_limit,
+                    instruction_dirs: if self.project_instructions {
+                        let mut dirs = self.instruction_dirs;
+                        dirs.push(workspace.clone());
+                        dirs
+                    } else {
+                        Vec::new()
+                    },
+                },
             }),
             limits: self.limits,
             permission_timeout: self.permission_timeout,
@@ -378,6 +513,9 @@ impl Agent {
             gate,
             metrics: RunMetrics::default(),
             steps: 0,
+            task: request.prompt.clone(),
+            monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
+            context_warned: false,
         };
         let task = tokio::spawn(run.drive(request.prompt));
         RunHandle {

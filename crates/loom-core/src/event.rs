@@ -63,6 +63,52 @@ pub enum EventKind {
         /// The run's turn limit.
         max_steps: u32,
     },
+    /// The retriever is asked for context.
+    #[serde(rename = "retrieval.start")]
+    RetrievalStart {
+        /// What was asked.
+        query: String,
+    },
+    /// The retriever answered.
+    #[serde(rename = "retrieval.complete")]
+    RetrievalComplete {
+        /// Passages found.
+        doc_count: usize,
+        /// Where they come from.
+        sources: Vec<String>,
+    },
+    /// The request is getting close to the context window.
+    #[serde(rename = "context.warning")]
+    ContextWarning {
+        /// Tokens the request would use.
+        tokens: usize,
+        /// The window.
+        context_window: usize,
+        /// `tokens / context_window`.
+        ratio: f64,
+    },
+    /// History was compressed.
+    #[serde(rename = "compression.applied")]
+    CompressionApplied {
+        /// Messages before.
+        messages_before: usize,
+        /// Messages after.
+        messages_after: usize,
+        /// Tokens before.
+        tokens_before: usize,
+        /// Tokens after.
+        tokens_after: usize,
+        /// `summary` (a model wrote the eight sections) or `fallback` (outputs and turns dropped).
+        method: String,
+    },
+    /// A feedback message was added for the next turn.
+    #[serde(rename = "guidance.injected")]
+    GuidanceInjected {
+        /// Why (`continue`, `error`, `completion`, `depth_hint`, `iteration_warning`, `duplicate_tools`, …).
+        reason: String,
+        /// The message.
+        content: String,
+    },
     /// A turn begins.
     #[serde(rename = "iteration.start")]
     IterationStart {
@@ -236,6 +282,11 @@ impl EventKind {
     pub fn name(&self) -> &'static str {
         match self {
             Self::LifecycleStart { .. } => "lifecycle.start",
+            Self::RetrievalStart { .. } => "retrieval.start",
+            Self::RetrievalComplete { .. } => "retrieval.complete",
+            Self::ContextWarning { .. } => "context.warning",
+            Self::CompressionApplied { .. } => "compression.applied",
+            Self::GuidanceInjected { .. } => "guidance.injected",
             Self::IterationStart { .. } => "iteration.start",
             Self::PhaseStart { .. } => "phase.start",
             Self::PhaseEnd { .. } => "phase.end",

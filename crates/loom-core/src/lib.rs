@@ -11,36 +11,46 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod assembly;
 pub mod context;
 mod engine;
 pub mod event;
+pub mod feedback;
 pub mod handle;
 pub mod history;
 pub mod hooks;
 pub mod json_strict;
 pub mod llm;
+pub mod memory;
 pub mod message;
 pub mod metrics;
 pub mod permission;
 pub mod pipeline;
+pub mod retrieval;
 pub mod status;
+pub mod tokens;
 pub mod tool;
 pub mod tool_result;
 pub mod turn_state;
 
 pub use agent::{Agent, AgentBuilder, BuildError, RunRequest, DEFAULT_SYSTEM_PROMPT};
+pub use assembly::{ContextAssembler, ContextComponent, Priority};
 pub use context::{Limits, RunContext, StopCause};
 pub use engine::{StopReason, TimeoutKind, TurnOutcome};
 pub use event::{CallSummary, Event, EventKind};
+pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler};
 pub use handle::{Control, ControlError, RunController, RunHandle, RunOutcome};
 pub use history::{validate_history, HistoryError};
 pub use hooks::{HookCall, HookDecision, PermissionHook, ToolHook};
 pub use llm::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
+pub use memory::{Memory, MemoryConfig};
 pub use message::{Message, ToolCall};
-pub use metrics::{Pricing, RunMetrics};
+pub use metrics::{Pricing, RunMetrics, ToolStats};
 pub use permission::{Decision, PermissionDecision, PermissionPolicy, PolicyError};
 pub use pipeline::{PipelineConfig, Redactor};
+pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
+pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};
 pub use turn_state::TurnState;

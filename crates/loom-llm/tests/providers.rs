@@ -287,7 +287,8 @@ async fn openai_multi_step_run_sends_what_the_api_accepts() {
 
     let messages = requests[1].body["messages"].as_array().unwrap().clone();
     let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "tool"]);
+    // The guidance of seed 003 comes after the tool messages, as a system message.
+    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "tool", "system"]);
     let assistant = &messages[2];
     assert!(assistant["content"].is_null());
     assert_eq!(assistant["tool_calls"][0]["id"], "call_a");
@@ -582,8 +583,8 @@ async fn non_streaming_servers_and_text_tool_calls() {
         .collect();
     assert_eq!(
         roles,
-        vec!["system", "user", "assistant", "user"],
-        "calls and results written as text"
+        vec!["system", "user", "assistant", "user", "system"],
+        "calls and results written as text, then the guidance"
     );
 }
 

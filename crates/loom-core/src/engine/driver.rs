@@ -3,6 +3,7 @@
 
 use crate::event::{EventKind, TurnIds};
 use crate::handle::RunOutcome;
+use crate::memory::Memory;
 use crate::message::Message;
 use crate::status::RunStatus;
 use crate::turn_state::TurnState;
@@ -31,22 +32,22 @@ impl Run {
             },
         );
 
-        let mut history = vec![
-            Message::system(self.engine.system_prompt.clone()),
-            Message::user(prompt),
-        ];
+        let mut memory = Memory::new(self.engine.context.counter.clone());
+        let system = self.system_prompt(&prompt, &TurnIds::of(&state), &memory).await;
+        memory.push(Message::system(system));
+        memory.push(Message::user(prompt));
         let end = loop {
-            match self.tt(&history, &state, &ctx).await {
+            match self.tt(&mut memory, &state, &ctx).await {
                 TurnOutcome::Recurse { next, new_messages } => {
-                    history.extend(new_messages);
+                    memory.extend(new_messages);
                     state = next;
                 }
                 TurnOutcome::Finish { content, new_messages } => {
-                    history.extend(new_messages);
+                    memory.extend(new_messages);
                     break End::Answer(content);
                 }
                 TurnOutcome::Stop { reason, new_messages } => {
-                    history.extend(new_messages);
+                    memory.extend(new_messages);
                     break End::Stopped(reason);
                 }
             }
@@ -88,7 +89,7 @@ impl Run {
             stop_reason,
             turns,
             metrics: self.metrics,
-            messages: history,
+            messages: memory.into_messages(),
         }
     }
 

@@ -1,6 +1,8 @@
 //! The engine: `tt` handles one turn, the driver trampolines it.
 
+mod context;
 mod driver;
+mod feedback;
 mod model_call;
 mod turn;
 
@@ -11,11 +13,15 @@ use tokio::sync::{mpsc, watch};
 
 use crate::context::RunContext;
 use crate::event::EventEmitter;
+use crate::feedback::{MonitorConfig, RecursionMonitor, TaskHandler};
 use crate::llm::Llm;
+use crate::memory::MemoryConfig;
 use crate::metrics::{Pricing, RunMetrics};
 use crate::permission::PermissionGate;
 use crate::pipeline::ToolPipeline;
+use crate::retrieval::Retriever;
 use crate::status::RunStatus;
+use crate::tokens::TokenCounter;
 
 pub use turn::{StopReason, TimeoutKind, TurnOutcome};
 
@@ -25,6 +31,25 @@ pub(crate) struct Engine {
     pub pipeline: ToolPipeline,
     pub system_prompt: String,
     pub pricing: Option<Pricing>,
+    pub context: ContextSettings,
+}
+
+/// Context machinery of an agent: memory, compression, feedback, assembly.
+pub(crate) struct ContextSettings {
+    pub memory: MemoryConfig,
+    pub counter: Arc<dyn TokenCounter>,
+    /// The model that writes summaries (default: the run's model).
+    pub summarizer: Option<Arc<dyn Llm>>,
+    /// Whether guidance is written between turns.
+    pub feedback: bool,
+    pub task_handlers: Vec<Arc<dyn TaskHandler>>,
+    pub monitor: MonitorConfig,
+    pub retriever: Option<Arc<dyn Retriever>>,
+    pub retrieval_limit: usize,
+    /// Directories searched for LOOM.md / AGENTS.md.
+    pub instruction_dirs: Vec<std::path::PathBuf>,
+    /// Token budget of the assembled system prompt.
+    pub system_budget: usize,
 }
 
 /// The state of one run while it executes. Owned by the run's task.
@@ -40,6 +65,11 @@ pub(crate) struct Run {
     pub metrics: RunMetrics,
     /// Tool turns completed (seed 004's `step`).
     pub steps: u32,
+    /// The user's request, for guidance.
+    pub task: String,
+    pub monitor: RecursionMonitor,
+    /// Whether the context warning was given since the last compression.
+    pub context_warned: bool,
 }
 
 impl Run {

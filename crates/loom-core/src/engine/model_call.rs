@@ -44,6 +44,20 @@ impl Run {
         let engine = self.engine.clone();
         let cancel = self.ctx.cancel_token().clone();
         self.metrics.llm_calls += 1;
+        let started = std::time::Instant::now();
+        let answer = self.stream_answer(&engine, &cancel, messages, tools, turn).await;
+        self.metrics.llm_ms += started.elapsed().as_millis() as u64;
+        answer
+    }
+
+    async fn stream_answer(
+        &mut self,
+        engine: &super::Engine,
+        cancel: &tokio_util::sync::CancellationToken,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        turn: &TurnIds,
+    ) -> Result<ModelResponse, CallError> {
         self.events.emit(
             turn,
             EventKind::LlmStart {

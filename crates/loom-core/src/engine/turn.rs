@@ -4,6 +4,9 @@ use std::time::Instant;
 
 use crate::context::{RunContext, StopCause};
 use crate::event::{CallSummary, EventKind, TurnIds};
+use crate::feedback::MAX_ITERATIONS_MESSAGE;
+use crate::llm::LlmError;
+use crate::memory::Memory;
 use crate::message::{Message, ToolCall};
 use crate::pipeline::{BatchEnv, ToolPipeline};
 use crate::tool_result::ToolResult;
@@ -66,14 +69,16 @@ pub enum StopReason {
     },
 }
 
-/// The instruction for the one last call when the turn limit is reached (seed 004).
-const FINAL_ANSWER_PROMPT: &str = "You have reached the maximum number of steps for this task. \
-Do not call any more tools. Using only the information you already have, give your best final \
-answer now, and say briefly what remains unfinished, if anything.";
+/// Added to the final-answer instruction: what the model must do now.
+const FINAL_ANSWER_SUFFIX: &str = "Do not call any more tools. Using only the information you already have, \
+give your best final answer now, and say briefly what remains unfinished, if anything.";
+
+/// Turn metadata key set when the monitor ends the tool phase.
+const TERMINATE_KEY: &str = "loom.terminate";
 
 impl Run {
     /// Handles exactly one turn.
-    pub(crate) async fn tt(&mut self, history: &[Message], state: &TurnState, ctx: &RunContext) -> TurnOutcome {
+    pub(crate) async fn tt(&mut self, memory: &mut Memory, state: &TurnState, ctx: &RunContext) -> TurnOutcome {
         let turn = TurnIds::of(state);
 
         // Phase 0: control.
@@ -107,11 +112,27 @@ impl Run {
             (step, _) => step,
         };
 
+        let terminate = state
+            .metadata()
+            .get(TERMINATE_KEY)
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
         let work = async {
+            // The hard step limit comes first; then a verdict of the monitor.
             if state.is_final() {
-                self.final_answer_turn(history, state, &turn, ctx).await
+                self.events.emit(
+                    &turn,
+                    EventKind::MaxIterationsReached {
+                        turn_counter: state.turn_counter(),
+                        max_iterations: state.max_iterations(),
+                    },
+                );
+                self.final_answer_turn(memory, MAX_ITERATIONS_MESSAGE, state, &turn, ctx)
+                    .await
+            } else if let Some(message) = terminate {
+                self.final_answer_turn(memory, &message, state, &turn, ctx).await
             } else {
-                self.tool_turn(history, state, &turn, ctx).await
+                self.tool_turn(memory, state, &turn, ctx).await
             }
         };
         tokio::pin!(work);
@@ -132,17 +153,15 @@ impl Run {
 
     async fn tool_turn(
         &mut self,
-        history: &[Message],
+        memory: &mut Memory,
         state: &TurnState,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> TurnOutcome {
         let engine = self.engine.clone();
-        let response = match self
-            .model_phase(history, engine.pipeline.registry().specs(), turn, ctx)
-            .await
-        {
-            Ok(response) => response,
+        let tools = engine.pipeline.registry().specs();
+        let (response, compacted) = match self.model_phase(memory, None, tools, turn, ctx).await {
+            Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
 
@@ -157,7 +176,7 @@ impl Run {
             }
             // The person spoke while the model answered: their message gets a turn.
             new_messages.extend(steering.into_iter().map(Message::user));
-            return self.recurse(state, turn, new_messages);
+            return self.recurse(state, turn, new_messages, compacted);
         }
 
         let calls = response.tool_calls;
@@ -180,15 +199,15 @@ impl Run {
         self.events
             .emit(turn, EventKind::ToolCallsComplete { count: results.len() });
 
-        let mut new_messages = Vec::with_capacity(results.len() + 1);
+        let mut new_messages = Vec::with_capacity(results.len() + 4);
         new_messages.push(Message::Assistant {
-            content: response.content,
-            tool_calls: calls,
+            content: response.content.clone(),
+            tool_calls: calls.clone(),
         });
         new_messages.extend(
             results
-                .into_iter()
-                .map(|result| Message::tool(result.call_id, result.name, result.content)),
+                .iter()
+                .map(|result| Message::tool(&result.call_id, &result.name, &result.content)),
         );
 
         if let Some(reason) = self.stop_reason(ctx) {
@@ -203,31 +222,52 @@ impl Run {
                 elapsed_seconds: ctx.elapsed().as_secs_f64(),
             },
         );
+
+        // Phase 4: feedback, placed after the tool messages (seed 003).
+        self.monitor.observe(&response.content, &calls, &results);
+        new_messages.extend(self.guidance(&results, state, turn));
+        let verdict = self.monitor.check(state.turn_counter() + 1, state.max_iterations());
+        for (reason, message) in verdict.warnings {
+            self.events.emit(
+                turn,
+                EventKind::GuidanceInjected {
+                    reason: reason.to_string(),
+                    content: message.clone(),
+                },
+            );
+            new_messages.push(Message::system(message));
+        }
         new_messages.extend(self.take_steering().into_iter().map(Message::user));
-        self.recurse(state, turn, new_messages)
+        let mut outcome = self.recurse(state, turn, new_messages, compacted);
+        if let (Some(termination), TurnOutcome::Recurse { next, .. }) = (verdict.terminate, &mut outcome) {
+            self.events.emit(
+                turn,
+                EventKind::GuidanceInjected {
+                    reason: termination.reason().to_string(),
+                    content: termination.message().to_string(),
+                },
+            );
+            *next = next.with_metadata(
+                TERMINATE_KEY,
+                serde_json::Value::String(termination.message().to_string()),
+            );
+        }
+        outcome
     }
 
-    /// The turn limit is reached: one last call without tools (seed 004).
+    /// One last call without tools (seed 004): at the step limit, or when
+    /// the monitor ended the tool phase.
     async fn final_answer_turn(
         &mut self,
-        history: &[Message],
-        state: &TurnState,
+        memory: &mut Memory,
+        reason: &str,
+        _state: &TurnState,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> TurnOutcome {
-        self.events.emit(
-            turn,
-            EventKind::MaxIterationsReached {
-                turn_counter: state.turn_counter(),
-                max_iterations: state.max_iterations(),
-            },
-        );
-        let instruction = Message::system(FINAL_ANSWER_PROMPT);
-        let mut messages = Vec::with_capacity(history.len() + 1);
-        messages.extend_from_slice(history);
-        messages.push(instruction.clone());
-        let response = match self.model_phase(&messages, &[], turn, ctx).await {
-            Ok(response) => response,
+        let instruction = Message::system(format!("{reason}\n{FINAL_ANSWER_SUFFIX}"));
+        let (response, _) = match self.model_phase(memory, Some(&instruction), &[], turn, ctx).await {
+            Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
         let answer = response.content;
@@ -241,26 +281,58 @@ impl Run {
         }
     }
 
+    /// Phases 1–2: context (compression when needed), then the model call.
+    /// A "context length exceeded" answer compresses and retries once.
     async fn model_phase(
         &mut self,
-        messages: &[Message],
+        memory: &mut Memory,
+        extra: Option<&Message>,
         tools: &[crate::llm::ToolSpec],
         turn: &TurnIds,
         ctx: &RunContext,
-    ) -> Result<ModelResponse, TurnOutcome> {
-        self.phase(turn, "llm", true);
-        let called = self.call_model(messages, tools, turn).await;
-        self.phase(turn, "llm", false);
-        match called {
-            Ok(response) => Ok(response),
-            Err(CallError::Cancelled) => Err(stop(self.stop_reason(ctx).unwrap_or_else(cancelled), Vec::new())),
-            Err(CallError::Llm(err)) => Err(stop(
-                StopReason::Error {
-                    code: err.code().to_string(),
-                    message: err.to_string(),
-                },
-                Vec::new(),
-            )),
+    ) -> Result<(ModelResponse, bool), TurnOutcome> {
+        let mut compacted = self.prepare_context(memory, tools, turn, ctx, false).await;
+        let mut retried = false;
+        loop {
+            self.phase(turn, "llm", true);
+            let called = match extra {
+                Some(extra) => {
+                    let mut messages = memory.messages().to_vec();
+                    messages.push(extra.clone());
+                    self.call_model(&messages, tools, turn).await
+                }
+                None => self.call_model(memory.messages(), tools, turn).await,
+            };
+            self.phase(turn, "llm", false);
+            match called {
+                Ok(response) => return Ok((response, compacted)),
+                Err(CallError::Cancelled) => {
+                    return Err(stop(self.stop_reason(ctx).unwrap_or_else(cancelled), Vec::new()))
+                }
+                Err(CallError::Llm(LlmError::ContextLengthExceeded(message))) if !retried => {
+                    retried = true;
+                    self.metrics.record_error("LLM_CONTEXT_LENGTH");
+                    self.events.emit(
+                        turn,
+                        EventKind::Error {
+                            code: "LLM_CONTEXT_LENGTH".to_string(),
+                            message: format!("{message}; compressing the history and retrying"),
+                            recoverable: true,
+                        },
+                    );
+                    compacted |= self.prepare_context(memory, tools, turn, ctx, true).await;
+                }
+                Err(CallError::Llm(err)) => {
+                    self.metrics.record_error(err.code());
+                    return Err(stop(
+                        StopReason::Error {
+                            code: err.code().to_string(),
+                            message: err.to_string(),
+                        },
+                        Vec::new(),
+                    ));
+                }
+            }
         }
     }
 
@@ -282,16 +354,24 @@ impl Run {
         };
         let results = pipeline.run_batch(calls, &env).await;
         for result in &results {
-            self.metrics.tool_calls += 1;
-            if result.status.is_failure() {
-                self.metrics.tool_failures += 1;
-            }
+            self.metrics.record_tool(
+                &result.name,
+                result.status.is_failure(),
+                result.metadata.error_kind.as_deref(),
+                result.metadata.duration_ms,
+            );
         }
         results
     }
 
-    fn recurse(&mut self, state: &TurnState, turn: &TurnIds, new_messages: Vec<Message>) -> TurnOutcome {
-        let next = state.next_turn(false);
+    fn recurse(
+        &mut self,
+        state: &TurnState,
+        turn: &TurnIds,
+        new_messages: Vec<Message>,
+        compacted: bool,
+    ) -> TurnOutcome {
+        let next = state.next_turn(compacted);
         self.events.emit(
             turn,
             EventKind::Recursion {
@@ -303,7 +383,7 @@ impl Run {
         TurnOutcome::Recurse { next, new_messages }
     }
 
-    fn phase(&self, turn: &TurnIds, phase: &str, start: bool) {
+    pub(crate) fn phase(&self, turn: &TurnIds, phase: &str, start: bool) {
         let phase = phase.to_string();
         let kind = if start {
             EventKind::PhaseStart { phase }

@@ -1,0 +1,224 @@
+//! Phase 1 of a turn: the context. Counting, the warning at 80 %, structured
+//! compression at the threshold (with a model-free fallback), and — once per
+//! run — the system prompt assembled by priority from the base instructions,
+//! project instructions, retrieved context and the tool list.
+
+use futures_util::StreamExt;
+
+use crate::assembly::{load_project_instructions, ContextAssembler, ContextComponent, Priority};
+use crate::event::{EventKind, TurnIds};
+use crate::llm::{LlmChunk, LlmRequest, ToolSpec};
+use crate::memory::{fallback, format_summary, plan, splice, summarizer_request, Memory};
+use crate::message::Message;
+
+use super::Run;
+
+/// Share of the window the summarizer's own request may use.
+const SUMMARIZER_INPUT_SHARE: f64 = 0.6;
+
+impl Run {
+    /// Counts the request; warns near the limit; compresses past the
+    /// threshold (or always when `force`). Returns whether it compressed.
+    pub(crate) async fn prepare_context(
+        &mut self,
+        memory: &mut Memory,
+        tools: &[ToolSpec],
+        turn: &TurnIds,
+        ctx: &crate::context::RunContext,
+        force: bool,
+    ) -> bool {
+        let engine = self.engine.clone();
+        let config = &engine.context.memory;
+        let tools_tokens = memory.counter().count_tools(tools);
+        let used = memory.total_tokens() + tools_tokens;
+        if used >= config.warn_at() && !self.context_warned {
+            self.context_warned = true;
+            self.events.emit(
+                turn,
+                EventKind::ContextWarning {
+                    tokens: used,
+                    context_window: config.context_window,
+                    ratio: used as f64 / config.context_window.max(1) as f64,
+                },
+            );
+        }
+        if !force && used < config.compress_at() {
+            return false;
+        }
+        self.phase(turn, "compression", true);
+        let budget = config.compress_at().saturating_sub(tools_tokens);
+        let before = memory.messages().len();
+        let (messages, method) = self.compress(memory.messages(), memory, budget, ctx).await;
+        let tokens_before = memory.total_tokens();
+        memory.replace(messages);
+        let tokens_after = memory.total_tokens();
+        self.metrics.record_compression(tokens_before, tokens_after);
+        // A later climb towards the window warns again.
+        self.context_warned = memory.total_tokens() + tools_tokens >= config.warn_at();
+        self.events.emit(
+            turn,
+            EventKind::CompressionApplied {
+                messages_before: before,
+                messages_after: memory.messages().len(),
+                tokens_before,
+                tokens_after,
+                method: method.to_string(),
+            },
+        );
+        self.phase(turn, "compression", false);
+        true
+    }
+
+    /// The compressed history and how it was made (`summary` or `fallback`).
+    async fn compress(
+        &mut self,
+        messages: &[Message],
+        memory: &Memory,
+        budget: usize,
+        ctx: &crate::context::RunContext,
+    ) -> (Vec<Message>, &'static str) {
+        let counter = memory.counter().clone();
+        let config = self.engine.context.memory.clone();
+        let Some(plan) = plan(messages, config.keep_recent_messages) else {
+            return (fallback(messages, counter.as_ref(), budget), "fallback");
+        };
+        let input_budget = (config.context_window as f64 * SUMMARIZER_INPUT_SHARE) as usize;
+        let request = summarizer_request(messages, &plan, counter.as_ref(), input_budget);
+        match self.summarize(&request, ctx).await {
+            Ok(answer) if !answer.trim().is_empty() => {
+                let spliced = splice(messages, &plan, format_summary(&answer));
+                if counter.count_messages(&spliced) <= budget {
+                    (spliced, "summary")
+                } else {
+                    // Still too large: cut further without a model.
+                    (fallback(&spliced, counter.as_ref(), budget), "fallback")
+                }
+            }
+            Ok(_) => {
+                self.metrics.record_error("SUMMARY_EMPTY");
+                (fallback(messages, counter.as_ref(), budget), "fallback")
+            }
+            Err(code) => {
+                self.metrics.record_error(&code);
+                (fallback(messages, counter.as_ref(), budget), "fallback")
+            }
+        }
+    }
+
+    /// Asks the summarizer (a configured model, or the run's) for the
+    /// summary text. Its text is not streamed to the user.
+    async fn summarize(&mut self, request: &[Message], ctx: &crate::context::RunContext) -> Result<String, String> {
+        let engine = self.engine.clone();
+        let llm = engine.context.summarizer.as_ref().unwrap_or(&engine.llm);
+        self.metrics.llm_calls += 1;
+        let cancel = ctx.cancel_token().clone();
+        let started = std::time::Instant::now();
+        let result = async {
+            let mut stream = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err("CANCELLED".to_string()),
+                stream = llm.stream(LlmRequest { messages: request, tools: &[] }) => stream.map_err(|e| e.code().to_string())?,
+            };
+            let mut text = String::new();
+            loop {
+                let chunk = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err("CANCELLED".to_string()),
+                    chunk = stream.next() => chunk,
+                };
+                match chunk {
+                    None => return Ok(text),
+                    Some(Err(err)) => return Err(err.code().to_string()),
+                    Some(Ok(LlmChunk::Text(piece))) => text.push_str(&piece),
+                    Some(Ok(LlmChunk::Usage(usage))) => self.metrics.add_usage(&usage),
+                    Some(Ok(_)) => {}
+                }
+            }
+        }
+        .await;
+        self.metrics.llm_ms += started.elapsed().as_millis() as u64;
+        result
+    }
+
+    /// The system prompt of this run.
+    pub(crate) async fn system_prompt(&mut self, prompt: &str, turn: &TurnIds, memory: &Memory) -> String {
+        let engine = self.engine.clone();
+        let settings = &engine.context;
+        let mut assembler = ContextAssembler::new(settings.system_budget, memory.counter().as_ref());
+        assembler.add(ContextComponent::new(
+            "base",
+            engine.system_prompt.clone(),
+            Priority::Critical,
+            false,
+        ));
+
+        let dirs = settings.instruction_dirs.clone();
+        let instructions = tokio::task::spawn_blocking(move || load_project_instructions(&dirs))
+            .await
+            .unwrap_or_default();
+        for found in instructions {
+            let name = found
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            assembler.add(ContextComponent::new(
+                "project_instructions",
+                format!("# Project instructions ({name})\n\n{}", found.content.trim()),
+                Priority::High,
+                true,
+            ));
+        }
+
+        if let Some(retriever) = &settings.retriever {
+            self.events.emit(
+                turn,
+                EventKind::RetrievalStart {
+                    query: prompt.to_string(),
+                },
+            );
+            let docs = match retriever.retrieve(prompt, settings.retrieval_limit).await {
+                Ok(docs) => docs,
+                Err(err) => {
+                    self.metrics.record_error("RETRIEVAL");
+                    self.events.emit(
+                        turn,
+                        EventKind::Error {
+                            code: "RETRIEVAL".to_string(),
+                            message: err.to_string(),
+                            recoverable: true,
+                        },
+                    );
+                    Vec::new()
+                }
+            };
+            self.events.emit(
+                turn,
+                EventKind::RetrievalComplete {
+                    doc_count: docs.len(),
+                    sources: docs.iter().map(|d| d.source.clone()).collect(),
+                },
+            );
+            if !docs.is_empty() {
+                let mut text = String::from(
+                    "# Retrieved context\n\nPassages that may help with the request, most relevant first:\n",
+                );
+                for (index, doc) in docs.iter().enumerate() {
+                    text.push_str(&format!("\n[{}] {}\n{}\n", index + 1, doc.source, doc.content.trim()));
+                }
+                assembler.add(ContextComponent::new("retrieved_context", text, Priority::Medium, true));
+            }
+        }
+
+        let specs = engine.pipeline.registry().specs();
+        if !specs.is_empty() {
+            let mut list = String::from("# Tools\n");
+            for spec in specs {
+                let first = spec.description.lines().next().unwrap_or_default();
+                list.push_str(&format!("\n- {}: {first}", spec.name));
+            }
+            assembler.add(ContextComponent::new("tool_list", list, Priority::Low, true));
+        }
+        assembler.assemble().text
+    }
+}

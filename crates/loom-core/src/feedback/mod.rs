@@ -1,0 +1,8 @@
+//! Chain-of-thought feedback (seed 003): the recursion monitor and the
+//! guidance written between turns.
+
+mod guidance;
+mod monitor;
+
+pub use guidance::{analyze, depth_hint, DefaultGuidance, ResultAnalysis, TaskHandler};
+pub use monitor::{MonitorConfig, RecursionMonitor, Termination, Verdict, MAX_ITERATIONS_MESSAGE};
