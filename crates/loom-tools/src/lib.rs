@@ -9,6 +9,7 @@
 
 pub mod files;
 pub mod jail;
+pub mod retrieval;
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use loom_core::DynTool;
 
 pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 pub use jail::{Jail, PathError};
+pub use retrieval::FolderRetriever;
 
 /// Every file tool, ready for `AgentBuilder::tools`.
 pub fn file_tools() -> Vec<Arc<dyn DynTool>> {
