@@ -673,3 +673,53 @@ async fn tool_specs_go_out_unchanged() {
         json!({"name": "t", "description": "d", "input_schema": {"type": "object", "properties": {"x": {"type": "integer"}}}})
     );
 }
+
+#[tokio::test]
+async fn context_length_exceeded_compresses_and_retries_once() {
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[("call_1", "lookup", r#"{"key": "alpha"}"#)])),
+        Reply::Sse(openai_tool_calls(&[("call_2", "lookup", r#"{"key": "beta"}"#)])),
+        Reply::status(
+            400,
+            json!({"error": {"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+        ),
+        Reply::Sse(openai_text(
+            "## 1. Background context\n- looked up alpha and beta\n## 5. Execution results\n- both known",
+            20,
+        )),
+        Reply::Sse(openai_text("Alpha and beta are known.", 8)),
+    ]);
+    let lookup = Lookup::default();
+    let agent = Agent::builder()
+        .model(openai(&server))
+        .tool(lookup.clone())
+        .memory(loom_core::MemoryConfig {
+            keep_recent_messages: 2,
+            ..loom_core::MemoryConfig::default()
+        })
+        .workspace(std::env::temp_dir())
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("look up alpha, then beta").collect().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("Alpha and beta are known."));
+    let recoverable = events
+        .iter()
+        .any(|e| matches!(&e.kind, EventKind::Error { code, recoverable: true, .. } if code == "LLM_CONTEXT_LENGTH"));
+    assert!(recoverable, "the overflow is reported as recoverable");
+    assert!(events
+        .iter()
+        .any(|e| matches!(&e.kind, EventKind::CompressionApplied { method, .. } if method == "summary")));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 5);
+    let too_big = requests[2].body["messages"].as_array().unwrap().len();
+    let retried = requests[4].body["messages"].as_array().unwrap();
+    assert!(retried.len() < too_big, "{} vs {too_big}", retried.len());
+    assert!(retried[1]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("[compressed history]"));
+    assert_eq!(retried[2]["content"], "look up alpha, then beta", "the request is kept");
+    // The summary request itself offered no tools.
+    assert!(requests[3].body.get("tools").is_none());
+}

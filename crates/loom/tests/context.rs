@@ -1,0 +1,454 @@
+//! Context machinery through the library API: the recursion monitor,
+//! feedback, compression (with a scripted summarizer, and its failure),
+//! project instructions, the assembler and retrieval.
+
+mod support;
+
+use std::sync::Arc;
+
+use loom::models::{ScriptTurn, ScriptedModel};
+use loom::tools::FolderRetriever;
+use loom::{validate_history, Agent, Event, EventKind, MemoryConfig, Message, RunStatus};
+use serde_json::json;
+use support::*;
+
+fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::new(turns))
+}
+
+fn guidance(events: &[Event]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::GuidanceInjected { reason, content } => Some((reason.clone(), content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reasons(events: &[Event]) -> Vec<String> {
+    guidance(events).into_iter().map(|(reason, _)| reason).collect()
+}
+
+// ---- recursion monitor ----
+
+#[tokio::test]
+async fn the_same_call_three_times_ends_the_tool_phase() {
+    let mut turns: Vec<ScriptTurn> = (0..3).map(|_| call("echo", json!({"text": "same"}))).collect();
+    turns.push(answer("Here is what I found."));
+    let model = scripted(turns);
+    let echo = Echo::default();
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(echo.clone())
+        .max_steps(20)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("find it").collect().await;
+    assert_contract(&events);
+    let reasons = reasons(&events);
+    assert!(reasons.contains(&"repetition_warning".to_string()), "{reasons:?}");
+    assert!(reasons.contains(&"duplicate_tools".to_string()), "{reasons:?}");
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert_eq!(outcome.content.as_deref(), Some("Here is what I found."));
+    // The last call offered no tools and carried the termination message.
+    let last_start = events.iter().rev().find_map(|e| match e.kind {
+        EventKind::LlmStart { tools_offered, .. } => Some(tools_offered),
+        _ => None,
+    });
+    assert_eq!(last_start, Some(false));
+    assert!(outcome
+        .messages
+        .iter()
+        .any(|m| m.content().contains("Detected repeated tool calls")));
+}
+
+#[tokio::test]
+async fn different_arguments_and_parallel_batches_are_not_repetition() {
+    let turns = vec![
+        call("echo", json!({"text": "a"})),
+        call("echo", json!({"text": "b"})),
+        call("echo", json!({"text": "c"})),
+        calls(&[
+            ("echo", json!({"text": "d"})),
+            ("echo", json!({"text": "d"})),
+            ("echo", json!({"text": "d"})),
+        ]),
+        answer("done"),
+    ];
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .max_steps(20)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("go").collect().await;
+    let reasons = reasons(&events);
+    assert!(
+        !reasons
+            .iter()
+            .any(|r| r.contains("duplicate") || r.contains("repetition")),
+        "{reasons:?}"
+    );
+    assert_eq!(outcome.content.as_deref(), Some("done"));
+}
+
+#[tokio::test]
+async fn the_iteration_warning_comes_at_80_percent() {
+    let turns: Vec<ScriptTurn> = (0..5)
+        .map(|i| call("echo", json!({"text": format!("step {i}")})))
+        .chain([answer("done")])
+        .collect();
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .max_steps(5)
+        .build()
+        .unwrap();
+    let (events, _) = agent.run("go").collect().await;
+    let warnings: Vec<(String, String)> = guidance(&events)
+        .into_iter()
+        .filter(|(r, _)| r == "iteration_warning")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].1.contains("Approaching iteration limit (1 remaining)"),
+        "{}",
+        warnings[0].1
+    );
+}
+
+// ---- feedback ----
+
+#[tokio::test]
+async fn guidance_follows_the_tool_messages_and_the_depth_hint_comes_after_turn_3() {
+    let turns: Vec<ScriptTurn> = (0..5)
+        .map(|i| call("echo", json!({"text": format!("result {i}")})))
+        .chain([answer("done")])
+        .collect();
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .max_steps(10)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("collect five results").collect().await;
+    validate_history(&outcome.messages, false).unwrap();
+    // After each tool message: the guidance, as a system message.
+    for (index, message) in outcome.messages.iter().enumerate() {
+        if let Message::Tool { .. } = message {
+            let next = &outcome.messages[index + 1];
+            assert_eq!(next.role(), "system", "guidance right after the tool results");
+            assert!(next.content().contains("collect five results"), "{}", next.content());
+        }
+    }
+    let hints: Vec<u32> = events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::GuidanceInjected { reason, .. } if reason == "depth_hint"))
+        .map(|e| {
+            let iteration = events
+                .iter()
+                .filter(|x| x.seq < e.seq)
+                .filter_map(|x| match x.kind {
+                    EventKind::IterationStart { iteration } => Some(iteration),
+                    _ => None,
+                })
+                .next_back()
+                .unwrap();
+            iteration
+        })
+        .collect();
+    assert_eq!(hints, vec![4], "only the turn after turn 3 carries a depth hint here");
+}
+
+struct Sql;
+
+impl loom::TaskHandler for Sql {
+    fn can_handle(&self, task: &str) -> bool {
+        task.contains("SQL")
+    }
+    fn generate_guidance(&self, _task: &str, analysis: &loom::ResultAnalysis, _depth: u32) -> Option<String> {
+        Some(format!("SQL guidance: data={}", analysis.has_data))
+    }
+}
+
+#[tokio::test]
+async fn custom_handlers_and_switching_feedback_off() {
+    let turns = vec![call("echo", json!({"text": "42 rows of data"})), answer("done")];
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .task_handler(Sql)
+        .build()
+        .unwrap();
+    let (events, _) = agent.run("write the SQL").collect().await;
+    assert_eq!(
+        guidance(&events),
+        vec![("task_handler".to_string(), "SQL guidance: data=true".to_string())]
+    );
+
+    let turns = vec![call("echo", json!({"text": "x"})), answer("done")];
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .feedback(false)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("go").collect().await;
+    assert!(guidance(&events).is_empty());
+    assert!(!outcome.messages.iter().skip(1).any(|m| m.role() == "system"));
+}
+
+// ---- compression ----
+
+const SUMMARY: &str = "## 1. Background context\n- the user wants five long results\n## 2. Key decisions\n- none\n## 3. Tool usage log\n- echo called for each result\n## 4. User intent evolution\n- none\n## 5. Execution results\n- results 0 to 3 collected\n## 6. Errors and solutions\n- none\n## 7. Open issues\n- none\n## 8. Future plans\n- answer";
+
+fn long_turns(n: usize) -> Vec<ScriptTurn> {
+    (0..n)
+        .map(|i| {
+            call(
+                "echo",
+                json!({"text": format!("result {i}: {}", "lorem ipsum dolor sit amet ".repeat(40))}),
+            )
+        })
+        .chain([answer("all results collected")])
+        .collect()
+}
+
+fn small_window() -> MemoryConfig {
+    MemoryConfig {
+        context_window: 2_000,
+        compression_threshold: 0.92,
+        warning_threshold: 0.80,
+        keep_recent_messages: 3,
+    }
+}
+
+#[tokio::test]
+async fn a_small_window_compresses_into_eight_sections_and_keeps_the_request() {
+    let summarizer = scripted((0..10).map(|_| answer(SUMMARY)).collect());
+    let agent = Agent::builder()
+        .model_arc(scripted(long_turns(6)))
+        .summarizer(summarizer.clone())
+        .tool(Echo::default())
+        .memory(small_window())
+        .max_steps(20)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("collect six long results").collect().await;
+    assert_contract(&events);
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    let applied: Vec<(usize, usize, usize, usize, String)> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::CompressionApplied {
+                messages_before,
+                messages_after,
+                tokens_before,
+                tokens_after,
+                method,
+            } => Some((
+                *messages_before,
+                *messages_after,
+                *tokens_before,
+                *tokens_after,
+                method.clone(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert!(!applied.is_empty(), "compression was triggered");
+    for (messages_before, messages_after, tokens_before, tokens_after, method) in &applied {
+        assert_eq!(method, "summary");
+        assert!(messages_after < messages_before);
+        assert!(tokens_after < tokens_before);
+    }
+    assert!(events.iter().any(|e| e.kind.name() == "context.warning"));
+    assert!(summarizer.played() >= 1);
+    let summary = outcome
+        .messages
+        .iter()
+        .find(|m| m.content().starts_with(loom::memory::SUMMARY_MARKER))
+        .expect("a compressed-history message");
+    for section in loom::memory::SECTIONS {
+        assert!(summary.content().contains(section), "{section}");
+    }
+    assert!(
+        outcome
+            .messages
+            .iter()
+            .any(|m| m.content() == "collect six long results"),
+        "the request is kept"
+    );
+    assert_eq!(outcome.messages[0].role(), "system");
+    validate_history(&outcome.messages, false).unwrap();
+    assert!(outcome.metrics.compressions >= 1);
+    assert!(outcome.metrics.compression_ratio.unwrap() < 1.0);
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_falls_back_and_the_run_completes() {
+    // A summarizer with an empty script fails on its first call.
+    let summarizer = scripted(Vec::new());
+    let agent = Agent::builder()
+        .model_arc(scripted(long_turns(6)))
+        .summarizer(summarizer)
+        .tool(Echo::default())
+        .memory(small_window())
+        .max_steps(20)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("collect six long results").collect().await;
+    assert_contract(&events);
+    assert_eq!(outcome.status, RunStatus::Done);
+    let methods: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::CompressionApplied { method, .. } => Some(method.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !methods.is_empty() && methods.iter().all(|m| m == "fallback"),
+        "{methods:?}"
+    );
+    assert!(outcome
+        .messages
+        .iter()
+        .any(|m| m.content().contains("removed to fit the context window")));
+    validate_history(&outcome.messages, false).unwrap();
+    // Each compression asked the summarizer first.
+    assert_eq!(
+        outcome.metrics.errors.get("SCRIPT_EXHAUSTED").copied(),
+        Some(methods.len() as u32)
+    );
+}
+
+// ---- system prompt ----
+
+#[tokio::test]
+async fn project_instructions_reach_the_system_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("AGENTS.md"), "Always answer in haiku.").unwrap();
+    let user_dir = tempfile::tempdir().unwrap();
+    std::fs::write(user_dir.path().join("LOOM.md"), "The user prefers metric units.").unwrap();
+    let agent = Agent::builder()
+        .model_arc(scripted(vec![answer("ok")]))
+        .workspace(dir.path())
+        .instructions_dir(user_dir.path())
+        .build()
+        .unwrap();
+    let (_, outcome) = agent.run("hi").collect().await;
+    let system = outcome.messages[0].content();
+    assert!(system.contains("You are Loom"));
+    assert!(
+        system.contains("# Project instructions (AGENTS.md)\n\nAlways answer in haiku."),
+        "{system}"
+    );
+    assert!(system.contains("The user prefers metric units."));
+    assert!(
+        system.find("metric").unwrap() < system.find("haiku").unwrap(),
+        "the project's file comes last"
+    );
+}
+
+#[tokio::test]
+async fn a_tight_budget_drops_the_lowest_priority_first() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("LOOM.md"), "Project rule: keep it short.").unwrap();
+    let agent = Agent::builder()
+        .model_arc(scripted(vec![answer("ok")]))
+        .tool(Echo::default())
+        .tool(Faulty)
+        .workspace(dir.path())
+        .system_prompt_budget(100)
+        .build()
+        .unwrap();
+    let (_, outcome) = agent.run("hi").collect().await;
+    let system = outcome.messages[0].content();
+    assert!(
+        system.contains("Project rule: keep it short."),
+        "high priority kept: {system}"
+    );
+    assert!(
+        !system.contains("# Tools"),
+        "the low-priority tool list was dropped: {system}"
+    );
+
+    let roomy = Agent::builder()
+        .model_arc(scripted(vec![answer("ok")]))
+        .tool(Echo::default())
+        .workspace(dir.path())
+        .build()
+        .unwrap();
+    let (_, outcome) = roomy.run("hi").collect().await;
+    assert!(outcome.messages[0]
+        .content()
+        .contains("# Tools\n\n- echo: Returns the text it is given."));
+}
+
+#[tokio::test]
+async fn retrieval_adds_ranked_passages_and_reports_them() {
+    let docs = tempfile::tempdir().unwrap();
+    std::fs::write(
+        docs.path().join("runbook.md"),
+        "# Rollback\n\nTo roll back a release, redeploy the previous image tag and rerun the migrations down.",
+    )
+    .unwrap();
+    std::fs::write(
+        docs.path().join("recipes.md"),
+        "# Bread\n\nKnead the dough for ten minutes.",
+    )
+    .unwrap();
+    let retriever = Arc::new(FolderRetriever::index(docs.path()).unwrap());
+    let agent = Agent::builder()
+        .model_arc(scripted(vec![answer("Redeploy the previous tag.")]))
+        .retriever(retriever, 3)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("how do I roll back a release?").collect().await;
+    assert_contract(&events);
+    let complete = events.iter().find_map(|e| match &e.kind {
+        EventKind::RetrievalComplete { doc_count, sources } => Some((*doc_count, sources.clone())),
+        _ => None,
+    });
+    let (count, sources) = complete.expect("retrieval.complete");
+    assert!(count >= 1);
+    assert_eq!(sources[0], "runbook.md#1");
+    assert!(events.iter().any(|e| e.kind.name() == "retrieval.start"));
+    let system = outcome.messages[0].content();
+    assert!(system.contains("# Retrieved context"));
+    assert!(system.contains("redeploy the previous image tag"));
+    assert!(!system.contains("Knead"), "irrelevant passages stay out");
+}
+
+#[tokio::test]
+async fn metrics_count_tools_by_name_and_suggest() {
+    let turns = vec![
+        calls(&[("echo", json!({"text": "x"})), ("faulty", json!({"mode": "fail"}))]),
+        call("faulty", json!({"mode": "fail"})),
+        answer("done"),
+    ];
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Echo::default())
+        .tool(Faulty)
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.run("go").collect().await;
+    let metrics = &outcome.metrics;
+    assert_eq!(metrics.tools["faulty"].calls, 2);
+    assert_eq!(metrics.tools["faulty"].success_rate, 0.0);
+    assert_eq!(metrics.tools["echo"].success_rate, 1.0);
+    assert_eq!(metrics.errors.get("tool_error"), Some(&2));
+    assert!(
+        metrics
+            .suggestions()
+            .iter()
+            .any(|s| s.contains("Low tool success rate")),
+        "{:?}",
+        metrics.suggestions()
+    );
+    let end = serde_json::to_value(events.last().unwrap()).unwrap();
+    assert_eq!(end["metrics"]["tools"]["faulty"]["calls"], 2);
+}
