@@ -63,6 +63,10 @@ pub struct RunArgs {
     #[arg(long, short = 'y')]
     pub yes: bool,
 
+    /// Show guidance, compression and retrieval as they happen, and a run summary with suggestions at the end.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+
     /// Print every event as one JSON line on stdout instead of the answer.
     #[arg(long)]
     pub json: bool,

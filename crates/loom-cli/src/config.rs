@@ -20,8 +20,18 @@ pub struct FileConfig {
     pub permission_timeout_secs: Option<u64>,
     /// Tool results longer than this many characters are cut.
     pub tool_output_max_chars: Option<usize>,
-    pub context_window: Option<u64>,
+    pub context_window: Option<usize>,
     pub compression_threshold: Option<f64>,
+    /// Share of the window that gives a `context.warning` (default 0.80).
+    pub compression_warning: Option<f64>,
+    /// Recent messages kept as they are when compressing (default 8).
+    pub keep_recent_messages: Option<usize>,
+    /// The model that writes compression summaries (default: the run's model).
+    pub compression_model: Option<String>,
+    /// Tokens of the assembled system prompt (default: a quarter of the window, at most 16 000).
+    pub system_prompt_budget: Option<usize>,
+    pub feedback: Option<FeedbackConfig>,
+    pub retrieval: Option<RetrievalConfig>,
     /// `tool` or `tool(arg=glob)` → allow | ask | deny, and `default`.
     pub permissions: Option<BTreeMap<String, String>>,
     pub scheduler: Option<SchedulerConfig>,
@@ -31,6 +41,27 @@ pub struct FileConfig {
     #[serde(default)]
     pub prices: BTreeMap<String, PriceConfig>,
     pub mcp: Option<toml::Table>,
+}
+
+/// `[feedback]`: guidance between turns and the recursion monitor.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackConfig {
+    pub enabled: Option<bool>,
+    pub duplicate_threshold: Option<u32>,
+    pub loop_window: Option<usize>,
+    pub error_threshold: Option<f64>,
+    pub warning_ratio: Option<f64>,
+}
+
+/// `[retrieval]`: a folder of documents searched with the user's request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalConfig {
+    /// The folder, relative to the config file.
+    pub dir: PathBuf,
+    /// Passages added to the system prompt (default 5).
+    pub limit: Option<usize>,
 }
 
 /// `[provider]`.
@@ -106,15 +137,11 @@ pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let file: FileConfig =
         toml::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {}", path.display(), err.message().trim()))?;
-    let notes = [
-        (file.context_window.is_some(), "context_window"),
-        (file.compression_threshold.is_some(), "compression_threshold"),
-        (file.mcp.is_some(), "[mcp]"),
-    ]
-    .into_iter()
-    .filter(|(present, _)| *present)
-    .map(|(_, key)| format!("{}: {key} is not used by this version of loom yet", path.display()))
-    .collect();
+    let notes = [(file.mcp.is_some(), "[mcp]")]
+        .into_iter()
+        .filter(|(present, _)| *present)
+        .map(|(_, key)| format!("{}: {key} is not used by this version of loom yet", path.display()))
+        .collect();
     let dir = path.parent().map(|dir| {
         if dir.as_os_str().is_empty() {
             PathBuf::from(".")
@@ -126,11 +153,16 @@ pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
 }
 
 fn user_config_file() -> Option<PathBuf> {
+    Some(user_config_dir()?.join("loom.toml"))
+}
+
+/// `$XDG_CONFIG_HOME/loom`, else `~/.config/loom`.
+pub fn user_config_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config")))?;
-    Some(base.join("loom").join("loom.toml"))
+    Some(base.join("loom"))
 }
 
 /// A model string from the config file, with a relative script path taken

@@ -2,6 +2,7 @@
 
 mod cli;
 mod config;
+mod context;
 mod permissions;
 mod provider;
 mod render;

@@ -28,6 +28,17 @@ impl Renderer for JsonLines {
 pub struct Human {
     args: HashMap<String, String>,
     open_line: bool,
+    verbose: bool,
+}
+
+impl Human {
+    /// A renderer; `verbose` also shows guidance, compression and retrieval.
+    pub fn new(verbose: bool) -> Self {
+        Self {
+            verbose,
+            ..Self::default()
+        }
+    }
 }
 
 const ARGS_SHOWN: usize = 80;
@@ -72,6 +83,29 @@ impl Renderer for Human {
             EventKind::MaxIterationsReached { max_iterations, .. } => {
                 self.end_line()?;
                 eprintln!("loom: step limit ({max_iterations}) reached; asking the model for its final answer");
+            }
+            EventKind::GuidanceInjected { reason, content } if self.verbose => {
+                self.end_line()?;
+                eprintln!("  · guidance ({reason}): {}", clip(content, 120));
+            }
+            EventKind::CompressionApplied {
+                messages_before,
+                messages_after,
+                tokens_before,
+                tokens_after,
+                method,
+            } => {
+                self.end_line()?;
+                eprintln!(
+                    "loom: history compressed ({method}): {messages_before} → {messages_after} messages, {tokens_before} → {tokens_after} tokens"
+                );
+            }
+            EventKind::ContextWarning { ratio, .. } if self.verbose => {
+                self.end_line()?;
+                eprintln!("  · the context is {:.0}% full", ratio * 100.0);
+            }
+            EventKind::RetrievalComplete { doc_count, sources } if self.verbose => {
+                eprintln!("  · retrieved {doc_count} passages: {}", clip(&sources.join(", "), 120));
             }
             EventKind::ExecutionCancelled { reason } => {
                 self.end_line()?;
@@ -121,4 +155,48 @@ fn clip(text: &str, max: usize) -> String {
         Some((cut, _)) => format!("{}…", &one_line[..cut]),
         None => one_line,
     }
+}
+
+/// The run summary of `--verbose` (seed 002's metrics and optimizer).
+pub fn summary(outcome: &loom::RunOutcome) -> String {
+    let m = &outcome.metrics;
+    let mut out = format!(
+        "\n── run {} ─ {} in {:.1} s\nturns {}, model calls {} ({:.1} s), tokens {} in / {} out",
+        outcome.run_id,
+        outcome.status.as_str(),
+        m.duration_ms as f64 / 1000.0,
+        outcome.turns,
+        m.llm_calls,
+        m.llm_ms as f64 / 1000.0,
+        m.input_tokens,
+        m.output_tokens
+    );
+    if let Some(cost) = m.cost_usd {
+        out.push_str(&format!(", cost ${cost:.4}"));
+    }
+    out.push('\n');
+    for (name, stats) in &m.tools {
+        out.push_str(&format!(
+            "tool {name}: {} calls, {:.0}% ok, avg {:.0} ms, max {} ms\n",
+            stats.calls,
+            stats.success_rate * 100.0,
+            stats.avg_ms,
+            stats.max_ms
+        ));
+    }
+    if m.compressions > 0 {
+        out.push_str(&format!(
+            "compressions {}, history kept at {:.0}%\n",
+            m.compressions,
+            m.compression_ratio.unwrap_or(1.0) * 100.0
+        ));
+    }
+    if !m.errors.is_empty() {
+        let errors: Vec<String> = m.errors.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+        out.push_str(&format!("errors: {}\n", errors.join(", ")));
+    }
+    for suggestion in m.suggestions() {
+        out.push_str(&format!("suggestion: {suggestion}\n"));
+    }
+    out
 }

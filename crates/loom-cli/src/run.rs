@@ -11,7 +11,7 @@ use loom::{Agent, EventKind, RunOutcome, RunStatus, StopReason};
 use crate::cli::RunArgs;
 use crate::config::{self, LoadedConfig};
 use crate::render::{Human, JsonLines, Renderer};
-use crate::{permissions, provider};
+use crate::{context, permissions, provider};
 
 /// Exit codes of DESIGN 4.5.
 pub mod exit {
@@ -38,11 +38,11 @@ impl From<anyhow::Error> for Failure {
 }
 
 pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let agent = build_agent(&args).map_err(Failure::Usage)?;
+    let agent = build_agent(&args).await.map_err(Failure::Usage)?;
     let mut renderer: Box<dyn Renderer> = if args.json {
         Box::new(JsonLines)
     } else {
-        Box::new(Human::default())
+        Box::new(Human::new(args.verbose))
     };
 
     let mut handle = agent.run(args.prompt.as_str());
@@ -72,6 +72,9 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     let outcome = handle.outcome().await;
+    if args.verbose {
+        eprint!("{}", crate::render::summary(&outcome));
+    }
     Ok(ExitCode::from(exit_code(&outcome)))
 }
 
@@ -85,7 +88,7 @@ fn exit_code(outcome: &RunOutcome) -> u8 {
     }
 }
 
-fn build_agent(args: &RunArgs) -> Result<Agent> {
+async fn build_agent(args: &RunArgs) -> Result<Agent> {
     let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
     for note in notes {
         eprintln!("loom: note: {note}");
@@ -143,6 +146,7 @@ fn build_agent(args: &RunArgs) -> Result<Agent> {
     if let Some(secs) = file.step_timeout_secs {
         builder = builder.step_timeout(seconds(secs));
     }
+    builder = context::apply(builder, &file, dir.as_deref(), args.base_url.as_deref()).await?;
     Ok(builder.build()?)
 }
 

@@ -218,7 +218,10 @@ impl RecursionMonitor {
         let window = self.config.loop_window.min(prints.len());
         (2..=window / 2).any(|period| {
             let n = prints.len();
-            n >= 2 * period && prints[n - period..] == prints[n - 2 * period..n - period]
+            let cycle = &prints[n.saturating_sub(period)..];
+            // A constant run is repetition, the duplicate rule's business.
+            let varied = cycle.iter().any(|p| *p != cycle[0]);
+            n >= 2 * period && varied && prints[n - period..] == prints[n - 2 * period..n - period]
         })
     }
 }
@@ -288,6 +291,15 @@ mod tests {
             monitor.observe("", &[call(if turn % 2 == 0 { "a" } else { "b" }, 0)], &ok(1));
         }
         assert_eq!(monitor.check(4, 50).terminate, Some(Termination::LoopDetected));
+
+        let mut monitor = RecursionMonitor::new(MonitorConfig {
+            duplicate_threshold: 10,
+            ..MonitorConfig::default()
+        });
+        for turn in 0..6 {
+            monitor.observe("", &[call("same", 0)], &ok(1));
+            assert_eq!(monitor.check(turn + 1, 50).terminate, None, "repetition is not a loop");
+        }
 
         let mut monitor = RecursionMonitor::default();
         let failed = vec![ToolResult::new("c", "t", ToolStatus::Error, "bad"); 2];

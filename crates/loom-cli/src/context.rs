@@ -1,0 +1,63 @@
+//! The context settings of `loom run`: memory and compression, feedback and
+//! the monitor, project instructions, retrieval.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use loom::tools::FolderRetriever;
+use loom::{AgentBuilder, MemoryConfig, MonitorConfig};
+
+use crate::config::{self, FileConfig};
+use crate::provider;
+
+/// Applies loom.toml's context keys to `builder`.
+pub async fn apply(
+    mut builder: AgentBuilder,
+    file: &FileConfig,
+    config_dir: Option<&Path>,
+    base_url: Option<&str>,
+) -> Result<AgentBuilder> {
+    let defaults = MemoryConfig::default();
+    builder = builder.memory(MemoryConfig {
+        context_window: file.context_window.unwrap_or(defaults.context_window),
+        compression_threshold: file.compression_threshold.unwrap_or(defaults.compression_threshold),
+        warning_threshold: file.compression_warning.unwrap_or(defaults.warning_threshold),
+        keep_recent_messages: file.keep_recent_messages.unwrap_or(defaults.keep_recent_messages),
+    });
+    if let Some(spec) = &file.compression_model {
+        let spec = config::model_from_file(spec, config_dir);
+        builder = builder.summarizer(provider::model(&spec, base_url, file, None).context("compression_model")?);
+    }
+    if let Some(budget) = file.system_prompt_budget {
+        builder = builder.system_prompt_budget(budget);
+    }
+    if let Some(feedback) = &file.feedback {
+        let defaults = MonitorConfig::default();
+        builder = builder
+            .feedback(feedback.enabled.unwrap_or(true))
+            .monitor(MonitorConfig {
+                duplicate_threshold: feedback.duplicate_threshold.unwrap_or(defaults.duplicate_threshold),
+                loop_window: feedback.loop_window.unwrap_or(defaults.loop_window),
+                error_threshold: feedback.error_threshold.unwrap_or(defaults.error_threshold),
+                warning_ratio: feedback.warning_ratio.unwrap_or(defaults.warning_ratio),
+                ..defaults
+            });
+    }
+    if let Some(dir) = config::user_config_dir() {
+        builder = builder.instructions_dir(dir);
+    }
+    if let Some(retrieval) = &file.retrieval {
+        let folder = match config_dir {
+            Some(base) if retrieval.dir.is_relative() => base.join(&retrieval.dir),
+            _ => retrieval.dir.clone(),
+        };
+        let shown = folder.display().to_string();
+        let retriever = tokio::task::spawn_blocking(move || FolderRetriever::index(&folder))
+            .await
+            .map_err(|err| anyhow!("indexing {shown} failed: {err}"))?
+            .map_err(|err| anyhow!("[retrieval] {err}"))?;
+        builder = builder.retriever(Arc::new(retriever), retrieval.limit.unwrap_or(5));
+    }
+    Ok(builder)
+}
