@@ -3,18 +3,13 @@
 //! run — the system prompt assembled by priority from the base instructions,
 //! project instructions, retrieved context and the tool list.
 
-use futures_util::StreamExt;
-
 use crate::assembly::{load_project_instructions, ContextAssembler, ContextComponent, Priority};
 use crate::event::{EventKind, TurnIds};
-use crate::llm::{LlmChunk, LlmRequest, ToolSpec};
-use crate::memory::{fallback, format_summary, plan, splice, summarizer_request, Memory};
+use crate::llm::ToolSpec;
+use crate::memory::{compress_history, Memory};
 use crate::message::Message;
 
 use super::Run;
-
-/// Share of the window the summarizer's own request may use.
-const SUMMARIZER_INPUT_SHARE: f64 = 0.6;
 
 impl Run {
     /// Counts the request; warns near the limit; compresses past the
@@ -77,67 +72,29 @@ impl Run {
         budget: usize,
         ctx: &crate::context::RunContext,
     ) -> (Vec<Message>, &'static str) {
-        let counter = memory.counter().clone();
-        let config = self.engine.context.memory.clone();
-        let Some(plan) = plan(messages, config.keep_recent_messages) else {
-            return (fallback(messages, counter.as_ref(), budget), "fallback");
-        };
-        let input_budget = (config.context_window as f64 * SUMMARIZER_INPUT_SHARE) as usize;
-        let request = summarizer_request(messages, &plan, counter.as_ref(), input_budget);
-        match self.summarize(&request, ctx).await {
-            Ok(answer) if !answer.trim().is_empty() => {
-                let spliced = splice(messages, &plan, format_summary(&answer));
-                if counter.count_messages(&spliced) <= budget {
-                    (spliced, "summary")
-                } else {
-                    // Still too large: cut further without a model.
-                    (fallback(&spliced, counter.as_ref(), budget), "fallback")
-                }
-            }
-            Ok(_) => {
-                self.metrics.record_error("SUMMARY_EMPTY");
-                (fallback(messages, counter.as_ref(), budget), "fallback")
-            }
-            Err(code) => {
-                self.metrics.record_error(&code);
-                (fallback(messages, counter.as_ref(), budget), "fallback")
-            }
-        }
-    }
-
-    /// Asks the summarizer (a configured model, or the run's) for the
-    /// summary text. Its text is not streamed to the user.
-    async fn summarize(&mut self, request: &[Message], ctx: &crate::context::RunContext) -> Result<String, String> {
         let engine = self.engine.clone();
-        let llm = engine.context.summarizer.as_ref().unwrap_or(&engine.llm);
-        self.metrics.llm_calls += 1;
-        let cancel = ctx.cancel_token().clone();
+        let summarizer = engine.context.summarizer.as_ref().unwrap_or(&engine.llm);
         let started = std::time::Instant::now();
-        let result = async {
-            let mut stream = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err("CANCELLED".to_string()),
-                stream = llm.stream(LlmRequest { messages: request, tools: &[] }) => stream.map_err(|e| e.code().to_string())?,
-            };
-            let mut text = String::new();
-            loop {
-                let chunk = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return Err("CANCELLED".to_string()),
-                    chunk = stream.next() => chunk,
-                };
-                match chunk {
-                    None => return Ok(text),
-                    Some(Err(err)) => return Err(err.code().to_string()),
-                    Some(Ok(LlmChunk::Text(piece))) => text.push_str(&piece),
-                    Some(Ok(LlmChunk::Usage(usage))) => self.metrics.add_usage(&usage),
-                    Some(Ok(_)) => {}
-                }
-            }
-        }
+        let done = compress_history(
+            messages,
+            summarizer.as_ref(),
+            memory.counter().as_ref(),
+            &engine.context.memory,
+            budget,
+            ctx.cancel_token(),
+        )
         .await;
-        self.metrics.llm_ms += started.elapsed().as_millis() as u64;
-        result
+        if done.summarizer_called {
+            self.metrics.llm_calls += 1;
+            self.metrics.llm_ms += started.elapsed().as_millis() as u64;
+        }
+        if let Some(usage) = &done.usage {
+            self.metrics.add_usage(usage);
+        }
+        if let Some(code) = &done.failure {
+            self.metrics.record_error(code);
+        }
+        (done.messages, done.method)
     }
 
     /// The system prompt of this run.

@@ -2,6 +2,7 @@
 //! counts (counted once, when added), and the configuration of compression.
 
 mod compress;
+mod summarize;
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use crate::tokens::TokenCounter;
 pub use compress::{
     fallback, format_summary, plan, splice, summarizer_request, CompressionPlan, SECTIONS, SUMMARY_MARKER,
 };
+pub use summarize::{compress_history, Compressed};
 
 /// When and how history is compressed.
 #[derive(Debug, Clone, PartialEq)]
