@@ -153,3 +153,17 @@ mod tests {
         assert!(total > 2 + 4 && total < 30, "{total}");
     }
 }
+
+#[cfg(test)]
+mod encoding_tests {
+    use super::*;
+
+    #[test]
+    fn the_two_encodings_differ_where_they_should() {
+        let text = "Привет, мир! こんにちは世界 — 🚀 sphinx of black quartz, judge my vow";
+        let o200k = TiktokenCounter::new(Encoding::O200kBase, true).count_text(text);
+        let cl100k = TiktokenCounter::new(Encoding::Cl100kBase, true).count_text(text);
+        assert_ne!(o200k, cl100k, "{o200k} vs {cl100k}");
+        assert!(o200k < cl100k, "o200k packs non-English text tighter");
+    }
+}
