@@ -8,7 +8,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt;
-use loom_testkit::{anthropic_text, anthropic_tool_use, openai_text, openai_tool_calls, FakeServer, Reply};
+use loom_testkit::{
+    anthropic_text, anthropic_tool_use, comparable_events, openai_text, openai_tool_calls, FakeServer, Reply,
+};
 use serde_json::{json, Value};
 
 fn loom(dir: &Path) -> Command {
@@ -223,31 +225,6 @@ fn ctrl_c_stops_a_slow_stream() {
     assert_eq!(last["status"], "CANCELED");
 }
 
-/// Events without what differs between two runs by nature.
-fn comparable(events: &[Value]) -> Vec<Value> {
-    events
-        .iter()
-        .map(|event| {
-            let mut event = event.clone();
-            let object = event.as_object_mut().unwrap();
-            for key in [
-                "runId",
-                "turnId",
-                "parentTurnId",
-                "ts",
-                "model",
-                "durationMs",
-                "stages",
-                "metrics",
-                "elapsedSeconds",
-            ] {
-                object.remove(key);
-            }
-            event
-        })
-        .collect()
-}
-
 #[test]
 fn a_recorded_run_replays_offline_with_the_same_events() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,7 +261,7 @@ fn a_recorded_run_replays_offline_with_the_same_events() {
         .output()
         .unwrap();
     assert_eq!(replay.status.code(), Some(0), "{}", stderr(&replay));
-    assert_eq!(comparable(&events(&live)), comparable(&events(&replay)));
+    assert_eq!(comparable_events(&events(&live)), comparable_events(&events(&replay)));
     assert!(
         dir.path().join("notes/hello.txt").exists(),
         "the replay ran the tools for real"

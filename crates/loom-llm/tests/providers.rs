@@ -625,29 +625,10 @@ async fn a_recorded_run_replays_with_the_same_events() {
     assert_eq!(comparable(&live), comparable(&replayed));
 }
 
-/// Events without what differs between two runs by nature: ids, times, the
-/// model's name, durations.
+/// Events as JSON, without what differs between two runs by nature.
 fn comparable(events: &[loom_core::Event]) -> Vec<Value> {
-    events
-        .iter()
-        .map(|event| {
-            let mut json = serde_json::to_value(event).unwrap();
-            for key in [
-                "runId",
-                "turnId",
-                "parentTurnId",
-                "ts",
-                "model",
-                "durationMs",
-                "stages",
-                "metrics",
-                "elapsedSeconds",
-            ] {
-                json.as_object_mut().unwrap().remove(key);
-            }
-            json
-        })
-        .collect()
+    let json: Vec<Value> = events.iter().map(|e| serde_json::to_value(e).unwrap()).collect();
+    loom_testkit::comparable_events(&json)
 }
 
 #[tokio::test]

@@ -396,3 +396,31 @@ pub fn anthropic_tool_use(text: &str, calls: &[(&str, &str, &str)]) -> Vec<u8> {
     anthropic_close(&mut out, "tool_use");
     out.into_bytes()
 }
+
+/// Events as JSON without what differs between two runs by nature — ids,
+/// times, the model's name, durations, metrics — so a live run and its
+/// replay can be compared.
+pub fn comparable_events(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .map(|event| {
+            let mut event = event.clone();
+            if let Some(object) = event.as_object_mut() {
+                for key in [
+                    "runId",
+                    "turnId",
+                    "parentTurnId",
+                    "ts",
+                    "model",
+                    "durationMs",
+                    "stages",
+                    "metrics",
+                    "elapsedSeconds",
+                ] {
+                    object.remove(key);
+                }
+            }
+            event
+        })
+        .collect()
+}
