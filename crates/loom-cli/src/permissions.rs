@@ -65,8 +65,11 @@ pub fn answer(controller: &RunController, request_id: String, tool: String, args
 fn prompt(shown: &str) -> PermissionDecision {
     let stdin = std::io::stdin();
     for _ in 0..3 {
-        eprint!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
-        let _ = std::io::stderr().flush();
+        // One write, so the question is never split by output on the same terminal.
+        let question = format!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
+        let mut stderr = std::io::stderr().lock();
+        let _ = stderr.write_all(question.as_bytes()).and_then(|_| stderr.flush());
+        drop(stderr);
         let mut line = String::new();
         match stdin.lock().read_line(&mut line) {
             Ok(0) | Err(_) => break,

@@ -16,9 +16,12 @@ pub struct JsonLines;
 
 impl Renderer for JsonLines {
     fn event(&mut self, event: &Event) -> io::Result<()> {
+        // The whole line in one write, so nothing else on the terminal (a
+        // permission question) can land inside it.
+        let mut line = serde_json::to_vec(event)?;
+        line.push(b'\n');
         let mut out = io::stdout().lock();
-        serde_json::to_writer(&mut out, event)?;
-        out.write_all(b"\n")?;
+        out.write_all(&line)?;
         out.flush()
     }
 }
