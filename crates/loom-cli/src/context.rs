@@ -24,6 +24,7 @@ pub async fn apply(
         compression_threshold: file.compression_threshold.unwrap_or(defaults.compression_threshold),
         warning_threshold: file.compression_warning.unwrap_or(defaults.warning_threshold),
         keep_recent_messages: file.keep_recent_messages.unwrap_or(defaults.keep_recent_messages),
+        ..defaults
     });
     if let Some(spec) = &file.compression_model {
         let spec = config::model_from_file(spec, config_dir);

@@ -516,6 +516,7 @@ impl Agent {
             task: request.prompt.clone(),
             monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
             context_warned: false,
+            tools_tokens: None,
         };
         let task = tokio::spawn(run.drive(request.prompt));
         RunHandle {

@@ -1,14 +1,18 @@
 //! The engine's own cost per turn: a scripted model (no network, no history
 //! check) and a no-op tool, for runs of 10, 100 and 1000 tool turns. Prints
 //! microseconds per turn (median of several runs); the figure should not grow
-//! with depth.
+//! with depth. Feedback (a guidance message per turn) and the monitor are on.
+//! Exact token counting starts once the cheap upper bound of the history
+//! nears the warning line (after a few hundred turns here); from then on
+//! each new message is counted once, so the cost per turn steps up once and
+//! then stays flat.
 //!
 //!     cargo bench -p loom --bench turns
 
 use std::time::{Duration, Instant};
 
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
-use loom::{Agent, EventKind, RunStatus, Tool, ToolContext, ToolError, ToolOutput};
+use loom::{Agent, EventKind, MonitorConfig, RunStatus, Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -56,6 +60,15 @@ async fn one_run(turns: usize, script: Vec<ScriptTurn>) -> (Duration, Vec<Instan
     let agent = Agent::builder()
         .model(model)
         .tool(Noop)
+        // The script repeats one call on purpose; the monitor would rightly
+        // stop that after 3 turns. Feedback and the rest stay on.
+        .monitor(MonitorConfig {
+            duplicate_threshold: u32::MAX,
+            ..MonitorConfig::default()
+        })
+        // A window no run here fills: this measures turns, not compression
+        // (the context benchmark measures that).
+        .context_window(50_000_000)
         .max_steps(turns as u32 + 1)
         .build()
         .expect("agent");
@@ -92,6 +105,7 @@ fn measure(runtime: &tokio::runtime::Runtime, label: &str) {
         // Warm up allocator and caches.
         runtime.block_on(one_run(turns, template.clone()));
         let mut early = Vec::new();
+        let mut middle = Vec::new();
         let mut late = Vec::new();
         let mut per_turn: Vec<f64> = (0..samples)
             .map(|_| {
@@ -99,6 +113,7 @@ fn measure(runtime: &tokio::runtime::Runtime, label: &str) {
                 let (took, starts) = runtime.block_on(one_run(turns, script));
                 if turns == 1000 {
                     early.push(slice_cost(&starts, 100, 200));
+                    middle.push(slice_cost(&starts, 600, 700));
                     late.push(slice_cost(&starts, 900, 1000));
                 }
                 // turns + 1 model calls; the answer turn counts as a turn.
@@ -115,8 +130,9 @@ fn measure(runtime: &tokio::runtime::Runtime, label: &str) {
         // consumer are on different threads; on one thread they arrive in bursts.
         if turns == 1000 && label == "multi_thread" {
             println!(
-                "{label:<14}   within the 1000-turn run: turns 100-199 {:>6.2} µs/turn, turns 900-999 {:>6.2} µs/turn (medians)",
+                "{label:<14}   within the 1000-turn run: turns 100-199 {:>6.2}, 600-699 {:>6.2}, 900-999 {:>6.2} µs/turn (medians)",
                 median_of(&mut early),
+                median_of(&mut middle),
                 median_of(&mut late)
             );
         }

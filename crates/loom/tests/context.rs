@@ -221,6 +221,7 @@ fn small_window() -> MemoryConfig {
         compression_threshold: 0.92,
         warning_threshold: 0.80,
         keep_recent_messages: 3,
+        ..MemoryConfig::default()
     }
 }
 

@@ -24,7 +24,20 @@ impl Run {
     ) -> bool {
         let engine = self.engine.clone();
         let config = &engine.context.memory;
-        let tools_tokens = memory.counter().count_tools(tools);
+        let tools_tokens = match self.tools_tokens {
+            Some(tokens) if !tools.is_empty() => tokens,
+            _ => {
+                let tokens = memory.counter().count_tools(tools);
+                if !tools.is_empty() {
+                    self.tools_tokens = Some(tokens);
+                }
+                tokens
+            }
+        };
+        // Far from the limits by the cheap bound: nothing to count.
+        if !force && memory.upper_bound() + tools_tokens < config.warn_at() {
+            return false;
+        }
         let used = memory.total_tokens() + tools_tokens;
         if used >= config.warn_at() && !self.context_warned {
             self.context_warned = true;
@@ -41,10 +54,11 @@ impl Run {
             return false;
         }
         self.phase(turn, "compression", true);
-        let budget = config.compress_at().saturating_sub(tools_tokens);
+        let budget = config.target().saturating_sub(tools_tokens);
         let before = memory.messages().len();
-        let (messages, method) = self.compress(memory.messages(), memory, budget, ctx).await;
-        let tokens_before = memory.total_tokens();
+        let counter = memory.counter().clone();
+        let (messages, method) = self.compress(memory.messages(), counter.as_ref(), budget, ctx).await;
+        let tokens_before = used.saturating_sub(tools_tokens);
         memory.replace(messages);
         let tokens_after = memory.total_tokens();
         self.metrics.record_compression(tokens_before, tokens_after);
@@ -68,7 +82,7 @@ impl Run {
     async fn compress(
         &mut self,
         messages: &[Message],
-        memory: &Memory,
+        counter: &dyn crate::tokens::TokenCounter,
         budget: usize,
         ctx: &crate::context::RunContext,
     ) -> (Vec<Message>, &'static str) {
@@ -78,7 +92,7 @@ impl Run {
         let done = compress_history(
             messages,
             summarizer.as_ref(),
-            memory.counter().as_ref(),
+            counter,
             &engine.context.memory,
             budget,
             ctx.cancel_token(),

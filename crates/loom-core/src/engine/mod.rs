@@ -70,6 +70,8 @@ pub(crate) struct Run {
     pub monitor: RecursionMonitor,
     /// Whether the context warning was given since the last compression.
     pub context_warned: bool,
+    /// Tokens of the tool definitions (they do not change during a run).
+    pub tools_tokens: Option<usize>,
 }
 
 impl Run {

@@ -2,7 +2,7 @@
 //! calls, loops and errors, warns at 80 % of a limit and ends the tool
 //! phase of a run (one last call for the answer) when a limit is reached.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::message::ToolCall;
@@ -79,17 +79,15 @@ pub struct Verdict {
     pub warnings: Vec<(&'static str, String)>,
 }
 
-#[derive(Debug)]
-struct TurnRecord {
-    calls: BTreeSet<String>,
-    fingerprint: u64,
-}
-
-/// Watches a run's turns.
+/// Watches a run's turns. Its state is bounded: streaks per call of the
+/// latest turn and the fingerprints of the last `loop_window` turns, so a
+/// check costs the same at turn 10 and at turn 10 000.
 #[derive(Debug, Default)]
 pub struct RecursionMonitor {
     config: MonitorConfig,
-    turns: Vec<TurnRecord>,
+    /// For each call of the latest turn: how many turns in a row made it.
+    streaks: HashMap<String, usize>,
+    fingerprints: VecDeque<u64>,
     tool_calls: usize,
     failures: usize,
     warned: HashSet<String>,
@@ -117,10 +115,17 @@ impl RecursionMonitor {
         }
         self.tool_calls += results.len();
         self.failures += results.iter().filter(|r| r.status.is_failure()).count();
-        self.turns.push(TurnRecord {
-            calls: signatures,
-            fingerprint: hasher.finish(),
-        });
+        self.streaks = signatures
+            .into_iter()
+            .map(|signature| {
+                let streak = self.streaks.get(&signature).copied().unwrap_or(0) + 1;
+                (signature, streak)
+            })
+            .collect();
+        self.fingerprints.push_back(hasher.finish());
+        while self.fingerprints.len() > self.config.loop_window.max(2) {
+            self.fingerprints.pop_front();
+        }
     }
 
     /// The verdict before turn `next_turn` of at most `max_turns`.
@@ -193,28 +198,16 @@ impl RecursionMonitor {
 
     /// The longest run of latest turns sharing a call, and that call's tool.
     fn longest_repeat(&self) -> (usize, Option<String>) {
-        let Some(last) = self.turns.last() else {
-            return (0, None);
-        };
-        let mut best = (0, None);
-        for signature in &last.calls {
-            let streak = self
-                .turns
-                .iter()
-                .rev()
-                .take_while(|t| t.calls.contains(signature))
-                .count();
-            if streak > best.0 {
-                let tool = signature.split_once(':').map(|(name, _)| name.to_string());
-                best = (streak, tool);
-            }
-        }
-        best
+        self.streaks
+            .iter()
+            .max_by_key(|(_, streak)| **streak)
+            .map(|(signature, streak)| (*streak, signature.split_once(':').map(|(name, _)| name.to_string())))
+            .unwrap_or((0, None))
     }
 
     /// A pattern of two or more turns repeating back to back within the window.
     fn loop_detected(&self) -> bool {
-        let prints: Vec<u64> = self.turns.iter().map(|t| t.fingerprint).collect();
+        let prints: Vec<u64> = self.fingerprints.iter().copied().collect();
         let window = self.config.loop_window.min(prints.len());
         (2..=window / 2).any(|period| {
             let n = prints.len();

@@ -26,6 +26,9 @@ pub struct MemoryConfig {
     /// Messages at the end of the history kept as they are (default 8; the
     /// cut moves back so a tool call is never split from its results).
     pub keep_recent_messages: usize,
+    /// Compression aims below this share of the window (default 0.75, seed
+    /// 002's target), so the next turns do not compress again at once.
+    pub target_ratio: f64,
 }
 
 impl Default for MemoryConfig {
@@ -35,6 +38,7 @@ impl Default for MemoryConfig {
             compression_threshold: 0.92,
             warning_threshold: 0.80,
             keep_recent_messages: 8,
+            target_ratio: 0.75,
         }
     }
 }
@@ -45,19 +49,40 @@ impl MemoryConfig {
         (self.context_window as f64 * self.compression_threshold) as usize
     }
 
+    /// The token count compression aims below.
+    pub fn target(&self) -> usize {
+        (self.context_window as f64 * self.target_ratio.min(self.compression_threshold)) as usize
+    }
+
     /// The token count at which the warning is given.
     pub fn warn_at(&self) -> usize {
         (self.context_window as f64 * self.warning_threshold) as usize
     }
 }
 
-/// The run's history with a running token count.
+/// The run's history with its token count. Tokens are counted lazily: a
+/// cheap upper bound (every token covers at least one byte) answers "far
+/// from the window?", and exact counting — once per message — happens only
+/// when the bound gets near a limit, so short runs never pay for it.
 #[derive(Debug, Clone)]
 pub struct Memory {
     messages: Vec<Message>,
-    tokens: Vec<usize>,
-    total: usize,
+    /// Exact tokens of `messages[..counted]`.
+    counted_tokens: usize,
+    counted: usize,
+    /// Upper bound of the tokens of `messages[counted..]`.
+    pending_bound: usize,
     counter: Arc<dyn TokenCounter>,
+}
+
+/// A message's upper bound: its bytes plus the per-message overhead.
+fn bound(message: &Message) -> usize {
+    let calls: usize = message
+        .tool_calls()
+        .iter()
+        .map(|c| c.name.len() + c.arguments.to_string().len() + 3)
+        .sum();
+    message.content().len() + calls + 4
 }
 
 impl Memory {
@@ -65,17 +90,16 @@ impl Memory {
     pub fn new(counter: Arc<dyn TokenCounter>) -> Self {
         Self {
             messages: Vec::new(),
-            tokens: Vec::new(),
-            total: 0,
+            counted_tokens: 0,
+            counted: 0,
+            pending_bound: 0,
             counter,
         }
     }
 
     /// Adds one message.
     pub fn push(&mut self, message: Message) {
-        let tokens = self.counter.count_message(&message);
-        self.total += tokens;
-        self.tokens.push(tokens);
+        self.pending_bound += bound(&message);
         self.messages.push(message);
     }
 
@@ -89,8 +113,9 @@ impl Memory {
     /// Replaces the whole history (after compression).
     pub fn replace(&mut self, messages: Vec<Message>) {
         self.messages.clear();
-        self.tokens.clear();
-        self.total = 0;
+        self.counted_tokens = 0;
+        self.counted = 0;
+        self.pending_bound = 0;
         self.extend(messages);
     }
 
@@ -99,9 +124,19 @@ impl Memory {
         &self.messages
     }
 
-    /// Tokens of every message.
-    pub fn total_tokens(&self) -> usize {
-        self.total
+    /// A cheap upper bound of the tokens of every message.
+    pub fn upper_bound(&self) -> usize {
+        self.counted_tokens + self.pending_bound
+    }
+
+    /// The exact tokens of every message (counting what was not counted yet).
+    pub fn total_tokens(&mut self) -> usize {
+        for message in &self.messages[self.counted..] {
+            self.counted_tokens += self.counter.count_message(message);
+        }
+        self.counted = self.messages.len();
+        self.pending_bound = 0;
+        self.counted_tokens + 3
     }
 
     /// The counter.
