@@ -28,6 +28,7 @@ pub mod permission;
 pub mod pipeline;
 pub mod retrieval;
 pub mod status;
+pub mod store;
 pub mod tokens;
 pub mod tool;
 pub mod tool_result;
@@ -50,6 +51,7 @@ pub use permission::{Decision, PermissionDecision, PermissionPolicy, PolicyError
 pub use pipeline::{PipelineConfig, Redactor};
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
+pub use store::{Checkpoint, JournalEntry, RunRecord, RunSnapshot, Store, StoreError};
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};

@@ -1,0 +1,51 @@
+//! The schema, as a list of migrations. `PRAGMA user_version` records how
+//! many have been applied.
+
+/// The newest schema this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Each entry moves the schema one version forward. Never edit a shipped
+/// migration: add a new one.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: sessions, runs, messages, checkpoints, events, tool journal.
+    "CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created_ms INTEGER NOT NULL
+    );
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        prompt TEXT NOT NULL,
+        model TEXT NOT NULL,
+        status TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        started_ms INTEGER NOT NULL,
+        ended_ms INTEGER,
+        content TEXT,
+        metrics TEXT NOT NULL,
+        next_turn TEXT
+    );
+    CREATE INDEX runs_by_start ON runs(started_ms DESC);
+    CREATE INDEX runs_by_session ON runs(session_id, started_ms);
+    CREATE TABLE messages (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        position INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (run_id, position)
+    ) WITHOUT ROWID;
+    CREATE TABLE events (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        seq INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE journal (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        call_id TEXT NOT NULL,
+        call TEXT NOT NULL,
+        result TEXT,
+        started_ms INTEGER NOT NULL,
+        ended_ms INTEGER,
+        PRIMARY KEY (run_id, call_id)
+    ) WITHOUT ROWID;",
+];

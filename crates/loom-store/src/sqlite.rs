@@ -1,0 +1,479 @@
+//! `SqliteStore`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use loom_core::{
+    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunRecord, RunSnapshot, RunStatus, Store, StoreError,
+    ToolCall, ToolResult, TurnState,
+};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+
+use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
+
+/// How long a write waits for another process's lock.
+const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A SQLite database file (WAL mode), shared safely by several processes.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+    busy: Duration,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, migrating its
+    /// schema forward. Blocking: call it off the async threads.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with_timeout(path, DEFAULT_BUSY_TIMEOUT)
+    }
+
+    /// Like [`SqliteStore::open`] with a busy timeout.
+    pub fn open_with_timeout(path: impl AsRef<Path>, busy: Duration) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|err| StoreError::Backend(format!("{}: {err}", parent.display())))?;
+        }
+        let shown = path.display().to_string();
+        let fail = |err: rusqlite::Error| map_error(err, &shown, busy);
+        let mut conn = Connection::open(&path).map_err(fail)?;
+        conn.busy_timeout(busy).map_err(fail)?;
+        // Reading the version is the first touch of the file: a file that is
+        // not a database fails here, before anything is written.
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(fail)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(fail)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
+        if version < SCHEMA_VERSION {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(fail)?;
+            // Another process may have migrated while we waited for the lock.
+            let current: i64 = tx
+                .query_row("PRAGMA user_version", [], |row| row.get(0))
+                .map_err(fail)?;
+            for migration in &MIGRATIONS[current.max(0) as usize..] {
+                tx.execute_batch(migration).map_err(fail)?;
+            }
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(fail)?;
+            tx.commit().map_err(fail)?;
+        }
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path,
+            busy,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `work` on the blocking pool with the connection.
+    async fn with<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            work(&mut conn)
+        })
+        .await
+        .map_err(|err| StoreError::Backend(format!("the store's worker failed: {err}")))?
+    }
+
+    fn fail(&self) -> impl Fn(rusqlite::Error) -> StoreError + Send + Clone + 'static {
+        let shown = self.path.display().to_string();
+        let busy = self.busy;
+        move |err| map_error(err, &shown, busy)
+    }
+}
+
+fn map_error(err: rusqlite::Error, path: &str, busy: Duration) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(failure, message) = &err {
+        match failure.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                return StoreError::Locked {
+                    waited_ms: busy.as_millis() as u64,
+                }
+            }
+            ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
+                return StoreError::Corrupt {
+                    path: path.to_string(),
+                    message: message.clone().unwrap_or_else(|| failure.to_string()),
+                }
+            }
+            _ => {}
+        }
+    }
+    StoreError::Backend(err.to_string())
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|err| StoreError::Backend(format!("cannot encode: {err}")))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|err| StoreError::Backend(format!("cannot decode a stored row: {err}")))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn status_of(text: &str) -> Result<RunStatus, StoreError> {
+    parse(&format!("\"{text}\""))
+}
+
+fn insert_events(tx: &rusqlite::Transaction<'_>, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
+    let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")?;
+    for event in events {
+        let body = serde_json::to_string(event).unwrap_or_default();
+        insert.execute(params![run_id, event.seq as i64, body])?;
+    }
+    Ok(())
+}
+
+fn read_run(conn: &Connection, run_id: &str) -> Result<Option<RawRun>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics FROM runs WHERE id = ?1",
+        params![run_id],
+        row_to_record,
+    )
+    .optional()
+}
+
+type RawRun = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    String,
+);
+
+fn row_to_record(row: &rusqlite::Row<'_>) -> Result<RawRun, rusqlite::Error> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+    ))
+}
+
+fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
+    let (run_id, session_id, prompt, model, status, owner, started, ended, content, metrics) = raw;
+    Ok(RunRecord {
+        run_id,
+        session_id,
+        prompt,
+        model,
+        status: status_of(&status)?,
+        owner,
+        started_ms: started as u64,
+        ended_ms: ended.map(|e| e as u64),
+        content,
+        metrics: parse::<RunMetrics>(&metrics)?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        let run = run.clone();
+        let metrics = json(&run.metrics)?;
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO sessions (id, created_ms) VALUES (?1, ?2)",
+                params![run.session_id, run.started_ms as i64],
+            )
+            .map_err(&fail)?;
+            tx.execute(
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    run.run_id,
+                    run.session_id,
+                    run.prompt,
+                    run.model,
+                    run.status.as_str(),
+                    run.owner,
+                    run.started_ms as i64,
+                    metrics
+                ],
+            )
+            .map_err(&fail)?;
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            let current: Option<String> = tx
+                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(&fail)?;
+            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
+            let next = current.transition(to)?;
+            let ended = next.is_terminal().then(|| now_ms() as i64);
+            tx.execute(
+                "UPDATE runs SET status = ?2, ended_ms = COALESCE(?3, ended_ms) WHERE id = ?1",
+                params![run_id, next.as_str(), ended],
+            )
+            .map_err(&fail)?;
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn checkpoint(&self, checkpoint: &Checkpoint<'_>) -> Result<(), StoreError> {
+        let run_id = checkpoint.run_id.to_string();
+        let next = json(checkpoint.next)?;
+        let metrics = json(checkpoint.metrics)?;
+        let replaced = checkpoint
+            .replaced_history
+            .map(|messages| messages.iter().map(json).collect::<Result<Vec<_>, _>>())
+            .transpose()?;
+        let new: Vec<String> = checkpoint.new_messages.iter().map(json).collect::<Result<_, _>>()?;
+        let events = checkpoint.events.to_vec();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            let mut position: i64 = if let Some(history) = &replaced {
+                tx.execute("DELETE FROM messages WHERE run_id = ?1", params![run_id])
+                    .map_err(&fail)?;
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                    .map_err(&fail)?;
+                for (index, body) in history.iter().enumerate() {
+                    insert.execute(params![run_id, index as i64, body]).map_err(&fail)?;
+                }
+                history.len() as i64
+            } else {
+                tx.query_row(
+                    "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE run_id = ?1",
+                    params![run_id],
+                    |row| row.get(0),
+                )
+                .map_err(&fail)?
+            };
+            {
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                    .map_err(&fail)?;
+                for body in &new {
+                    insert.execute(params![run_id, position, body]).map_err(&fail)?;
+                    position += 1;
+                }
+            }
+            insert_events(&tx, &run_id, &events).map_err(&fail)?;
+            let updated = tx
+                .execute(
+                    "UPDATE runs SET next_turn = ?2, metrics = ?3 WHERE id = ?1",
+                    params![run_id, next, metrics],
+                )
+                .map_err(&fail)?;
+            if updated == 0 {
+                return Err(StoreError::NotFound(run_id));
+            }
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
+        let (run_id, call_id, body) = (run_id.to_string(), call.id.clone(), json(call)?);
+        let fail = self.fail();
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO journal (run_id, call_id, call, started_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![run_id, call_id, body, now_ms() as i64],
+            )
+            .map(|_| ())
+            .map_err(&fail)
+        })
+        .await
+    }
+
+    async fn journal_result(&self, run_id: &str, result: &ToolResult) -> Result<(), StoreError> {
+        let (run_id, call_id, body) = (run_id.to_string(), result.call_id.clone(), json(result)?);
+        let fail = self.fail();
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE journal SET result = ?3, ended_ms = ?4 WHERE run_id = ?1 AND call_id = ?2",
+                params![run_id, call_id, body, now_ms() as i64],
+            )
+            .map(|_| ())
+            .map_err(&fail)
+        })
+        .await
+    }
+
+    async fn finish_run(
+        &self,
+        run_id: &str,
+        status: RunStatus,
+        content: Option<&str>,
+        metrics: &RunMetrics,
+        events: &[Event],
+    ) -> Result<(), StoreError> {
+        let run_id = run_id.to_string();
+        let content = content.map(str::to_string);
+        let metrics = json(metrics)?;
+        let events = events.to_vec();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            let current: Option<String> = tx
+                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(&fail)?;
+            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
+            let next = current.transition(status)?;
+            insert_events(&tx, &run_id, &events).map_err(&fail)?;
+            tx.execute(
+                "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
+                params![run_id, next.as_str(), now_ms() as i64, content, metrics],
+            )
+            .map_err(&fail)?;
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let raw = read_run(conn, &run_id)
+                .map_err(&fail)?
+                .ok_or_else(|| StoreError::NotFound(run_id.clone()))?;
+            let run = record(raw)?;
+            let mut select = conn
+                .prepare_cached("SELECT body FROM messages WHERE run_id = ?1 ORDER BY position")
+                .map_err(&fail)?;
+            let messages = select
+                .query_map(params![run_id], |row| row.get::<_, String>(0))
+                .map_err(&fail)?
+                .map(|body| parse::<Message>(&body.map_err(&fail)?))
+                .collect::<Result<Vec<_>, _>>()?;
+            let next: Option<String> = conn
+                .query_row("SELECT next_turn FROM runs WHERE id = ?1", params![run_id], |row| {
+                    row.get(0)
+                })
+                .map_err(&fail)?;
+            let next_turn = next.map(|text| parse::<TurnState>(&text)).transpose()?;
+            let mut select = conn
+                .prepare_cached("SELECT call, result FROM journal WHERE run_id = ?1 ORDER BY started_ms, call_id")
+                .map_err(&fail)?;
+            let journal = select
+                .query_map(params![run_id], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?))
+                })
+                .map_err(&fail)?
+                .map(|row| {
+                    let (call, result) = row.map_err(&fail)?;
+                    Ok(JournalEntry {
+                        call: parse(&call)?,
+                        result: result.map(|r| parse(&r)).transpose()?,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok(RunSnapshot {
+                run,
+                messages,
+                next_turn,
+                journal,
+            })
+        })
+        .await
+    }
+
+    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let fail = self.fail();
+        self.with(move |conn| {
+            let mut select = conn
+                .prepare_cached(
+                    "SELECT id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics
+                     FROM runs ORDER BY started_ms DESC, id LIMIT ?1",
+                )
+                .map_err(&fail)?;
+            let rows = select
+                .query_map(params![limit as i64], row_to_record)
+                .map_err(&fail)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&fail)?;
+            rows.into_iter().map(record).collect()
+        })
+        .await
+    }
+
+    async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let exists: Option<i64> = conn
+                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![run_id], |row| row.get(0))
+                .optional()
+                .map_err(&fail)?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound(run_id));
+            }
+            let mut select = conn
+                .prepare_cached("SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
+                .map_err(&fail)?;
+            let bodies = select
+                .query_map(params![run_id, after_seq as i64], |row| row.get::<_, String>(0))
+                .map_err(&fail)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&fail)?;
+            bodies.iter().map(|body| parse(body)).collect()
+        })
+        .await
+    }
+}

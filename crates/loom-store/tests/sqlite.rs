@@ -1,0 +1,339 @@
+//! `SqliteStore` on real database files: the status machine, checkpoints,
+//! the journal, events, two processes at once, and bad input.
+
+use std::time::Duration;
+
+use loom_core::{
+    Checkpoint, Event, EventKind, Message, RunMetrics, RunRecord, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    ToolStatus, TurnState,
+};
+use loom_store::{SqliteStore, SCHEMA_VERSION};
+use serde_json::json;
+
+fn record(run_id: &str) -> RunRecord {
+    RunRecord {
+        run_id: run_id.to_string(),
+        session_id: "session-1".into(),
+        prompt: "do it".into(),
+        model: "scripted:x".into(),
+        status: RunStatus::Queued,
+        owner: "test".into(),
+        started_ms: 1,
+        ended_ms: None,
+        content: None,
+        metrics: RunMetrics::default(),
+    }
+}
+
+fn event(seq: u64) -> Event {
+    Event {
+        run_id: "r".into(),
+        turn_id: "t".into(),
+        parent_turn_id: None,
+        depth: 0,
+        seq,
+        ts: "2026-11-22T00:00:00.000Z".into(),
+        kind: EventKind::IterationStart { iteration: seq as u32 },
+    }
+}
+
+use RunStatus::*;
+const ALL: [RunStatus; 8] = [
+    Queued,
+    Running,
+    WaitingPermission,
+    Done,
+    Error,
+    Canceled,
+    Timeout,
+    Interrupted,
+];
+
+/// DESIGN 4.2, written out by hand so the test does not just mirror the code.
+const LEGAL: &[(RunStatus, RunStatus)] = &[
+    (Queued, Running),
+    (Queued, Canceled),
+    (Queued, Error),
+    (Running, WaitingPermission),
+    (Running, Done),
+    (Running, Error),
+    (Running, Canceled),
+    (Running, Timeout),
+    (Running, Interrupted),
+    (WaitingPermission, Running),
+    (WaitingPermission, Done),
+    (WaitingPermission, Error),
+    (WaitingPermission, Canceled),
+    (WaitingPermission, Timeout),
+    (WaitingPermission, Interrupted),
+    (Interrupted, Running),
+    (Interrupted, Canceled),
+    (Interrupted, Error),
+];
+
+fn path_to(status: RunStatus) -> Vec<RunStatus> {
+    match status {
+        Queued => vec![],
+        Running => vec![Running],
+        WaitingPermission => vec![Running, WaitingPermission],
+        Done => vec![Running, Done],
+        Error => vec![Error],
+        Canceled => vec![Canceled],
+        Timeout => vec![Running, Timeout],
+        Interrupted => vec![Running, Interrupted],
+    }
+}
+
+#[tokio::test]
+async fn every_legal_and_illegal_transition() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    let mut count = 0;
+    for from in ALL {
+        for to in ALL {
+            let id = format!("run-{count}");
+            count += 1;
+            store.create_run(&record(&id)).await.unwrap();
+            for step in path_to(from) {
+                store.set_status(&id, step).await.unwrap();
+            }
+            let result = store.set_status(&id, to).await;
+            let legal = LEGAL.contains(&(from, to));
+            match (&result, legal) {
+                (Ok(()), true) => assert_eq!(store.load_run(&id).await.unwrap().run.status, to),
+                (Err(StoreError::InvalidState(err)), false) => {
+                    assert_eq!((err.from, err.to), (from, to));
+                    assert_eq!(
+                        store.load_run(&id).await.unwrap().run.status,
+                        from,
+                        "refused means unchanged"
+                    );
+                }
+                _ => panic!("{from:?} → {to:?}: {result:?}, expected legal={legal}"),
+            }
+        }
+    }
+    assert_eq!(count, 64);
+}
+
+#[tokio::test]
+async fn checkpoints_journal_and_events_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store.create_run(&record("r")).await.unwrap();
+    store.set_status("r", Running).await.unwrap();
+    let state = TurnState::initial(10).next_turn(false);
+    let call = ToolCall {
+        id: "c1".into(),
+        name: "write_file".into(),
+        arguments: json!({"path": "a"}),
+    };
+    let first = [
+        Message::system("s"),
+        Message::user("q"),
+        Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![call.clone()],
+        },
+    ];
+    store.journal_intent("r", &call).await.unwrap();
+    let snapshot = store.load_run("r").await.unwrap();
+    assert_eq!(snapshot.journal.len(), 1);
+    assert!(snapshot.journal[0].result.is_none(), "an intent without a result");
+    store
+        .journal_result("r", &ToolResult::new("c1", "write_file", ToolStatus::Success, "ok"))
+        .await
+        .unwrap();
+    let mut metrics = RunMetrics::default();
+    metrics.iterations = 1;
+    store
+        .checkpoint(&Checkpoint {
+            run_id: "r",
+            next: &state,
+            new_messages: &first,
+            replaced_history: None,
+            events: &[event(1), event(2)],
+            metrics: &metrics,
+        })
+        .await
+        .unwrap();
+    let more = [Message::tool("c1", "write_file", "ok")];
+    store
+        .checkpoint(&Checkpoint {
+            run_id: "r",
+            next: &state.next_turn(false),
+            new_messages: &more,
+            replaced_history: None,
+            events: &[event(3)],
+            metrics: &metrics,
+        })
+        .await
+        .unwrap();
+    let snapshot = store.load_run("r").await.unwrap();
+    assert_eq!(snapshot.messages.len(), 4);
+    assert_eq!(snapshot.messages[3], more[0]);
+    assert_eq!(snapshot.next_turn.unwrap().turn_counter(), 2);
+    assert_eq!(snapshot.journal[0].result.as_ref().unwrap().content, "ok");
+    assert_eq!(snapshot.run.metrics.iterations, 1);
+    assert_eq!(
+        store
+            .events("r", 1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+
+    // Compression replaces the stored history.
+    let compressed = [
+        Message::system("s"),
+        Message::system("[compressed history] …"),
+        Message::user("q"),
+    ];
+    store
+        .checkpoint(&Checkpoint {
+            run_id: "r",
+            next: &state,
+            new_messages: &[],
+            replaced_history: Some(&compressed),
+            events: &[],
+            metrics: &metrics,
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.load_run("r").await.unwrap().messages, compressed.to_vec());
+
+    store
+        .finish_run("r", Done, Some("answer"), &metrics, &[event(4)])
+        .await
+        .unwrap();
+    let done = store.load_run("r").await.unwrap().run;
+    assert_eq!((done.status, done.content.as_deref()), (Done, Some("answer")));
+    assert!(done.ended_ms.is_some());
+    assert!(
+        matches!(store.set_status("r", Running).await, Err(StoreError::InvalidState(_))),
+        "terminal is final"
+    );
+    assert_eq!(store.list_runs(10).await.unwrap()[0].run_id, "r");
+}
+
+#[tokio::test]
+async fn unknown_runs_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    assert!(matches!(store.load_run("nope").await, Err(StoreError::NotFound(id)) if id == "nope"));
+    assert!(matches!(
+        store.set_status("nope", Running).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(store.events("nope", 0).await, Err(StoreError::NotFound(_))));
+}
+
+#[test]
+fn a_newer_schema_and_a_corrupt_file_are_refused_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let newer = dir.path().join("newer.db");
+    {
+        let conn = rusqlite_open(&newer);
+        conn.execute_batch(&format!(
+            "CREATE TABLE x(y); PRAGMA user_version = {};",
+            SCHEMA_VERSION + 5
+        ))
+        .unwrap();
+    }
+    let before = std::fs::read(&newer).unwrap();
+    match SqliteStore::open(&newer) {
+        Err(StoreError::NewerSchema { found, supported }) => {
+            assert_eq!((found, supported), (SCHEMA_VERSION + 5, SCHEMA_VERSION));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read(&newer).unwrap(), before, "nothing overwritten");
+
+    let corrupt = dir.path().join("corrupt.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&corrupt, &garbage).unwrap();
+    let err = SqliteStore::open(&corrupt).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("is not usable"), "{err}");
+    assert_eq!(std::fs::read(&corrupt).unwrap(), garbage, "nothing overwritten");
+}
+
+/// A plain SQLite connection, to set up files and hold locks.
+fn rusqlite_open(path: &std::path::Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(path).unwrap()
+}
+
+#[tokio::test]
+async fn a_lock_held_past_the_busy_timeout_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loom.db");
+    let store = SqliteStore::open_with_timeout(&path, Duration::from_millis(150)).unwrap();
+    store.create_run(&record("r")).await.unwrap();
+    let holder = rusqlite_open(&path);
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let err = store.set_status("r", Running).await.unwrap_err();
+    assert!(matches!(err, StoreError::Locked { waited_ms: 150 }), "{err:?}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    store.set_status("r", Running).await.unwrap();
+}
+
+/// Writes `WRITES` checkpoints for run `name` into the database at `path`.
+async fn write_many(path: &std::path::Path, name: &str) {
+    const WRITES: usize = 60;
+    let store = SqliteStore::open(path).unwrap();
+    store.create_run(&record(name)).await.unwrap();
+    store.set_status(name, Running).await.unwrap();
+    let state = TurnState::initial(100);
+    for i in 0..WRITES {
+        let message = [Message::user(format!("{name} {i}"))];
+        store
+            .checkpoint(&Checkpoint {
+                run_id: name,
+                next: &state,
+                new_messages: &message,
+                replaced_history: None,
+                events: &[event(i as u64 + 1)],
+                metrics: &RunMetrics::default(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn two_processes_write_the_same_database_at_once() {
+    if let Ok(path) = std::env::var("LOOM_STORE_CHILD_DB") {
+        // The second process.
+        write_many(std::path::Path::new(&path), "child").await;
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loom.db");
+    SqliteStore::open(&path).unwrap();
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "two_processes_write_the_same_database_at_once",
+            "--nocapture",
+        ])
+        .env("LOOM_STORE_CHILD_DB", &path)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    write_many(&path, "parent").await;
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap()
+        .status;
+    assert!(status.success(), "the second process failed");
+    let store = SqliteStore::open(&path).unwrap();
+    for name in ["parent", "child"] {
+        let snapshot = store.load_run(name).await.unwrap();
+        assert_eq!(snapshot.messages.len(), 60, "{name}");
+        assert_eq!(store.events(name, 0).await.unwrap().len(), 60, "{name}");
+    }
+}
