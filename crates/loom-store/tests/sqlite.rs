@@ -144,8 +144,10 @@ async fn checkpoints_journal_and_events_round_trip() {
         .journal_result("r", &ToolResult::new("c1", "write_file", ToolStatus::Success, "ok"))
         .await
         .unwrap();
-    let mut metrics = RunMetrics::default();
-    metrics.iterations = 1;
+    let metrics = RunMetrics {
+        iterations: 1,
+        ..RunMetrics::default()
+    };
     store
         .checkpoint(&Checkpoint {
             run_id: "r",
