@@ -21,6 +21,7 @@ use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, Sessi
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 use crate::retrieval::Retriever;
 use crate::status::RunStatus;
+use crate::store::Store;
 use crate::tokens::{TiktokenCounter, TokenCounter};
 use crate::tool::{DynTool, RegistryError, ToolRegistry};
 
@@ -76,6 +77,8 @@ pub struct AgentBuilder {
     project_instructions: bool,
     instruction_dirs: Vec<PathBuf>,
     system_budget: Option<usize>,
+    store: Option<Arc<dyn Store>>,
+    owner: Option<String>,
 }
 
 impl Default for AgentBuilder {
@@ -103,6 +106,8 @@ impl Default for AgentBuilder {
             project_instructions: true,
             instruction_dirs: Vec::new(),
             system_budget: None,
+            store: None,
+            owner: None,
         }
     }
 }
@@ -266,6 +271,19 @@ impl AgentBuilder {
         self
     }
 
+    /// Makes runs durable: each run is recorded, checkpointed after every
+    /// turn, and its side-effecting tool calls journaled.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Who runs the agent's runs, as recorded in the store (default `pid:<process id>`).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
     /// Replaces the default system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = Some(prompt.into());
@@ -369,6 +387,8 @@ impl AgentBuilder {
                 pipeline,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
+                store: self.store,
+                owner: self.owner.unwrap_or_else(|| format!("pid:{}", std::process::id())),
                 context: ContextSettings {
                     counter: self
                         .counter
@@ -504,7 +524,14 @@ impl Agent {
         };
         let run = Run {
             engine: self.engine.clone(),
-            events: EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx),
+            events: {
+                let emitter = EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx);
+                if self.engine.store.is_some() {
+                    emitter.with_log()
+                } else {
+                    emitter
+                }
+            },
             ctx,
             workspace: self.workspace.clone(),
             steer_rx,

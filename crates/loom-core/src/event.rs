@@ -338,6 +338,8 @@ pub struct EventEmitter {
     // emitted from parallel tools still reach the stream in `seq` order.
     seq: Mutex<u64>,
     tx: mpsc::UnboundedSender<Event>,
+    /// Events kept for the store's event log until the next checkpoint.
+    log: Option<Mutex<Vec<Event>>>,
 }
 
 impl EventEmitter {
@@ -348,6 +350,21 @@ impl EventEmitter {
             depth,
             seq: Mutex::new(0),
             tx,
+            log: None,
+        }
+    }
+
+    /// Also keeps every event for [`EventEmitter::take_log`] (for a store).
+    pub fn with_log(mut self) -> Self {
+        self.log = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// The events kept since the last call.
+    pub fn take_log(&self) -> Vec<Event> {
+        match &self.log {
+            Some(log) => std::mem::take(&mut *log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())),
+            None => Vec::new(),
         }
     }
 
@@ -368,6 +385,11 @@ impl EventEmitter {
             ts,
             kind,
         };
+        if let Some(log) = &self.log {
+            log.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(event.clone());
+        }
         let _ = self.tx.send(event);
     }
 }

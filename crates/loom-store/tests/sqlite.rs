@@ -339,3 +339,62 @@ async fn two_processes_write_the_same_database_at_once() {
         assert_eq!(store.events(name, 0).await.unwrap().len(), 60, "{name}");
     }
 }
+
+mod with_the_engine {
+    use std::sync::Arc;
+
+    use loom_core::{Agent, RunStatus, Store};
+    use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
+    use loom_store::SqliteStore;
+    use serde_json::json;
+
+    fn write(path: &str) -> ScriptTurn {
+        ScriptTurn {
+            tool_calls: vec![ScriptToolCall {
+                name: "write_file".into(),
+                arguments: json!({"path": path, "content": "x"}),
+                id: None,
+            }],
+            ..ScriptTurn::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_is_recorded_turn_by_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(dir.path().join(".loom/loom.db")).unwrap());
+        let model = ScriptedModel::new(vec![
+            write("a.txt"),
+            write("b.txt"),
+            ScriptTurn {
+                content: Some("wrote both".into()),
+                ..ScriptTurn::default()
+            },
+        ]);
+        let agent = Agent::builder()
+            .model(model)
+            .tools(loom_tools::file_tools())
+            .workspace(dir.path())
+            .store(store.clone())
+            .owner("test-owner")
+            .build()
+            .unwrap();
+        let (events, outcome) = agent.run("write two files").collect().await;
+        assert_eq!(outcome.status, RunStatus::Done);
+
+        let snapshot = store.load_run(&outcome.run_id).await.unwrap();
+        assert_eq!(snapshot.run.status, RunStatus::Done);
+        assert_eq!(snapshot.run.owner, "test-owner");
+        assert_eq!(snapshot.run.content.as_deref(), Some("wrote both"));
+        assert_eq!(snapshot.run.metrics.tool_calls, 2);
+        assert_eq!(
+            snapshot.messages, outcome.messages,
+            "the stored history is the transcript"
+        );
+        let stored = store.events(&outcome.run_id, 0).await.unwrap();
+        assert_eq!(stored, events, "every event, in order, with its seq");
+        assert_eq!(snapshot.journal.len(), 2, "write_file is journaled; reads would not be");
+        assert!(snapshot.journal.iter().all(|entry| entry.result.is_some()));
+        assert_eq!(snapshot.next_turn.unwrap().turn_counter(), 2);
+    }
+}

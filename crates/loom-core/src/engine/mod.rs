@@ -32,6 +32,10 @@ pub(crate) struct Engine {
     pub system_prompt: String,
     pub pricing: Option<Pricing>,
     pub context: ContextSettings,
+    /// Where runs are made durable, if anywhere.
+    pub store: Option<Arc<dyn crate::store::Store>>,
+    /// Who runs them (recorded with each run).
+    pub owner: String,
 }
 
 /// Context machinery of an agent: memory, compression, feedback, assembly.

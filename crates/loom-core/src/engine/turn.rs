@@ -351,6 +351,7 @@ impl Run {
             events: &self.events,
             turn,
             gate: &self.gate,
+            store: self.engine.store.as_ref(),
         };
         let results = pipeline.run_batch(calls, &env).await;
         for result in &results {

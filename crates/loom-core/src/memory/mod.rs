@@ -73,6 +73,19 @@ pub struct Memory {
     /// Upper bound of the tokens of `messages[counted..]`.
     pending_bound: usize,
     counter: Arc<dyn TokenCounter>,
+    /// Messages already written to a store, and whether the history was
+    /// replaced since (compression), for checkpoints.
+    saved: usize,
+    replaced: bool,
+}
+
+/// What a checkpoint must write.
+#[derive(Debug, Clone, Copy)]
+pub enum Unsaved<'a> {
+    /// Messages added since the last checkpoint.
+    Tail(&'a [Message]),
+    /// The history was replaced: all of it.
+    Whole(&'a [Message]),
 }
 
 /// A message's upper bound: its bytes plus the per-message overhead.
@@ -94,7 +107,24 @@ impl Memory {
             counted: 0,
             pending_bound: 0,
             counter,
+            saved: 0,
+            replaced: false,
         }
+    }
+
+    /// What is not in the store yet.
+    pub fn unsaved(&self) -> Unsaved<'_> {
+        if self.replaced {
+            Unsaved::Whole(&self.messages)
+        } else {
+            Unsaved::Tail(&self.messages[self.saved.min(self.messages.len())..])
+        }
+    }
+
+    /// Records that everything is in the store.
+    pub fn mark_saved(&mut self) {
+        self.saved = self.messages.len();
+        self.replaced = false;
     }
 
     /// Adds one message.
@@ -116,6 +146,7 @@ impl Memory {
         self.counted_tokens = 0;
         self.counted = 0;
         self.pending_bound = 0;
+        self.replaced = true;
         self.extend(messages);
     }
 

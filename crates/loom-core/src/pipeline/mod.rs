@@ -89,6 +89,8 @@ pub(crate) struct BatchEnv<'a> {
     pub events: &'a EventEmitter,
     pub turn: &'a TurnIds,
     pub gate: &'a PermissionGate,
+    /// Where calls of tools that are not read-only are journaled.
+    pub store: Option<&'a Arc<dyn crate::store::Store>>,
 }
 
 /// A call after the first four stages.

@@ -56,10 +56,29 @@ async fn run_group(
             } => {
                 // The semaphore is never closed, so acquiring cannot fail.
                 let _permit = permits.acquire().await.ok();
+                // A call with side effects is journaled before it runs, so a
+                // resumed run never repeats it silently.
+                let journal = env.store.filter(|_| !tool.tool.concurrency_safe());
+                if let Some(store) = journal {
+                    if let Err(err) = store.journal_intent(env.ctx.run_id(), call).await {
+                        let refused = super::stages::error(
+                            call,
+                            "journal",
+                            format!("Error: the call was not run because it could not be recorded first ({err})."),
+                        );
+                        return pipeline.finish(call, refused, stages, started, env).await;
+                    }
+                }
                 let t = Instant::now();
                 let result = execute(call, tool, args, pipeline.config.timeout_for(&call.name), env).await;
                 stages.execute_us = micros(t);
-                pipeline.finish(call, result, stages, started, env).await
+                let result = pipeline.finish(call, result, stages, started, env).await;
+                if let Some(store) = journal {
+                    // The result also reaches the checkpoint; a failure here only
+                    // makes a resume report the call as interrupted.
+                    let _ = store.journal_result(env.ctx.run_id(), &result).await;
+                }
+                result
             }
         }
     }))
