@@ -67,6 +67,14 @@ pub struct RunArgs {
     #[arg(long, short = 'v')]
     pub verbose: bool,
 
+    /// The SQLite database that makes the run durable (default: .loom/loom.db in the workspace).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+
+    /// Continue in this session (its id is recorded with the run).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+
     /// Print every event as one JSON line on stdout instead of the answer.
     #[arg(long)]
     pub json: bool,

@@ -13,6 +13,8 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub model: Option<String>,
+    /// `sqlite:PATH` (relative to this file) or `none`.
+    pub store: Option<String>,
     pub max_steps: Option<u32>,
     pub run_timeout_secs: Option<u64>,
     pub step_timeout_secs: Option<u64>,

@@ -7,6 +7,7 @@ mod permissions;
 mod provider;
 mod render;
 mod run;
+mod store;
 
 use std::process::ExitCode;
 

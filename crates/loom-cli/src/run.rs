@@ -11,7 +11,7 @@ use loom::{Agent, EventKind, RunOutcome, RunStatus, StopReason};
 use crate::cli::RunArgs;
 use crate::config::{self, LoadedConfig};
 use crate::render::{Human, JsonLines, Renderer};
-use crate::{context, permissions, provider};
+use crate::{context, permissions, provider, store};
 
 /// Exit codes of DESIGN 4.5.
 pub mod exit {
@@ -45,7 +45,11 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         Box::new(Human::new(args.verbose))
     };
 
-    let mut handle = agent.run(args.prompt.as_str());
+    let mut handle = agent.run(loom::RunRequest {
+        prompt: args.prompt.clone(),
+        session_id: args.session.clone(),
+        ..loom::RunRequest::default()
+    });
     let controller = handle.controller();
     let mut interrupts = 0u32;
     loop {
@@ -147,6 +151,9 @@ async fn build_agent(args: &RunArgs) -> Result<Agent> {
         builder = builder.step_timeout(seconds(secs));
     }
     builder = context::apply(builder, &file, dir.as_deref(), args.base_url.as_deref()).await?;
+    if let Some(store) = store::open(args.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await? {
+        builder = builder.store(store);
+    }
     Ok(builder.build()?)
 }
 

@@ -27,6 +27,11 @@ pub mod models {
     pub use loom_llm::*;
 }
 
+/// Durable storage: SQLite.
+pub mod stores {
+    pub use loom_store::*;
+}
+
 /// Built-in tools.
 pub mod tools {
     pub use loom_tools::*;

@@ -1,0 +1,38 @@
+//! The store of `loom run`: `--db PATH`, `store = "sqlite:PATH" | "none"`,
+//! else `.loom/loom.db` in the workspace.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use loom::stores::SqliteStore;
+use loom::Store;
+
+/// Opens the run's store, or `None` when it is switched off.
+pub async fn open(
+    db: Option<&Path>,
+    configured: Option<&str>,
+    config_dir: Option<&Path>,
+    workspace: &Path,
+) -> Result<Option<Arc<dyn Store>>> {
+    let path: PathBuf = match (db, configured) {
+        (Some(path), _) => path.to_path_buf(),
+        (None, Some("none")) => return Ok(None),
+        (None, Some(spec)) => {
+            let Some(path) = spec.strip_prefix("sqlite:").filter(|p| !p.is_empty()) else {
+                bail!("store = \"{spec}\" is not understood: use \"sqlite:PATH\" or \"none\"");
+            };
+            match config_dir {
+                Some(dir) if Path::new(path).is_relative() => dir.join(path),
+                _ => PathBuf::from(path),
+            }
+        }
+        (None, None) => workspace.join(".loom").join("loom.db"),
+    };
+    let shown = path.display().to_string();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
+        .await
+        .map_err(|err| anyhow!("opening {shown} failed: {err}"))?
+        .map_err(|err| anyhow!("{err}"))?;
+    Ok(Some(Arc::new(store)))
+}

@@ -1,0 +1,96 @@
+//! `loom run` makes its runs durable: `.loom/loom.db` by default, `--db`,
+//! `store = "none"`, `--session`, and a bad database is a clear error.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use assert_cmd::cargo::CommandCargoExt;
+use loom::stores::SqliteStore;
+use loom::{RunStatus, Store};
+
+fn loom(dir: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("loom").unwrap();
+    cmd.current_dir(dir)
+        .env_remove("LOOM_MODEL")
+        .env("XDG_CONFIG_HOME", dir.join("xdg"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+const SCRIPT: &str =
+    r#"[{"tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"x"}}]},{"content":"written"}]"#;
+
+#[tokio::test]
+async fn runs_are_recorded_in_the_workspace_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
+    let output = loom(dir.path())
+        .args([
+            "run",
+            "--allow",
+            "write_file",
+            "--session",
+            "s-42",
+            "--model",
+            "scripted:s.json",
+            "write",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let store = SqliteStore::open(dir.path().join(".loom/loom.db")).unwrap();
+    let runs = store.list_runs(10).await.unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, RunStatus::Done);
+    assert_eq!(runs[0].session_id, "s-42");
+    assert_eq!(runs[0].content.as_deref(), Some("written"));
+    let snapshot = store.load_run(&runs[0].run_id).await.unwrap();
+    assert_eq!(snapshot.journal.len(), 1, "the write was journaled");
+    assert_eq!(snapshot.messages.last().unwrap().content(), "written");
+    assert!(!store.events(&runs[0].run_id, 0).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn db_flag_and_store_none() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let output = loom(dir.path())
+        .args(["run", "--db", "elsewhere/runs.db", "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(dir.path().join("elsewhere/runs.db").exists());
+    assert!(!dir.path().join(".loom").exists());
+
+    std::fs::write(dir.path().join("loom.toml"), "store = \"none\"\n").unwrap();
+    let output = loom(dir.path())
+        .args(["run", "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    assert!(!dir.path().join(".loom").exists(), "no store, no file");
+}
+
+#[test]
+fn a_corrupt_or_newer_database_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    std::fs::write(dir.path().join("bad.db"), vec![7u8; 4096]).unwrap();
+    let output = loom(dir.path())
+        .args(["run", "--db", "bad.db", "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("bad.db is not usable"), "{stderr}");
+    assert_eq!(
+        std::fs::read(dir.path().join("bad.db")).unwrap(),
+        vec![7u8; 4096],
+        "nothing overwritten"
+    );
+}
