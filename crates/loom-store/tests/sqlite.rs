@@ -398,3 +398,86 @@ mod with_the_engine {
         assert_eq!(snapshot.next_turn.unwrap().turn_counter(), 2);
     }
 }
+
+mod while_a_tool_runs {
+    use std::sync::Arc;
+
+    use loom_core::{Agent, Message, RunStatus, Store, Tool, ToolContext, ToolError, ToolOutput};
+    use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
+    use loom_store::SqliteStore;
+    use serde_json::json;
+    use tokio::sync::Notify;
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct NoArgs {}
+
+    /// A side-effecting tool that waits until released.
+    struct Deploy {
+        started: Arc<Notify>,
+        release: Arc<Notify>,
+    }
+
+    impl Tool for Deploy {
+        type Args = NoArgs;
+        fn name(&self) -> &str {
+            "deploy"
+        }
+        fn description(&self) -> &str {
+            "Deploys."
+        }
+        async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+            self.started.notify_one();
+            self.release.notified().await;
+            Ok("deployed".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_calls_and_the_intent_are_stored_before_the_tool_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+        let started = Arc::new(Notify::new());
+        let release = Arc::new(Notify::new());
+        let model = ScriptedModel::new(vec![
+            ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "deploy".into(),
+                    arguments: json!({}),
+                    id: Some("call_deploy".into()),
+                }],
+                ..ScriptTurn::default()
+            },
+            ScriptTurn {
+                content: Some("done".into()),
+                ..ScriptTurn::default()
+            },
+        ]);
+        let agent = Agent::builder()
+            .model(model)
+            .tool(Deploy {
+                started: started.clone(),
+                release: release.clone(),
+            })
+            .workspace(dir.path())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let handle = agent.run("deploy it");
+        started.notified().await;
+        // What a crash at this moment would leave behind:
+        let snapshot = store.load_run(handle.run_id()).await.unwrap();
+        assert_eq!(snapshot.run.status, RunStatus::Running);
+        match snapshot.messages.last() {
+            Some(Message::Assistant { tool_calls, .. }) => assert_eq!(tool_calls[0].id, "call_deploy"),
+            other => panic!("the calls are not stored before running: {other:?}"),
+        }
+        assert_eq!(snapshot.journal.len(), 1);
+        assert!(snapshot.journal[0].result.is_none(), "the intent, without a result yet");
+        release.notify_one();
+        let outcome = handle.outcome().await;
+        assert_eq!(outcome.status, RunStatus::Done);
+        let snapshot = store.load_run(&outcome.run_id).await.unwrap();
+        assert_eq!(snapshot.messages, outcome.messages);
+        assert_eq!(snapshot.journal[0].result.as_ref().unwrap().content, "deployed");
+    }
+}

@@ -149,7 +149,7 @@ impl Run {
     }
 
     /// Writes the turn's messages, events and the next state to the store.
-    async fn checkpoint(&mut self, memory: &mut Memory, next: &TurnState) -> Result<(), StopReason> {
+    pub(crate) async fn checkpoint(&mut self, memory: &mut Memory, next: &TurnState) -> Result<(), StopReason> {
         let Some(store) = self.engine.store.clone() else {
             return Ok(());
         };

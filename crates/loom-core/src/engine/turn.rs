@@ -193,6 +193,19 @@ impl Run {
                     .collect(),
             },
         );
+        let assistant = Message::Assistant {
+            content: response.content.clone(),
+            tool_calls: calls.clone(),
+        };
+        // With a store, the calls are saved before any of them runs, so a
+        // crash mid-tools leaves the calls (and the journal) to resume from.
+        let saved_early = engine.store.is_some();
+        if saved_early {
+            memory.push(assistant.clone());
+            if let Err(reason) = self.checkpoint(memory, state).await {
+                return stop(reason, Vec::new());
+            }
+        }
         self.phase(turn, "tools", true);
         let results = self.run_tools(&engine.pipeline, &calls, turn, ctx).await;
         self.phase(turn, "tools", false);
@@ -200,10 +213,9 @@ impl Run {
             .emit(turn, EventKind::ToolCallsComplete { count: results.len() });
 
         let mut new_messages = Vec::with_capacity(results.len() + 4);
-        new_messages.push(Message::Assistant {
-            content: response.content.clone(),
-            tool_calls: calls.clone(),
-        });
+        if !saved_early {
+            new_messages.push(assistant);
+        }
         new_messages.extend(
             results
                 .iter()
