@@ -142,6 +142,24 @@ fn status_of(text: &str) -> Result<RunStatus, StoreError> {
     parse(&format!("\"{text}\""))
 }
 
+/// The run's status after a move to `to`, if DESIGN 4.2 allows it (read
+/// inside the caller's write transaction, so no other writer interleaves).
+fn checked_transition(
+    tx: &rusqlite::Transaction<'_>,
+    run_id: &str,
+    to: RunStatus,
+    fail: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<RunStatus, StoreError> {
+    let current: Option<String> = tx
+        .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(fail)?;
+    let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.to_string()))?)?;
+    Ok(current.transition(to)?)
+}
+
 fn insert_events(tx: &rusqlite::Transaction<'_>, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
     let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")?;
     for event in events {
@@ -246,14 +264,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(&fail)?;
-            let current: Option<String> = tx
-                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
-                    row.get(0)
-                })
-                .optional()
-                .map_err(&fail)?;
-            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
-            let next = current.transition(to)?;
+            let next = checked_transition(&tx, &run_id, to, &fail)?;
             let ended = next.is_terminal().then(|| now_ms() as i64);
             tx.execute(
                 "UPDATE runs SET status = ?2, ended_ms = COALESCE(?3, ended_ms) WHERE id = ?1",
@@ -367,14 +378,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(&fail)?;
-            let current: Option<String> = tx
-                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
-                    row.get(0)
-                })
-                .optional()
-                .map_err(&fail)?;
-            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
-            let next = current.transition(status)?;
+            let next = checked_transition(&tx, &run_id, status, &fail)?;
             insert_events(&tx, &run_id, &events).map_err(&fail)?;
             tx.execute(
                 "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
