@@ -16,6 +16,49 @@ pub struct Cli {
 pub enum Command {
     /// Run one task: the answer streams to stdout, tool activity to stderr.
     Run(RunArgs),
+    /// Look at recorded runs.
+    Runs(RunsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    pub command: RunsCommand,
+
+    /// The database (default: .loom/loom.db in the workspace).
+    #[arg(long, value_name = "PATH", global = true)]
+    pub db: Option<PathBuf>,
+
+    /// The workspace whose database to read (default: the current directory).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub workspace: Option<PathBuf>,
+
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// The newest runs.
+    List {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One run: status, timings, metrics, suggestions, the answer.
+    Show {
+        /// The run id.
+        id: String,
+    },
+    /// A run's recorded events, one JSON line each.
+    Events {
+        /// The run id.
+        id: String,
+        /// Only events after this seq.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
 }
 
 #[derive(Debug, Args)]

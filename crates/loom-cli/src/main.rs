@@ -7,6 +7,7 @@ mod permissions;
 mod provider;
 mod render;
 mod run;
+mod runs;
 mod store;
 
 use std::process::ExitCode;
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Runs(args) => runs::runs(args).await,
         }
     });
     // Do not wait for tool work still on the blocking pool after a forced quit.

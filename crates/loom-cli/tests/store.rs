@@ -94,3 +94,65 @@ fn a_corrupt_or_newer_database_is_a_clear_error() {
         "nothing overwritten"
     );
 }
+
+#[test]
+fn runs_list_show_and_events_read_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
+    let output = loom(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--allow",
+            "write_file",
+            "--model",
+            "scripted:s.json",
+            "write the file",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let live: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let run_id = live[0]["runId"].as_str().unwrap().to_string();
+
+    let list = loom(dir.path()).args(["runs", "list"]).output().unwrap();
+    let table = String::from_utf8_lossy(&list.stdout);
+    assert!(table.starts_with("RUN"), "{table}");
+    assert!(
+        table.contains(&run_id) && table.contains("DONE") && table.contains("write the file"),
+        "{table}"
+    );
+
+    let json = loom(dir.path()).args(["runs", "list", "--json"]).output().unwrap();
+    let runs: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(runs[0]["run_id"], run_id.as_str());
+
+    let show = loom(dir.path()).args(["runs", "show", &run_id]).output().unwrap();
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("status    DONE"), "{text}");
+    assert!(text.contains("tool      write_file: 1 calls, 100% ok"), "{text}");
+    assert!(text.trim_end().ends_with("written"), "{text}");
+
+    let events = loom(dir.path()).args(["runs", "events", &run_id]).output().unwrap();
+    let stored: Vec<serde_json::Value> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stored, live, "the recorded events are the events the run streamed");
+    let after = loom(dir.path())
+        .args(["runs", "events", &run_id, "--after", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&after.stdout).lines().count(), live.len() - 5);
+
+    let unknown = loom(dir.path()).args(["runs", "show", "no-such-run"]).output().unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no run with id 'no-such-run'"));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let none = loom(elsewhere.path()).args(["runs", "list"]).output().unwrap();
+    assert_eq!(none.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no run database"));
+}

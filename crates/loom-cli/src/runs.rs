@@ -1,0 +1,137 @@
+//! `loom runs list | show | events`: reading the runs recorded in the store.
+
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use loom::stores::SqliteStore;
+use loom::{RunRecord, Store, StoreError};
+
+use crate::cli::{RunsArgs, RunsCommand};
+use crate::run::Failure;
+
+pub async fn runs(args: RunsArgs) -> Result<ExitCode, Failure> {
+    let path = match (&args.db, &args.workspace) {
+        (Some(db), _) => db.clone(),
+        (None, Some(dir)) => dir.join(".loom").join("loom.db"),
+        (None, None) => std::path::PathBuf::from(".loom").join("loom.db"),
+    };
+    if !path.is_file() {
+        return Err(Failure::Usage(anyhow!(
+            "no run database at {}: runs are recorded by `loom run` in its workspace",
+            path.display()
+        )));
+    }
+    let shown = path.display().to_string();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
+        .await
+        .map_err(|err| Failure::Runtime(anyhow!("opening {shown} failed: {err}")))?
+        .map_err(|err| Failure::Usage(anyhow!("{err}")))?;
+    let usage_if_unknown = |err: StoreError| match err {
+        StoreError::NotFound(_) => Failure::Usage(anyhow!("{err}")),
+        other => Failure::Runtime(anyhow!("{other}")),
+    };
+    match args.command {
+        RunsCommand::List { limit } => {
+            let runs = store.list_runs(limit).await.map_err(usage_if_unknown)?;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&runs).map_err(|e| Failure::Runtime(e.into()))?
+                );
+            } else {
+                print!("{}", table(&runs));
+            }
+        }
+        RunsCommand::Show { id } => {
+            let snapshot = store.load_run(&id).await.map_err(usage_if_unknown)?;
+            if args.json {
+                let value = serde_json::json!({
+                    "run": snapshot.run,
+                    "messages": snapshot.messages.len(),
+                    "nextTurn": snapshot.next_turn.map(|t| t.turn_counter()),
+                    "journal": snapshot.journal,
+                    "suggestions": snapshot.run.metrics.suggestions(),
+                });
+                println!("{value}");
+            } else {
+                print!(
+                    "{}",
+                    show(&snapshot.run, snapshot.messages.len(), snapshot.journal.len())
+                );
+            }
+        }
+        RunsCommand::Events { id, after } => {
+            for event in store.events(&id, after).await.map_err(usage_if_unknown)? {
+                println!(
+                    "{}",
+                    serde_json::to_string(&event).map_err(|e| Failure::Runtime(e.into()))?
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(runs: &[RunRecord]) -> String {
+    let mut out = format!(
+        "{:<36}  {:<10}  {:>5}  {:>7}  {:<24}  {}\n",
+        "RUN", "STATUS", "TURNS", "SECS", "MODEL", "PROMPT"
+    );
+    for run in runs {
+        let secs = run
+            .ended_ms
+            .map(|end| end.saturating_sub(run.started_ms) as f64 / 1000.0);
+        out.push_str(&format!(
+            "{:<36}  {:<10}  {:>5}  {:>7}  {:<24}  {}\n",
+            run.run_id,
+            run.status.as_str(),
+            run.metrics.iterations,
+            secs.map_or_else(|| "-".to_string(), |s| format!("{s:.1}")),
+            clip(&run.model, 24),
+            clip(&run.prompt.replace('\n', " "), 60)
+        ));
+    }
+    out
+}
+
+fn show(run: &RunRecord, messages: usize, journaled: usize) -> String {
+    let m = &run.metrics;
+    let mut out = format!(
+        "run       {}\nsession   {}\nstatus    {}\nmodel     {}\nowner     {}\nprompt    {}\n",
+        run.run_id,
+        run.session_id,
+        run.status.as_str(),
+        run.model,
+        run.owner,
+        run.prompt
+    );
+    out.push_str(&format!(
+        "turns     {}   model calls {}   tokens {} in / {} out   tool calls {} ({} failed)\nmessages  {messages} stored, {journaled} journaled tool calls\n",
+        m.iterations, m.llm_calls, m.input_tokens, m.output_tokens, m.tool_calls, m.tool_failures
+    ));
+    if let Some(cost) = m.cost_usd {
+        out.push_str(&format!("cost      ${cost:.4}\n"));
+    }
+    for (name, stats) in &m.tools {
+        out.push_str(&format!(
+            "tool      {name}: {} calls, {:.0}% ok, avg {:.0} ms\n",
+            stats.calls,
+            stats.success_rate * 100.0,
+            stats.avg_ms
+        ));
+    }
+    for suggestion in m.suggestions() {
+        out.push_str(&format!("suggest   {suggestion}\n"));
+    }
+    if let Some(content) = &run.content {
+        out.push_str(&format!("\n{content}\n"));
+    }
+    out
+}
+
+fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
