@@ -15,7 +15,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one task: the answer streams to stdout, tool activity to stderr.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Look at recorded runs.
     Runs(RunsArgs),
 }

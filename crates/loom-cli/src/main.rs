@@ -29,7 +29,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
+            Command::Run(args) => run::run(*args).await,
             Command::Runs(args) => runs::runs(args).await,
         }
     });
