@@ -47,7 +47,8 @@ impl ContextComponent {
 pub struct Assembled {
     /// The system prompt.
     pub text: String,
-    /// Its tokens.
+    /// Its tokens: exact when the budget made counting necessary, else an
+    /// upper bound (its bytes) that already fits the budget.
     pub tokens: usize,
     /// Components included whole.
     pub included: Vec<String>,
@@ -88,6 +89,23 @@ impl<'a> ContextAssembler<'a> {
 
     /// Chooses by priority, then joins the chosen parts in the order they were added.
     pub fn assemble(&self) -> Assembled {
+        // Every token covers at least one byte: when the bytes fit, the
+        // tokens do, and nothing needs tokenizing.
+        let bytes: usize = self.components.iter().map(|c| c.content.len() + 2).sum();
+        if bytes <= self.budget {
+            let text = self
+                .components
+                .iter()
+                .map(|c| c.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n");
+            return Assembled {
+                tokens: bytes,
+                included: self.components.iter().map(|c| c.name.clone()).collect(),
+                text,
+                ..Assembled::default()
+            };
+        }
         let mut order: Vec<usize> = (0..self.components.len()).collect();
         order.sort_by_key(|&i| self.components[i].priority);
         let mut chosen: Vec<Option<String>> = vec![None; self.components.len()];

@@ -24,6 +24,14 @@ impl Run {
     ) -> bool {
         let engine = self.engine.clone();
         let config = &engine.context.memory;
+        // Far from the limits by the cheap bounds (bytes): nothing to count.
+        let tools_bound: usize = tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 8)
+            .sum();
+        if !force && memory.upper_bound() + tools_bound < config.warn_at() {
+            return false;
+        }
         let tools_tokens = match self.tools_tokens {
             Some(tokens) if !tools.is_empty() => tokens,
             _ => {
@@ -34,10 +42,6 @@ impl Run {
                 tokens
             }
         };
-        // Far from the limits by the cheap bound: nothing to count.
-        if !force && memory.upper_bound() + tools_tokens < config.warn_at() {
-            return false;
-        }
         let used = memory.total_tokens() + tools_tokens;
         if used >= config.warn_at() && !self.context_warned {
             self.context_warned = true;
