@@ -1,21 +1,17 @@
 //! `loom run` from the outside: the real binary, its stdout, stderr and exit codes.
 
+mod common;
+
+use common::loom;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn loom() -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
-    cmd.env_remove("LOOM_MODEL")
-        .env("XDG_CONFIG_HOME", "/nonexistent-loom-test");
-    cmd
 }
 
 /// A copy of the quickstart workspace in a temporary directory.

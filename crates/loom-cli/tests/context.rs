@@ -1,23 +1,12 @@
 //! Context in `loom run`: project instructions reach the model, loom.toml's
 //! compression and retrieval keys work, and `--verbose` prints the summary.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+mod common;
 
-use assert_cmd::cargo::CommandCargoExt;
+use common::loom_in;
+
 use loom_testkit::{openai_text, FakeServer, Reply};
 use serde_json::Value;
-
-fn loom(dir: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
-    cmd.current_dir(dir)
-        .env_remove("LOOM_MODEL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env("XDG_CONFIG_HOME", dir.join("xdg"))
-        .stdin(Stdio::null());
-    cmd
-}
 
 #[test]
 fn project_and_user_instructions_reach_the_model() {
@@ -30,7 +19,7 @@ fn project_and_user_instructions_reach_the_model() {
     std::fs::create_dir_all(dir.path().join("xdg/loom")).unwrap();
     std::fs::write(dir.path().join("xdg/loom/LOOM.md"), "Answer in British English.").unwrap();
     let server = FakeServer::start(vec![Reply::Sse(openai_text("Noted.", 3))]);
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--model", "openai:m", "--base-url"])
         .arg(server.url())
         .arg("hello")
@@ -82,7 +71,7 @@ fn compression_and_retrieval_from_loom_toml_and_the_verbose_summary() {
     )
     .unwrap();
 
-    let output = loom(root)
+    let output = loom_in(root)
         .args(["run", "--json", "how do I release?"])
         .output()
         .unwrap();
@@ -111,7 +100,7 @@ fn compression_and_retrieval_from_loom_toml_and_the_verbose_summary() {
     assert!(end["metrics"]["compressions"].as_u64().unwrap() >= 1);
     assert_eq!(end["metrics"]["tools"]["read_file"]["calls"], 5);
 
-    let verbose = loom(root)
+    let verbose = loom_in(root)
         .args(["run", "--verbose", "how do I release?"])
         .output()
         .unwrap();
@@ -133,7 +122,7 @@ fn a_missing_retrieval_folder_is_a_usage_error() {
         "model = \"scripted:s.json\"\n[retrieval]\ndir = \"nope\"\n",
     )
     .unwrap();
-    let output = loom(dir.path()).args(["run", "x"]).output().unwrap();
+    let output = loom_in(dir.path()).args(["run", "x"]).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("[retrieval] retrieval failed: cannot open"));
 }

@@ -1,19 +1,15 @@
 //! Permissions in `loom run`: the prompt on a real pseudo-terminal, `--yes`,
 //! no terminal at all, `--allow/--deny` over loom.toml, and redaction.
 
+mod common;
+
+use common::loom;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use assert_cmd::cargo::CommandCargoExt;
 use serde_json::Value;
-
-fn loom() -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
-    cmd.env_remove("LOOM_MODEL")
-        .env("XDG_CONFIG_HOME", "/nonexistent-loom-test");
-    cmd
-}
 
 fn write_script(dir: &Path, body: &str) -> String {
     let path = dir.join("script.json");

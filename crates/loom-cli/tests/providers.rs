@@ -2,29 +2,18 @@
 //! on 127.0.0.1: whole runs, a missing key, retries exhausted, Ctrl-C on a
 //! slow stream, prices, and a recorded run replayed offline.
 
+mod common;
+
+use common::loom_in;
+
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use assert_cmd::cargo::CommandCargoExt;
 use loom_testkit::{
     anthropic_text, anthropic_tool_use, comparable_events, openai_text, openai_tool_calls, FakeServer, Reply,
 };
 use serde_json::{json, Value};
-
-fn loom(dir: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
-    cmd.current_dir(dir)
-        .env_remove("LOOM_MODEL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env_remove("ANTHROPIC_BASE_URL")
-        .env("XDG_CONFIG_HOME", "/nonexistent-loom-test")
-        .stdin(Stdio::null());
-    cmd
-}
 
 fn events(output: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&output.stdout)
@@ -52,7 +41,7 @@ fn write_call_then_answer_openai() -> Vec<Reply> {
 fn openai_compatible_run_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let server = FakeServer::start(write_call_then_answer_openai());
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .env("OPENAI_API_KEY", "sk-test-123")
         .args([
             "run",
@@ -96,7 +85,7 @@ fn anthropic_run_end_to_end_with_env_base_url() {
         )),
         Reply::Sse(anthropic_text("The file says forty-two.")),
     ]);
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .env("ANTHROPIC_API_KEY", "ant-key")
         .env("ANTHROPIC_BASE_URL", server.url())
         .args([
@@ -123,7 +112,7 @@ fn anthropic_run_end_to_end_with_env_base_url() {
 #[test]
 fn a_missing_api_key_is_one_line_naming_the_variable() {
     let dir = tempfile::tempdir().unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--model", "openai:gpt-4o-mini", "x"])
         .output()
         .unwrap();
@@ -131,7 +120,7 @@ fn a_missing_api_key_is_one_line_naming_the_variable() {
     let text = stderr(&output);
     assert_eq!(text.trim_end().lines().count(), 1, "{text}");
     assert!(text.contains("OPENAI_API_KEY is not set"), "{text}");
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--model", "anthropic:claude-x", "x"])
         .output()
         .unwrap();
@@ -151,7 +140,7 @@ fn retries_exhausted_exit_1_with_a_clear_error() {
         Reply::status(502, json!({"error": {"message": "bad gateway"}})),
         Reply::status(502, json!({"error": {"message": "bad gateway"}})),
     ]);
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--model", "openai:m", "--base-url"])
         .arg(server.url())
         .arg("x")
@@ -177,7 +166,7 @@ fn prices_in_the_config_give_the_cost() {
     )
     .unwrap();
     let server = FakeServer::start(vec![Reply::Sse(openai_text("cheap", 5))]);
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--json", "--model", "openai:gpt-4o-mini", "--base-url"])
         .arg(server.url())
         .arg("x")
@@ -197,7 +186,7 @@ fn ctrl_c_stops_a_slow_stream() {
         body: openai_text("a very slow answer that takes many seconds to stream", 3),
         delay: Duration::from_millis(300),
     }]);
-    let mut child = loom(dir.path())
+    let mut child = loom_in(dir.path())
         .args(["run", "--json", "--model", "openai:m", "--base-url"])
         .arg(server.url())
         .arg("x")
@@ -229,7 +218,7 @@ fn ctrl_c_stops_a_slow_stream() {
 fn a_recorded_run_replays_offline_with_the_same_events() {
     let dir = tempfile::tempdir().unwrap();
     let server = FakeServer::start(write_call_then_answer_openai());
-    let live = loom(dir.path())
+    let live = loom_in(dir.path())
         .args([
             "run",
             "--json",
@@ -248,7 +237,7 @@ fn a_recorded_run_replays_offline_with_the_same_events() {
     assert_eq!(live.status.code(), Some(0), "{}", stderr(&live));
     std::fs::remove_dir_all(dir.path().join("notes")).unwrap();
 
-    let replay = loom(dir.path())
+    let replay = loom_in(dir.path())
         .args([
             "run",
             "--json",

@@ -1,21 +1,12 @@
 //! `loom run` makes its runs durable: `.loom/loom.db` by default, `--db`,
 //! `store = "none"`, `--session`, and a bad database is a clear error.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+mod common;
 
-use assert_cmd::cargo::CommandCargoExt;
+use common::loom_in;
+
 use loom::stores::SqliteStore;
 use loom::{RunStatus, Store};
-
-fn loom(dir: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
-    cmd.current_dir(dir)
-        .env_remove("LOOM_MODEL")
-        .env("XDG_CONFIG_HOME", dir.join("xdg"))
-        .stdin(Stdio::null());
-    cmd
-}
 
 const SCRIPT: &str =
     r#"[{"tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"x"}}]},{"content":"written"}]"#;
@@ -24,7 +15,7 @@ const SCRIPT: &str =
 async fn runs_are_recorded_in_the_workspace_database() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args([
             "run",
             "--allow",
@@ -59,7 +50,7 @@ async fn runs_are_recorded_in_the_workspace_database() {
 async fn db_flag_and_store_none() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--db", "elsewhere/runs.db", "--model", "scripted:s.json", "x"])
         .output()
         .unwrap();
@@ -68,7 +59,7 @@ async fn db_flag_and_store_none() {
     assert!(!dir.path().join(".loom").exists());
 
     std::fs::write(dir.path().join("loom.toml"), "store = \"none\"\n").unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--model", "scripted:s.json", "x"])
         .output()
         .unwrap();
@@ -81,7 +72,7 @@ fn a_corrupt_or_newer_database_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
     std::fs::write(dir.path().join("bad.db"), vec![7u8; 4096]).unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args(["run", "--db", "bad.db", "--model", "scripted:s.json", "x"])
         .output()
         .unwrap();
@@ -99,7 +90,7 @@ fn a_corrupt_or_newer_database_is_a_clear_error() {
 fn runs_list_show_and_events_read_the_database() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.json"), SCRIPT).unwrap();
-    let output = loom(dir.path())
+    let output = loom_in(dir.path())
         .args([
             "run",
             "--json",
@@ -118,7 +109,7 @@ fn runs_list_show_and_events_read_the_database() {
         .collect();
     let run_id = live[0]["runId"].as_str().unwrap().to_string();
 
-    let list = loom(dir.path()).args(["runs", "list"]).output().unwrap();
+    let list = loom_in(dir.path()).args(["runs", "list"]).output().unwrap();
     let table = String::from_utf8_lossy(&list.stdout);
     assert!(table.starts_with("RUN"), "{table}");
     assert!(
@@ -126,33 +117,36 @@ fn runs_list_show_and_events_read_the_database() {
         "{table}"
     );
 
-    let json = loom(dir.path()).args(["runs", "list", "--json"]).output().unwrap();
+    let json = loom_in(dir.path()).args(["runs", "list", "--json"]).output().unwrap();
     let runs: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(runs[0]["run_id"], run_id.as_str());
 
-    let show = loom(dir.path()).args(["runs", "show", &run_id]).output().unwrap();
+    let show = loom_in(dir.path()).args(["runs", "show", &run_id]).output().unwrap();
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("status    DONE"), "{text}");
     assert!(text.contains("tool      write_file: 1 calls, 100% ok"), "{text}");
     assert!(text.trim_end().ends_with("written"), "{text}");
 
-    let events = loom(dir.path()).args(["runs", "events", &run_id]).output().unwrap();
+    let events = loom_in(dir.path()).args(["runs", "events", &run_id]).output().unwrap();
     let stored: Vec<serde_json::Value> = String::from_utf8_lossy(&events.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(stored, live, "the recorded events are the events the run streamed");
-    let after = loom(dir.path())
+    let after = loom_in(dir.path())
         .args(["runs", "events", &run_id, "--after", "5"])
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&after.stdout).lines().count(), live.len() - 5);
 
-    let unknown = loom(dir.path()).args(["runs", "show", "no-such-run"]).output().unwrap();
+    let unknown = loom_in(dir.path())
+        .args(["runs", "show", "no-such-run"])
+        .output()
+        .unwrap();
     assert_eq!(unknown.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no run with id 'no-such-run'"));
     let elsewhere = tempfile::tempdir().unwrap();
-    let none = loom(elsewhere.path()).args(["runs", "list"]).output().unwrap();
+    let none = loom_in(elsewhere.path()).args(["runs", "list"]).output().unwrap();
     assert_eq!(none.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&none.stderr).contains("no run database"));
 }
