@@ -278,7 +278,7 @@ impl AgentBuilder {
         self
     }
 
-    /// Who runs the agent's runs, as recorded in the store (default `pid:<process id>`).
+    /// Who runs the agent's runs, as recorded in the store (default: this process, see [`crate::owner::this_process`]); a run whose owner process died can be resumed.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
@@ -388,7 +388,7 @@ impl AgentBuilder {
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
                 store: self.store,
-                owner: self.owner.unwrap_or_else(|| format!("pid:{}", std::process::id())),
+                owner: self.owner.unwrap_or_else(crate::owner::this_process),
                 context: ContextSettings {
                     counter: self
                         .counter
@@ -429,6 +429,39 @@ pub struct RunRequest {
     pub run_id: Option<String>,
     /// The session the run belongs to (default: the run id).
     pub session_id: Option<String>,
+    /// The conversation so far, placed between the system prompt and the
+    /// prompt. `None`: with a store, the session's earlier runs are loaded
+    /// (see [`crate::store::session_history`]); without one, nothing.
+    pub history: Option<Vec<crate::message::Message>>,
+}
+
+/// Why a stored run could not be resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The agent has no store to resume from.
+    #[error("this agent has no store: build it with .store(...) to resume runs")]
+    NoStore,
+    /// The run's owner still runs it (or may: it is on another host).
+    #[error("run {run_id} is {status} and its owner ({owner}) may still be running it")]
+    StillRunning {
+        /// The run.
+        run_id: String,
+        /// Its status.
+        status: &'static str,
+        /// Its owner.
+        owner: String,
+    },
+    /// The run ended already, or is not in a resumable state.
+    #[error("run {run_id} is {status}: only an interrupted run can be resumed")]
+    NotResumable {
+        /// The run.
+        run_id: String,
+        /// Its status.
+        status: &'static str,
+    },
+    /// The store failed (including an unknown run id).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl From<&str> for RunRequest {
@@ -495,10 +528,60 @@ impl Agent {
     /// Starts a run on the current tokio runtime and returns its handle.
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
+        let (run, handle) = self.prepare(request.run_id, request.session_id, &request.prompt, 0);
+        handle.spawn(run.drive(request.prompt, request.history))
+    }
+
+    /// Resumes a stored run whose process died (status `INTERRUPTED`, or
+    /// `RUNNING` with an owner process that is gone) from its last
+    /// checkpoint, in this process. Its events continue the stored `seq`.
+    /// See [`crate::resume`] for how calls cut short by the crash are settled.
+    pub async fn resume(&self, run_id: &str) -> Result<RunHandle, ResumeError> {
+        let store = self.engine.store.clone().ok_or(ResumeError::NoStore)?;
+        let record = store.load_run(run_id).await?.run;
+        match record.status {
+            RunStatus::Interrupted => {}
+            RunStatus::Running | RunStatus::WaitingPermission => {
+                let dead = crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead;
+                if !(dead && store.mark_interrupted(run_id, &record.owner).await?) {
+                    return Err(ResumeError::StillRunning {
+                        run_id: run_id.to_string(),
+                        status: record.status.as_str(),
+                        owner: record.owner,
+                    });
+                }
+            }
+            status => {
+                return Err(ResumeError::NotResumable {
+                    run_id: run_id.to_string(),
+                    status: status.as_str(),
+                })
+            }
+        }
+        // Taking the run over is atomic: of two resumers, one gets it.
+        store.reclaim_run(run_id, &self.engine.owner).await?;
+        let snapshot = store.load_run(run_id).await?;
+        let (run, handle) = self.prepare(
+            Some(snapshot.run.run_id.clone()),
+            Some(snapshot.run.session_id.clone()),
+            &snapshot.run.prompt,
+            snapshot.last_seq,
+        );
+        Ok(handle.spawn(run.drive_resumed(snapshot)))
+    }
+
+    /// The run's state and the handle that controls it, not started yet.
+    fn prepare(
+        &self,
+        run_id: Option<String>,
+        session_id: Option<String>,
+        prompt: &str,
+        last_seq: u64,
+    ) -> (Run, PreparedHandle) {
         let cancel = CancellationToken::new();
         let ctx = RunContext::new(
-            request.run_id,
-            request.session_id,
+            run_id,
+            session_id,
             self.workspace.to_path_buf(),
             self.limits.clone(),
             cancel,
@@ -525,7 +608,7 @@ impl Agent {
         let run = Run {
             engine: self.engine.clone(),
             events: {
-                let emitter = EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx);
+                let emitter = EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx).continuing_after(last_seq);
                 if self.engine.store.is_some() {
                     emitter.with_log()
                 } else {
@@ -540,16 +623,33 @@ impl Agent {
             gate,
             metrics: RunMetrics::default(),
             steps: 0,
-            task: request.prompt.clone(),
+            task: prompt.to_string(),
             monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
             context_warned: false,
             tools_tokens: None,
         };
-        let task = tokio::spawn(run.drive(request.prompt));
+        (
+            run,
+            PreparedHandle {
+                events: event_rx,
+                controller,
+            },
+        )
+    }
+}
+
+/// A handle whose run is not spawned yet.
+struct PreparedHandle {
+    events: mpsc::UnboundedReceiver<crate::event::Event>,
+    controller: RunController,
+}
+
+impl PreparedHandle {
+    fn spawn(self, drive: impl std::future::Future<Output = crate::handle::RunOutcome> + Send + 'static) -> RunHandle {
         RunHandle {
-            events: event_rx,
-            controller,
-            task,
+            events: self.events,
+            controller: self.controller,
+            task: tokio::spawn(drive),
         }
     }
 }

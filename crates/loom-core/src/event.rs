@@ -62,6 +62,10 @@ pub enum EventKind {
         model: String,
         /// The run's turn limit.
         max_steps: u32,
+        /// True when a stored run is resumed after its process died; its
+        /// events continue the stored `seq`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        resumed: bool,
     },
     /// The retriever is asked for context.
     #[serde(rename = "retrieval.start")]
@@ -352,6 +356,13 @@ impl EventEmitter {
             tx,
             log: None,
         }
+    }
+
+    /// Numbers the next event `last_seq + 1` (a resumed run continues its
+    /// stored event log).
+    pub fn continuing_after(self, last_seq: u64) -> Self {
+        *self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = last_seq;
+        self
     }
 
     /// Also keeps every event for [`EventEmitter::take_log`] (for a store).

@@ -76,6 +76,9 @@ pub struct RunSnapshot {
     pub next_turn: Option<TurnState>,
     /// Journaled calls of tools that are not read-only.
     pub journal: Vec<JournalEntry>,
+    /// The `seq` of the last stored event (0 when none): a resumed run
+    /// continues numbering after it.
+    pub last_seq: u64,
 }
 
 /// A store failed.
@@ -151,4 +154,54 @@ pub trait Store: Send + Sync {
 
     /// A run's events with `seq` greater than `after_seq`.
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError>;
+
+    /// Runs that claim to be executing (`RUNNING`, `WAITING_PERMISSION`).
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Marks an active run `INTERRUPTED` if it is still owned by `owner`
+    /// (whose process is known to be dead). Returns whether it changed.
+    async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError>;
+
+    /// Takes an `INTERRUPTED` run over: `RUNNING` again, owned by `owner`.
+    async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError>;
+
+    /// The runs of a session, oldest first.
+    async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
+}
+
+/// Marks every active run whose owner process is known to be dead as
+/// `INTERRUPTED` (DESIGN 4.2) and returns their ids. Runs owned by live
+/// processes, other hosts or workers are left alone.
+pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
+    let mut interrupted = Vec::new();
+    for run in store.active_runs().await? {
+        if crate::owner::liveness(&run.owner) == crate::owner::Liveness::Dead
+            && store.mark_interrupted(&run.run_id, &run.owner).await?
+        {
+            interrupted.push(run.run_id);
+        }
+    }
+    Ok(interrupted)
+}
+
+/// The conversation so far of a session, to continue it: the history of
+/// its latest run without its system prompt (a new run writes its own),
+/// with any call that run left without a result closed (see
+/// [`crate::resume::close_dangling`]). Empty for a new session.
+pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<Message>, StoreError> {
+    // The latest run that wrote anything: a run whose process died before
+    // its first checkpoint holds no messages.
+    for run in store.session_runs(session_id).await?.iter().rev() {
+        let snapshot = store.load_run(&run.run_id).await?;
+        if snapshot.messages.is_empty() {
+            continue;
+        }
+        let mut messages = snapshot.messages;
+        if matches!(messages.first(), Some(Message::System { .. })) {
+            messages.remove(0);
+        }
+        crate::resume::close_dangling(&mut messages, &snapshot.journal);
+        return Ok(messages);
+    }
+    Ok(Vec::new())
 }

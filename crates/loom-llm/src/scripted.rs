@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
-use loom_core::{validate_history, FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Usage};
+use loom_core::{validate_history, FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Message, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -198,7 +198,19 @@ impl Llm for ScriptedModel {
         if self.check_history {
             validate_history(request.messages, false).map_err(|err| LlmError::InvalidRequest(err.to_string()))?;
         }
-        let index = self.cursor.fetch_add(1, Ordering::SeqCst);
+        // A model joining a conversation that already holds answers (a
+        // resumed run, a continued session, in a new process) goes on from
+        // there: turns the history shows as assistant messages are played.
+        let shown = request
+            .messages
+            .iter()
+            .filter(|message| matches!(message, Message::Assistant { .. }))
+            .count();
+        let previous = self
+            .cursor
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cursor| Some(cursor.max(shown) + 1))
+            .unwrap_or_else(|cursor| cursor);
+        let index = previous.max(shown);
         let Some(turn) = self.turns.get(index) else {
             return Err(LlmError::ScriptExhausted {
                 played: self.turns.len(),

@@ -14,6 +14,8 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 
 /// How long a write waits for another process's lock.
+const RUN_COLUMNS: &str = "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics";
+
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A SQLite database file (WAL mode), shared safely by several processes.
@@ -95,6 +97,22 @@ impl SqliteStore {
         })
         .await
         .map_err(|err| StoreError::Backend(format!("the store's worker failed: {err}")))?
+    }
+
+    async fn select_runs(&self, sql: String, param: Option<String>) -> Result<Vec<RunRecord>, StoreError> {
+        let fail = self.fail();
+        self.with(move |conn| {
+            let mut select = conn.prepare_cached(&sql).map_err(&fail)?;
+            let rows = match &param {
+                Some(param) => select.query_map(params![param], row_to_record),
+                None => select.query_map([], row_to_record),
+            }
+            .map_err(&fail)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(&fail)?;
+            rows.into_iter().map(record).collect()
+        })
+        .await
     }
 
     fn fail(&self) -> impl Fn(rusqlite::Error) -> StoreError + Send + Clone + 'static {
@@ -428,11 +446,19 @@ impl Store for SqliteStore {
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
+            let last_seq: i64 = conn
+                .query_row(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
+                    params![run_id],
+                    |row| row.get(0),
+                )
+                .map_err(&fail)?;
             Ok(RunSnapshot {
                 run,
                 messages,
                 next_turn,
                 journal,
+                last_seq: last_seq.max(0) as u64,
             })
         })
         .await
@@ -478,6 +504,75 @@ impl Store for SqliteStore {
                 .map_err(&fail)?;
             bodies.iter().map(|body| parse(body)).collect()
         })
+        .await
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.select_runs(
+            format!(
+                "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('RUNNING', 'WAITING_PERMISSION') ORDER BY started_ms"
+            ),
+            None,
+        )
+        .await
+    }
+
+    async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
+        let (run_id, owner) = (run_id.to_string(), owner.to_string());
+        let fail = self.fail();
+        self.with(move |conn| {
+            // Compare-and-set on the owner: a run another process took over
+            // meanwhile is left alone.
+            let changed = conn
+                .execute(
+                    "UPDATE runs SET status = 'INTERRUPTED'
+                     WHERE id = ?1 AND owner = ?2 AND status IN ('RUNNING', 'WAITING_PERMISSION')",
+                    params![run_id, owner],
+                )
+                .map_err(&fail)?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
+        let (run_id, owner) = (run_id.to_string(), owner.to_string());
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            let current: Option<String> = tx
+                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(&fail)?;
+            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
+            // Only an interrupted run can be taken over; a running one has a
+            // live owner (or one not yet known to be dead).
+            if current != RunStatus::Interrupted {
+                return Err(loom_core::InvalidTransition {
+                    from: current,
+                    to: RunStatus::Running,
+                }
+                .into());
+            }
+            tx.execute(
+                "UPDATE runs SET status = 'RUNNING', owner = ?2 WHERE id = ?1",
+                params![run_id, owner],
+            )
+            .map_err(&fail)?;
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        self.select_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_id = ?1 ORDER BY started_ms, rowid"),
+            Some(session_id.to_string()),
+        )
         .await
     }
 }

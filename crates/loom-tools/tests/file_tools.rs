@@ -110,6 +110,36 @@ async fn write_then_edit_with_unique_match() {
 }
 
 #[tokio::test]
+async fn write_file_appends_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    for (line, expected) in [("one\n", "Created"), ("two\n", "Appended to")] {
+        let out = WriteFile
+            .call(
+                args(json!({"path": "log/steps.txt", "content": line, "append": true})),
+                ctx(dir.path()),
+            )
+            .await
+            .unwrap();
+        assert!(out.content.starts_with(expected), "{}", out.content);
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("log/steps.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    WriteFile
+        .call(
+            args(json!({"path": "log/steps.txt", "content": "new\n"})),
+            ctx(dir.path()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("log/steps.txt")).unwrap(),
+        "new\n"
+    );
+}
+
+#[tokio::test]
 async fn list_glob_and_grep_honour_gitignore() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();

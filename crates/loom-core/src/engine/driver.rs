@@ -7,7 +7,7 @@ use crate::memory::{Memory, Unsaved};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
-use crate::store::{Checkpoint, RunRecord};
+use crate::store::{Checkpoint, RunRecord, RunSnapshot};
 use crate::turn_state::TurnState;
 
 use super::turn::{StopReason, TimeoutKind, TurnOutcome};
@@ -20,55 +20,167 @@ enum End {
 
 impl Run {
     /// Runs `prompt` to its end and returns the outcome. `lifecycle.end` is
-    /// always the last event, whatever ends the run.
-    pub(crate) async fn drive(mut self, prompt: String) -> RunOutcome {
+    /// always the last event, whatever ends the run. `history` is the
+    /// conversation so far (a continued session), placed between the system
+    /// prompt and the request.
+    pub(crate) async fn drive(mut self, prompt: String, history: Option<Vec<Message>>) -> RunOutcome {
         let ctx = self.ctx.clone();
         self.status_tx.send_replace(RunStatus::Running);
-        let mut state = TurnState::initial(ctx.limits().max_steps);
-        self.events.emit(
-            &TurnIds::of(&state),
-            EventKind::LifecycleStart {
-                prompt: prompt.clone(),
-                model: self.engine.llm.model_name().to_string(),
-                max_steps: ctx.limits().max_steps,
-            },
-        );
+        let state = TurnState::initial(ctx.limits().max_steps);
+        self.emit_start(&state, &prompt, false);
 
         let mut memory = Memory::new(self.engine.context.counter.clone());
-        let end = match self.open_record(&prompt, &ctx).await {
-            Err(reason) => End::Stopped(reason),
-            Ok(()) => {
-                let system = self.system_prompt(&prompt, &TurnIds::of(&state), &memory).await;
-                memory.push(Message::system(system));
-                memory.push(Message::user(prompt));
-                loop {
-                    let outcome = self.tt(&mut memory, &state, &ctx).await;
-                    let (next, end) = match outcome {
-                        TurnOutcome::Recurse { next, new_messages } => {
-                            memory.extend(new_messages);
-                            (next, None)
-                        }
-                        TurnOutcome::Finish { content, new_messages } => {
-                            memory.extend(new_messages);
-                            (state.clone(), Some(End::Answer(content)))
-                        }
-                        TurnOutcome::Stop { reason, new_messages } => {
-                            memory.extend(new_messages);
-                            (state.clone(), Some(End::Stopped(reason)))
-                        }
-                    };
-                    // Checkpoint before the tail call (DESIGN 2.1, step 5).
-                    if let Err(reason) = self.checkpoint(&mut memory, &next).await {
-                        break End::Stopped(reason);
-                    }
-                    state = next;
-                    if let Some(end) = end {
-                        break end;
-                    }
-                }
+        let opened = match self.earlier_conversation(history, &ctx).await {
+            Ok(history) => self.open_record(&prompt, &ctx).await.map(|()| history),
+            Err(reason) => Err(reason),
+        };
+        let (end, state) = match opened {
+            Err(reason) => (End::Stopped(reason), state),
+            Ok(history) => {
+                self.start_history(&mut memory, &state, history, prompt).await;
+                self.turns(&mut memory, state, None).await
             }
         };
+        self.close(memory, state, end).await
+    }
 
+    /// Continues a stored run whose process died, from its last checkpoint.
+    /// The store already shows it `RUNNING` under this process.
+    pub(crate) async fn drive_resumed(mut self, snapshot: RunSnapshot) -> RunOutcome {
+        let ctx = self.ctx.clone();
+        self.status_tx.send_replace(RunStatus::Running);
+        let prompt = snapshot.run.prompt.clone();
+        let state = snapshot
+            .next_turn
+            .clone()
+            .unwrap_or_else(|| TurnState::initial(ctx.limits().max_steps));
+        self.emit_start(&state, &prompt, true);
+        self.metrics = snapshot.run.metrics.clone();
+
+        let mut memory = Memory::new(self.engine.context.counter.clone());
+        if snapshot.messages.is_empty() {
+            // The process died before the first checkpoint: start over.
+            let history = match self.earlier_conversation(None, &ctx).await {
+                Ok(history) => history,
+                Err(reason) => return self.close(memory, state, End::Stopped(reason)).await,
+            };
+            self.start_history(&mut memory, &state, history, prompt).await;
+            let (end, state) = self.turns(&mut memory, state, None).await;
+            return self.close(memory, state, end).await;
+        }
+        memory.extend(snapshot.messages);
+        memory.mark_saved();
+        let dangling = crate::resume::dangling_calls(memory.messages());
+        self.steps = memory
+            .messages()
+            .iter()
+            .filter(|message| !message.tool_calls().is_empty())
+            .count()
+            .saturating_sub(usize::from(!dangling.is_empty())) as u32;
+
+        let first = if !dangling.is_empty() {
+            Some(
+                self.resume_tool_turn(&mut memory, &state, &ctx, &snapshot.journal)
+                    .await,
+            )
+        } else {
+            match memory.messages().last() {
+                // The answer was checkpointed; only the end was not recorded.
+                Some(Message::Assistant { content, tool_calls }) if tool_calls.is_empty() => {
+                    Some(TurnOutcome::Finish {
+                        content: content.clone(),
+                        new_messages: Vec::new(),
+                    })
+                }
+                _ => None,
+            }
+        };
+        let (end, state) = self.turns(&mut memory, state, first).await;
+        self.close(memory, state, end).await
+    }
+
+    fn emit_start(&self, state: &TurnState, prompt: &str, resumed: bool) {
+        self.events.emit(
+            &TurnIds::of(state),
+            EventKind::LifecycleStart {
+                prompt: prompt.to_string(),
+                model: self.engine.llm.model_name().to_string(),
+                max_steps: self.ctx.limits().max_steps,
+                resumed,
+            },
+        );
+    }
+
+    /// The conversation a run continues: the given history, or — with a
+    /// store — the session's earlier runs.
+    async fn earlier_conversation(
+        &self,
+        history: Option<Vec<Message>>,
+        ctx: &crate::context::RunContext,
+    ) -> Result<Vec<Message>, StopReason> {
+        if let Some(history) = history {
+            return Ok(history);
+        }
+        let Some(store) = self.engine.store.as_deref() else {
+            return Ok(Vec::new());
+        };
+        crate::store::session_history(store, ctx.session_id())
+            .await
+            .map_err(|err| StopReason::Error {
+                code: "STORE".to_string(),
+                message: format!("cannot load the session's conversation: {err}"),
+            })
+    }
+
+    async fn start_history(&mut self, memory: &mut Memory, state: &TurnState, history: Vec<Message>, prompt: String) {
+        let system = self.system_prompt(&prompt, &TurnIds::of(state), memory).await;
+        memory.push(Message::system(system));
+        memory.extend(history);
+        memory.push(Message::user(prompt));
+    }
+
+    /// Trampolines `tt` from `state` until a base case. `first` is the
+    /// outcome of a turn already handled (a resumed turn).
+    async fn turns(
+        &mut self,
+        memory: &mut Memory,
+        mut state: TurnState,
+        mut first: Option<TurnOutcome>,
+    ) -> (End, TurnState) {
+        let ctx = self.ctx.clone();
+        loop {
+            let outcome = match first.take() {
+                Some(outcome) => outcome,
+                None => self.tt(memory, &state, &ctx).await,
+            };
+            let (next, end) = match outcome {
+                TurnOutcome::Recurse { next, new_messages } => {
+                    memory.extend(new_messages);
+                    (next, None)
+                }
+                TurnOutcome::Finish { content, new_messages } => {
+                    memory.extend(new_messages);
+                    (state.clone(), Some(End::Answer(content)))
+                }
+                TurnOutcome::Stop { reason, new_messages } => {
+                    memory.extend(new_messages);
+                    (state.clone(), Some(End::Stopped(reason)))
+                }
+            };
+            // Checkpoint before the tail call (DESIGN 2.1, step 5).
+            if let Err(reason) = self.checkpoint(memory, &next).await {
+                return (End::Stopped(reason), state);
+            }
+            state = next;
+            if let Some(end) = end {
+                return (end, state);
+            }
+        }
+    }
+
+    /// Emits the final events, records the end and builds the outcome.
+    async fn close(mut self, memory: Memory, state: TurnState, end: End) -> RunOutcome {
+        let ctx = self.ctx.clone();
         let turn = TurnIds::of(&state);
         let turns = state.turn_counter() + 1;
         self.metrics.duration_ms = ctx.elapsed().as_millis() as u64;

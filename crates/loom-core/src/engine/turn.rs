@@ -9,6 +9,7 @@ use crate::llm::LlmError;
 use crate::memory::Memory;
 use crate::message::{Message, ToolCall};
 use crate::pipeline::{BatchEnv, ToolPipeline};
+use crate::resume::CallRepair;
 use crate::tool_result::ToolResult;
 use crate::turn_state::TurnState;
 
@@ -211,11 +212,102 @@ impl Run {
         self.phase(turn, "tools", false);
         self.events
             .emit(turn, EventKind::ToolCallsComplete { count: results.len() });
+        let new_messages = if saved_early { Vec::new() } else { vec![assistant] };
+        self.after_tools(
+            state,
+            turn,
+            ctx,
+            &response.content,
+            &calls,
+            results,
+            new_messages,
+            compacted,
+        )
+    }
 
-        let mut new_messages = Vec::with_capacity(results.len() + 4);
-        if !saved_early {
-            new_messages.push(assistant);
+    /// Finishes a turn whose calls were checkpointed but whose process died
+    /// before their results were (see [`crate::resume`]): recorded results
+    /// are reused, calls that may have had an effect get an "interrupted"
+    /// result, and only calls that never started or are read-only run.
+    pub(crate) async fn resume_tool_turn(
+        &mut self,
+        memory: &mut Memory,
+        state: &TurnState,
+        ctx: &RunContext,
+        journal: &[crate::store::JournalEntry],
+    ) -> TurnOutcome {
+        let engine = self.engine.clone();
+        let turn = TurnIds::of(state);
+        let (content, calls) = match memory.messages().last() {
+            Some(Message::Assistant { content, tool_calls }) => (content.clone(), tool_calls.clone()),
+            _ => (String::new(), Vec::new()),
+        };
+        let dangling = crate::resume::dangling_calls(memory.messages());
+        let repairs = crate::resume::plan(&dangling, journal);
+        let rerun: Vec<ToolCall> = repairs
+            .iter()
+            .filter_map(|repair| match repair {
+                CallRepair::Rerun(call) => Some(call.clone()),
+                _ => None,
+            })
+            .collect();
+
+        self.phase(&turn, "tools", true);
+        let mut rerun_results = self.run_tools(&engine.pipeline, &rerun, &turn, ctx).await.into_iter();
+        let mut results = Vec::with_capacity(repairs.len());
+        for repair in repairs {
+            let result = match repair {
+                CallRepair::Rerun(_) => match rerun_results.next() {
+                    Some(result) => result,
+                    None => continue,
+                },
+                CallRepair::Recorded(result) | CallRepair::Interrupted(result) => {
+                    self.metrics.record_tool(
+                        &result.name,
+                        result.status.is_failure(),
+                        result.metadata.error_kind.as_deref(),
+                        result.metadata.duration_ms,
+                    );
+                    self.events.emit(
+                        &turn,
+                        EventKind::ToolResult {
+                            call_id: result.call_id.clone(),
+                            name: result.name.clone(),
+                            status: result.status,
+                            content: result.content.clone(),
+                            duration_ms: result.metadata.duration_ms,
+                            stages: result.metadata.stages,
+                        },
+                    );
+                    result
+                }
+            };
+            results.push(result);
         }
+        self.phase(&turn, "tools", false);
+        self.events
+            .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
+        // Calls answered before the checkpoint (none with Loom's own
+        // checkpoints, but a history may come from elsewhere) stay as they are.
+        let settled: Vec<ToolCall> = calls.into_iter().filter(|call| dangling.contains(call)).collect();
+        self.after_tools(state, &turn, ctx, &content, &settled, results, Vec::new(), false)
+    }
+
+    /// Phases 3–4 after the calls ran: tool messages, the step, feedback,
+    /// steering, and the tail call.
+    #[allow(clippy::too_many_arguments)]
+    fn after_tools(
+        &mut self,
+        state: &TurnState,
+        turn: &TurnIds,
+        ctx: &RunContext,
+        content: &str,
+        calls: &[ToolCall],
+        results: Vec<ToolResult>,
+        mut new_messages: Vec<Message>,
+        compacted: bool,
+    ) -> TurnOutcome {
+        new_messages.reserve(results.len() + 4);
         new_messages.extend(
             results
                 .iter()
@@ -236,7 +328,7 @@ impl Run {
         );
 
         // Phase 4: feedback, placed after the tool messages (seed 003).
-        self.monitor.observe(&response.content, &calls, &results);
+        self.monitor.observe(content, calls, &results);
         new_messages.extend(self.guidance(&results, state, turn));
         let verdict = self.monitor.check(state.turn_counter() + 1, state.max_iterations());
         for (reason, message) in verdict.warnings {

@@ -1,0 +1,326 @@
+//! Durable runs through the library: a run whose process died is resumed
+//! from its last checkpoint without losing a result or repeating a side
+//! effect; sessions continue their conversation.
+
+use std::sync::{Arc, Mutex};
+
+use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
+use loom::stores::SqliteStore;
+use loom::{
+    validate_history, Agent, EventKind, Message, ResumeError, RunRequest, RunStatus, Store, StoreError, Tool,
+    ToolContext, ToolError, ToolOutput,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Notify;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct RecordArgs {
+    /// What to record.
+    item: String,
+}
+
+/// A side-effecting tool: every execution is appended to `log`. With a
+/// `hang_on` item it never finishes that one (the process "dies" there).
+#[derive(Clone)]
+struct Record {
+    log: Arc<Mutex<Vec<String>>>,
+    hang_on: Option<String>,
+    started: Arc<Notify>,
+}
+
+impl Tool for Record {
+    type Args = RecordArgs;
+    fn name(&self) -> &str {
+        "record"
+    }
+    fn description(&self) -> &str {
+        "Records an item (a side effect)."
+    }
+    async fn call(&self, args: RecordArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        self.log.lock().unwrap().push(args.item.clone());
+        if self.hang_on.as_deref() == Some(args.item.as_str()) {
+            self.started.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(format!("recorded {}", args.item).into())
+    }
+}
+
+/// A read-only tool that counts its executions.
+#[derive(Clone, Default)]
+struct Look {
+    count: Arc<Mutex<usize>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct NoArgs {}
+
+impl Tool for Look {
+    type Args = NoArgs;
+    fn name(&self) -> &str {
+        "look"
+    }
+    fn description(&self) -> &str {
+        "Looks around (read-only)."
+    }
+    fn concurrency_safe(&self) -> bool {
+        true
+    }
+    async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        *self.count.lock().unwrap() += 1;
+        Ok("all quiet".into())
+    }
+}
+
+fn script() -> Vec<ScriptTurn> {
+    let call = |id: &str, name: &str, arguments| ScriptToolCall {
+        name: name.into(),
+        arguments,
+        id: Some(id.into()),
+    };
+    vec![
+        ScriptTurn {
+            tool_calls: vec![
+                call("c_look", "look", json!({})),
+                call("c_a", "record", json!({"item": "a"})),
+                call("c_b", "record", json!({"item": "b"})),
+                call("c_c", "record", json!({"item": "c"})),
+            ],
+            ..ScriptTurn::default()
+        },
+        ScriptTurn {
+            content: Some("recorded what could be recorded".into()),
+            ..ScriptTurn::default()
+        },
+    ]
+}
+
+/// An owner string naming a process of this host that has exited.
+fn dead_owner() -> String {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let me = loom::owner::this_process();
+    let host = me.split('/').next().unwrap().to_string();
+    format!("{host}/pid:{pid}")
+}
+
+/// Runs until `record(b)` hangs, then drops the whole runtime — every task,
+/// mid-call — as a crash would. Returns the run id.
+fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> String {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let started = Arc::new(Notify::new());
+    let store = Arc::new(SqliteStore::open(db).unwrap());
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(script()))
+        .tool(Look::default())
+        .tool(Record {
+            log,
+            hang_on: Some("b".into()),
+            started: started.clone(),
+        })
+        .workspace(workspace)
+        .store(store)
+        .owner(dead_owner())
+        .build()
+        .unwrap();
+    let run_id = runtime.block_on(async {
+        let handle = agent.run("record a, b and c");
+        started.notified().await;
+        handle.run_id().to_string()
+    });
+    runtime.shutdown_background();
+    run_id
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_killed_mid_tools_resumes_without_losing_or_repeating_a_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("loom.db");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (db2, ws, log2) = (db.clone(), dir.path().to_path_buf(), log.clone());
+    let run_id = tokio::task::spawn_blocking(move || crash_mid_tools(&db2, &ws, log2))
+        .await
+        .unwrap();
+    assert_eq!(*log.lock().unwrap(), ["a", "b"], "a finished, b hung, c never started");
+
+    let store = Arc::new(SqliteStore::open(&db).unwrap());
+    let before = store.load_run(&run_id).await.unwrap();
+    assert_eq!(before.run.status, RunStatus::Running, "nobody marked it yet");
+    let look = Look::default();
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(script()))
+        .tool(look.clone())
+        .tool(Record {
+            log: log.clone(),
+            hang_on: None,
+            started: Arc::default(),
+        })
+        .workspace(dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let (events, outcome) = agent.resume(&run_id).await.unwrap().collect().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("recorded what could be recorded"));
+
+    // a ran once (its journaled result was reused), b was not run again
+    // (its effect is unknown), c never started so it ran now; the
+    // read-only look simply ran again.
+    assert_eq!(*log.lock().unwrap(), ["a", "b", "c"]);
+    assert_eq!(*look.count.lock().unwrap(), 1);
+    validate_history(&outcome.messages, false).unwrap();
+    let result_of = |id: &str| {
+        outcome
+            .messages
+            .iter()
+            .find_map(|m| match m {
+                Message::Tool {
+                    tool_call_id, content, ..
+                } if tool_call_id == id => Some(content.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(result_of("c_a"), "recorded a");
+    assert!(result_of("c_b").contains("interrupted"), "{}", result_of("c_b"));
+    assert!(result_of("c_b").contains("may or may not have taken effect"));
+    assert_eq!(result_of("c_c"), "recorded c");
+    assert_eq!(result_of("c_look"), "all quiet");
+
+    // The event log goes on after the stored part, marked as resumed.
+    assert_eq!(events[0].seq, before.last_seq + 1);
+    assert!(matches!(
+        events[0].kind,
+        EventKind::LifecycleStart { resumed: true, .. }
+    ));
+    let stored = store.events(&run_id, 0).await.unwrap();
+    assert!(stored.windows(2).all(|pair| pair[0].seq < pair[1].seq));
+    assert!(matches!(stored.last().unwrap().kind, EventKind::LifecycleEnd { .. }));
+    let after = store.load_run(&run_id).await.unwrap();
+    assert_eq!(after.run.status, RunStatus::Done);
+    assert_eq!(after.messages, outcome.messages, "the stored transcript is complete");
+    assert_eq!(after.run.owner, loom::owner::this_process());
+}
+
+#[tokio::test]
+async fn only_interrupted_runs_of_dead_owners_can_be_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(vec![ScriptTurn {
+            content: Some("hi".into()),
+            ..ScriptTurn::default()
+        }]))
+        .workspace(dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let done = agent.run("hello").outcome().await;
+    assert!(matches!(
+        agent.resume(&done.run_id).await,
+        Err(ResumeError::NotResumable { status: "DONE", .. })
+    ));
+    assert!(matches!(
+        agent.resume("no-such-run").await,
+        Err(ResumeError::Store(StoreError::NotFound(_)))
+    ));
+
+    // A run held by a live process (this one) is not taken over.
+    let live = loom::RunRecord {
+        run_id: "live".into(),
+        session_id: "live".into(),
+        prompt: "p".into(),
+        model: "m".into(),
+        status: RunStatus::Queued,
+        owner: loom::owner::this_process(),
+        started_ms: 1,
+        ended_ms: None,
+        content: None,
+        metrics: Default::default(),
+    };
+    store.create_run(&live).await.unwrap();
+    store.set_status("live", RunStatus::Running).await.unwrap();
+    assert!(matches!(
+        agent.resume("live").await,
+        Err(ResumeError::StillRunning { .. })
+    ));
+    assert!(loom::store::recover_interrupted_runs(store.as_ref())
+        .await
+        .unwrap()
+        .is_empty());
+
+    let no_store = Agent::builder()
+        .model(ScriptedModel::new(Vec::new()))
+        .workspace(dir.path())
+        .build()
+        .unwrap();
+    assert!(matches!(no_store.resume("live").await, Err(ResumeError::NoStore)));
+}
+
+#[tokio::test]
+async fn a_session_continues_its_conversation_across_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("loom.db");
+    let answer = |text: &str| ScriptTurn {
+        content: Some(text.into()),
+        ..ScriptTurn::default()
+    };
+    let script = vec![answer("Nice to meet you, Ada."), answer("Your name is Ada.")];
+    let agent = |store: Arc<SqliteStore>| {
+        Agent::builder()
+            .model(ScriptedModel::new(script.clone()))
+            .workspace(dir.path())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let first = agent(Arc::new(SqliteStore::open(&db).unwrap()))
+        .run(RunRequest {
+            prompt: "My name is Ada.".into(),
+            session_id: Some("s1".into()),
+            ..RunRequest::default()
+        })
+        .outcome()
+        .await;
+    assert_eq!(first.content.as_deref(), Some("Nice to meet you, Ada."));
+
+    // A new agent and store (as after a restart): the session goes on.
+    let store = Arc::new(SqliteStore::open(&db).unwrap());
+    let second = agent(store.clone())
+        .run(RunRequest {
+            prompt: "What is my name?".into(),
+            session_id: Some("s1".into()),
+            ..RunRequest::default()
+        })
+        .outcome()
+        .await;
+    assert_eq!(second.content.as_deref(), Some("Your name is Ada."));
+    let texts: Vec<(&str, &str)> = second.messages.iter().map(|m| (m.role(), m.content())).collect();
+    assert_eq!(
+        texts[1..],
+        [
+            ("user", "My name is Ada."),
+            ("assistant", "Nice to meet you, Ada."),
+            ("user", "What is my name?"),
+            ("assistant", "Your name is Ada."),
+        ]
+    );
+    assert_eq!(texts.iter().filter(|(role, _)| *role == "system").count(), 1);
+    let runs = store.session_runs("s1").await.unwrap();
+    assert_eq!(runs.len(), 2);
+
+    // An explicit history replaces the stored one.
+    let fresh = agent(store.clone())
+        .run(RunRequest {
+            prompt: "Hello".into(),
+            session_id: Some("s1".into()),
+            history: Some(Vec::new()),
+            ..RunRequest::default()
+        })
+        .outcome()
+        .await;
+    assert_eq!(fresh.messages.len(), 3);
+}
