@@ -16,8 +16,10 @@ pub struct Cli {
 pub enum Command {
     /// Run one task: the answer streams to stdout, tool activity to stderr.
     Run(Box<RunArgs>),
-    /// Look at recorded runs.
-    Runs(RunsArgs),
+    /// An interactive session: one task after another in one conversation.
+    Chat(Box<ChatArgs>),
+    /// Look at, resume or cancel recorded runs.
+    Runs(Box<RunsArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +61,18 @@ pub enum RunsCommand {
         #[arg(long, default_value_t = 0)]
         after: u64,
     },
+    /// Continue a run whose process died (crash, kill, reboot) from its last checkpoint.
+    Resume {
+        /// The run id.
+        id: String,
+        #[command(flatten)]
+        agent: AgentArgs,
+    },
+    /// Cancel a run: a live one is stopped by its process, an interrupted or queued one is closed.
+    Cancel {
+        /// The run id.
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +80,49 @@ pub struct RunArgs {
     /// The task for the agent.
     pub prompt: String,
 
+    #[command(flatten)]
+    pub place: PlaceArgs,
+
+    #[command(flatten)]
+    pub agent: AgentArgs,
+
+    /// Continue this session's conversation (default: a new session named after the run).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+
+    /// Print every event as one JSON line on stdout instead of the answer.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub place: PlaceArgs,
+
+    #[command(flatten)]
+    pub agent: AgentArgs,
+
+    /// Continue this session's conversation (default: a new session).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+}
+
+/// Where the tools work and where runs are recorded.
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    /// The directory the tools are confined to (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    /// The SQLite database that makes runs durable (default: .loom/loom.db in the workspace).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+/// How the agent is configured: model, limits, permissions.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
     /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
     #[arg(long, env = "LOOM_MODEL")]
     pub model: Option<String>,
@@ -77,10 +134,6 @@ pub struct RunArgs {
     /// Write the model's answers to PATH as a script, to replay the run offline with --model scripted:PATH.
     #[arg(long, value_name = "PATH")]
     pub record: Option<PathBuf>,
-
-    /// The directory the tools are confined to (default: the current directory).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
 
     /// Tool turns before the model must give its final answer.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -109,18 +162,6 @@ pub struct RunArgs {
     /// Show guidance, compression and retrieval as they happen, and a run summary with suggestions at the end.
     #[arg(long, short = 'v')]
     pub verbose: bool,
-
-    /// The SQLite database that makes the run durable (default: .loom/loom.db in the workspace).
-    #[arg(long, value_name = "PATH")]
-    pub db: Option<PathBuf>,
-
-    /// Continue in this session (its id is recorded with the run).
-    #[arg(long, value_name = "ID")]
-    pub session: Option<String>,
-
-    /// Print every event as one JSON line on stdout instead of the answer.
-    #[arg(long)]
-    pub json: bool,
 
     /// Configuration file (default: ./loom.toml, then the user's config directory).
     #[arg(long, value_name = "PATH")]

@@ -1,8 +1,10 @@
 //! The `loom` command.
 
+mod chat;
 mod cli;
 mod config;
 mod context;
+mod control;
 mod permissions;
 mod provider;
 mod render;
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(*args).await,
+            Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
         }
     });

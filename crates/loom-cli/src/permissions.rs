@@ -7,7 +7,7 @@ use anyhow::{anyhow, Result};
 use loom::{Decision, PermissionDecision, PermissionPolicy, RunController};
 use serde_json::Value;
 
-use crate::cli::RunArgs;
+use crate::cli::AgentArgs;
 use crate::render::summarize_args;
 
 /// Tools that only read: allowed unless a rule says otherwise.
@@ -15,7 +15,7 @@ const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
 
 /// The policy: read-only tools allowed, everything else asks; then the
 /// `[permissions]` of loom.toml; then `--allow/--ask/--deny`, which come first.
-pub fn policy(args: &RunArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
+pub fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
     let mut policy = PermissionPolicy::new(Decision::Ask);
     for tool in READ_ONLY_TOOLS {
         policy.add_rule(tool, Decision::Allow)?;
@@ -65,22 +65,34 @@ pub fn answer(controller: &RunController, request_id: String, tool: String, args
 fn prompt(shown: &str) -> PermissionDecision {
     let stdin = std::io::stdin();
     for _ in 0..3 {
-        // One write, so the question is never split by output on the same terminal.
-        let question = format!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
-        let mut stderr = std::io::stderr().lock();
-        let _ = stderr.write_all(question.as_bytes()).and_then(|_| stderr.flush());
-        drop(stderr);
+        ask(shown);
         let mut line = String::new();
         match stdin.lock().read_line(&mut line) {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        match line.trim().to_ascii_lowercase().as_str() {
-            "y" | "yes" => return PermissionDecision::Allow,
-            "a" | "always" => return PermissionDecision::Always,
-            "n" | "no" | "" => return PermissionDecision::Deny,
-            other => eprintln!("loom: '{other}' is not an answer"),
+        match parse_answer(&line) {
+            Ok(decision) => return decision,
+            Err(other) => eprintln!("loom: '{other}' is not an answer"),
         }
     }
     PermissionDecision::Deny
+}
+
+/// Prints the permission question for `shown` (a call as `tool(args)`).
+pub fn ask(shown: &str) {
+    // One write, so the question is never split by output on the same terminal.
+    let question = format!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(question.as_bytes()).and_then(|_| stderr.flush());
+}
+
+/// An answer to the question; an empty line is "no".
+pub fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(PermissionDecision::Allow),
+        "a" | "always" => Ok(PermissionDecision::Always),
+        "n" | "no" | "" => Ok(PermissionDecision::Deny),
+        other => Err(other.to_string()),
+    }
 }

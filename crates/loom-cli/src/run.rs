@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use loom::tools::file_tools;
-use loom::{Agent, EventKind, RunOutcome, RunStatus, StopReason};
+use loom::{Agent, EventKind, RunHandle, RunOutcome, RunStatus, StopReason};
 
-use crate::cli::RunArgs;
+use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
 use crate::render::{Human, JsonLines, Renderer};
 use crate::{context, permissions, provider, store};
@@ -38,18 +38,25 @@ impl From<anyhow::Error> for Failure {
 }
 
 pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let agent = build_agent(&args).await.map_err(Failure::Usage)?;
-    let mut renderer: Box<dyn Renderer> = if args.json {
-        Box::new(JsonLines)
-    } else {
-        Box::new(Human::new(args.verbose))
-    };
-
-    let mut handle = agent.run(loom::RunRequest {
+    let agent = build_agent(&args.agent, &args.place, None)
+        .await
+        .map_err(Failure::Usage)?;
+    let handle = agent.run(loom::RunRequest {
         prompt: args.prompt.clone(),
         session_id: args.session.clone(),
         ..loom::RunRequest::default()
     });
+    follow(handle, args.json, &args.agent).await
+}
+
+/// Shows a run until it ends — its events rendered, permission requests
+/// answered, Ctrl-C cancelling it — and returns its exit code.
+pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
+    let mut renderer: Box<dyn Renderer> = if json {
+        Box::new(JsonLines)
+    } else {
+        Box::new(Human::new(agent.verbose))
+    };
     let controller = handle.controller();
     let mut interrupts = 0u32;
     loop {
@@ -57,7 +64,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
             event = handle.next_event() => match event {
                 Some(event) => {
                     if let EventKind::PermissionRequest { request_id, tool, args: call_args, .. } = &event.kind {
-                        permissions::answer(&controller, request_id.clone(), tool.clone(), call_args, args.yes);
+                        permissions::answer(&controller, request_id.clone(), tool.clone(), call_args, agent.yes);
                     }
                     renderer.event(&event).context("cannot write output")?;
                 }
@@ -76,13 +83,13 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         }
     }
     let outcome = handle.outcome().await;
-    if args.verbose {
+    if agent.verbose {
         eprint!("{}", crate::render::summary(&outcome));
     }
     Ok(ExitCode::from(exit_code(&outcome)))
 }
 
-fn exit_code(outcome: &RunOutcome) -> u8 {
+pub fn exit_code(outcome: &RunOutcome) -> u8 {
     match (outcome.status, &outcome.stop_reason) {
         (RunStatus::Done, _) => 0,
         (RunStatus::Canceled, _) => exit::CANCELLED,
@@ -92,15 +99,18 @@ fn exit_code(outcome: &RunOutcome) -> u8 {
     }
 }
 
-async fn build_agent(args: &RunArgs) -> Result<Agent> {
+/// The agent the flags and loom.toml describe. `default_model` is used when
+/// neither names one (a resumed run's recorded model).
+pub async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
     let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
     for note in notes {
         eprintln!("loom: note: {note}");
     }
-    let model = match (&args.model, &file.model) {
-        (Some(model), _) => model.clone(),
-        (None, Some(model)) => config::model_from_file(model, dir.as_deref()),
-        (None, None) => {
+    let model = match (&args.model, &file.model, default_model) {
+        (Some(model), _, _) => model.clone(),
+        (None, Some(model), _) => config::model_from_file(model, dir.as_deref()),
+        (None, None, Some(model)) => model.to_string(),
+        (None, None, None) => {
             return Err(anyhow!(
                 "no model given: pass --model scripted:PATH, set LOOM_MODEL, or put model = \"...\" in loom.toml"
             ))
@@ -108,7 +118,7 @@ async fn build_agent(args: &RunArgs) -> Result<Agent> {
     };
     let llm = provider::model(&model, args.base_url.as_deref(), &file, args.record.as_deref())?;
 
-    let workspace = match &args.workspace {
+    let workspace = match &place.workspace {
         Some(dir) => dir.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
@@ -151,7 +161,7 @@ async fn build_agent(args: &RunArgs) -> Result<Agent> {
         builder = builder.step_timeout(seconds(secs));
     }
     builder = context::apply(builder, &file, dir.as_deref(), args.base_url.as_deref()).await?;
-    if let Some(store) = store::open(args.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await? {
+    if let Some(store) = store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await? {
         builder = builder.store(store);
     }
     Ok(builder.build()?)

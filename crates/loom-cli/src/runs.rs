@@ -1,4 +1,4 @@
-//! `loom runs list | show | events`: reading the runs recorded in the store.
+//! `loom runs list | show | events | resume | cancel`: the runs recorded in the store.
 
 use std::process::ExitCode;
 
@@ -9,7 +9,7 @@ use loom::{RunRecord, Store, StoreError};
 use crate::cli::{RunsArgs, RunsCommand};
 use crate::run::Failure;
 
-pub async fn runs(args: RunsArgs) -> Result<ExitCode, Failure> {
+pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     let path = match (&args.db, &args.workspace) {
         (Some(db), _) => db.clone(),
         (None, Some(dir)) => dir.join(".loom").join("loom.db"),
@@ -22,7 +22,8 @@ pub async fn runs(args: RunsArgs) -> Result<ExitCode, Failure> {
         )));
     }
     let shown = path.display().to_string();
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
+    let opened = path.clone();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(opened))
         .await
         .map_err(|err| Failure::Runtime(anyhow!("opening {shown} failed: {err}")))?
         .map_err(|err| Failure::Usage(anyhow!("{err}")))?;
@@ -30,7 +31,16 @@ pub async fn runs(args: RunsArgs) -> Result<ExitCode, Failure> {
         StoreError::NotFound(_) => Failure::Usage(anyhow!("{err}")),
         other => Failure::Runtime(anyhow!("{other}")),
     };
+    // Runs left RUNNING by a process that died are shown (and resumable)
+    // as INTERRUPTED.
+    loom::store::recover_interrupted_runs(&store)
+        .await
+        .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
     match args.command {
+        RunsCommand::Resume { id, agent } => {
+            return crate::control::resume(&store, path, args.workspace, &id, &agent, args.json).await
+        }
+        RunsCommand::Cancel { id } => return crate::control::cancel(&store, &id, args.json).await,
         RunsCommand::List { limit } => {
             let runs = store.list_runs(limit).await.map_err(usage_if_unknown)?;
             if args.json {
@@ -47,7 +57,7 @@ pub async fn runs(args: RunsArgs) -> Result<ExitCode, Failure> {
             if args.json {
                 let value = serde_json::json!({
                     "run": snapshot.run,
-                    "messages": snapshot.messages.len(),
+                    "messages": snapshot.messages,
                     "nextTurn": snapshot.next_turn.map(|t| t.turn_counter()),
                     "journal": snapshot.journal,
                     "suggestions": snapshot.run.metrics.suggestions(),

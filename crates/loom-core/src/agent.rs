@@ -519,6 +519,11 @@ impl Agent {
         &self.workspace
     }
 
+    /// Where runs are recorded, if anywhere.
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.engine.store.as_ref()
+    }
+
     /// The "always" grants of a session, shared by its runs.
     fn session_grants(&self, session_id: &str) -> SessionGrants {
         let mut sessions = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

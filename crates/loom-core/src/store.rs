@@ -205,3 +205,44 @@ pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<
     }
     Ok(Vec::new())
 }
+
+/// Cancels a stored run that no process executes (`QUEUED`, or
+/// `INTERRUPTED` after its process died): its event log is closed with
+/// `execution.cancelled` and `lifecycle.end`, continuing its `seq`, so the
+/// log ends like every other run's. A run a live process executes must be
+/// cancelled through that process instead.
+pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<(), StoreError> {
+    use crate::event::{EventEmitter, EventKind, TurnIds};
+
+    let snapshot = store.load_run(run_id).await?;
+    let state = snapshot.next_turn.unwrap_or_else(|| TurnState::initial(1));
+    // Nobody listens: the events only go to the log.
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let events = EventEmitter::new(run_id.into(), 0, tx)
+        .continuing_after(snapshot.last_seq)
+        .with_log();
+    let turn = TurnIds::of(&state);
+    events.emit(
+        &turn,
+        EventKind::ExecutionCancelled {
+            reason: reason.to_string(),
+        },
+    );
+    events.emit(
+        &turn,
+        EventKind::LifecycleEnd {
+            status: RunStatus::Canceled,
+            content: None,
+            metrics: snapshot.run.metrics.clone(),
+        },
+    );
+    store
+        .finish_run(
+            run_id,
+            RunStatus::Canceled,
+            None,
+            &snapshot.run.metrics,
+            &events.take_log(),
+        )
+        .await
+}
