@@ -150,3 +150,39 @@ fn runs_list_show_and_events_read_the_database() {
     assert_eq!(none.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&none.stderr).contains("no run database"));
 }
+
+#[tokio::test]
+async fn run_with_a_session_continues_its_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.json"),
+        r#"[{"content":"Noted: the code word is heron."},{"content":"The code word is heron."}]"#,
+    )
+    .unwrap();
+    let run = |prompt: &str| {
+        let out = loom_in(dir.path())
+            .args(["run", "--session", "talk", "--model", "scripted:s.json", prompt])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(run("The code word is heron.").contains("Noted"));
+    assert!(run("What is the code word?").contains("The code word is heron."));
+
+    let store = SqliteStore::open(dir.path().join(".loom/loom.db")).unwrap();
+    let runs = store.session_runs("talk").await.unwrap();
+    assert_eq!(runs.len(), 2);
+    let second = store.load_run(&runs[1].run_id).await.unwrap();
+    let texts: Vec<&str> = second.messages.iter().skip(1).map(|m| m.content()).collect();
+    assert_eq!(
+        texts,
+        [
+            "The code word is heron.",
+            "Noted: the code word is heron.",
+            "What is the code word?",
+            "The code word is heron."
+        ],
+        "the second run carries the first one's conversation"
+    );
+}
