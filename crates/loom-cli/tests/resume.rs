@@ -161,16 +161,14 @@ fn check_complete(dir: &Path, run_id: &str, seed: u64) {
     );
 }
 
-/// The number of events of an uninterrupted run, to spread kill points over.
-fn events_of_a_whole_run() -> usize {
-    let dir = tempfile::tempdir().unwrap();
-    let model = setup(dir.path());
-    let out = loom_in(dir.path())
+/// `loom run --json` of the script, to its end.
+fn whole_run(dir: &Path, model: &str) -> std::process::Output {
+    loom_in(dir)
         .args([
             "run",
             "--json",
             "--model",
-            &model,
+            model,
             "--workspace",
             "ws",
             "--allow",
@@ -178,7 +176,14 @@ fn events_of_a_whole_run() -> usize {
             "go",
         ])
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// The number of events of an uninterrupted run, to spread kill points over.
+fn events_of_a_whole_run() -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let model = setup(dir.path());
+    let out = whole_run(dir.path(), &model);
     assert!(out.status.success());
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
@@ -256,20 +261,7 @@ fn sigkill_at_random_points_then_resume_loses_nothing_and_repeats_no_side_effect
 fn resume_refuses_finished_unknown_and_live_runs_and_cancel_closes_an_interrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let model = setup(dir.path());
-    let out = loom_in(dir.path())
-        .args([
-            "run",
-            "--json",
-            "--model",
-            &model,
-            "--workspace",
-            "ws",
-            "--allow",
-            "write_file",
-            "go",
-        ])
-        .output()
-        .unwrap();
+    let out = whole_run(dir.path(), &model);
     let first: Value = serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().unwrap()).unwrap();
     let done_id = first["runId"].as_str().unwrap().to_string();
 
