@@ -133,6 +133,12 @@ fn show(run: &RunRecord, messages: usize, journaled: usize) -> String {
     for suggestion in m.suggestions() {
         out.push_str(&format!("suggest   {suggestion}\n"));
     }
+    if run.status == loom::RunStatus::Interrupted {
+        out.push_str(&format!(
+            "\nIts process died; continue it with `loom runs resume {}` (or close it with `loom runs cancel {}`).\n",
+            run.run_id, run.run_id
+        ));
+    }
     if let Some(content) = &run.content {
         out.push_str(&format!("\n{content}\n"));
     }

@@ -47,18 +47,25 @@ fn setup(dir: &Path) -> String {
 /// events (plus `extra_us`), and returns the run id if one was printed and
 /// whether the run had already ended.
 fn run_and_kill(dir: &Path, model: &str, kill_after: usize, extra_us: u64) -> (Option<String>, bool) {
+    let args = [
+        "run",
+        "--json",
+        "--model",
+        model,
+        "--workspace",
+        "ws",
+        "--allow",
+        "write_file",
+        "go",
+    ];
+    start_and_kill(dir, &args, kill_after, extra_us)
+}
+
+/// `loom ARGS` (printing JSON events), killed with SIGKILL after
+/// `kill_after` events and `extra_us` more microseconds.
+fn start_and_kill(dir: &Path, args: &[&str], kill_after: usize, extra_us: u64) -> (Option<String>, bool) {
     let mut child = loom_in(dir)
-        .args([
-            "run",
-            "--json",
-            "--model",
-            model,
-            "--workspace",
-            "ws",
-            "--allow",
-            "write_file",
-            "go",
-        ])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -213,19 +220,23 @@ fn sigkill_at_random_points_then_resume_loses_nothing_and_repeats_no_side_effect
         let (run_id, ended) = run_and_kill(dir.path(), &model, kill_after, extra_us);
         let run_id = run_id.unwrap_or_else(|| panic!("seed {seed}: no event before the kill"));
 
-        let out = loom_in(dir.path())
-            .args([
-                "runs",
-                "resume",
-                &run_id,
-                "--workspace",
-                "ws",
-                "--allow",
-                "write_file",
-                "--json",
-            ])
-            .output()
-            .unwrap();
+        let resume = [
+            "runs",
+            "resume",
+            &run_id,
+            "--workspace",
+            "ws",
+            "--allow",
+            "write_file",
+            "--json",
+        ];
+        // A third of the trials also kill the resumed process once.
+        if !ended && rng.usize(0..3) == 0 {
+            let kill_again = rng.usize(1..total / 2);
+            println!("  and the resume after {kill_again} events");
+            start_and_kill(dir.path(), &resume, kill_again, rng.u64(0..3000));
+        }
+        let out = loom_in(dir.path()).args(resume).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         match out.status.code() {
             Some(0) => {
@@ -290,6 +301,14 @@ fn resume_refuses_finished_unknown_and_live_runs_and_cancel_closes_an_interrupte
     let table = String::from_utf8_lossy(&out.stdout);
     let row = table.lines().find(|l| l.starts_with(&run_id)).unwrap();
     assert!(row.contains("INTERRUPTED"), "{table}");
+    let out = loom_in(dir.path())
+        .args(["runs", "show", &run_id, "--workspace", "ws"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("loom runs resume {run_id}")),
+        "{out:?}"
+    );
     let out = loom_in(dir.path())
         .args(["runs", "cancel", &run_id, "--workspace", "ws", "--json"])
         .output()

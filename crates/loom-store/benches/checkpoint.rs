@@ -162,6 +162,16 @@ fn main() {
             times.push(started.elapsed());
         }
     });
+    // What a resume reads first: the whole run back from the database.
+    let mut loads: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let snapshot = runtime.block_on(store.load_run("bench")).expect("load");
+            assert_eq!(snapshot.messages.len(), TURNS * 3);
+            started.elapsed()
+        })
+        .collect();
+    loads.sort();
     let size = file_size(&path) - empty;
     times.sort();
     println!(
@@ -172,6 +182,11 @@ fn main() {
     println!(
         "size on disk: {:.2} KB per turn (database + WAL after {TURNS} turns)",
         size as f64 / 1024.0 / TURNS as f64
+    );
+
+    println!(
+        "loading the {TURNS}-turn run for a resume (history, journal, last seq): {:.1} ms (median of 5)",
+        loads[2].as_secs_f64() * 1e3
     );
 
     const RUN_TURNS: usize = 200;
