@@ -200,12 +200,19 @@ impl Llm for ScriptedModel {
         }
         // A model joining a conversation that already holds answers (a
         // resumed run, a continued session, in a new process) goes on from
-        // there: turns the history shows as assistant messages are played.
-        let shown = request
-            .messages
-            .iter()
-            .filter(|message| matches!(message, Message::Assistant { .. }))
-            .count();
+        // there: on its first request, the turns the history shows as
+        // assistant messages count as played. (Only then: afterwards the
+        // cursor is never behind, and counting would read the whole history
+        // on every call.)
+        let shown = if self.cursor.load(Ordering::SeqCst) == 0 {
+            request
+                .messages
+                .iter()
+                .filter(|message| matches!(message, Message::Assistant { .. }))
+                .count()
+        } else {
+            0
+        };
         let previous = self
             .cursor
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cursor| Some(cursor.max(shown) + 1))
