@@ -602,6 +602,7 @@ impl Agent {
             grants: self.session_grants(ctx.session_id()),
             timeout: self.permission_timeout,
             status_tx: status_tx.clone(),
+            store: self.engine.store.clone().map(|store| (store, ctx.run_id_arc())),
         };
         let controller = RunController {
             ctx: ctx.clone(),

@@ -324,3 +324,53 @@ async fn a_session_continues_its_conversation_across_agents() {
         .await;
     assert_eq!(fresh.messages.len(), 3);
 }
+
+#[tokio::test]
+async fn the_store_shows_a_run_waiting_for_permission() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(vec![
+            ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "record".into(),
+                    arguments: json!({"item": "x"}),
+                    id: None,
+                }],
+                ..ScriptTurn::default()
+            },
+            ScriptTurn {
+                content: Some("ok".into()),
+                ..ScriptTurn::default()
+            },
+        ]))
+        .tool(Record {
+            log: log.clone(),
+            hang_on: None,
+            started: Arc::default(),
+        })
+        .permissions(loom::PermissionPolicy::new(loom::Decision::Ask))
+        .workspace(dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let mut handle = agent.run("record x");
+    while let Some(event) = handle.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            let stored = store.load_run(handle.run_id()).await.unwrap().run.status;
+            assert_eq!(stored, RunStatus::WaitingPermission);
+            assert_eq!(store.active_runs().await.unwrap().len(), 1);
+            handle
+                .respond_permission(request_id, loom::PermissionDecision::Allow)
+                .unwrap();
+        }
+    }
+    let outcome = handle.outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert_eq!(*log.lock().unwrap(), ["x"]);
+    assert_eq!(
+        store.load_run(&outcome.run_id).await.unwrap().run.status,
+        RunStatus::Done
+    );
+}

@@ -71,12 +71,14 @@ impl PendingRequests {
 }
 
 /// The ask machinery of one run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct PermissionGate {
     pub pending: Arc<PendingRequests>,
     pub grants: SessionGrants,
     pub timeout: Option<Duration>,
     pub status_tx: Arc<watch::Sender<RunStatus>>,
+    /// Where `WAITING_PERMISSION` is recorded, so other processes see it.
+    pub store: Option<(Arc<dyn crate::store::Store>, Arc<str>)>,
 }
 
 /// What is being asked about.
@@ -93,6 +95,16 @@ impl PermissionGate {
     /// Whether an earlier "always" covers `grant_key`.
     pub(crate) fn is_granted(&self, grant_key: &str) -> bool {
         lock(&self.grants).contains(grant_key)
+    }
+
+    /// Records a status change in the store, if any. A failure is logged,
+    /// not fatal: the status is informative, the run goes on.
+    async fn record(&self, status: RunStatus) {
+        if let Some((store, run_id)) = &self.store {
+            if let Err(err) = store.set_status(run_id, status).await {
+                tracing::warn!(run_id = %run_id, error = %err, "could not record the run's status");
+            }
+        }
     }
 
     /// Asks and waits for the reply, a timeout, or a cancel.
@@ -115,13 +127,16 @@ impl PermissionGate {
                 rule: request.reason.clone(),
             },
         );
-        self.status_tx.send_if_modified(|status| {
+        let waiting = self.status_tx.send_if_modified(|status| {
             let waiting = *status == RunStatus::Running;
             if waiting {
                 *status = RunStatus::WaitingPermission;
             }
             waiting
         });
+        if waiting {
+            self.record(RunStatus::WaitingPermission).await;
+        }
 
         let timeout = async {
             match self.timeout {
@@ -159,13 +174,16 @@ impl PermissionGate {
             ),
         };
         lock(&self.pending.waiting).remove(&request_id);
-        self.status_tx.send_if_modified(|status| {
+        let resumed = self.status_tx.send_if_modified(|status| {
             let resumed = *status == RunStatus::WaitingPermission;
             if resumed {
                 *status = RunStatus::Running;
             }
             resumed
         });
+        if resumed {
+            self.record(RunStatus::Running).await;
+        }
         events.emit(
             turn,
             EventKind::PermissionResolved {
