@@ -43,11 +43,9 @@ fn setup(dir: &Path) -> String {
     format!("scripted:{}", path.display())
 }
 
-/// Starts `loom run --json`, kills it with SIGKILL after `kill_after`
-/// events (plus `extra_us`), and returns the run id if one was printed and
-/// whether the run had already ended.
-fn run_and_kill(dir: &Path, model: &str, kill_after: usize, extra_us: u64) -> (Option<String>, bool) {
-    let args = [
+/// `loom run --json` of the script, writes allowed.
+fn run_args(model: &str) -> [&str; 9] {
+    [
         "run",
         "--json",
         "--model",
@@ -57,8 +55,14 @@ fn run_and_kill(dir: &Path, model: &str, kill_after: usize, extra_us: u64) -> (O
         "--allow",
         "write_file",
         "go",
-    ];
-    start_and_kill(dir, &args, kill_after, extra_us)
+    ]
+}
+
+/// Starts `loom run --json`, kills it with SIGKILL after `kill_after`
+/// events (plus `extra_us`), and returns the run id if one was printed and
+/// whether the run had already ended.
+fn run_and_kill(dir: &Path, model: &str, kill_after: usize, extra_us: u64) -> (Option<String>, bool) {
+    start_and_kill(dir, &run_args(model), kill_after, extra_us)
 }
 
 /// `loom ARGS` (printing JSON events), killed with SIGKILL after
@@ -170,20 +174,7 @@ fn check_complete(dir: &Path, run_id: &str, seed: u64) {
 
 /// `loom run --json` of the script, to its end.
 fn whole_run(dir: &Path, model: &str) -> std::process::Output {
-    loom_in(dir)
-        .args([
-            "run",
-            "--json",
-            "--model",
-            model,
-            "--workspace",
-            "ws",
-            "--allow",
-            "write_file",
-            "go",
-        ])
-        .output()
-        .unwrap()
+    loom_in(dir).args(run_args(model)).output().unwrap()
 }
 
 /// The number of events of an uninterrupted run, to spread kill points over.

@@ -282,6 +282,18 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The `tool.result` event of a finished call.
+    pub fn tool_result(result: &crate::tool_result::ToolResult) -> Self {
+        Self::ToolResult {
+            call_id: result.call_id.clone(),
+            name: result.name.clone(),
+            status: result.status,
+            content: result.content.clone(),
+            duration_ms: result.metadata.duration_ms,
+            stages: result.metadata.stages,
+        }
+    }
+
     /// The event's wire name.
     pub fn name(&self) -> &'static str {
         match self {

@@ -238,9 +238,9 @@ impl Run {
     ) -> TurnOutcome {
         let engine = self.engine.clone();
         let turn = TurnIds::of(state);
-        let (content, calls) = match memory.messages().last() {
-            Some(Message::Assistant { content, tool_calls }) => (content.clone(), tool_calls.clone()),
-            _ => (String::new(), Vec::new()),
+        let content = match memory.messages().last() {
+            Some(Message::Assistant { content, .. }) => content.clone(),
+            _ => String::new(),
         };
         let dangling = crate::resume::dangling_calls(memory.messages());
         let repairs = crate::resume::plan(&dangling, journal);
@@ -257,28 +257,14 @@ impl Run {
         let mut results = Vec::with_capacity(repairs.len());
         for repair in repairs {
             let result = match repair {
-                CallRepair::Rerun(_) => match rerun_results.next() {
-                    Some(result) => result,
-                    None => continue,
-                },
+                // The pipeline answers every call; the fallback only keeps the
+                // history valid should it ever not.
+                CallRepair::Rerun(call) => rerun_results
+                    .next()
+                    .unwrap_or_else(|| crate::resume::not_run_result(&call)),
                 CallRepair::Recorded(result) | CallRepair::Interrupted(result) => {
-                    self.metrics.record_tool(
-                        &result.name,
-                        result.status.is_failure(),
-                        result.metadata.error_kind.as_deref(),
-                        result.metadata.duration_ms,
-                    );
-                    self.events.emit(
-                        &turn,
-                        EventKind::ToolResult {
-                            call_id: result.call_id.clone(),
-                            name: result.name.clone(),
-                            status: result.status,
-                            content: result.content.clone(),
-                            duration_ms: result.metadata.duration_ms,
-                            stages: result.metadata.stages,
-                        },
-                    );
+                    self.record_tool_metrics(&result);
+                    self.events.emit(&turn, EventKind::tool_result(&result));
                     result
                 }
             };
@@ -289,8 +275,7 @@ impl Run {
             .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
         // Calls answered before the checkpoint (none with Loom's own
         // checkpoints, but a history may come from elsewhere) stay as they are.
-        let settled: Vec<ToolCall> = calls.into_iter().filter(|call| dangling.contains(call)).collect();
-        self.after_tools(state, &turn, ctx, &content, &settled, results, Vec::new(), false)
+        self.after_tools(state, &turn, ctx, &content, &dangling, results, Vec::new(), false)
     }
 
     /// Phases 3–4 after the calls ran: tool messages, the step, feedback,
@@ -459,14 +444,18 @@ impl Run {
         };
         let results = pipeline.run_batch(calls, &env).await;
         for result in &results {
-            self.metrics.record_tool(
-                &result.name,
-                result.status.is_failure(),
-                result.metadata.error_kind.as_deref(),
-                result.metadata.duration_ms,
-            );
+            self.record_tool_metrics(result);
         }
         results
+    }
+
+    fn record_tool_metrics(&mut self, result: &ToolResult) {
+        self.metrics.record_tool(
+            &result.name,
+            result.status.is_failure(),
+            result.metadata.error_kind.as_deref(),
+            result.metadata.duration_ms,
+        );
     }
 
     fn recurse(

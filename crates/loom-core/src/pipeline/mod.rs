@@ -234,17 +234,7 @@ impl ToolPipeline {
         stages.format_us = micros(t);
         result.metadata.stages = stages;
         result.metadata.duration_ms = started.elapsed().as_millis() as u64;
-        env.events.emit(
-            env.turn,
-            EventKind::ToolResult {
-                call_id: result.call_id.clone(),
-                name: result.name.clone(),
-                status: result.status,
-                content: result.content.clone(),
-                duration_ms: result.metadata.duration_ms,
-                stages: result.metadata.stages,
-            },
-        );
+        env.events.emit(env.turn, EventKind::tool_result(&result));
         result
     }
 }
