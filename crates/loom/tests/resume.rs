@@ -374,3 +374,47 @@ async fn the_store_shows_a_run_waiting_for_permission() {
         RunStatus::Done
     );
 }
+
+#[tokio::test]
+async fn an_answer_checkpointed_before_the_crash_is_not_asked_for_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let record = loom::RunRecord {
+        run_id: "r1".into(),
+        session_id: "r1".into(),
+        prompt: "say hi".into(),
+        model: "scripted:inline".into(),
+        status: RunStatus::Queued,
+        owner: dead_owner(),
+        started_ms: 1,
+        ended_ms: None,
+        content: None,
+        metrics: Default::default(),
+    };
+    store.create_run(&record).await.unwrap();
+    store.set_status("r1", RunStatus::Running).await.unwrap();
+    let state = loom::TurnState::initial(5);
+    store
+        .checkpoint(&loom::Checkpoint {
+            run_id: "r1",
+            next: &state,
+            new_messages: &[Message::system("s"), Message::user("say hi"), Message::assistant("hi")],
+            replaced_history: None,
+            events: &[],
+            metrics: &Default::default(),
+        })
+        .await
+        .unwrap();
+    // An empty script: any model call would fail the run.
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(Vec::new()))
+        .workspace(dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let outcome = agent.resume("r1").await.unwrap().outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("hi"));
+    assert_eq!(outcome.metrics.llm_calls, 0);
+    assert_eq!(store.load_run("r1").await.unwrap().run.content.as_deref(), Some("hi"));
+}

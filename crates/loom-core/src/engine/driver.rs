@@ -86,7 +86,9 @@ impl Run {
         } else {
             match memory.messages().last() {
                 // The answer was checkpointed; only the end was not recorded.
-                Some(Message::Assistant { content, tool_calls }) if tool_calls.is_empty() => {
+                Some(Message::Assistant { content, tool_calls })
+                    if tool_calls.is_empty() && !content.trim().is_empty() =>
+                {
                     Some(TurnOutcome::Finish {
                         content: content.clone(),
                         new_messages: Vec::new(),
