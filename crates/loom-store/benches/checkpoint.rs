@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use loom_core::{
     Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, RunMetrics, RunRecord, RunStatus, Store, Tool,
-    ToolCall, ToolContext, ToolError, ToolOutput, TurnState,
+    ToolCall, ToolContext, ToolError, ToolOutput, ToolResult, ToolStatus, TurnState,
 };
 use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom_store::SqliteStore;
@@ -162,6 +162,29 @@ fn main() {
             times.push(started.elapsed());
         }
     });
+    // A side-effecting call's journal rows: the intent (synced to disk)
+    // before it runs, the result after.
+    let mut intents = Vec::with_capacity(200);
+    let mut results = Vec::with_capacity(200);
+    runtime.block_on(async {
+        for index in 0..200 {
+            let call = ToolCall {
+                id: format!("call_{index}"),
+                name: "write_file".into(),
+                arguments: json!({"path": "a.txt", "content": "x"}),
+            };
+            let started = Instant::now();
+            store.journal_intent("bench", &call).await.expect("intent");
+            intents.push(started.elapsed());
+            let result = ToolResult::new(&call.id, "write_file", ToolStatus::Success, "Created 'a.txt'");
+            let started = Instant::now();
+            store.journal_result("bench", &result).await.expect("result");
+            results.push(started.elapsed());
+        }
+    });
+    intents.sort();
+    results.sort();
+
     // What a resume reads first: the whole run back from the database.
     let mut loads: Vec<Duration> = (0..5)
         .map(|_| {
@@ -184,6 +207,11 @@ fn main() {
         size as f64 / 1024.0 / TURNS as f64
     );
 
+    println!(
+        "journal per side-effecting call: intent {:.0} µs median (synchronous=FULL, fsync), result {:.0} µs median",
+        intents[100].as_secs_f64() * 1e6,
+        results[100].as_secs_f64() * 1e6
+    );
     println!(
         "loading the {TURNS}-turn run for a resume (history, journal, last seq): {:.1} ms (median of 5)",
         loads[2].as_secs_f64() * 1e3

@@ -355,12 +355,22 @@ impl Store for SqliteStore {
         let (run_id, call_id, body) = (run_id.to_string(), call.id.clone(), json(call)?);
         let fail = self.fail();
         self.with(move |conn| {
-            conn.execute(
-                "INSERT OR REPLACE INTO journal (run_id, call_id, call, started_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![run_id, call_id, body, now_ms() as i64],
-            )
-            .map(|_| ())
-            .map_err(&fail)
+            // The intent is the one write that must survive even a power
+            // cut: once the tool runs, forgetting that it started could run
+            // its side effect twice. So this commit syncs the WAL to disk
+            // (and with it every earlier commit); the rest use NORMAL, where
+            // a power cut can only lose the last checkpoints, which are
+            // then replayed.
+            conn.pragma_update(None, "synchronous", "FULL").map_err(&fail)?;
+            let written = conn
+                .execute(
+                    "INSERT OR REPLACE INTO journal (run_id, call_id, call, started_ms) VALUES (?1, ?2, ?3, ?4)",
+                    params![run_id, call_id, body, now_ms() as i64],
+                )
+                .map(|_| ())
+                .map_err(&fail);
+            conn.pragma_update(None, "synchronous", "NORMAL").map_err(&fail)?;
+            written
         })
         .await
     }
