@@ -47,6 +47,9 @@ pub enum RunsCommand {
         /// How many.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Only the runs of this session (a `loom chat` or `--session` conversation).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
     },
     /// One run: status, timings, metrics, suggestions, the answer.
     Show {

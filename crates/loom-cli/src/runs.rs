@@ -41,8 +41,16 @@ pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
             return crate::control::resume(&store, path, args.workspace, &id, &agent, args.json).await
         }
         RunsCommand::Cancel { id } => return crate::control::cancel(&store, &id, args.json).await,
-        RunsCommand::List { limit } => {
-            let runs = store.list_runs(limit).await.map_err(usage_if_unknown)?;
+        RunsCommand::List { limit, session } => {
+            let runs = match session {
+                Some(session) => {
+                    let mut runs = store.session_runs(&session).await.map_err(usage_if_unknown)?;
+                    runs.reverse();
+                    runs.truncate(limit);
+                    runs
+                }
+                None => store.list_runs(limit).await.map_err(usage_if_unknown)?,
+            };
             if args.json {
                 println!(
                     "{}",

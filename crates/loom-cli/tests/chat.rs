@@ -193,4 +193,15 @@ fn a_chat_session_answers_asks_cancels_and_continues_after_a_restart() {
     );
     let in_session = runs.iter().filter(|r| r["session_id"] == session.as_str()).count();
     assert_eq!(in_session, 6, "all but the /new run belong to the first session");
+    let out = common::loom_in(dir.path())
+        .args(["runs", "list", "--session", &session, "--workspace", "ws"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        table.lines().count(),
+        7,
+        "a header and the session's six runs:\n{table}"
+    );
+    assert!(!table.contains("Hello again"), "{table}");
 }
