@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use loom::{Agent, EventKind, Message, PermissionDecision, RunRequest, RunStatus};
+use loom::{Agent, EventKind, Message, PermissionDecision, RunHandle, RunOutcome, RunRequest, RunStatus};
 use tokio::sync::mpsc;
 
 use crate::cli::ChatArgs;
@@ -18,7 +18,8 @@ use crate::render::{summarize_args, Human, Renderer};
 use crate::run::{build_agent, Failure};
 
 const HELP: &str = "Type a task and press Enter. Commands: /new starts a new conversation, \
-/session shows its id, /exit quits (so does Ctrl-D). Ctrl-C cancels the answer in progress.";
+/session shows its id, /resume continues a task interrupted by a crash, /exit quits (so does Ctrl-D). \
+Ctrl-C cancels the answer in progress.";
 
 pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
     let agent = build_agent(&args.agent, &args.place, None)
@@ -32,6 +33,9 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             "loom: continuing the conversation ({} earlier messages)",
             session.earlier
         );
+    }
+    if let Some(run_id) = &session.interrupted {
+        eprintln!("loom: the last task (run {run_id}) was interrupted when its process died; /resume continues it");
     }
 
     loop {
@@ -50,6 +54,7 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             "/exit" | "/quit" => break,
             "/help" => eprintln!("{HELP}"),
             "/session" => eprintln!("session {}", session.id),
+            "/resume" => resume_task(&agent, &mut session, &mut lines, &args).await?,
             "/new" => {
                 session = Session::fresh();
                 eprintln!("loom: new conversation, session {}", session.id);
@@ -76,22 +81,38 @@ struct Session {
     earlier: usize,
     /// The conversation kept in memory when there is no store.
     history: Vec<Message>,
+    /// The session's last task, when its process died before it ended.
+    interrupted: Option<String>,
 }
 
 impl Session {
     async fn open(agent: &Agent, id: Option<String>) -> Result<Self, Failure> {
         let Some(id) = id else { return Ok(Self::fresh()) };
-        let earlier = match agent.store() {
-            Some(store) => loom::store::session_history(store.as_ref(), &id)
-                .await
-                .map_err(|err| Failure::Runtime(anyhow::anyhow!("{err}")))?
-                .len(),
-            None => 0,
+        let Some(store) = agent.store() else {
+            return Ok(Self { id, ..Self::fresh() });
         };
+        let failed = |err: loom::StoreError| Failure::Runtime(anyhow::anyhow!("{err}"));
+        // A chat that died mid-task left its run RUNNING: mark it so it can
+        // be resumed.
+        loom::store::recover_interrupted_runs(store.as_ref())
+            .await
+            .map_err(failed)?;
+        let earlier = loom::store::session_history(store.as_ref(), &id)
+            .await
+            .map_err(failed)?
+            .len();
+        let interrupted = store
+            .session_runs(&id)
+            .await
+            .map_err(failed)?
+            .pop()
+            .filter(|run| run.status == RunStatus::Interrupted)
+            .map(|run| run.run_id);
         Ok(Self {
             id,
             earlier,
             history: Vec::new(),
+            interrupted,
         })
     }
 
@@ -103,6 +124,7 @@ impl Session {
             id: format!("chat-{now:x}-{:x}", std::process::id()),
             earlier: 0,
             history: Vec::new(),
+            interrupted: None,
         }
     }
 }
@@ -116,13 +138,48 @@ async fn one_task(
     args: &ChatArgs,
 ) -> Result<(), Failure> {
     let with_store = agent.store().is_some();
-    let mut handle = agent.run(RunRequest {
+    // A new task moves on from an interrupted one (it stays resumable with
+    // `loom runs resume`).
+    session.interrupted = None;
+    let handle = agent.run(RunRequest {
         prompt: task.to_string(),
         session_id: Some(session.id.clone()),
         // With a store the run loads the session's conversation itself.
         history: (!with_store).then(|| session.history.clone()),
         ..RunRequest::default()
     });
+    let outcome = follow(handle, lines, args).await?;
+    if !with_store {
+        // Everything but the system prompt, which each run writes anew.
+        session.history = outcome.messages.into_iter().skip(1).collect();
+    }
+    Ok(())
+}
+
+/// Continues the session's interrupted task (`/resume`).
+async fn resume_task(
+    agent: &Agent,
+    session: &mut Session,
+    lines: &mut LineReader,
+    args: &ChatArgs,
+) -> Result<(), Failure> {
+    let Some(run_id) = session.interrupted.take() else {
+        eprintln!("loom: nothing to resume: the session's last task was not interrupted");
+        return Ok(());
+    };
+    match agent.resume(&run_id).await {
+        Ok(handle) => {
+            eprintln!("loom: resuming run {run_id} from its last checkpoint");
+            follow(handle, lines, args).await?;
+        }
+        Err(err) => eprintln!("loom: cannot resume run {run_id}: {err}"),
+    }
+    Ok(())
+}
+
+/// Shows a run of the session until it ends: events rendered, permission
+/// questions asked on the terminal, Ctrl-C cancelling only this run.
+async fn follow(mut handle: RunHandle, lines: &mut LineReader, args: &ChatArgs) -> Result<RunOutcome, Failure> {
     let controller = handle.controller();
     let mut renderer = Human::new(args.agent.verbose);
     let mut cancelling = false;
@@ -166,11 +223,7 @@ async fn one_task(
         RunStatus::Done | RunStatus::Canceled => {}
         status => eprintln!("loom: the task ended {}", status.as_str()),
     }
-    if !with_store {
-        // Everything but the system prompt, which each run writes anew.
-        session.history = outcome.messages.into_iter().skip(1).collect();
-    }
-    Ok(())
+    Ok(outcome)
 }
 
 /// Asks on the terminal; `None` when Ctrl-C was pressed instead.

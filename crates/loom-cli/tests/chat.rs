@@ -37,11 +37,15 @@ struct Terminal {
 
 impl Terminal {
     fn start(dir: &Path, extra: &str) -> Self {
+        Self::start_with(dir, "script.json", extra)
+    }
+
+    fn start_with(dir: &Path, script: &str, extra: &str) -> Self {
         let loom = assert_cmd::cargo::cargo_bin("loom");
         let command = format!(
             "{} chat --model scripted:{} --workspace {} {extra}",
             loom.display(),
-            dir.join("script.json").display(),
+            dir.join(script).display(),
             dir.join("ws").display()
         );
         let mut child = Command::new("script")
@@ -95,6 +99,13 @@ impl Terminal {
         }
     }
 
+    /// The session id from the banner.
+    fn session(&self) -> String {
+        let screen = self.screen();
+        let start = screen.find("session ").unwrap() + "session ".len();
+        screen[start..].split('.').next().unwrap().to_string()
+    }
+
     fn screen(&self) -> String {
         self.screen.lock().unwrap().clone()
     }
@@ -124,11 +135,7 @@ fn a_chat_session_answers_asks_cancels_and_continues_after_a_restart() {
     // First process: an answer, an allowed write, a cancelled permission prompt.
     let mut chat = Terminal::start(dir.path(), "");
     chat.expect("loom chat — session ");
-    let session = {
-        let screen = chat.screen();
-        let start = screen.find("session ").unwrap() + "session ".len();
-        screen[start..].split('.').next().unwrap().to_string()
-    };
+    let session = chat.session();
     chat.type_text("My name is Ada.\n");
     chat.expect("Hello Ada, nice to meet you.");
     chat.type_text("Write my name into note.txt\n");
@@ -204,4 +211,46 @@ fn a_chat_session_answers_asks_cancels_and_continues_after_a_restart() {
         "a header and the session's six runs:\n{table}"
     );
     assert!(!table.contains("Hello again"), "{table}");
+}
+
+#[test]
+fn a_chat_killed_mid_task_resumes_its_task_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("write.json"),
+        r#"[
+          {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "A"}}]},
+          {"content": "Wrote a.txt after the restart."}
+        ]"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+
+    let mut chat = Terminal::start_with(dir.path(), "write.json", "");
+    chat.expect("loom chat — session ");
+    let session = chat.session();
+    chat.type_text("Write a.txt\n");
+    chat.expect("allow write_file(content=A, path=a.txt)?");
+    // The process dies while it waits for the answer.
+    let runs = runs(dir.path());
+    let owner = runs[0]["owner"].as_str().unwrap();
+    let pid = owner.split("/pid:").nth(1).unwrap().split('/').next().unwrap();
+    assert!(Command::new("kill").args(["-KILL", pid]).status().unwrap().success());
+    chat.finish();
+    assert!(!dir.path().join("ws/a.txt").exists());
+
+    let mut chat = Terminal::start_with(dir.path(), "write.json", &format!("--session {session}"));
+    chat.expect("was interrupted when its process died; /resume continues it");
+    chat.type_text("/resume\n");
+    chat.expect("resuming run");
+    chat.expect("allow write_file(content=A, path=a.txt)?");
+    chat.type_text("y\n");
+    chat.expect("Wrote a.txt after the restart.");
+    chat.type_text("/exit\n");
+    let (code, screen) = chat.finish();
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("ws/a.txt")).unwrap(), "A");
+    let runs = self::runs(dir.path());
+    assert_eq!(runs.len(), 1, "the task was resumed, not started again");
+    assert_eq!(runs[0]["status"], "DONE");
 }
