@@ -25,7 +25,12 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
     let agent = build_agent(&args.agent, &args.place, None)
         .await
         .map_err(Failure::Usage)?;
-    let mut session = Session::open(&agent, args.session.clone()).await?;
+    let session_id = match (&args.session, args.continue_last) {
+        (Some(id), _) => Some(id.clone()),
+        (None, true) => Some(latest_session(&agent).await?),
+        (None, false) => None,
+    };
+    let mut session = Session::open(&agent, session_id).await?;
     let mut lines = LineReader::spawn();
     eprintln!("loom chat — session {}. {HELP}", session.id);
     if session.earlier > 0 {
@@ -72,6 +77,24 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The session of the newest recorded run, for `--continue`.
+async fn latest_session(agent: &Agent) -> Result<String, Failure> {
+    let Some(store) = agent.store() else {
+        return Err(Failure::Usage(anyhow::anyhow!(
+            "--continue needs a store; runs are not recorded with store = \"none\""
+        )));
+    };
+    let newest = store
+        .list_runs(1)
+        .await
+        .map_err(|err| Failure::Runtime(anyhow::anyhow!("{err}")))?;
+    newest
+        .into_iter()
+        .next()
+        .map(|run| run.session_id)
+        .ok_or_else(|| Failure::Usage(anyhow::anyhow!("no earlier session to continue in this workspace")))
 }
 
 /// The conversation the next task continues.

@@ -107,8 +107,12 @@ pub struct ChatArgs {
     pub agent: AgentArgs,
 
     /// Continue this session's conversation (default: a new session).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", conflicts_with = "continue_last")]
     pub session: Option<String>,
+
+    /// Continue the most recent session of the workspace.
+    #[arg(long = "continue", short = 'c')]
+    pub continue_last: bool,
 }
 
 /// Where the tools work and where runs are recorded.

@@ -239,7 +239,9 @@ fn a_chat_killed_mid_task_resumes_its_task_after_a_restart() {
     chat.finish();
     assert!(!dir.path().join("ws/a.txt").exists());
 
-    let mut chat = Terminal::start_with(dir.path(), "write.json", &format!("--session {session}"));
+    // --continue picks the newest session, the one that died.
+    let mut chat = Terminal::start_with(dir.path(), "write.json", "--continue");
+    chat.expect(&format!("session {session}."));
     chat.expect("was interrupted when its process died; /resume continues it");
     chat.type_text("/resume\n");
     chat.expect("resuming run");
