@@ -2,8 +2,9 @@
 //! in one conversation; answers stream, tool calls show as lines, risky
 //! tools ask first, Ctrl-C cancels the answer in progress but keeps the
 //! session, `/new` starts a new conversation and `/exit` (or Ctrl-D) quits.
-//! With a store the session is recorded and `--session ID` continues it
-//! after a restart.
+//! With a store the session is recorded: `--session ID` (or `--continue`)
+//! continues it after a restart, and `/resume` finishes a task the last
+//! process died in.
 
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -53,7 +54,11 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
                 continue;
             }
         };
-        let Some(line) = line else { break };
+        let Some(line) = line else {
+            // Ctrl-D: end the prompt's line before the goodbye.
+            println!();
+            break;
+        };
         match line.trim() {
             "" => {}
             "/exit" | "/quit" => break,
