@@ -32,7 +32,7 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
         (None, false) => None,
     };
     let mut session = Session::open(&agent, session_id).await?;
-    let mut lines = LineReader::spawn();
+    let mut input = Input::open().context("cannot listen for Ctrl-C")?;
     eprintln!("loom chat — session {}. {HELP}", session.id);
     if session.earlier > 0 {
         eprintln!(
@@ -47,9 +47,8 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
     loop {
         prompt();
         let line = tokio::select! {
-            line = lines.next() => line,
-            signal = tokio::signal::ctrl_c() => {
-                signal.context("cannot listen for Ctrl-C")?;
+            line = input.lines.recv() => line,
+            () = input.interrupts.recv() => {
                 eprintln!("\n(no answer is running: type /exit or press Ctrl-D to quit)");
                 continue;
             }
@@ -64,7 +63,7 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             "/exit" | "/quit" => break,
             "/help" => eprintln!("{HELP}"),
             "/session" => eprintln!("session {}", session.id),
-            "/resume" => resume_task(&agent, &mut session, &mut lines, &args).await?,
+            "/resume" => resume_task(&agent, &mut session, &mut input, &args).await?,
             "/new" => {
                 session = Session::fresh();
                 eprintln!("loom: new conversation, session {}", session.id);
@@ -72,7 +71,7 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             command if command.starts_with('/') => {
                 eprintln!("loom: unknown command {command}; /help lists them")
             }
-            task => one_task(&agent, &mut session, task, &mut lines, &args).await?,
+            task => one_task(&agent, &mut session, task, &mut input, &args).await?,
         }
     }
     if agent.store().is_some() {
@@ -162,7 +161,7 @@ async fn one_task(
     agent: &Agent,
     session: &mut Session,
     task: &str,
-    lines: &mut LineReader,
+    input: &mut Input,
     args: &ChatArgs,
 ) -> Result<(), Failure> {
     let with_store = agent.store().is_some();
@@ -176,7 +175,7 @@ async fn one_task(
         history: (!with_store).then(|| session.history.clone()),
         ..RunRequest::default()
     });
-    let outcome = follow(handle, lines, args).await?;
+    let outcome = follow(handle, input, args).await?;
     if !with_store {
         // Everything but the system prompt, which each run writes anew.
         session.history = outcome.messages.into_iter().skip(1).collect();
@@ -185,12 +184,7 @@ async fn one_task(
 }
 
 /// Continues the session's interrupted task (`/resume`).
-async fn resume_task(
-    agent: &Agent,
-    session: &mut Session,
-    lines: &mut LineReader,
-    args: &ChatArgs,
-) -> Result<(), Failure> {
+async fn resume_task(agent: &Agent, session: &mut Session, input: &mut Input, args: &ChatArgs) -> Result<(), Failure> {
     let Some(run_id) = session.interrupted.take() else {
         eprintln!("loom: nothing to resume: the session's last task was not interrupted");
         return Ok(());
@@ -198,7 +192,7 @@ async fn resume_task(
     match agent.resume(&run_id).await {
         Ok(handle) => {
             eprintln!("loom: resuming run {run_id} from its last checkpoint");
-            follow(handle, lines, args).await?;
+            follow(handle, input, args).await?;
         }
         Err(err) => eprintln!("loom: cannot resume run {run_id}: {err}"),
     }
@@ -207,7 +201,7 @@ async fn resume_task(
 
 /// Shows a run of the session until it ends: events rendered, permission
 /// questions asked on the terminal, Ctrl-C cancelling only this run.
-async fn follow(mut handle: RunHandle, lines: &mut LineReader, args: &ChatArgs) -> Result<RunOutcome, Failure> {
+async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Result<RunOutcome, Failure> {
     let controller = handle.controller();
     let mut renderer = Human::new(args.agent.verbose);
     let mut cancelling = false;
@@ -222,7 +216,7 @@ async fn follow(mut handle: RunHandle, lines: &mut LineReader, args: &ChatArgs) 
                         eprintln!("  ? {shown}: allowed by --yes");
                         Some(PermissionDecision::Allow)
                     } else {
-                        ask(&shown, lines).await?
+                        ask(&shown, input).await?
                     };
                     match decision {
                         Some(decision) => {
@@ -235,8 +229,7 @@ async fn follow(mut handle: RunHandle, lines: &mut LineReader, args: &ChatArgs) 
                     }
                 }
             }
-            signal = tokio::signal::ctrl_c(), if !cancelling => {
-                signal.context("cannot listen for Ctrl-C")?;
+            () = input.interrupts.recv(), if !cancelling => {
                 cancelling = true;
                 eprintln!("\nloom: cancelling this answer (the session goes on)");
                 controller.cancel("interrupted by the user (Ctrl-C)");
@@ -255,13 +248,12 @@ async fn follow(mut handle: RunHandle, lines: &mut LineReader, args: &ChatArgs) 
 }
 
 /// Asks on the terminal; `None` when Ctrl-C was pressed instead.
-async fn ask(shown: &str, lines: &mut LineReader) -> Result<Option<PermissionDecision>, Failure> {
+async fn ask(shown: &str, input: &mut Input) -> Result<Option<PermissionDecision>, Failure> {
     loop {
         permissions::ask(shown);
         let line = tokio::select! {
-            line = lines.next() => line,
-            signal = tokio::signal::ctrl_c() => {
-                signal.context("cannot listen for Ctrl-C")?;
+            line = input.lines.recv() => line,
+            () = input.interrupts.recv() => {
                 eprintln!();
                 return Ok(None);
             }
@@ -282,14 +274,17 @@ fn prompt() {
     let _ = out.write_all(b"\n> ").and_then(|()| out.flush());
 }
 
-/// Lines typed on stdin, read on a thread of their own so that waiting for
-/// the next line never blocks the runtime (and Ctrl-C stays responsive).
-struct LineReader {
-    rx: mpsc::UnboundedReceiver<String>,
+/// The terminal's input: lines typed on stdin, read on a thread of their
+/// own so that waiting for the next line never blocks the runtime, and
+/// Ctrl-C. Interrupts are received from one signal stream kept for the
+/// whole chat, so a Ctrl-C pressed between two waits is not lost.
+struct Input {
+    lines: mpsc::UnboundedReceiver<String>,
+    interrupts: crate::interrupts::Interrupts,
 }
 
-impl LineReader {
-    fn spawn() -> Self {
+impl Input {
+    fn open() -> std::io::Result<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
             let stdin = std::io::stdin();
@@ -306,11 +301,9 @@ impl LineReader {
                 }
             }
         });
-        Self { rx }
-    }
-
-    /// The next line; `None` at the end of input.
-    async fn next(&mut self) -> Option<String> {
-        self.rx.recv().await
+        Ok(Self {
+            lines: rx,
+            interrupts: crate::interrupts::Interrupts::listen()?,
+        })
     }
 }

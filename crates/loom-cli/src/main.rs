@@ -5,6 +5,7 @@ mod cli;
 mod config;
 mod context;
 mod control;
+mod interrupts;
 mod permissions;
 mod provider;
 mod render;

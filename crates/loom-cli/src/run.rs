@@ -10,6 +10,7 @@ use loom::{Agent, EventKind, RunHandle, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
+use crate::interrupts::Interrupts;
 use crate::render::{Human, JsonLines, Renderer};
 use crate::{context, permissions, provider, store};
 
@@ -58,7 +59,8 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
         Box::new(Human::new(agent.verbose))
     };
     let controller = handle.controller();
-    let mut interrupts = 0u32;
+    let mut interrupts = Interrupts::listen().context("cannot listen for Ctrl-C")?;
+    let mut interrupted = 0u32;
     loop {
         tokio::select! {
             event = handle.next_event() => match event {
@@ -70,10 +72,9 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
                 }
                 None => break,
             },
-            signal = tokio::signal::ctrl_c() => {
-                signal.context("cannot listen for Ctrl-C")?;
-                interrupts += 1;
-                if interrupts > 1 {
+            () = interrupts.recv() => {
+                interrupted += 1;
+                if interrupted > 1 {
                     eprintln!("loom: interrupted again; quitting now");
                     return Ok(ExitCode::from(exit::CANCELLED));
                 }
