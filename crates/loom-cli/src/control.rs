@@ -25,8 +25,14 @@ pub async fn resume(
     json: bool,
 ) -> Result<ExitCode, Failure> {
     let record = store.load_run(id).await.map_err(not_found_is_usage)?.run;
+    // The tools work where the run started, unless told otherwise.
+    let recorded = record
+        .workspace
+        .as_deref()
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_dir());
     let place = PlaceArgs {
-        workspace,
+        workspace: workspace.or(recorded),
         db: Some(db),
     };
     let agent = build_agent(agent_args, &place, Some(&record.model))

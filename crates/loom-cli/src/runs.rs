@@ -115,12 +115,13 @@ fn table(runs: &[RunRecord]) -> String {
 fn show(run: &RunRecord, messages: usize, journaled: usize) -> String {
     let m = &run.metrics;
     let mut out = format!(
-        "run       {}\nsession   {}\nstatus    {}\nmodel     {}\nowner     {}\nprompt    {}\n",
+        "run       {}\nsession   {}\nstatus    {}\nmodel     {}\nowner     {}\nworkspace {}\nprompt    {}\n",
         run.run_id,
         run.session_id,
         run.status.as_str(),
         run.model,
         run.owner,
+        run.workspace.as_deref().unwrap_or("-"),
         run.prompt
     );
     out.push_str(&format!(

@@ -362,3 +362,33 @@ fn cancel_stops_a_live_run_in_another_process() {
     let rest: Vec<Value> = lines.map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
     assert_eq!(rest.last().unwrap()["status"], "CANCELED");
 }
+
+#[test]
+fn resume_from_elsewhere_works_in_the_recorded_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = setup(dir.path());
+    let (run_id, _) = run_and_kill(dir.path(), &model, 12, 0);
+    let run_id = run_id.unwrap();
+    let db = dir.path().join("ws/.loom/loom.db");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = loom_in(elsewhere.path())
+        .args([
+            "runs",
+            "resume",
+            &run_id,
+            "--db",
+            db.to_str().unwrap(),
+            "--allow",
+            "write_file",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("all steps done"));
+    assert!(dir.path().join(format!("ws/out/step{}.txt", STEPS - 1)).exists());
+    let left: Vec<_> = std::fs::read_dir(elsewhere.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing written where resume was started: {left:?}");
+}

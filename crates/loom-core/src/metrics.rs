@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::Usage;
 
-/// What a run did, counted as it went.
+/// What a run did, counted as it went. Fields missing from a stored copy
+/// (written by an older Loom) read as zero.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct RunMetrics {
     /// Turns started.
     pub iterations: u32,
@@ -52,7 +53,7 @@ pub struct RunMetrics {
 
 /// What one tool did in a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct ToolStats {
     /// Calls.
     pub calls: u32,

@@ -37,6 +37,10 @@ pub struct RunRecord {
     pub content: Option<String>,
     /// The metrics at the last checkpoint or at the end.
     pub metrics: RunMetrics,
+    /// The directory the run's tools were confined to (unknown for runs
+    /// recorded before schema 2).
+    #[serde(default)]
+    pub workspace: Option<String>,
 }
 
 /// What one turn adds, written in one transaction before the tail call.

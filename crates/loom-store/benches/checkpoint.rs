@@ -138,6 +138,7 @@ fn main() {
                 ended_ms: None,
                 content: None,
                 metrics: RunMetrics::default(),
+                workspace: None,
             })
             .await
             .expect("run");

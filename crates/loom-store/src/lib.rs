@@ -8,5 +8,5 @@
 mod schema;
 mod sqlite;
 
-pub use schema::SCHEMA_VERSION;
+pub use schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use sqlite::SqliteStore;

@@ -6,7 +6,7 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Each entry moves the schema one version forward. Never edit a shipped
 /// migration: add a new one.
-pub(crate) const MIGRATIONS: &[&str] = &[
+pub const MIGRATIONS: &[&str] = &[
     // 1: sessions, runs, messages, checkpoints, events, tool journal.
     "CREATE TABLE sessions (
         id TEXT PRIMARY KEY,
@@ -48,4 +48,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         ended_ms INTEGER,
         PRIMARY KEY (run_id, call_id)
     ) WITHOUT ROWID;",
+    // 2: the workspace a run's tools were confined to, so a run can be
+    // resumed from anywhere. NULL for runs recorded before.
+    "ALTER TABLE runs ADD COLUMN workspace TEXT;",
 ];

@@ -14,7 +14,8 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 
 /// How long a write waits for another process's lock.
-const RUN_COLUMNS: &str = "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics";
+const RUN_COLUMNS: &str =
+    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace";
 
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -189,54 +190,58 @@ fn insert_events(tx: &rusqlite::Transaction<'_>, run_id: &str, events: &[Event])
 
 fn read_run(conn: &Connection, run_id: &str) -> Result<Option<RawRun>, rusqlite::Error> {
     conn.query_row(
-        "SELECT id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics FROM runs WHERE id = ?1",
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
         params![run_id],
         row_to_record,
     )
     .optional()
 }
 
-type RawRun = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    i64,
-    Option<i64>,
-    Option<String>,
-    String,
-);
+/// A `runs` row as SQLite holds it, before its status and metrics are parsed.
+struct RawRun {
+    run_id: String,
+    session_id: String,
+    prompt: String,
+    model: String,
+    status: String,
+    owner: String,
+    started_ms: i64,
+    ended_ms: Option<i64>,
+    content: Option<String>,
+    metrics: String,
+    workspace: Option<String>,
+}
 
+/// Reads a row selected with [`RUN_COLUMNS`].
 fn row_to_record(row: &rusqlite::Row<'_>) -> Result<RawRun, rusqlite::Error> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-        row.get(6)?,
-        row.get(7)?,
-        row.get(8)?,
-        row.get(9)?,
-    ))
+    Ok(RawRun {
+        run_id: row.get(0)?,
+        session_id: row.get(1)?,
+        prompt: row.get(2)?,
+        model: row.get(3)?,
+        status: row.get(4)?,
+        owner: row.get(5)?,
+        started_ms: row.get(6)?,
+        ended_ms: row.get(7)?,
+        content: row.get(8)?,
+        metrics: row.get(9)?,
+        workspace: row.get(10)?,
+    })
 }
 
 fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
-    let (run_id, session_id, prompt, model, status, owner, started, ended, content, metrics) = raw;
     Ok(RunRecord {
-        run_id,
-        session_id,
-        prompt,
-        model,
-        status: status_of(&status)?,
-        owner,
-        started_ms: started as u64,
-        ended_ms: ended.map(|e| e as u64),
-        content,
-        metrics: parse::<RunMetrics>(&metrics)?,
+        run_id: raw.run_id,
+        session_id: raw.session_id,
+        prompt: raw.prompt,
+        model: raw.model,
+        status: status_of(&raw.status)?,
+        owner: raw.owner,
+        started_ms: raw.started_ms as u64,
+        ended_ms: raw.ended_ms.map(|e| e as u64),
+        content: raw.content,
+        metrics: parse::<RunMetrics>(&raw.metrics)?,
+        workspace: raw.workspace,
     })
 }
 
@@ -256,8 +261,8 @@ impl Store for SqliteStore {
             )
             .map_err(&fail)?;
             tx.execute(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     run.run_id,
                     run.session_id,
@@ -266,7 +271,8 @@ impl Store for SqliteStore {
                     run.status.as_str(),
                     run.owner,
                     run.started_ms as i64,
-                    metrics
+                    metrics,
+                    run.workspace
                 ],
             )
             .map_err(&fail)?;
@@ -478,10 +484,9 @@ impl Store for SqliteStore {
         let fail = self.fail();
         self.with(move |conn| {
             let mut select = conn
-                .prepare_cached(
-                    "SELECT id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics
-                     FROM runs ORDER BY started_ms DESC, id LIMIT ?1",
-                )
+                .prepare_cached(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_ms DESC, id LIMIT ?1"
+                ))
                 .map_err(&fail)?;
             let rows = select
                 .query_map(params![limit as i64], row_to_record)

@@ -7,7 +7,7 @@ use loom_core::{
     Checkpoint, Event, EventKind, Message, RunMetrics, RunRecord, RunStatus, Store, StoreError, ToolCall, ToolResult,
     ToolStatus, TurnState,
 };
-use loom_store::{SqliteStore, SCHEMA_VERSION};
+use loom_store::{SqliteStore, MIGRATIONS, SCHEMA_VERSION};
 use serde_json::json;
 
 fn record(run_id: &str) -> RunRecord {
@@ -22,6 +22,7 @@ fn record(run_id: &str) -> RunRecord {
         ended_ms: None,
         content: None,
         metrics: RunMetrics::default(),
+        workspace: None,
     }
 }
 
@@ -261,6 +262,41 @@ fn a_newer_schema_and_a_corrupt_file_are_refused_untouched() {
     assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("is not usable"), "{err}");
     assert_eq!(std::fs::read(&corrupt).unwrap(), garbage, "nothing overwritten");
+}
+
+#[tokio::test]
+async fn a_database_of_an_older_schema_is_migrated_keeping_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    {
+        // What Loom with schema 1 left behind: one finished run.
+        let conn = rusqlite_open(&path);
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO sessions VALUES ('s', 1);
+             INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics)
+             VALUES ('old', 's', 'p', 'scripted:x', 'DONE', 'o', 1, 2, 'answer', '{}');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let version: i64 = rusqlite_open(&path)
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let old = store.load_run("old").await.unwrap().run;
+    assert_eq!(
+        (old.status, old.content.as_deref(), old.workspace),
+        (RunStatus::Done, Some("answer"), None)
+    );
+    let mut new = record("new");
+    new.workspace = Some("/somewhere".into());
+    store.create_run(&new).await.unwrap();
+    assert_eq!(
+        store.load_run("new").await.unwrap().run.workspace.as_deref(),
+        Some("/somewhere")
+    );
 }
 
 /// A plain SQLite connection, to set up files and hold locks.

@@ -240,6 +240,7 @@ async fn only_interrupted_runs_of_dead_owners_can_be_resumed() {
         ended_ms: None,
         content: None,
         metrics: Default::default(),
+        workspace: None,
     };
     store.create_run(&live).await.unwrap();
     store.set_status("live", RunStatus::Running).await.unwrap();
@@ -390,6 +391,7 @@ async fn an_answer_checkpointed_before_the_crash_is_not_asked_for_again() {
         ended_ms: None,
         content: None,
         metrics: Default::default(),
+        workspace: None,
     };
     store.create_run(&record).await.unwrap();
     store.set_status("r1", RunStatus::Running).await.unwrap();

@@ -251,6 +251,7 @@ impl Run {
             ended_ms: None,
             content: None,
             metrics: RunMetrics::default(),
+            workspace: Some(self.workspace.display().to_string()),
         };
         let opened = match store.create_run(&record).await {
             Ok(()) => store.set_status(ctx.run_id(), RunStatus::Running).await,
