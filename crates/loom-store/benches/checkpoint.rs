@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loom_core::{
-    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, RunMetrics, RunRecord, RunStatus, Store, Tool,
-    ToolCall, ToolContext, ToolError, ToolOutput, ToolResult, ToolStatus, TurnState,
+    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, RunMetrics, RunRecord, RunStatus, Store, ToolCall,
+    ToolResult, ToolStatus, TurnState,
 };
 use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom_store::SqliteStore;
+use loom_testkit::NoopTool;
 use serde_json::json;
 
 const TURNS: usize = 2000;
@@ -60,24 +61,6 @@ fn file_size(path: &std::path::Path) -> u64 {
         .sum()
 }
 
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-struct NoArgs {}
-
-struct Noop;
-
-impl Tool for Noop {
-    type Args = NoArgs;
-    fn name(&self) -> &str {
-        "noop"
-    }
-    fn description(&self) -> &str {
-        "Does nothing."
-    }
-    async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok("ok".into())
-    }
-}
-
 async fn whole_run(store: Option<Arc<dyn Store>>, turns: usize) -> Duration {
     let mut script: Vec<ScriptTurn> = (0..turns)
         .map(|_| ScriptTurn {
@@ -95,7 +78,7 @@ async fn whole_run(store: Option<Arc<dyn Store>>, turns: usize) -> Duration {
     });
     let mut builder = Agent::builder()
         .model(ScriptedModel::new(script).check_history(false))
-        .tool(Noop)
+        .tool(NoopTool::serial())
         .monitor(MonitorConfig {
             duplicate_threshold: u32::MAX,
             ..MonitorConfig::default()

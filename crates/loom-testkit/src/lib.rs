@@ -7,6 +7,9 @@
 //! It runs on plain threads, so both async tests and tests that drive the
 //! `loom` binary can use it.
 
+mod noop;
+pub use noop::{NoArgs, NoopTool};
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

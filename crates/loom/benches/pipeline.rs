@@ -15,30 +15,8 @@ use loom::{
     Agent, Decision, EventKind, PermissionDecision, PermissionPolicy, RunStatus, Tool, ToolContext, ToolError,
     ToolOutput,
 };
-use schemars::JsonSchema;
-use serde::Deserialize;
+use loom_testkit::{NoArgs, NoopTool};
 use serde_json::json;
-
-#[derive(Deserialize, JsonSchema)]
-struct NoArgs {}
-
-struct Noop;
-
-impl Tool for Noop {
-    type Args = NoArgs;
-    fn name(&self) -> &str {
-        "noop"
-    }
-    fn description(&self) -> &str {
-        "Does nothing."
-    }
-    fn concurrency_safe(&self) -> bool {
-        true
-    }
-    async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok("ok".into())
-    }
-}
 
 struct SleepOneSecond;
 
@@ -106,7 +84,7 @@ fn noop_agent(calls: usize, ask: bool) -> Agent {
     };
     Agent::builder()
         .model(ScriptedModel::new(one_turn("noop", calls)).check_history(false))
-        .tool(Noop)
+        .tool(NoopTool::concurrent())
         .permissions(policy)
         .max_concurrency(1000)
         .build()

@@ -12,28 +12,9 @@
 use std::time::{Duration, Instant};
 
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
-use loom::{Agent, EventKind, MonitorConfig, RunStatus, Tool, ToolContext, ToolError, ToolOutput};
-use schemars::JsonSchema;
-use serde::Deserialize;
+use loom::{Agent, EventKind, MonitorConfig, RunStatus};
+use loom_testkit::NoopTool;
 use serde_json::json;
-
-#[derive(Deserialize, JsonSchema)]
-struct NoArgs {}
-
-struct Noop;
-
-impl Tool for Noop {
-    type Args = NoArgs;
-    fn name(&self) -> &str {
-        "noop"
-    }
-    fn description(&self) -> &str {
-        "Does nothing."
-    }
-    async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok("ok".into())
-    }
-}
 
 fn script(turns: usize) -> Vec<ScriptTurn> {
     let mut script: Vec<ScriptTurn> = (0..turns)
@@ -59,7 +40,7 @@ async fn one_run(turns: usize, script: Vec<ScriptTurn>) -> (Duration, Vec<Instan
     let model = ScriptedModel::new(script).check_history(false);
     let agent = Agent::builder()
         .model(model)
-        .tool(Noop)
+        .tool(NoopTool::serial())
         // The script repeats one call on purpose; the monitor would rightly
         // stop that after 3 turns. Feedback and the rest stay on.
         .monitor(MonitorConfig {
