@@ -41,17 +41,12 @@ impl Terminal {
     }
 
     fn start_with(dir: &Path, script: &str, extra: &str) -> Self {
-        let loom = assert_cmd::cargo::cargo_bin("loom");
-        let command = format!(
-            "{} chat --model scripted:{} --workspace {} {extra}",
-            loom.display(),
+        let args = format!(
+            "chat --model scripted:{} --workspace {} {extra}",
             dir.join(script).display(),
             dir.join("ws").display()
         );
-        let mut child = Command::new("script")
-            .args(["-qfec", &command, "/dev/null"])
-            .env_remove("LOOM_MODEL")
-            .env("XDG_CONFIG_HOME", "/nonexistent-loom-test")
+        let mut child = common::loom_on_a_terminal(&args, "-qfec")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

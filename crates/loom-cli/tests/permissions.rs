@@ -7,7 +7,7 @@ use common::loom;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::Value;
 
@@ -163,16 +163,8 @@ fn secrets_from_the_environment_are_redacted_from_tool_output() {
 
 /// Runs loom on a pseudo-terminal (util-linux `script`), typing `input`.
 fn on_a_terminal(dir: &Path, model: &str, input: &str) -> (Option<i32>, String) {
-    let loom = assert_cmd::cargo::cargo_bin("loom");
-    let command = format!(
-        "{} run --json --model {model} --workspace {} write",
-        loom.display(),
-        dir.display()
-    );
-    let mut child = Command::new("script")
-        .args(["-qec", &command, "/dev/null"])
-        .env_remove("LOOM_MODEL")
-        .env("XDG_CONFIG_HOME", "/nonexistent-loom-test")
+    let args = format!("run --json --model {model} --workspace {} write", dir.display());
+    let mut child = common::loom_on_a_terminal(&args, "-qec")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
