@@ -538,7 +538,8 @@ impl Agent {
     }
 
     /// Resumes a stored run whose process died (status `INTERRUPTED`, or
-    /// `RUNNING` with an owner process that is gone) from its last
+    /// `QUEUED`/`RUNNING`/`WAITING_PERMISSION` with an owner process that is
+    /// gone) from its last
     /// checkpoint, in this process. Its events continue the stored `seq`.
     /// See [`crate::resume`] for how calls cut short by the crash are settled.
     pub async fn resume(&self, run_id: &str) -> Result<RunHandle, ResumeError> {
@@ -546,7 +547,7 @@ impl Agent {
         let record = store.load_run(run_id).await?.run;
         match record.status {
             RunStatus::Interrupted => {}
-            RunStatus::Running | RunStatus::WaitingPermission => {
+            RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission => {
                 let dead = crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead;
                 if !(dead && store.mark_interrupted(run_id, &record.owner).await?) {
                     return Err(ResumeError::StillRunning {

@@ -61,7 +61,8 @@ impl RunStatus {
             (from, _) if from.is_terminal() => false,
             (Queued, Running) => true,
             (Running, WaitingPermission) | (WaitingPermission, Running) => true,
-            (Running | WaitingPermission, Interrupted) => true,
+            // A run whose process died, whether or not it had started.
+            (Queued | Running | WaitingPermission, Interrupted) => true,
             (Interrupted, Running) => true,
             (Queued | Running | WaitingPermission | Interrupted, Canceled) => true,
             (Running | WaitingPermission, Done | Error | Timeout) => true,
@@ -95,6 +96,8 @@ mod tests {
         assert_eq!(Running.transition(WaitingPermission), Ok(WaitingPermission));
         assert_eq!(WaitingPermission.transition(Running), Ok(Running));
         assert_eq!(Interrupted.transition(Running), Ok(Running));
+        assert_eq!(Queued.transition(Interrupted), Ok(Interrupted));
+        assert!(Interrupted.transition(Interrupted).is_err());
         assert!(Queued.transition(Done).is_err());
         assert!(Running.transition(Queued).is_err());
         assert_eq!(

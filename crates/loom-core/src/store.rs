@@ -159,7 +159,8 @@ pub trait Store: Send + Sync {
     /// A run's events with `seq` greater than `after_seq`.
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError>;
 
-    /// Runs that claim to be executing (`RUNNING`, `WAITING_PERMISSION`).
+    /// Runs that claim to be executing or about to (`QUEUED`, `RUNNING`,
+    /// `WAITING_PERMISSION`): each names the process that owns it.
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
 
     /// Marks an active run `INTERRUPTED` if it is still owned by `owner`

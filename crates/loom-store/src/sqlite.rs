@@ -525,7 +525,7 @@ impl Store for SqliteStore {
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
         self.select_runs(
             format!(
-                "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('RUNNING', 'WAITING_PERMISSION') ORDER BY started_ms"
+                "SELECT {RUN_COLUMNS} FROM runs WHERE status IN ('QUEUED', 'RUNNING', 'WAITING_PERMISSION') ORDER BY started_ms"
             ),
             None,
         )
@@ -541,7 +541,7 @@ impl Store for SqliteStore {
             let changed = conn
                 .execute(
                     "UPDATE runs SET status = 'INTERRUPTED'
-                     WHERE id = ?1 AND owner = ?2 AND status IN ('RUNNING', 'WAITING_PERMISSION')",
+                     WHERE id = ?1 AND owner = ?2 AND status IN ('QUEUED', 'RUNNING', 'WAITING_PERMISSION')",
                     params![run_id, owner],
                 )
                 .map_err(&fail)?;

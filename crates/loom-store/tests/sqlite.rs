@@ -55,6 +55,7 @@ const LEGAL: &[(RunStatus, RunStatus)] = &[
     (Queued, Running),
     (Queued, Canceled),
     (Queued, Error),
+    (Queued, Interrupted),
     (Running, WaitingPermission),
     (Running, Done),
     (Running, Error),

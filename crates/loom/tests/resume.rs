@@ -420,3 +420,54 @@ async fn an_answer_checkpointed_before_the_crash_is_not_asked_for_again() {
     assert_eq!(outcome.metrics.llm_calls, 0);
     assert_eq!(store.load_run("r1").await.unwrap().run.content.as_deref(), Some("hi"));
 }
+
+#[tokio::test]
+async fn a_run_whose_process_died_before_it_started_resumes_from_its_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    // Recorded by a process that died before running it (or queued by a
+    // worker that is gone): no checkpoint, no events.
+    let record = loom::RunRecord {
+        run_id: "q1".into(),
+        session_id: "q1".into(),
+        prompt: "say hi".into(),
+        model: "scripted:inline".into(),
+        status: RunStatus::Queued,
+        owner: dead_owner(),
+        started_ms: 1,
+        ended_ms: None,
+        content: None,
+        metrics: Default::default(),
+        workspace: None,
+    };
+    store.create_run(&record).await.unwrap();
+    assert_eq!(
+        loom::store::recover_interrupted_runs(store.as_ref()).await.unwrap(),
+        ["q1"]
+    );
+    assert_eq!(store.load_run("q1").await.unwrap().run.status, RunStatus::Interrupted);
+
+    let hi = || ScriptTurn {
+        content: Some("hi".into()),
+        ..ScriptTurn::default()
+    };
+    let agent = Agent::builder()
+        .model(ScriptedModel::new(vec![hi(), hi()]))
+        .workspace(dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let outcome = agent.resume("q1").await.unwrap().outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("hi"));
+    let stored = store.load_run("q1").await.unwrap();
+    assert!(matches!(&stored.messages[1], Message::User { content } if content == "say hi"));
+    assert_eq!(stored.run.status, RunStatus::Done);
+
+    // Without the recovery pass, resume itself takes a dead owner's queued run.
+    let mut second = record.clone();
+    second.run_id = "q2".into();
+    store.create_run(&second).await.unwrap();
+    let outcome = agent.resume("q2").await.unwrap().outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+}

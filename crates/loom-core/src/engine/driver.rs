@@ -232,7 +232,8 @@ impl Run {
         }
     }
 
-    /// Records the run in the store (if any) and marks it running.
+    /// Records the run in the store (if any), already `RUNNING`: one write,
+    /// so no crash can leave it `QUEUED` behind a process that was running it.
     async fn open_record(&mut self, prompt: &str, ctx: &crate::context::RunContext) -> Result<(), StopReason> {
         let Some(store) = self.engine.store.clone() else {
             return Ok(());
@@ -242,7 +243,7 @@ impl Run {
             session_id: ctx.session_id().to_string(),
             prompt: prompt.to_string(),
             model: self.engine.llm.model_name().to_string(),
-            status: RunStatus::Queued,
+            status: RunStatus::Running,
             owner: self.engine.owner.clone(),
             started_ms: ctx
                 .started_at()
@@ -253,11 +254,7 @@ impl Run {
             metrics: RunMetrics::default(),
             workspace: Some(self.workspace.display().to_string()),
         };
-        let opened = match store.create_run(&record).await {
-            Ok(()) => store.set_status(ctx.run_id(), RunStatus::Running).await,
-            Err(err) => Err(err),
-        };
-        opened.map_err(|err| StopReason::Error {
+        store.create_run(&record).await.map_err(|err| StopReason::Error {
             code: "STORE".to_string(),
             message: format!("cannot record the run: {err}"),
         })
