@@ -118,15 +118,8 @@ impl PermissionGate {
         let request_id = format!("perm_{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = oneshot::channel();
         lock(&self.pending.waiting).insert(request_id.clone(), tx);
-        events.emit(
-            turn,
-            EventKind::PermissionRequest {
-                request_id: request_id.clone(),
-                tool: request.tool.to_string(),
-                args: request.args.clone(),
-                rule: request.reason.clone(),
-            },
-        );
+        // The status is recorded before the question goes out, so whoever
+        // sees the request finds the run WAITING_PERMISSION in the store.
         let waiting = self.status_tx.send_if_modified(|status| {
             let waiting = *status == RunStatus::Running;
             if waiting {
@@ -137,6 +130,15 @@ impl PermissionGate {
         if waiting {
             self.record(RunStatus::WaitingPermission).await;
         }
+        events.emit(
+            turn,
+            EventKind::PermissionRequest {
+                request_id: request_id.clone(),
+                tool: request.tool.to_string(),
+                args: request.args.clone(),
+                rule: request.reason.clone(),
+            },
+        );
 
         let timeout = async {
             match self.timeout {
