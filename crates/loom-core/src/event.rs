@@ -393,11 +393,27 @@ impl EventEmitter {
 
     /// Emits one event for `turn`. A stream nobody listens to anymore is not an error.
     pub fn emit(&self, turn: &TurnIds, kind: EventKind) {
-        let ts = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let mut seq = match self.seq.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut seq = self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let event = self.stamp_locked(&mut seq, turn, kind);
+        // Sent under the lock: parallel emitters reach the stream in `seq` order.
+        let _ = self.tx.send(event);
+    }
+
+    /// Numbers (and logs) one event without sending it, for an event that
+    /// must reach the stream only after something else — `lifecycle.end`,
+    /// sent once the store has recorded the end. Send it with
+    /// [`EventEmitter::send`] before anything else is emitted.
+    pub fn stamp(&self, turn: &TurnIds, kind: EventKind) -> Event {
+        let mut seq = self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.stamp_locked(&mut seq, turn, kind)
+    }
+
+    /// Sends an event made by [`EventEmitter::stamp`].
+    pub fn send(&self, event: Event) {
+        let _ = self.tx.send(event);
+    }
+
+    fn stamp_locked(&self, seq: &mut u64, turn: &TurnIds, kind: EventKind) -> Event {
         *seq += 1;
         let event = Event {
             run_id: self.run_id.clone(),
@@ -405,7 +421,7 @@ impl EventEmitter {
             parent_turn_id: turn.parent_turn_id.clone(),
             depth: self.depth,
             seq: *seq,
-            ts,
+            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             kind,
         };
         if let Some(log) = &self.log {
@@ -413,7 +429,7 @@ impl EventEmitter {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .push(event.clone());
         }
-        let _ = self.tx.send(event);
+        event
     }
 }
 
@@ -453,5 +469,21 @@ mod tests {
         assert_eq!(second.seq, 2);
         let back: Event = serde_json::from_value(v).unwrap();
         assert_eq!(back, first);
+    }
+
+    #[test]
+    fn a_stamped_event_is_numbered_and_logged_at_once_but_sent_only_when_asked() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let emitter = EventEmitter::new("run-1".into(), 0, tx).continuing_after(7).with_log();
+        let turn = TurnIds {
+            turn_id: "t1".into(),
+            parent_turn_id: None,
+        };
+        let last = emitter.stamp(&turn, EventKind::ToolCallsComplete { count: 0 });
+        assert_eq!(last.seq, 8);
+        assert_eq!(emitter.take_log(), [last.clone()]);
+        assert!(rx.try_recv().is_err(), "not sent yet");
+        emitter.send(last.clone());
+        assert_eq!(rx.try_recv().unwrap(), last);
     }
 }

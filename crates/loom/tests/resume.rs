@@ -327,7 +327,7 @@ async fn a_session_continues_its_conversation_across_agents() {
 }
 
 #[tokio::test]
-async fn the_store_shows_a_run_waiting_for_permission() {
+async fn the_store_shows_a_run_waiting_for_permission_and_its_end_before_the_events_say_so() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -365,6 +365,12 @@ async fn the_store_shows_a_run_waiting_for_permission() {
             handle
                 .respond_permission(request_id, loom::PermissionDecision::Allow)
                 .unwrap();
+        }
+        if let EventKind::LifecycleEnd { .. } = &event.kind {
+            // The end is recorded before it is announced.
+            let stored = store.load_run(handle.run_id()).await.unwrap();
+            assert_eq!(stored.run.status, RunStatus::Done);
+            assert_eq!(stored.last_seq, event.seq);
         }
     }
     let outcome = handle.outcome().await;

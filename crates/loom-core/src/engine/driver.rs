@@ -203,7 +203,9 @@ impl Run {
                 (status, None, Some(reason))
             }
         };
-        self.events.emit(
+        // `lifecycle.end` goes out only once the end is recorded, so whoever
+        // sees it finds the run ended in the store too.
+        let last = self.events.stamp(
             &turn,
             EventKind::LifecycleEnd {
                 status,
@@ -221,6 +223,7 @@ impl Run {
             }
         }
         self.status_tx.send_replace(status);
+        self.events.send(last);
         RunOutcome {
             run_id: ctx.run_id().to_string(),
             status,
