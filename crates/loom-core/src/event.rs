@@ -481,7 +481,7 @@ mod tests {
         };
         let last = emitter.stamp(&turn, EventKind::ToolCallsComplete { count: 0 });
         assert_eq!(last.seq, 8);
-        assert_eq!(emitter.take_log(), [last.clone()]);
+        assert_eq!(emitter.take_log(), std::slice::from_ref(&last));
         assert!(rx.try_recv().is_err(), "not sent yet");
         emitter.send(last.clone());
         assert_eq!(rx.try_recv().unwrap(), last);
