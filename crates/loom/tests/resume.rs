@@ -107,6 +107,23 @@ fn dead_owner() -> String {
     format!("{host}/pid:{pid}")
 }
 
+/// A run as a process records it before running it: `QUEUED`, owned by `owner`.
+fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
+    loom::RunRecord {
+        run_id: run_id.into(),
+        session_id: run_id.into(),
+        prompt: prompt.into(),
+        model: "scripted:inline".into(),
+        status: RunStatus::Queued,
+        owner,
+        started_ms: 1,
+        ended_ms: None,
+        content: None,
+        metrics: Default::default(),
+        workspace: None,
+    }
+}
+
 /// Runs until `record(b)` hangs, then drops the whole runtime — every task,
 /// mid-call — as a crash would. Returns the run id.
 fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> String {
@@ -229,19 +246,7 @@ async fn only_interrupted_runs_of_dead_owners_can_be_resumed() {
     ));
 
     // A run held by a live process (this one) is not taken over.
-    let live = loom::RunRecord {
-        run_id: "live".into(),
-        session_id: "live".into(),
-        prompt: "p".into(),
-        model: "m".into(),
-        status: RunStatus::Queued,
-        owner: loom::owner::this_process(),
-        started_ms: 1,
-        ended_ms: None,
-        content: None,
-        metrics: Default::default(),
-        workspace: None,
-    };
+    let live = queued_record("live", "p", loom::owner::this_process());
     store.create_run(&live).await.unwrap();
     store.set_status("live", RunStatus::Running).await.unwrap();
     assert!(matches!(
@@ -386,19 +391,7 @@ async fn the_store_shows_a_run_waiting_for_permission_and_its_end_before_the_eve
 async fn an_answer_checkpointed_before_the_crash_is_not_asked_for_again() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
-    let record = loom::RunRecord {
-        run_id: "r1".into(),
-        session_id: "r1".into(),
-        prompt: "say hi".into(),
-        model: "scripted:inline".into(),
-        status: RunStatus::Queued,
-        owner: dead_owner(),
-        started_ms: 1,
-        ended_ms: None,
-        content: None,
-        metrics: Default::default(),
-        workspace: None,
-    };
+    let record = queued_record("r1", "say hi", dead_owner());
     store.create_run(&record).await.unwrap();
     store.set_status("r1", RunStatus::Running).await.unwrap();
     let state = loom::TurnState::initial(5);
@@ -433,19 +426,7 @@ async fn a_run_whose_process_died_before_it_started_resumes_from_its_prompt() {
     let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
     // Recorded by a process that died before running it (or queued by a
     // worker that is gone): no checkpoint, no events.
-    let record = loom::RunRecord {
-        run_id: "q1".into(),
-        session_id: "q1".into(),
-        prompt: "say hi".into(),
-        model: "scripted:inline".into(),
-        status: RunStatus::Queued,
-        owner: dead_owner(),
-        started_ms: 1,
-        ended_ms: None,
-        content: None,
-        metrics: Default::default(),
-        workspace: None,
-    };
+    let record = queued_record("q1", "say hi", dead_owner());
     store.create_run(&record).await.unwrap();
     assert_eq!(
         loom::store::recover_interrupted_runs(store.as_ref()).await.unwrap(),
