@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -90,17 +91,44 @@ pub struct Request {
 pub struct FakeServer {
     port: u16,
     requests: Arc<Mutex<Vec<Request>>>,
+    count: Arc<AtomicUsize>,
+}
+
+/// What the server keeps of the requests it receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// Every request, for [`FakeServer::requests`].
+    All,
+    /// Only how many came (each body is still parsed, so the server does the
+    /// same work): for long benchmarks, whose request bodies grow with the
+    /// history and would otherwise pile up in memory.
+    Count,
 }
 
 impl FakeServer {
     /// Starts serving `replies`, one per request, in order. Requests past the
     /// end get a 500 saying the script ran out.
     pub fn start(replies: Vec<Reply>) -> Self {
+        Self::serve(replies, Keep::All)
+    }
+
+    /// Like [`FakeServer::start`], but keeps only the number of requests
+    /// ([`FakeServer::request_count`]); [`FakeServer::requests`] stays empty.
+    pub fn start_counting(replies: Vec<Reply>) -> Self {
+        Self::serve(replies, Keep::Count)
+    }
+
+    fn serve(replies: Vec<Reply>, keep: Keep) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         let port = listener.local_addr().expect("local addr").port();
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicUsize::new(0));
         let replies = Arc::new(Mutex::new(replies.into_iter()));
-        let seen = requests.clone();
+        let seen = Seen {
+            requests: requests.clone(),
+            count: count.clone(),
+            keep,
+        };
         thread::spawn(move || {
             for stream in listener.incoming().flatten() {
                 let seen = seen.clone();
@@ -108,7 +136,12 @@ impl FakeServer {
                 thread::spawn(move || serve(stream, &seen, &replies));
             }
         });
-        Self { port, requests }
+        Self { port, requests, count }
+    }
+
+    /// How many requests arrived so far.
+    pub fn request_count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -122,7 +155,15 @@ impl FakeServer {
     }
 }
 
-fn serve(stream: TcpStream, seen: &Mutex<Vec<Request>>, replies: &Mutex<std::vec::IntoIter<Reply>>) {
+/// Where a connection's thread records what it received.
+#[derive(Clone)]
+struct Seen {
+    requests: Arc<Mutex<Vec<Request>>>,
+    count: Arc<AtomicUsize>,
+    keep: Keep,
+}
+
+fn serve(stream: TcpStream, seen: &Seen, replies: &Mutex<std::vec::IntoIter<Reply>>) {
     let Ok(read_half) = stream.try_clone() else { return };
     let mut reader = BufReader::new(read_half);
     let mut stream = stream;
@@ -130,8 +171,11 @@ fn serve(stream: TcpStream, seen: &Mutex<Vec<Request>>, replies: &Mutex<std::vec
         let Some(request) = read_request(&mut reader) else {
             return;
         };
-        if let Ok(mut seen) = seen.lock() {
-            seen.push(request);
+        seen.count.fetch_add(1, Ordering::SeqCst);
+        if seen.keep == Keep::All {
+            if let Ok(mut requests) = seen.requests.lock() {
+                requests.push(request);
+            }
         }
         let reply = replies.lock().ok().and_then(|mut r| r.next());
         let keep_open = match reply {
