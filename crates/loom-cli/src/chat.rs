@@ -10,13 +10,14 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use loom::{Agent, EventKind, Message, PermissionDecision, RunHandle, RunOutcome, RunRequest, RunStatus};
-use tokio::sync::mpsc;
+use loom::{Agent, Message, RunHandle, RunOutcome, RunRequest, RunStatus};
 
 use crate::cli::ChatArgs;
-use crate::permissions;
-use crate::render::{summarize_args, Human, Renderer};
+use crate::lines::Lines;
+use crate::questions::Questions;
+use crate::render::{Human, Renderer};
 use crate::run::{build_agent, Failure};
+use crate::signals::{Signal, Signals};
 
 const HELP: &str = "Type a task and press Enter. Commands: /new starts a new conversation, \
 /session shows its id, /resume continues a task interrupted by a crash, /exit quits (so does Ctrl-D). \
@@ -32,55 +33,64 @@ pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
         (None, false) => None,
     };
     let mut session = Session::open(&agent, session_id).await?;
-    let mut input = Input::open().context("cannot listen for Ctrl-C")?;
-    eprintln!("loom chat — session {}. {HELP}", session.id);
+    let mut input = Input::open().context("cannot listen for signals")?;
+    say!("loom chat — session {}. {HELP}", session.id);
     if session.earlier > 0 {
-        eprintln!(
+        say!(
             "loom: continuing the conversation ({} earlier messages)",
             session.earlier
         );
     }
     if let Some(run_id) = &session.interrupted {
-        eprintln!("loom: the last task (run {run_id}) was interrupted when its process died; /resume continues it");
+        say!("loom: the last task (run {run_id}) was interrupted when its process died; /resume continues it");
     }
 
     loop {
+        if let Some(signal) = input.quit {
+            say!("loom: {}: leaving the chat", signal.name());
+            break;
+        }
         prompt();
         let line = tokio::select! {
             line = input.lines.recv() => line,
-            () = input.interrupts.recv() => {
-                eprintln!("\n(no answer is running: type /exit or press Ctrl-D to quit)");
+            signal = input.signals.recv() => {
+                if signal == Signal::Interrupt {
+                    say!("\n(no answer is running: type /exit or press Ctrl-D to quit)");
+                } else {
+                    input.quit = Some(signal);
+                }
                 continue;
             }
         };
         let Some(line) = line else {
             // Ctrl-D: end the prompt's line before the goodbye.
-            println!();
+            say!("");
             break;
         };
         match line.trim() {
             "" => {}
             "/exit" | "/quit" => break,
-            "/help" => eprintln!("{HELP}"),
-            "/session" => eprintln!("session {}", session.id),
+            "/help" => say!("{HELP}"),
+            "/session" => say!("session {}", session.id),
             "/resume" => resume_task(&agent, &mut session, &mut input, &args).await?,
             "/new" => {
                 session = Session::fresh();
-                eprintln!("loom: new conversation, session {}", session.id);
+                say!("loom: new conversation, session {}", session.id);
             }
             command if command.starts_with('/') => {
-                eprintln!("loom: unknown command {command}; /help lists them")
+                say!("loom: unknown command {command}; /help lists them")
             }
             task => one_task(&agent, &mut session, task, &mut input, &args).await?,
         }
     }
     if agent.store().is_some() {
-        eprintln!(
+        say!(
             "loom: session {} is saved; continue it with `loom chat --session {}`",
-            session.id, session.id
+            session.id,
+            session.id
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(input.quit.map_or(0, Signal::exit_code)))
 }
 
 /// The session of the newest recorded run, for `--continue`.
@@ -186,86 +196,57 @@ async fn one_task(
 /// Continues the session's interrupted task (`/resume`).
 async fn resume_task(agent: &Agent, session: &mut Session, input: &mut Input, args: &ChatArgs) -> Result<(), Failure> {
     let Some(run_id) = session.interrupted.take() else {
-        eprintln!("loom: nothing to resume: the session's last task was not interrupted");
+        say!("loom: nothing to resume: the session's last task was not interrupted");
         return Ok(());
     };
     match agent.resume(&run_id).await {
         Ok(handle) => {
-            eprintln!("loom: resuming run {run_id} from its last checkpoint");
+            say!("loom: resuming run {run_id} from its last checkpoint");
             follow(handle, input, args).await?;
         }
-        Err(err) => eprintln!("loom: cannot resume run {run_id}: {err}"),
+        Err(err) => say!("loom: cannot resume run {run_id}: {err}"),
     }
     Ok(())
 }
 
 /// Shows a run of the session until it ends: events rendered, permission
 /// questions asked on the terminal, Ctrl-C cancelling only this run.
+/// SIGTERM or SIGHUP interrupt the run (it stays resumable) and end the chat.
 async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Result<RunOutcome, Failure> {
     let controller = handle.controller();
     let mut renderer = Human::new(args.agent.verbose);
-    let mut cancelling = false;
+    let mut questions = Questions::new(args.agent.yes);
+    let mut stopping = false;
     loop {
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
                 renderer.event(&event).context("cannot write output")?;
-                if let EventKind::PermissionRequest { request_id, tool, args: call_args, .. } = &event.kind {
-                    let shown = format!("{tool}({})", summarize_args(call_args));
-                    let decision = if args.agent.yes {
-                        eprintln!("  ? {shown}: allowed by --yes");
-                        Some(PermissionDecision::Allow)
-                    } else {
-                        ask(&shown, input).await?
-                    };
-                    match decision {
-                        Some(decision) => {
-                            let _ = controller.respond_permission(request_id, decision);
-                        }
-                        None => {
-                            cancelling = true;
-                            controller.cancel("interrupted by the user (Ctrl-C)");
-                        }
-                    }
-                }
+                questions.on_event(&controller, &event, &mut input.lines);
             }
-            () = input.interrupts.recv(), if !cancelling => {
-                cancelling = true;
-                eprintln!("\nloom: cancelling this answer (the session goes on)");
-                controller.cancel("interrupted by the user (Ctrl-C)");
+            line = input.lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
+            signal = input.signals.recv(), if !stopping => {
+                stopping = true;
+                if signal == Signal::Interrupt {
+                    say!("\nloom: cancelling this answer (the session goes on)");
+                    controller.cancel("interrupted by the user (Ctrl-C)");
+                } else {
+                    say!("\nloom: {}: stopping this task; /resume or `loom runs resume {}` continues it", signal.name(), controller.run_id());
+                    controller.interrupt(format!("loom received {}", signal.name()));
+                    input.quit = Some(signal);
+                }
             }
         }
     }
     let outcome = handle.outcome().await;
     if args.agent.verbose {
-        eprint!("{}", crate::render::summary(&outcome));
+        say_partial!("{}", crate::render::summary(&outcome));
     }
     match outcome.status {
-        RunStatus::Done | RunStatus::Canceled => {}
-        status => eprintln!("loom: the task ended {}", status.as_str()),
+        RunStatus::Done | RunStatus::Canceled | RunStatus::Interrupted => {}
+        status => say!("loom: the task ended {}", status.as_str()),
     }
     Ok(outcome)
-}
-
-/// Asks on the terminal; `None` when Ctrl-C was pressed instead.
-async fn ask(shown: &str, input: &mut Input) -> Result<Option<PermissionDecision>, Failure> {
-    loop {
-        permissions::ask(shown);
-        let line = tokio::select! {
-            line = input.lines.recv() => line,
-            () = input.interrupts.recv() => {
-                eprintln!();
-                return Ok(None);
-            }
-        };
-        let Some(line) = line else {
-            return Ok(Some(PermissionDecision::Deny));
-        };
-        match permissions::parse_answer(&line) {
-            Ok(decision) => return Ok(Some(decision)),
-            Err(other) => eprintln!("loom: '{other}' is not an answer"),
-        }
-    }
 }
 
 fn prompt() {
@@ -274,36 +255,22 @@ fn prompt() {
     let _ = out.write_all(b"\n> ").and_then(|()| out.flush());
 }
 
-/// The terminal's input: lines typed on stdin, read on a thread of their
-/// own so that waiting for the next line never blocks the runtime, and
-/// Ctrl-C. Interrupts are received from one signal stream kept for the
-/// whole chat, so a Ctrl-C pressed between two waits is not lost.
+/// The terminal's input: lines typed on stdin and signals, each from one
+/// stream kept for the whole chat, so nothing that arrives between two
+/// waits is lost.
 struct Input {
-    lines: mpsc::UnboundedReceiver<String>,
-    interrupts: crate::interrupts::Interrupts,
+    lines: Lines,
+    signals: Signals,
+    /// A signal that ends the chat (SIGTERM, SIGHUP) came.
+    quit: Option<Signal>,
 }
 
 impl Input {
     fn open() -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        std::thread::spawn(move || {
-            let stdin = std::io::stdin();
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match stdin.read_line(&mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if tx.send(line.trim_end_matches(['\n', '\r']).to_string()).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
         Ok(Self {
-            lines: rx,
-            interrupts: crate::interrupts::Interrupts::listen()?,
+            lines: Lines::started(),
+            signals: Signals::listen()?,
+            quit: None,
         })
     }
 }

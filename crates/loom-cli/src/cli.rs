@@ -80,8 +80,12 @@ pub enum RunsCommand {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The task for the agent.
-    pub prompt: String,
+    /// The task for the agent; `-` reads it from stdin, as does no task when stdin is not a terminal.
+    pub prompt: Option<String>,
+
+    /// Read the task from this file.
+    #[arg(long, value_name = "PATH")]
+    pub prompt_file: Option<PathBuf>,
 
     #[command(flatten)]
     pub place: PlaceArgs,

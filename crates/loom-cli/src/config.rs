@@ -30,6 +30,8 @@ pub struct FileConfig {
     pub keep_recent_messages: Option<usize>,
     /// The model that writes compression summaries (default: the run's model).
     pub compression_model: Option<String>,
+    /// How many times an answer cut off by the output limit is continued (default 3).
+    pub max_continuations: Option<u32>,
     /// Tokens of the assembled system prompt (default: a quarter of the window, at most 16 000).
     pub system_prompt_budget: Option<usize>,
     pub feedback: Option<FeedbackConfig>,
@@ -45,14 +47,18 @@ pub struct FileConfig {
     pub mcp: Option<toml::Table>,
 }
 
-/// `[feedback]`: guidance between turns and the recursion monitor.
+/// `[feedback]`: guidance for the next request (`enabled`) and the
+/// recursion monitor (`monitor` and its thresholds). Counts are read as
+/// signed numbers so that a negative one gets a clear message.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackConfig {
     pub enabled: Option<bool>,
-    pub duplicate_threshold: Option<u32>,
-    pub loop_window: Option<usize>,
+    pub monitor: Option<bool>,
+    pub duplicate_threshold: Option<i64>,
+    pub loop_window: Option<i64>,
     pub error_threshold: Option<f64>,
+    pub error_window: Option<i64>,
     pub warning_ratio: Option<f64>,
 }
 
@@ -77,6 +83,10 @@ pub struct ProviderConfig {
     /// Read `<tool_call>` blocks from text, for models without tool calling.
     #[serde(default)]
     pub text_tool_calls: bool,
+    /// Where guidance goes: "system" (a system message) or "inline" (a
+    /// reminder in the last tool or user message). Default: "system" at the
+    /// official OpenAI API, "inline" anywhere else.
+    pub guidance: Option<String>,
     /// Extra HTTP headers.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,

@@ -35,15 +35,21 @@ pub async fn apply(
     }
     if let Some(feedback) = &file.feedback {
         let defaults = MonitorConfig::default();
-        builder = builder
-            .feedback(feedback.enabled.unwrap_or(true))
-            .monitor(MonitorConfig {
-                duplicate_threshold: feedback.duplicate_threshold.unwrap_or(defaults.duplicate_threshold),
-                loop_window: feedback.loop_window.unwrap_or(defaults.loop_window),
-                error_threshold: feedback.error_threshold.unwrap_or(defaults.error_threshold),
-                warning_ratio: feedback.warning_ratio.unwrap_or(defaults.warning_ratio),
-                ..defaults
-            });
+        let monitor = MonitorConfig {
+            enabled: feedback.monitor.unwrap_or(defaults.enabled),
+            duplicate_threshold: count("duplicate_threshold", feedback.duplicate_threshold)?
+                .map_or(Ok(defaults.duplicate_threshold), u32::try_from)
+                .map_err(|_| anyhow!("[feedback] duplicate_threshold is too large"))?,
+            loop_window: count("loop_window", feedback.loop_window)?.unwrap_or(defaults.loop_window),
+            error_threshold: feedback.error_threshold.unwrap_or(defaults.error_threshold),
+            error_window: count("error_window", feedback.error_window)?.unwrap_or(defaults.error_window),
+            warning_ratio: feedback.warning_ratio.unwrap_or(defaults.warning_ratio),
+        };
+        monitor.validate().map_err(|err| anyhow!("[feedback] {err}"))?;
+        builder = builder.feedback(feedback.enabled.unwrap_or(true)).monitor(monitor);
+    }
+    if let Some(times) = file.max_continuations {
+        builder = builder.max_continuations(times);
     }
     if let Some(dir) = config::user_config_dir() {
         builder = builder.instructions_dir(dir);
@@ -61,4 +67,11 @@ pub async fn apply(
         builder = builder.retriever(Arc::new(retriever), retrieval.limit.unwrap_or(5));
     }
     Ok(builder)
+}
+
+/// A count from `[feedback]`, which must not be negative.
+fn count(key: &str, value: Option<i64>) -> Result<Option<usize>> {
+    value
+        .map(|n| usize::try_from(n).map_err(|_| anyhow!("[feedback] {key} must not be negative (got {n})")))
+        .transpose()
 }

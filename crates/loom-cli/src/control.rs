@@ -43,7 +43,7 @@ pub async fn resume(
         other => Failure::Usage(anyhow!("{other}")),
     })?;
     if !json {
-        eprintln!("loom: resuming run {id} from its last checkpoint");
+        say!("loom: resuming run {id} from its last checkpoint");
     }
     follow(handle, json, agent_args).await
 }

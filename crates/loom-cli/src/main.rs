@@ -1,16 +1,37 @@
 //! The `loom` command.
 
+/// A line on stderr that never panics: a closed stderr must not bring loom
+/// down in the middle of a run (`eprintln!` would).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Like [`say!`], without the newline.
+macro_rules! say_partial {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut stderr = std::io::stderr().lock();
+        let _ = write!(stderr, $($arg)*).and_then(|()| stderr.flush());
+    }};
+}
+
 mod chat;
 mod cli;
 mod config;
 mod context;
 mod control;
-mod interrupts;
+mod lines;
 mod permissions;
+mod prompt;
 mod provider;
+mod questions;
 mod render;
 mod run;
 mod runs;
+mod signals;
 mod store;
 
 use std::process::ExitCode;
@@ -26,7 +47,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("loom: error: cannot start the async runtime: {err}");
+            say!("loom: error: cannot start the async runtime: {err}");
             return ExitCode::from(exit::ERROR);
         }
     };
@@ -42,11 +63,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(Failure::Usage(err)) => {
-            eprintln!("loom: error: {}", one_line(&err));
+            say!("loom: error: {}", one_line(&err));
             ExitCode::from(exit::USAGE)
         }
         Err(Failure::Runtime(err)) => {
-            eprintln!("loom: error: {}", one_line(&err));
+            say!("loom: error: {}", one_line(&err));
             ExitCode::from(exit::ERROR)
         }
     }

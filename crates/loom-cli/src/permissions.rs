@@ -1,14 +1,12 @@
 //! The command line's permission policy and its answers to `ask`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::{anyhow, Result};
-use loom::{Decision, PermissionDecision, PermissionPolicy, RunController};
-use serde_json::Value;
+use loom::{Decision, PermissionDecision, PermissionPolicy};
 
 use crate::cli::AgentArgs;
-use crate::render::summarize_args;
 
 /// Tools that only read: allowed unless a rule says otherwise.
 const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
@@ -43,40 +41,6 @@ pub fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Resu
         policy.set_unattended("loom runs without a terminal to ask on; rerun with --yes or --allow TOOL to approve");
     }
     Ok(policy)
-}
-
-/// Answers one `permission.request`: at once with `--yes`, else by asking
-/// on the terminal (on the blocking pool, so the run's events keep flowing).
-pub fn answer(controller: &RunController, request_id: String, tool: String, args: &Value, yes: bool) {
-    let shown = format!("{tool}({})", summarize_args(args));
-    if yes {
-        eprintln!("  ? {shown}: allowed by --yes");
-        let _ = controller.respond_permission(&request_id, PermissionDecision::Allow);
-        return;
-    }
-    let controller = controller.clone();
-    tokio::task::spawn_blocking(move || {
-        let decision = prompt(&shown);
-        // The run may have been cancelled meanwhile; then nobody waits.
-        let _ = controller.respond_permission(&request_id, decision);
-    });
-}
-
-fn prompt(shown: &str) -> PermissionDecision {
-    let stdin = std::io::stdin();
-    for _ in 0..3 {
-        ask(shown);
-        let mut line = String::new();
-        match stdin.lock().read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        match parse_answer(&line) {
-            Ok(decision) => return decision,
-            Err(other) => eprintln!("loom: '{other}' is not an answer"),
-        }
-    }
-    PermissionDecision::Deny
 }
 
 /// Prints the permission question for `shown` (a call as `tool(args)`).

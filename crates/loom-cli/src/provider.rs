@@ -14,7 +14,14 @@ use crate::config::{FileConfig, ProviderConfig};
 /// Builds the model named by `spec`, recording it to `record` if asked.
 pub fn model(spec: &str, base_url: Option<&str>, file: &FileConfig, record: Option<&Path>) -> Result<Arc<dyn Llm>> {
     let provider = file.provider.as_ref();
-    let options = options(base_url, provider);
+    let mut options = options(base_url, provider);
+    if let Some(placement) = provider.and_then(|p| p.guidance.as_deref()) {
+        options.guidance = Some(
+            placement
+                .parse()
+                .map_err(|err| anyhow::anyhow!("[provider] guidance: {err}"))?,
+        );
+    }
     let llm = model_from_spec_with(spec, &options, &|name| std::env::var(name).ok())?;
     let Some(path) = record else {
         return Ok(llm);

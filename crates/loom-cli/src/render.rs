@@ -81,15 +81,15 @@ impl Renderer for Human {
                     let first = content.lines().next().unwrap_or_default();
                     line.push_str(&format!(" — {}: {}", status.as_str(), clip(first, 160)));
                 }
-                eprintln!("{line}");
+                say!("{line}");
             }
             EventKind::MaxIterationsReached { max_iterations, .. } => {
                 self.end_line()?;
-                eprintln!("loom: step limit ({max_iterations}) reached; asking the model for its final answer");
+                say!("loom: step limit ({max_iterations}) reached; asking the model for its final answer");
             }
             EventKind::GuidanceInjected { reason, content } if self.verbose => {
                 self.end_line()?;
-                eprintln!("  · guidance ({reason}): {}", clip(content, 120));
+                say!("  · guidance ({reason}): {}", clip(content, 120));
             }
             EventKind::CompressionApplied {
                 messages_before,
@@ -99,24 +99,28 @@ impl Renderer for Human {
                 method,
             } => {
                 self.end_line()?;
-                eprintln!(
+                say!(
                     "loom: history compressed ({method}): {messages_before} → {messages_after} messages, {tokens_before} → {tokens_after} tokens"
                 );
             }
             EventKind::ContextWarning { ratio, .. } if self.verbose => {
                 self.end_line()?;
-                eprintln!("  · the context is {:.0}% full", ratio * 100.0);
+                say!("  · the context is {:.0}% full", ratio * 100.0);
             }
             EventKind::RetrievalComplete { doc_count, sources } if self.verbose => {
-                eprintln!("  · retrieved {doc_count} passages: {}", clip(&sources.join(", "), 120));
+                say!("  · retrieved {doc_count} passages: {}", clip(&sources.join(", "), 120));
             }
             EventKind::ExecutionCancelled { reason } => {
                 self.end_line()?;
-                eprintln!("loom: cancelled: {reason}");
+                say!("loom: cancelled: {reason}");
             }
             EventKind::Error { code, message, .. } => {
                 self.end_line()?;
-                eprintln!("loom: error [{code}]: {message}");
+                say!("loom: error [{code}]: {message}");
+            }
+            EventKind::Warning { code, message } => {
+                self.end_line()?;
+                say!("loom: warning [{code}]: {message}");
             }
             _ => {}
         }

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use loom::tools::file_tools;
-use loom::{Agent, EventKind, RunHandle, RunOutcome, RunStatus, StopReason};
+use loom::{Agent, RunHandle, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
-use crate::interrupts::Interrupts;
+use crate::lines::Lines;
+use crate::questions::Questions;
 use crate::render::{Human, JsonLines, Renderer};
+use crate::signals::{Signal, Signals};
 use crate::{context, permissions, provider, store};
 
 /// Exit codes of DESIGN 4.5.
@@ -21,6 +23,8 @@ pub mod exit {
     pub const NO_ANSWER: u8 = 3;
     pub const TIMEOUT: u8 = 4;
     pub const CANCELLED: u8 = 130;
+    /// The output was closed (as a process killed by SIGPIPE would end).
+    pub const OUTPUT_CLOSED: u8 = 141;
 }
 
 /// Why `loom run` could not do its job.
@@ -39,19 +43,31 @@ impl From<anyhow::Error> for Failure {
 }
 
 pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
+    let prompt = crate::prompt::task(args.prompt.as_deref(), args.prompt_file.as_deref()).map_err(Failure::Usage)?;
     let agent = build_agent(&args.agent, &args.place, None)
         .await
         .map_err(Failure::Usage)?;
     let handle = agent.run(loom::RunRequest {
-        prompt: args.prompt.clone(),
+        prompt,
         session_id: args.session.clone(),
         ..loom::RunRequest::default()
     });
     follow(handle, args.json, &args.agent).await
 }
 
-/// Shows a run until it ends — its events rendered, permission requests
-/// answered, Ctrl-C cancelling it — and returns its exit code.
+/// Why a run being followed was stopped from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// A signal came (Ctrl-C cancels; SIGTERM and SIGHUP interrupt).
+    By(Signal),
+    /// Stdout was closed (`loom run --json … | head -1`): interrupted.
+    OutputClosed,
+}
+
+/// Shows a run until it ends — its events rendered, permission questions
+/// asked on the terminal — and returns its exit code. Ctrl-C cancels the
+/// run; SIGTERM, SIGHUP or a closed stdout interrupt it (it stays
+/// resumable, recorded `INTERRUPTED`); a second signal quits at once.
 pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
     let mut renderer: Box<dyn Renderer> = if json {
         Box::new(JsonLines)
@@ -59,35 +75,59 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
         Box::new(Human::new(agent.verbose))
     };
     let controller = handle.controller();
-    let mut interrupts = Interrupts::listen().context("cannot listen for Ctrl-C")?;
-    let mut interrupted = 0u32;
+    let mut signals = Signals::listen().context("cannot listen for signals")?;
+    let mut lines = Lines::default();
+    let mut questions = Questions::new(agent.yes);
+    let mut stopped: Option<Stopped> = None;
     loop {
         tokio::select! {
-            event = handle.next_event() => match event {
-                Some(event) => {
-                    if let EventKind::PermissionRequest { request_id, tool, args: call_args, .. } = &event.kind {
-                        permissions::answer(&controller, request_id.clone(), tool.clone(), call_args, agent.yes);
+            event = handle.next_event() => {
+                let Some(event) = event else { break };
+                if stopped != Some(Stopped::OutputClosed) {
+                    if let Err(err) = renderer.event(&event) {
+                        if err.kind() != std::io::ErrorKind::BrokenPipe {
+                            return Err(Failure::Runtime(anyhow!("cannot write output: {err}")));
+                        }
+                        // Nobody reads any more: stop, resumably, and say
+                        // nothing more on stdout.
+                        if stopped.is_none() {
+                            controller.interrupt("loom's output was closed");
+                        }
+                        stopped = Some(Stopped::OutputClosed);
                     }
-                    renderer.event(&event).context("cannot write output")?;
                 }
-                None => break,
-            },
-            () = interrupts.recv() => {
-                interrupted += 1;
-                if interrupted > 1 {
-                    eprintln!("loom: interrupted again; quitting now");
-                    return Ok(ExitCode::from(exit::CANCELLED));
+                questions.on_event(&controller, &event, &mut lines);
+            }
+            line = lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
+            signal = signals.recv() => {
+                if stopped.is_some() {
+                    say!("loom: {} again; quitting now", signal.name());
+                    return Ok(ExitCode::from(signal.exit_code()));
                 }
-                eprintln!("loom: cancelling (press Ctrl-C again to quit at once)");
-                controller.cancel("interrupted by the user (Ctrl-C)");
+                stopped = Some(Stopped::By(signal));
+                match signal {
+                    Signal::Interrupt => {
+                        say!("loom: cancelling (press Ctrl-C again to quit at once)");
+                        controller.cancel("interrupted by the user (Ctrl-C)");
+                    }
+                    Signal::Terminate | Signal::Hangup => {
+                        say!("loom: {}: stopping the run; it can be resumed with `loom runs resume {}`", signal.name(), controller.run_id());
+                        controller.interrupt(format!("loom received {}", signal.name()));
+                    }
+                }
             }
         }
     }
     let outcome = handle.outcome().await;
     if agent.verbose {
-        eprint!("{}", crate::render::summary(&outcome));
+        say_partial!("{}", crate::render::summary(&outcome));
     }
-    Ok(ExitCode::from(exit_code(&outcome)))
+    let code = match (outcome.status, stopped) {
+        (RunStatus::Interrupted, Some(Stopped::By(signal))) => signal.exit_code(),
+        (RunStatus::Interrupted, _) => exit::OUTPUT_CLOSED,
+        _ => exit_code(&outcome),
+    };
+    Ok(ExitCode::from(code))
 }
 
 pub fn exit_code(outcome: &RunOutcome) -> u8 {
@@ -95,6 +135,7 @@ pub fn exit_code(outcome: &RunOutcome) -> u8 {
         (RunStatus::Done, _) => 0,
         (RunStatus::Canceled, _) => exit::CANCELLED,
         (RunStatus::Timeout, _) => exit::TIMEOUT,
+        (RunStatus::Interrupted, _) => exit::OUTPUT_CLOSED,
         (_, Some(StopReason::MaxStepsWithoutAnswer)) => exit::NO_ANSWER,
         _ => exit::ERROR,
     }
@@ -105,7 +146,7 @@ pub fn exit_code(outcome: &RunOutcome) -> u8 {
 pub async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
     let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
     for note in notes {
-        eprintln!("loom: note: {note}");
+        say!("loom: note: {note}");
     }
     let model = match (&args.model, &file.model, default_model) {
         (Some(model), _, _) => model.clone(),

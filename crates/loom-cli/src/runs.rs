@@ -10,6 +10,11 @@ use crate::cli::{RunsArgs, RunsCommand};
 use crate::run::Failure;
 
 pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
+    if !matches!(args.command, RunsCommand::Resume { .. }) {
+        // These only print: a closed stdout (`loom runs list | head -1`)
+        // ends them quietly, as it ends any Unix tool, instead of a panic.
+        restore_sigpipe();
+    }
     let path = match (&args.db, &args.workspace) {
         (Some(db), _) => db.clone(),
         (None, Some(dir)) => dir.join(".loom").join("loom.db"),
@@ -160,3 +165,15 @@ fn clip(text: &str, max: usize) -> String {
         None => text.to_string(),
     }
 }
+
+#[cfg(unix)]
+fn restore_sigpipe() {
+    // SAFETY: setting a signal's disposition to its default has no memory
+    // effects; Rust's runtime set SIGPIPE to ignored at start-up.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn restore_sigpipe() {}

@@ -211,7 +211,7 @@ fn a_chat_session_answers_asks_cancels_and_continues_after_a_restart() {
             ("Hello again", "DONE"),
         ]
     );
-    let in_session = runs.iter().filter(|r| r["session_id"] == session.as_str()).count();
+    let in_session = runs.iter().filter(|r| r["sessionId"] == session.as_str()).count();
     assert_eq!(in_session, 6, "all but the /new run belong to the first session");
     let out = common::loom_in(dir.path())
         .args(["runs", "list", "--session", &session, "--workspace", "ws"])

@@ -232,11 +232,12 @@ fn config_file_supplies_model_and_limits() {
     std::fs::create_dir(dir.path().join("conf")).unwrap();
     std::fs::write(
         dir.path().join("conf/script.yaml"),
-        "- tool_calls:\n    - name: list_dir\n- content: ''\n",
+        "- tool_calls:\n    - name: list_dir\n- content: ''\n- content: done\n",
     )
     .unwrap();
     // The script path is relative to the config file; max_steps = 1 makes the
-    // empty second answer a "no answer" exit.
+    // empty second answer a "no answer" exit. With more steps the empty
+    // answer is asked again, and the third turn answers.
     std::fs::write(
         dir.path().join("conf/loom.toml"),
         "model = \"scripted:script.yaml\"\nmax_steps = 1\n",

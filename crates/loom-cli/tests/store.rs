@@ -119,7 +119,7 @@ fn runs_list_show_and_events_read_the_database() {
 
     let json = loom_in(dir.path()).args(["runs", "list", "--json"]).output().unwrap();
     let runs: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert_eq!(runs[0]["run_id"], run_id.as_str());
+    assert_eq!(runs[0]["runId"], run_id.as_str());
 
     let show = loom_in(dir.path()).args(["runs", "show", &run_id]).output().unwrap();
     let text = String::from_utf8_lossy(&show.stdout);

@@ -79,6 +79,7 @@ pub struct AgentBuilder {
     system_budget: Option<usize>,
     store: Option<Arc<dyn Store>>,
     owner: Option<String>,
+    max_continuations: u32,
 }
 
 impl Default for AgentBuilder {
@@ -108,6 +109,7 @@ impl Default for AgentBuilder {
             system_budget: None,
             store: None,
             owner: None,
+            max_continuations: 3,
         }
     }
 }
@@ -226,7 +228,11 @@ impl AgentBuilder {
         self
     }
 
-    /// Whether guidance is written between turns (default true).
+    /// Whether guidance — feedback on failed calls, the monitor's early
+    /// warnings — is written for the next request (default true). It is
+    /// never stored in the history. The monitor itself has its own switch,
+    /// [`MonitorConfig::enabled`]; the instruction of a final-answer call
+    /// (step limit, monitor verdict) is always sent.
     pub fn feedback(mut self, on: bool) -> Self {
         self.feedback = on;
         self
@@ -238,7 +244,8 @@ impl AgentBuilder {
         self
     }
 
-    /// Thresholds of the recursion monitor.
+    /// The recursion monitor: on or off, and its thresholds (checked by
+    /// [`AgentBuilder::build`]).
     pub fn monitor(mut self, config: MonitorConfig) -> Self {
         self.monitor = config;
         self
@@ -287,6 +294,14 @@ impl AgentBuilder {
     /// Replaces the default system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// How many times an answer cut off by the model's output limit
+    /// (finish reason `length`) is continued, each with a `warning` event
+    /// (default 3; 0 takes the cut answer as it is).
+    pub fn max_continuations(mut self, times: u32) -> Self {
+        self.max_continuations = times;
         self
     }
 
@@ -341,6 +356,9 @@ impl AgentBuilder {
                 "context_window must be at least 1000 tokens".into(),
             ));
         }
+        self.monitor
+            .validate()
+            .map_err(|err| BuildError::InvalidLimit(format!("monitor: {err}")))?;
         if self.limits.max_steps == 0 {
             return Err(BuildError::InvalidLimit("max_steps must be at least 1".into()));
         }
@@ -369,6 +387,7 @@ impl AgentBuilder {
                 source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
+        let protected = protected_paths(&workspace, self.store.as_deref());
         let mut registry = ToolRegistry::new();
         for tool in self.tools {
             registry.register(tool)?;
@@ -389,6 +408,8 @@ impl AgentBuilder {
                 pricing: self.pricing,
                 store: self.store,
                 owner: self.owner.unwrap_or_else(crate::owner::this_process),
+                max_continuations: self.max_continuations,
+                protected,
                 context: ContextSettings {
                     counter: self
                         .counter
@@ -418,6 +439,29 @@ impl AgentBuilder {
             sessions: Arc::default(),
         })
     }
+}
+
+/// Loom's own state in canonical form: the workspace's `.loom/` and the
+/// store's files (their directory resolved, as the files may not exist yet).
+fn protected_paths(workspace: &Path, store: Option<&dyn Store>) -> Arc<[PathBuf]> {
+    let mut paths = vec![workspace.join(".loom")];
+    for file in store.map(Store::files).unwrap_or_default() {
+        let resolved = match (file.parent(), file.file_name()) {
+            (Some(dir), Some(name)) => (if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            })
+            .canonicalize()
+            .map(|dir| dir.join(name))
+            .unwrap_or_else(|_| file.clone()),
+            _ => file.clone(),
+        };
+        if !paths.iter().any(|known| resolved.starts_with(known)) {
+            paths.push(resolved);
+        }
+    }
+    paths.into()
 }
 
 /// What to run.
@@ -634,6 +678,8 @@ impl Agent {
             monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
             context_warned: false,
             tools_tokens: None,
+            guidance: Vec::new(),
+            call_ids: Default::default(),
         };
         (
             run,

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Limits of one run (seed 004's LoopConfig).
@@ -39,6 +40,9 @@ pub enum StopCause {
     RunTimeout,
     /// One turn took longer than the step limit.
     StepTimeout,
+    /// The process is going away (SIGTERM, SIGHUP, its output closed): the
+    /// run stops at once and stays resumable (`INTERRUPTED`), with its reason.
+    Interrupted(String),
 }
 
 /// Identity, limits and the cancel token shared by every turn of a run.
@@ -59,6 +63,96 @@ struct Inner {
     depth: u32,
     cancel: CancellationToken,
     stop_cause: OnceLock<StopCause>,
+    /// Time spent waiting for a person, which the run's clocks do not count.
+    person: watch::Sender<PersonClock>,
+}
+
+/// Waits for a person (a permission question, a pause): how many are going
+/// on, since when, and how long the finished ones took.
+#[derive(Debug, Clone, Copy, Default)]
+struct PersonClock {
+    waiting: u32,
+    since: Option<Instant>,
+    waited: Duration,
+}
+
+impl PersonClock {
+    /// Time waited so far, or `None` while a wait is going on.
+    fn settled(&self) -> Option<Duration> {
+        (self.waiting == 0).then_some(self.waited)
+    }
+}
+
+/// A time limit whose clock stops while the run waits for a person: its
+/// moment is `start + limit` plus the person's time since `start`.
+#[derive(Debug, Clone)]
+pub struct Deadline {
+    ctx: RunContext,
+    start: Instant,
+    limit: Duration,
+    /// The person's time already counted when the clock started.
+    waited_before: Duration,
+}
+
+impl Deadline {
+    /// The moment the limit passes, if it is known now: `None` while a
+    /// person is being waited for, or when the moment is too far to
+    /// represent (a limit of `u64::MAX` seconds is no limit).
+    pub fn at(&self) -> Option<Instant> {
+        let waited = self.ctx.inner.person.borrow().settled()?;
+        let extra = waited.saturating_sub(self.waited_before);
+        self.start.checked_add(self.limit)?.checked_add(extra)
+    }
+
+    /// Whether the limit has passed.
+    pub fn passed(&self) -> bool {
+        self.at().is_some_and(|at| Instant::now() >= at)
+    }
+
+    /// Completes when the limit passes (never, if it cannot).
+    pub async fn expired(&self) {
+        let mut changes = self.ctx.inner.person.subscribe();
+        loop {
+            changes.borrow_and_update();
+            match self.at() {
+                None => {
+                    if changes.changed().await.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => return,
+                        changed = changes.changed() => {
+                            if changed.is_err() {
+                                return std::future::pending().await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Holds the run's clocks while a person is being waited for; dropping it
+/// starts them again.
+#[derive(Debug)]
+pub struct PersonWait {
+    ctx: RunContext,
+}
+
+impl Drop for PersonWait {
+    fn drop(&mut self) {
+        self.ctx.inner.person.send_modify(|clock| {
+            clock.waiting = clock.waiting.saturating_sub(1);
+            if clock.waiting == 0 {
+                if let Some(since) = clock.since.take() {
+                    clock.waited += since.elapsed();
+                }
+            }
+        });
+    }
 }
 
 impl RunContext {
@@ -83,6 +177,7 @@ impl RunContext {
                 depth: 0,
                 cancel,
                 stop_cause: OnceLock::new(),
+                person: watch::Sender::new(PersonClock::default()),
             }),
         }
     }
@@ -137,9 +232,42 @@ impl RunContext {
         &self.inner.cancel
     }
 
-    /// The moment the run must end, if it has a run timeout.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.inner.limits.run_timeout.map(|limit| self.inner.started + limit)
+    /// The run's time limit, if it has one. Time spent waiting for a person
+    /// does not count against it.
+    pub fn run_deadline(&self) -> Option<Deadline> {
+        let limit = self.inner.limits.run_timeout?;
+        Some(Deadline {
+            ctx: self.clone(),
+            start: self.inner.started,
+            limit,
+            waited_before: Duration::ZERO,
+        })
+    }
+
+    /// A limit of one step starting now: like the run's, it does not count
+    /// time spent waiting for a person.
+    pub fn step_deadline(&self) -> Option<Deadline> {
+        let limit = self.inner.limits.step_timeout?;
+        let clock = *self.inner.person.borrow();
+        let waited_before = clock.waited + clock.since.map_or(Duration::ZERO, |since| since.elapsed());
+        Some(Deadline {
+            ctx: self.clone(),
+            start: Instant::now(),
+            limit,
+            waited_before,
+        })
+    }
+
+    /// Stops the run's clocks until the returned guard is dropped: a person
+    /// is being asked, or the run is paused.
+    pub fn wait_for_person(&self) -> PersonWait {
+        self.inner.person.send_modify(|clock| {
+            if clock.waiting == 0 {
+                clock.since = Some(Instant::now());
+            }
+            clock.waiting += 1;
+        });
+        PersonWait { ctx: self.clone() }
     }
 
     /// Records why the run is stopping (the first cause wins) and cancels it.

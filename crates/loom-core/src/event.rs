@@ -105,10 +105,14 @@ pub enum EventKind {
         /// `summary` (a model wrote the eight sections) or `fallback` (outputs and turns dropped).
         method: String,
     },
-    /// A feedback message was added for the next turn.
+    /// Guidance was attached to the model request that follows (it is not
+    /// stored in the history).
     #[serde(rename = "guidance.injected")]
     GuidanceInjected {
-        /// Why (`continue`, `error`, `completion`, `depth_hint`, `iteration_warning`, `duplicate_tools`, …).
+        /// Why (`error`, `repetition_warning`, `error_rate_warning`,
+        /// `iteration_warning`, `max_steps`, `duplicate_tools`,
+        /// `loop_detected`, `error_threshold`, `continue_answer`,
+        /// `empty_answer`, `task_handler`).
         reason: String,
         /// The message.
         content: String,
@@ -140,6 +144,11 @@ pub enum EventKind {
         message_count: usize,
         /// Whether tools were offered.
         tools_offered: bool,
+        /// Set on a final-answer call, which offers no tools: why
+        /// (`max_steps`, or the monitor's `duplicate_tools`, `loop_detected`,
+        /// `error_threshold`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        final_answer: Option<String>,
     },
     /// A piece of the model's text, as it arrives.
     #[serde(rename = "llm.delta")]
@@ -259,6 +268,14 @@ pub enum EventKind {
         /// The run's metrics.
         metrics: RunMetrics,
     },
+    /// Something the user should know that does not end the run.
+    #[serde(rename = "warning")]
+    Warning {
+        /// Machine-readable code (`OUTPUT_LIMIT`, `EMPTY_ANSWER`, `MONITOR_STOP`, `INTERRUPTED`).
+        code: String,
+        /// What happened, for people.
+        message: String,
+    },
     /// An error the run reports.
     #[serde(rename = "error")]
     Error {
@@ -319,6 +336,7 @@ impl EventKind {
             Self::MaxIterationsReached { .. } => "max_iterations.reached",
             Self::ExecutionCancelled { .. } => "execution.cancelled",
             Self::AgentFinish { .. } => "agent.finish",
+            Self::Warning { .. } => "warning",
             Self::Error { .. } => "error",
             Self::LifecycleEnd { .. } => "lifecycle.end",
         }

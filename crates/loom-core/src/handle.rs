@@ -90,6 +90,13 @@ impl RunController {
         self.ctx.stop(StopCause::Cancelled(reason.into()));
     }
 
+    /// Stops the run at once, like a cancel, but leaves it resumable: it
+    /// ends `INTERRUPTED` (its last checkpoint kept, no `lifecycle.end`),
+    /// for a process that is going away (SIGTERM, SIGHUP, its output closed).
+    pub fn interrupt(&self, reason: impl Into<String>) {
+        self.ctx.stop(StopCause::Interrupted(reason.into()));
+    }
+
     /// Holds the run at the next turn boundary.
     pub fn pause(&self) {
         self.pause_tx.send_replace(true);

@@ -38,14 +38,14 @@ pub mod turn_state;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumeError, RunRequest, DEFAULT_SYSTEM_PROMPT};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
-pub use context::{Limits, RunContext, StopCause};
+pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
 pub use engine::{StopReason, TimeoutKind, TurnOutcome};
 pub use event::{CallSummary, Event, EventKind};
-pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler};
+pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
 pub use handle::{Control, ControlError, RunController, RunHandle, RunOutcome};
 pub use history::{validate_history, HistoryError};
 pub use hooks::{HookCall, HookDecision, PermissionHook, ToolHook};
-pub use llm::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
+pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
 pub use memory::{Memory, MemoryConfig};
 pub use message::{Message, ToolCall};
 pub use metrics::{Pricing, RunMetrics, ToolStats};

@@ -29,7 +29,77 @@ pub struct LlmRequest<'a> {
     pub messages: &'a [Message],
     /// Tools the model may call; empty to demand a plain answer.
     pub tools: &'a [ToolSpec],
+    /// Guidance for this request only (feedback, warnings, the final-answer
+    /// instruction): never part of the history, at most one block. Each
+    /// provider places it as its [`GuidancePlacement`] says.
+    pub guidance: Option<&'a str>,
 }
+
+impl<'a> LlmRequest<'a> {
+    /// A request without guidance.
+    pub fn new(messages: &'a [Message], tools: &'a [ToolSpec]) -> Self {
+        Self {
+            messages,
+            tools,
+            guidance: None,
+        }
+    }
+
+    /// The same request carrying `guidance`.
+    pub fn with_guidance(self, guidance: Option<&'a str>) -> Self {
+        Self { guidance, ..self }
+    }
+
+    /// Where an inline reminder goes: the index of the last message when it
+    /// is a tool result or a user message, `None` when a new user message
+    /// must carry it (the conversation ends with an assistant message).
+    pub fn reminder_target(&self) -> Option<usize> {
+        match self.messages.last() {
+            Some(Message::Tool { .. } | Message::User { .. }) => Some(self.messages.len() - 1),
+            _ => None,
+        }
+    }
+}
+
+/// Where a request's guidance goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuidancePlacement {
+    /// A system message after the conversation: for providers that accept a
+    /// system message anywhere (the official OpenAI API).
+    System,
+    /// A marked reminder ([`reminder`]) at the end of the last tool or user
+    /// message: for providers and chat templates that take one system
+    /// message only, at the start (Anthropic; vLLM, llama.cpp and Ollama
+    /// serving Mistral, Gemma and others).
+    Inline,
+}
+
+impl std::str::FromStr for GuidancePlacement {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "system" => Ok(Self::System),
+            "inline" => Ok(Self::Inline),
+            other => Err(format!(
+                "'{other}' is not a guidance placement: use \"system\" or \"inline\""
+            )),
+        }
+    }
+}
+
+/// Guidance as an inline reminder: marked, so the model tells it apart from
+/// the tool's output or the person's words, and so can anyone reading a
+/// request body.
+pub fn reminder(guidance: &str) -> String {
+    format!("{REMINDER_OPEN}\n{guidance}\n{REMINDER_CLOSE}")
+}
+
+/// Opens an inline reminder.
+pub const REMINDER_OPEN: &str = "<system-reminder>";
+/// Closes an inline reminder.
+pub const REMINDER_CLOSE: &str = "</system-reminder>";
 
 /// Token counts of one call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

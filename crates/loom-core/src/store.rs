@@ -14,12 +14,16 @@ use crate::status::{InvalidTransition, RunStatus};
 use crate::tool_result::ToolResult;
 use crate::turn_state::TurnState;
 
-/// A run as stored.
+/// A run as stored. In JSON its fields are camelCase, like every JSON Loom
+/// prints (`runId`, `startedMs`, …); the older snake_case names are read too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RunRecord {
     /// The run.
+    #[serde(alias = "run_id")]
     pub run_id: String,
     /// Its session.
+    #[serde(alias = "session_id")]
     pub session_id: String,
     /// The user's request.
     pub prompt: String,
@@ -30,8 +34,10 @@ pub struct RunRecord {
     /// Who runs it (a process id and host, or a worker id).
     pub owner: String,
     /// Start, milliseconds since the Unix epoch.
+    #[serde(alias = "started_ms")]
     pub started_ms: u64,
     /// End, when it ended.
+    #[serde(alias = "ended_ms")]
     pub ended_ms: Option<u64>,
     /// The answer, when there is one.
     pub content: Option<String>,
@@ -172,6 +178,13 @@ pub trait Store: Send + Sync {
 
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The files this store writes, if it writes local files: tools are
+    /// kept away from them (a tool writing into the database would break
+    /// the run that records it).
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
 }
 
 /// Marks every active run whose owner process is known to be dead as

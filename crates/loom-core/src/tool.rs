@@ -26,6 +26,28 @@ pub struct ToolContext {
     /// Cancelled when the run is cancelled or the call times out. A tool
     /// doing long work should watch it and return early.
     pub cancel: CancellationToken,
+    /// Loom's own state — the workspace's `.loom/` and the run database
+    /// wherever it lives — as canonical paths: tools must neither read nor
+    /// change anything at or under them.
+    pub protected: Arc<[std::path::PathBuf]>,
+}
+
+impl ToolContext {
+    /// A context with nothing protected (see [`ToolContext::protected`]).
+    pub fn new(call_id: impl Into<String>, run_id: Arc<str>, workspace: Arc<Path>, cancel: CancellationToken) -> Self {
+        Self {
+            call_id: call_id.into(),
+            run_id,
+            workspace,
+            cancel,
+            protected: Arc::from(Vec::new()),
+        }
+    }
+
+    /// Whether `path` (canonical) is Loom's own state.
+    pub fn is_protected(&self, path: &Path) -> bool {
+        self.protected.iter().any(|protected| path.starts_with(protected))
+    }
 }
 
 /// A tool's successful output.

@@ -50,13 +50,7 @@ async fn raw(client: &reqwest::Client, url: &str) -> (Duration, Duration) {
 async fn provider(model: &OpenAiModel) -> (Duration, Duration, usize) {
     let messages = [Message::user("go")];
     let started = Instant::now();
-    let mut stream = model
-        .stream(LlmRequest {
-            messages: &messages,
-            tools: &[],
-        })
-        .await
-        .expect("stream");
+    let mut stream = model.stream(LlmRequest::new(&messages, &[])).await.expect("stream");
     let mut first = None;
     let mut count = 0;
     while let Some(chunk) = stream.next().await {

@@ -24,6 +24,7 @@ pub mod scripted;
 mod spec;
 pub mod text_tools;
 mod transport;
+mod wire;
 
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use openai::{OpenAiConfig, OpenAiModel};

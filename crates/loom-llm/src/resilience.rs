@@ -138,8 +138,12 @@ impl CircuitBreaker {
         inner.1 += 1;
         let trip = inner.0 == BreakerState::HalfOpen || inner.1 >= self.settings.failure_threshold;
         if trip {
+            let now = Instant::now();
             inner.0 = BreakerState::Open {
-                until: Instant::now() + self.settings.open_for,
+                // A setting too large for the clock means "open for good".
+                until: now
+                    .checked_add(self.settings.open_for)
+                    .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
             };
             tracing::warn!(
                 provider = %self.provider,

@@ -95,13 +95,6 @@ pub enum ScriptError {
     },
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ScriptFile {
-    Turns(Vec<ScriptTurn>),
-    Wrapped { turns: Vec<ScriptTurn> },
-}
-
 /// A model that plays a script.
 #[derive(Debug)]
 pub struct ScriptedModel {
@@ -167,23 +160,32 @@ impl ScriptedModel {
     }
 }
 
-/// Parses script text: a list of turns, or `{"turns": [...]}`.
+/// Parses script text: a list of turns, or `{"turns": [...]}`. An error
+/// names the turn that is wrong (counting from 1) and what is wrong with it.
 pub fn parse_script(text: &str, yaml: bool) -> Result<Vec<ScriptTurn>, String> {
-    let file: ScriptFile = if yaml {
+    // A value first: syntax errors keep their line and column, and each turn
+    // is then read on its own, so an error can say which.
+    let value: Value = if yaml {
         serde_yaml::from_str(text).map_err(|err| err.to_string())?
     } else {
-        // Parse to a value first so syntax errors keep their line and column.
-        let value: Value = serde_json::from_str(text).map_err(|err| err.to_string())?;
-        serde_json::from_value(value)
-            .map_err(|err| format!("{err}; expected a list of turns like [{{\"content\": \"…\"}}]"))?
+        serde_json::from_str(text).map_err(|err| err.to_string())?
     };
-    let turns = match file {
-        ScriptFile::Turns(turns) | ScriptFile::Wrapped { turns } => turns,
+    let list = match value {
+        Value::Array(list) => list,
+        Value::Object(mut object) if object.contains_key("turns") => match object.remove("turns") {
+            Some(Value::Array(list)) => list,
+            _ => return Err("\"turns\" must be a list of turns like [{\"content\": \"…\"}]".to_string()),
+        },
+        _ => return Err("expected a list of turns like [{\"content\": \"…\"}] (or {\"turns\": [...]})".to_string()),
     };
-    for (index, turn) in turns.iter().enumerate() {
+    let mut turns = Vec::with_capacity(list.len());
+    for (index, value) in list.into_iter().enumerate() {
+        let number = index + 1;
+        let turn: ScriptTurn = serde_json::from_value(value).map_err(|err| format!("turn {number}: {err}"))?;
         if turn.content.is_none() && turn.chunks.is_none() && turn.tool_calls.is_empty() {
-            return Err(format!("turn {} has neither \"content\" nor \"tool_calls\"", index + 1));
+            return Err(format!("turn {number} has neither \"content\" nor \"tool_calls\""));
         }
+        turns.push(turn);
     }
     Ok(turns)
 }
@@ -324,9 +326,15 @@ mod tests {
     fn rejects_malformed_scripts_with_a_position_or_reason() {
         let err = parse_script("[{\"content\": }]", false).unwrap_err();
         assert!(err.contains("line 1"), "{err}");
-        let err = parse_script("[{\"contnet\": \"x\"}]", false).unwrap_err();
-        assert!(err.contains("expected a list of turns"), "{err}");
+        let err = parse_script("[{\"content\": \"a\"}, {\"contnet\": \"x\"}]", false).unwrap_err();
+        assert!(err.starts_with("turn 2: unknown field `contnet`"), "{err}");
+        let err = parse_script("[{\"content\": \"a\"}, {\"tool_calls\": [{\"arguments\": {}}]}]", false).unwrap_err();
+        assert!(err.starts_with("turn 2: missing field `name`"), "{err}");
+        let err = parse_script("turns:\n  - content: a\n  - delay_ms: fast\n", true).unwrap_err();
+        assert!(err.starts_with("turn 2: invalid type"), "{err}");
         let err = parse_script("[{}]", false).unwrap_err();
         assert!(err.contains("turn 1"), "{err}");
+        let err = parse_script("{\"content\": \"x\"}", false).unwrap_err();
+        assert!(err.contains("expected a list of turns"), "{err}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use loom_core::{Llm, LlmError};
+use loom_core::{GuidancePlacement, Llm, LlmError};
 
 use crate::anthropic::{AnthropicConfig, AnthropicModel, ANTHROPIC_BASE_URL};
 use crate::openai::{OpenAiConfig, OpenAiModel, OPENAI_BASE_URL};
@@ -20,6 +20,10 @@ pub struct ProviderOptions {
     pub max_tokens: Option<u32>,
     /// Read `<tool_call>` blocks from the text (OpenAI-compatible only).
     pub text_tool_calls: bool,
+    /// Where guidance goes (OpenAI-compatible only; Anthropic always takes
+    /// it inline). Default: a system message at the official OpenAI API, an
+    /// inline reminder at any other server.
+    pub guidance: Option<GuidancePlacement>,
     /// Timeouts, retries, limits and extra headers.
     pub http: HttpSettings,
 }
@@ -50,6 +54,16 @@ pub enum ModelSpecError {
         var: &'static str,
         /// The provider.
         provider: &'static str,
+    },
+    /// The API base is not an http(s) URL.
+    #[error(
+        "invalid base URL '{url}': {reason}; give an http:// or https:// address such as http://localhost:11434/v1"
+    )]
+    InvalidBaseUrl {
+        /// The address given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// `scripted:` with no path.
     #[error("scripted model needs a script path: scripted:PATH")]
@@ -94,6 +108,7 @@ pub fn model_from_spec_with(
                 .clone()
                 .or_else(|| var("OPENAI_BASE_URL"))
                 .unwrap_or_else(|| OPENAI_BASE_URL.to_string());
+            check_base_url(&base_url)?;
             let api_key = var("OPENAI_API_KEY");
             if api_key.is_none() && base_url.trim_end_matches('/') == OPENAI_BASE_URL {
                 return Err(ModelSpecError::MissingApiKey {
@@ -107,6 +122,7 @@ pub fn model_from_spec_with(
             config.stream = options.stream.unwrap_or(true);
             config.max_tokens = options.max_tokens;
             config.text_tool_calls = options.text_tool_calls;
+            config.guidance = options.guidance;
             config.http = options.http.clone();
             Ok(Arc::new(OpenAiModel::new(config)?))
         }
@@ -119,6 +135,7 @@ pub fn model_from_spec_with(
                 .clone()
                 .or_else(|| var("ANTHROPIC_BASE_URL"))
                 .unwrap_or_else(|| ANTHROPIC_BASE_URL.to_string());
+            check_base_url(&base_url)?;
             let api_key = var("ANTHROPIC_API_KEY");
             if api_key.is_none() && base_url.trim_end_matches('/') == ANTHROPIC_BASE_URL {
                 return Err(ModelSpecError::MissingApiKey {
@@ -140,6 +157,26 @@ pub fn model_from_spec_with(
             spec: spec.to_string(),
         }),
     }
+}
+
+/// An API base must be an absolute http(s) URL with a host; anything else
+/// would only fail later, after retries, as a connection error.
+fn check_base_url(url: &str) -> Result<(), ModelSpecError> {
+    let invalid = |reason: &str| ModelSpecError::InvalidBaseUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let parsed = reqwest::Url::parse(url.trim()).map_err(|err| invalid(&err.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid(&format!(
+            "the scheme is '{}', not http or https",
+            parsed.scheme()
+        )));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("it names no host"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -174,5 +211,45 @@ mod tests {
             model_from_spec_with("gemini:x", &local, &no_env),
             Err(ModelSpecError::UnknownProvider { .. })
         ));
+    }
+
+    #[test]
+    fn base_urls_must_be_http() {
+        for bad in [
+            "localhost:11434",
+            "ftp://example.com/v1",
+            "not a url",
+            "http://",
+            "file:///tmp/x",
+        ] {
+            for spec in ["openai:m", "anthropic:m"] {
+                let options = ProviderOptions {
+                    base_url: Some(bad.into()),
+                    ..ProviderOptions::default()
+                };
+                let err = model_from_spec_with(spec, &options, &no_env).err().unwrap();
+                assert!(
+                    matches!(err, ModelSpecError::InvalidBaseUrl { .. }),
+                    "{spec} {bad}: {err}"
+                );
+                assert!(err.to_string().contains(bad), "{err}");
+            }
+        }
+        let env = |name: &str| (name == "OPENAI_BASE_URL").then(|| "127.0.0.1:8080".to_string());
+        assert!(matches!(
+            model_from_spec_with("openai:m", &ProviderOptions::default(), &env),
+            Err(ModelSpecError::InvalidBaseUrl { .. })
+        ));
+        for good in [
+            "http://127.0.0.1:8080/v1",
+            "https://api.example.com",
+            "http://[::1]:11434/v1/",
+        ] {
+            let options = ProviderOptions {
+                base_url: Some(good.into()),
+                ..ProviderOptions::default()
+            };
+            assert!(model_from_spec_with("openai:m", &options, &no_env).is_ok(), "{good}");
+        }
     }
 }

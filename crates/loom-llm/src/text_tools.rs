@@ -6,48 +6,29 @@
 use std::collections::VecDeque;
 
 use futures_util::stream::{self, StreamExt};
-use loom_core::{FinishReason, LlmChunk, LlmError, LlmStream, Message, ToolSpec};
+use loom_core::{FinishReason, LlmChunk, LlmError, LlmStream, ToolSpec};
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// The conversation as a text-only model sees it: tools described in the
-/// system prompt, calls and results written out as text.
-pub fn render_messages(messages: &[Message], tools: &[ToolSpec]) -> Vec<Message> {
-    let mut rendered = Vec::with_capacity(messages.len());
-    let mut described = tools.is_empty();
-    for message in messages {
-        match message {
-            Message::System { content } if !described => {
-                described = true;
-                rendered.push(Message::system(format!("{content}\n\n{}", instructions(tools))));
-            }
-            Message::Assistant { content, tool_calls } if !tool_calls.is_empty() => {
-                let mut text = content.clone();
-                for call in tool_calls {
-                    let written = json!({"name": call.name, "arguments": call.arguments});
-                    text.push_str(&format!("\n{OPEN}{written}{CLOSE}"));
-                }
-                rendered.push(Message::assistant(text.trim_start().to_string()));
-            }
-            Message::Tool {
-                tool_call_id,
-                name,
-                content,
-            } => rendered.push(Message::user(format!(
-                "<tool_result name=\"{name}\" id=\"{tool_call_id}\">\n{content}\n</tool_result>"
-            ))),
-            other => rendered.push(other.clone()),
-        }
-    }
-    if !described {
-        rendered.insert(0, Message::system(instructions(tools)));
-    }
-    rendered
+/// A call as the text-only model writes it: `<tool_call>{"name": …, "arguments": …}</tool_call>`.
+pub(crate) fn write_call(f: &mut std::fmt::Formatter<'_>, call: &loom_core::ToolCall) -> std::fmt::Result {
+    let name = serde_json::to_string(&call.name).map_err(|_| std::fmt::Error)?;
+    write!(f, "{OPEN}{{\"name\":{name},\"arguments\":{}}}{CLOSE}", call.arguments)
 }
 
-fn instructions(tools: &[ToolSpec]) -> String {
+/// A result as the text-only model reads it: a `<tool_result>` block.
+pub(crate) fn write_result(f: &mut std::fmt::Formatter<'_>, name: &str, id: &str, content: &str) -> std::fmt::Result {
+    write!(
+        f,
+        "<tool_result name=\"{name}\" id=\"{id}\">\n{content}\n</tool_result>"
+    )
+}
+
+/// The instructions that describe `tools` to a text-only model (added to
+/// the system prompt).
+pub(crate) fn instructions(tools: &[ToolSpec]) -> String {
     let list: Vec<Value> = tools
         .iter()
         .map(|t| json!({"name": t.name, "description": t.description, "parameters": t.parameters}))
@@ -236,36 +217,5 @@ mod tests {
             .collect();
         assert_eq!(text, "a < b and <tool is not a tag");
         assert_eq!(out.last(), Some(&LlmChunk::Finish(FinishReason::Stop)));
-    }
-
-    #[test]
-    fn history_is_rendered_as_text() {
-        let messages = vec![
-            Message::system("base"),
-            Message::user("q"),
-            Message::Assistant {
-                content: String::new(),
-                tool_calls: vec![loom_core::ToolCall {
-                    id: "c1".into(),
-                    name: "read_file".into(),
-                    arguments: json!({"path": "a"}),
-                }],
-            },
-            Message::tool("c1", "read_file", "hello"),
-        ];
-        let tools = vec![ToolSpec {
-            name: "read_file".into(),
-            description: "Reads.".into(),
-            parameters: json!({"type": "object"}),
-        }];
-        let out = render_messages(&messages, &tools);
-        assert!(out[0].content().contains("\"name\": \"read_file\""));
-        assert!(out[2]
-            .content()
-            .contains("<tool_call>{\"arguments\":{\"path\":\"a\"},\"name\":\"read_file\"}</tool_call>"));
-        assert_eq!(out[3].role(), "user");
-        assert!(out[3]
-            .content()
-            .starts_with("<tool_result name=\"read_file\" id=\"c1\">"));
     }
 }

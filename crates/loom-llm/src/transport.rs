@@ -337,11 +337,12 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
     {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+        // A value too large (or not finite) to be a duration is no hint.
+        return Duration::try_from_secs_f64(ms.max(0.0) / 1000.0).ok();
     }
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return Some(Duration::from_secs_f64(secs.max(0.0)));
+        return Duration::try_from_secs_f64(secs.max(0.0)).ok();
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())

@@ -49,12 +49,7 @@ fn anthropic(server: &FakeServer) -> AnthropicModel {
 
 async fn chunks(model: &dyn Llm) -> Result<Vec<LlmChunk>, LlmError> {
     let messages = [Message::system("s"), Message::user("q")];
-    let mut stream = model
-        .stream(LlmRequest {
-            messages: &messages,
-            tools: &[],
-        })
-        .await?;
+    let mut stream = model.stream(LlmRequest::new(&messages, &[])).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.push(chunk?);
@@ -287,8 +282,8 @@ async fn openai_multi_step_run_sends_what_the_api_accepts() {
 
     let messages = requests[1].body["messages"].as_array().unwrap().clone();
     let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
-    // The guidance of seed 003 comes after the tool messages, as a system message.
-    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "tool", "system"]);
+    // Both calls succeeded: no guidance, and never a second system message.
+    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "tool"]);
     let assistant = &messages[2];
     assert!(assistant["content"].is_null());
     assert_eq!(assistant["tool_calls"][0]["id"], "call_a");
@@ -583,8 +578,8 @@ async fn non_streaming_servers_and_text_tool_calls() {
         .collect();
     assert_eq!(
         roles,
-        vec!["system", "user", "assistant", "user", "system"],
-        "calls and results written as text, then the guidance"
+        vec!["system", "user", "assistant", "user"],
+        "calls and results written as text"
     );
 }
 
@@ -641,13 +636,7 @@ async fn tool_specs_go_out_unchanged() {
         parameters: json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
     }];
     let messages = [Message::user("q")];
-    let mut stream = model
-        .stream(LlmRequest {
-            messages: &messages,
-            tools: &tools,
-        })
-        .await
-        .unwrap();
+    let mut stream = model.stream(LlmRequest::new(&messages, &tools)).await.unwrap();
     while stream.next().await.is_some() {}
     assert_eq!(
         server.requests()[0].body["tools"][0],

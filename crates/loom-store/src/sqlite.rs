@@ -583,6 +583,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    fn files(&self) -> Vec<PathBuf> {
+        // The database and SQLite's companions (WAL, shared memory, journal).
+        let mut files = vec![self.path.clone()];
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut name = self.path.as_os_str().to_owned();
+            name.push(suffix);
+            files.push(PathBuf::from(name));
+        }
+        files
+    }
+
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         self.select_runs(
             format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_id = ?1 ORDER BY started_ms, rowid"),

@@ -4,9 +4,12 @@
 //! workspace, when `..` climbs out of it, or when a symlink on the way leads
 //! out of it. The check resolves the deepest part of the path that exists
 //! with `canonicalize`, so links are judged by where they really point.
+//! Loom's own state (the workspace's `.loom/`, the run database) is refused
+//! too, however it is reached.
 
 use std::io;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use loom_core::ToolError;
 
@@ -14,6 +17,8 @@ use loom_core::ToolError;
 #[derive(Debug, Clone)]
 pub struct Jail {
     root: PathBuf,
+    /// Canonical paths no tool may touch (see `ToolContext::protected`).
+    protected: Arc<[PathBuf]>,
 }
 
 /// Why a path was refused.
@@ -37,7 +42,19 @@ impl Jail {
     pub fn new(root: &Path) -> io::Result<Self> {
         Ok(Self {
             root: root.canonicalize()?,
+            protected: Arc::from(Vec::new()),
         })
+    }
+
+    /// The same jail, also refusing `protected` paths and what is under them.
+    pub fn protecting(mut self, protected: Arc<[PathBuf]>) -> Self {
+        self.protected = protected;
+        self
+    }
+
+    /// Whether `path` (real) is, or is under, a protected path.
+    pub fn is_protected(&self, path: &Path) -> bool {
+        self.protected.iter().any(|protected| path.starts_with(protected))
     }
 
     /// The canonical root.
@@ -78,11 +95,18 @@ impl Jail {
                         )));
                     }
                     let rest = normalized.strip_prefix(existing).unwrap_or(Path::new(""));
-                    return Ok(if rest.as_os_str().is_empty() {
+                    let resolved = if rest.as_os_str().is_empty() {
                         real
                     } else {
                         real.join(rest)
-                    });
+                    };
+                    if self.is_protected(&resolved) {
+                        return Err(refuse(
+                            "it is Loom's own state (its run database and records), which tools may not read or change"
+                                .to_string(),
+                        ));
+                    }
+                    return Ok(resolved);
                 }
                 Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(err) => return Err(refuse(format!("it cannot be inspected ({err})"))),
@@ -147,6 +171,33 @@ mod tests {
         assert!(err.to_string().contains("outside the workspace"), "{err}");
         assert!(jail.resolve("../outside.txt").is_err());
         assert!(jail.resolve("sub/../../x").is_err());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn refuses_loom_state_however_it_is_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(".loom")).unwrap();
+        std::fs::write(dir.path().join(".loom/loom.db"), "db").unwrap();
+        std::fs::create_dir(dir.path().join("data")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join(".loom"), dir.path().join("state")).unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let jail = Jail::new(dir.path())
+            .unwrap()
+            .protecting(vec![root.join(".loom"), root.join("data/runs.db")].into());
+        for path in [
+            ".loom",
+            ".loom/loom.db",
+            ".loom/new.txt",
+            "./sub/../.loom/loom.db",
+            "state/loom.db",
+            "data/runs.db",
+        ] {
+            let err = jail.resolve(path).unwrap_err();
+            assert!(err.to_string().contains("Loom's own state"), "{path}: {err}");
+        }
+        assert!(jail.resolve("data/other.db").is_ok());
+        assert!(jail.resolve(".loomish").is_ok(), "only the directory itself");
     }
 
     #[cfg(unix)]

@@ -8,12 +8,7 @@ use loom_tools::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 use serde_json::json;
 
 fn ctx(root: &Path) -> ToolContext {
-    ToolContext {
-        call_id: "c1".into(),
-        run_id: "r1".into(),
-        workspace: Arc::from(root),
-        cancel: CancellationToken::new(),
-    }
+    ToolContext::new("c1", "r1".into(), Arc::from(root), CancellationToken::new())
 }
 
 fn args<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {

@@ -57,10 +57,28 @@ async fn the_same_call_three_times_ends_the_tool_phase() {
         _ => None,
     });
     assert_eq!(last_start, Some(false));
-    assert!(outcome
+    // It is labelled as the monitor's final-answer call.
+    let last_llm = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e.kind, EventKind::LlmStart { .. }))
+        .unwrap();
+    assert!(
+        matches!(&last_llm.kind, EventKind::LlmStart { final_answer: Some(why), .. } if why == "duplicate_tools"),
+        "{last_llm:?}"
+    );
+    // The termination message went to that request only: guidance is
+    // never stored in the history.
+    let (_, message) = guidance(&events)
+        .into_iter()
+        .find(|(reason, _)| reason == "duplicate_tools")
+        .unwrap();
+    assert!(message.contains("Detected repeated tool calls"), "{message}");
+    assert!(!outcome
         .messages
         .iter()
         .any(|m| m.content().contains("Detected repeated tool calls")));
+    assert_eq!(outcome.messages.iter().filter(|m| m.role() == "system").count(), 1);
 }
 
 #[tokio::test]
@@ -121,44 +139,59 @@ async fn the_iteration_warning_comes_at_80_percent() {
 // ---- feedback ----
 
 #[tokio::test]
-async fn guidance_follows_the_tool_messages_and_the_depth_hint_comes_after_turn_3() {
+async fn guidance_comes_only_with_a_signal_and_is_never_stored() {
+    // Five tool turns; the third fails. Only the request after the failure
+    // carries guidance, and the history keeps none.
     let turns: Vec<ScriptTurn> = (0..5)
-        .map(|i| call("echo", json!({"text": format!("result {i}")})))
+        .map(|i| {
+            if i == 2 {
+                call("faulty", json!({"mode": "fail"}))
+            } else {
+                call("echo", json!({"text": format!("result {i}")}))
+            }
+        })
         .chain([answer("done")])
         .collect();
     let agent = Agent::builder()
         .model_arc(scripted(turns))
         .tool(Echo::default())
+        .tool(Faulty)
         .max_steps(10)
         .build()
         .unwrap();
     let (events, outcome) = agent.run("collect five results").collect().await;
+    assert_contract(&events);
     validate_history(&outcome.messages, false).unwrap();
-    // After each tool message: the guidance, as a system message.
-    for (index, message) in outcome.messages.iter().enumerate() {
-        if let Message::Tool { .. } = message {
-            let next = &outcome.messages[index + 1];
-            assert_eq!(next.role(), "system", "guidance right after the tool results");
-            assert!(next.content().contains("collect five results"), "{}", next.content());
-        }
+    let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
+    let mut expected = vec!["system", "user"];
+    for _ in 0..5 {
+        expected.extend(["assistant", "tool"]);
     }
-    let hints: Vec<u32> = events
+    expected.push("assistant");
+    assert_eq!(roles, expected, "no guidance in the history");
+    let given = guidance(&events);
+    assert_eq!(given.len(), 1, "{given:?}");
+    assert_eq!(given[0].0, "error");
+    assert!(
+        given[0].1.starts_with("The tool call failed (faulty)."),
+        "{}",
+        given[0].1
+    );
+    assert!(!given[0].1.contains('%'), "no invented progress figures");
+    // Announced with the request that carries it: the turn after the failure.
+    let guided = events
         .iter()
-        .filter(|e| matches!(&e.kind, EventKind::GuidanceInjected { reason, .. } if reason == "depth_hint"))
-        .map(|e| {
-            let iteration = events
-                .iter()
-                .filter(|x| x.seq < e.seq)
-                .filter_map(|x| match x.kind {
-                    EventKind::IterationStart { iteration } => Some(iteration),
-                    _ => None,
-                })
-                .next_back()
-                .unwrap();
-            iteration
+        .find(|e| matches!(e.kind, EventKind::GuidanceInjected { .. }))
+        .unwrap();
+    let iteration = events
+        .iter()
+        .filter(|e| e.seq < guided.seq)
+        .filter_map(|e| match e.kind {
+            EventKind::IterationStart { iteration } => Some(iteration),
+            _ => None,
         })
-        .collect();
-    assert_eq!(hints, vec![4], "only the turn after turn 3 carries a depth hint here");
+        .next_back();
+    assert_eq!(iteration, Some(3));
 }
 
 struct Sql;
@@ -197,6 +230,17 @@ async fn custom_handlers_and_switching_feedback_off() {
     let (events, outcome) = agent.run("go").collect().await;
     assert!(guidance(&events).is_empty());
     assert!(!outcome.messages.iter().skip(1).any(|m| m.role() == "system"));
+
+    // Off, even a failure gets no guidance; the monitor still watches.
+    let turns = vec![call("faulty", json!({"mode": "fail"})), answer("done")];
+    let agent = Agent::builder()
+        .model_arc(scripted(turns))
+        .tool(Faulty)
+        .feedback(false)
+        .build()
+        .unwrap();
+    let (events, _) = agent.run("go").collect().await;
+    assert!(guidance(&events).is_empty());
 }
 
 // ---- compression ----

@@ -499,12 +499,9 @@ async fn steer_adds_a_user_message_at_the_next_turn_boundary() {
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Done);
     let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
-    // The guidance (a system message) follows the tool results; the steer comes after it.
-    assert_eq!(
-        roles,
-        vec!["system", "user", "assistant", "tool", "system", "user", "assistant"]
-    );
-    assert_eq!(outcome.messages[5].content(), "answer in French");
+    // The steer follows the tool results (guidance is never stored).
+    assert_eq!(roles, vec!["system", "user", "assistant", "tool", "user", "assistant"]);
+    assert_eq!(outcome.messages[4].content(), "answer in French");
     validate_history(&outcome.messages, false).unwrap();
 }
 

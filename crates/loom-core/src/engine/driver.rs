@@ -68,6 +68,7 @@ impl Run {
             let (end, state) = self.turns(&mut memory, state, None).await;
             return self.close(memory, state, end).await;
         }
+        self.remember_call_ids(&snapshot.messages);
         memory.extend(snapshot.messages);
         memory.mark_saved();
         let dangling = crate::resume::dangling_calls(memory.messages());
@@ -137,6 +138,7 @@ impl Run {
     async fn start_history(&mut self, memory: &mut Memory, state: &TurnState, history: Vec<Message>, prompt: String) {
         let system = self.system_prompt(&prompt, &TurnIds::of(state), memory).await;
         memory.push(Message::system(system));
+        self.remember_call_ids(&history);
         memory.extend(history);
         memory.push(Message::user(prompt));
     }
@@ -164,6 +166,13 @@ impl Run {
                     memory.extend(new_messages);
                     (state.clone(), Some(End::Answer(content)))
                 }
+                // An interrupted turn leaves its calls as a crash would:
+                // the resumed run settles them from the journal (a call that
+                // never started runs then), so nothing is lost or repeated.
+                TurnOutcome::Stop {
+                    reason: reason @ StopReason::Interrupted(_),
+                    ..
+                } => (state.clone(), Some(End::Stopped(reason))),
                 TurnOutcome::Stop { reason, new_messages } => {
                     memory.extend(new_messages);
                     (state.clone(), Some(End::Stopped(reason)))
@@ -186,6 +195,9 @@ impl Run {
         let turn = TurnIds::of(&state);
         let turns = state.turn_counter() + 1;
         self.metrics.duration_ms = ctx.elapsed().as_millis() as u64;
+        if let End::Stopped(StopReason::Interrupted(why)) = end {
+            return self.suspend(memory, state, why).await;
+        }
         let (status, content, stop_reason) = match end {
             End::Answer(content) => {
                 self.events.emit(
@@ -230,6 +242,43 @@ impl Run {
             content,
             stop_reason,
             turns,
+            metrics: self.metrics,
+            messages: memory.into_messages(),
+        }
+    }
+
+    /// Leaves an interrupted run resumable: its last events and checkpoint
+    /// recorded, its status `INTERRUPTED`, and no `lifecycle.end` (it is not
+    /// over: `Agent::resume` continues it from here).
+    async fn suspend(mut self, mut memory: Memory, state: TurnState, why: String) -> RunOutcome {
+        let ctx = self.ctx.clone();
+        let turn = TurnIds::of(&state);
+        self.events.emit(
+            &turn,
+            EventKind::Warning {
+                code: "INTERRUPTED".to_string(),
+                message: format!("{why}: the run stopped and can be resumed from its last checkpoint"),
+            },
+        );
+        if let Some(store) = self.engine.store.clone() {
+            let recorded = match self.checkpoint(&mut memory, &state).await {
+                Ok(()) => store
+                    .mark_interrupted(ctx.run_id(), &self.engine.owner)
+                    .await
+                    .map_err(|err| err.to_string()),
+                Err(reason) => Err(format!("{reason:?}")),
+            };
+            if let Err(err) = recorded {
+                tracing::error!(run_id = ctx.run_id(), error = %err, "could not record the interrupted run");
+            }
+        }
+        self.status_tx.send_replace(RunStatus::Interrupted);
+        RunOutcome {
+            run_id: ctx.run_id().to_string(),
+            status: RunStatus::Interrupted,
+            content: None,
+            stop_reason: Some(StopReason::Interrupted(why)),
+            turns: state.turn_counter() + 1,
             metrics: self.metrics,
             messages: memory.into_messages(),
         }
@@ -319,6 +368,19 @@ impl Run {
                 "MAX_STEPS_NO_ANSWER",
                 "the step limit was reached and the model gave no final answer".to_string(),
             ),
+            StopReason::Monitor(verdict) => (
+                RunStatus::Error,
+                "MONITOR_STOPPED",
+                format!(
+                    "the recursion monitor ended the tool phase after {} of {} steps ({}: {}) and the model gave no final answer",
+                    self.steps,
+                    self.ctx.limits().max_steps,
+                    verdict.termination.reason(),
+                    verdict.detail
+                ),
+            ),
+            // Suspended runs do not get here (see `suspend`).
+            StopReason::Interrupted(why) => (RunStatus::Interrupted, "INTERRUPTED", why.clone()),
             StopReason::Error { code, message } => (RunStatus::Error, code.as_str(), message.clone()),
         };
         self.events.emit(

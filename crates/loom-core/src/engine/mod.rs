@@ -2,7 +2,7 @@
 
 mod context;
 mod driver;
-mod feedback;
+mod guidance;
 mod model_call;
 mod turn;
 
@@ -36,6 +36,10 @@ pub(crate) struct Engine {
     pub store: Option<Arc<dyn crate::store::Store>>,
     /// Who runs them (recorded with each run).
     pub owner: String,
+    /// How many times an answer cut off by the output limit is continued.
+    pub max_continuations: u32,
+    /// Loom's own state, which tools must not touch.
+    pub protected: Arc<[std::path::PathBuf]>,
 }
 
 /// Context machinery of an agent: memory, compression, feedback, assembly.
@@ -44,7 +48,8 @@ pub(crate) struct ContextSettings {
     pub counter: Arc<dyn TokenCounter>,
     /// The model that writes summaries (default: the run's model).
     pub summarizer: Option<Arc<dyn Llm>>,
-    /// Whether guidance is written between turns.
+    /// Whether guidance (feedback and the monitor's warnings) is written for
+    /// the next request.
     pub feedback: bool,
     pub task_handlers: Vec<Arc<dyn TaskHandler>>,
     pub monitor: MonitorConfig,
@@ -76,9 +81,22 @@ pub(crate) struct Run {
     pub context_warned: bool,
     /// Tokens of the tool definitions (they do not change during a run).
     pub tools_tokens: Option<usize>,
+    /// Guidance for the next model request (never stored in the history).
+    pub guidance: Vec<guidance::GuidancePart>,
+    /// Every tool-call id of the run's history, so a new call never reuses one.
+    pub call_ids: std::collections::HashSet<String>,
 }
 
 impl Run {
+    /// Remembers the call ids of `messages` (a history the run starts from).
+    pub(crate) fn remember_call_ids(&mut self, messages: &[crate::message::Message]) {
+        for message in messages {
+            for call in message.tool_calls() {
+                self.call_ids.insert(call.id.clone());
+            }
+        }
+    }
+
     /// Steering messages that arrived since the last turn boundary.
     pub(crate) fn take_steering(&mut self) -> Vec<String> {
         let mut messages = Vec::new();

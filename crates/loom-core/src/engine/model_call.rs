@@ -15,6 +15,8 @@ use super::Run;
 pub(crate) struct ModelResponse {
     pub content: String,
     pub tool_calls: Vec<ToolCall>,
+    /// Why the model stopped, when it said.
+    pub finish: Option<FinishReason>,
 }
 
 /// Why a model call produced no answer.
@@ -34,18 +36,23 @@ struct PartialCall {
 }
 
 impl Run {
-    /// Streams one answer from the model for `messages`, offering `tools`.
+    /// Streams one answer from the model for `messages` with this request's
+    /// `guidance`, offering `tools`. `final_answer` names why a call offers
+    /// no tools (`max_steps`, a monitor verdict), for `llm.start`.
     pub(crate) async fn call_model(
         &mut self,
         messages: &[Message],
         tools: &[ToolSpec],
+        guidance: Option<&str>,
+        final_answer: Option<&str>,
         turn: &TurnIds,
     ) -> Result<ModelResponse, CallError> {
         let engine = self.engine.clone();
         let cancel = self.ctx.cancel_token().clone();
         self.metrics.llm_calls += 1;
         let started = std::time::Instant::now();
-        let answer = self.stream_answer(&engine, &cancel, messages, tools, turn).await;
+        let request = LlmRequest::new(messages, tools).with_guidance(guidance);
+        let answer = self.stream_answer(&engine, &cancel, request, final_answer, turn).await;
         self.metrics.llm_ms += started.elapsed().as_millis() as u64;
         answer
     }
@@ -54,22 +61,22 @@ impl Run {
         &mut self,
         engine: &super::Engine,
         cancel: &tokio_util::sync::CancellationToken,
-        messages: &[Message],
-        tools: &[ToolSpec],
+        request: LlmRequest<'_>,
+        final_answer: Option<&str>,
         turn: &TurnIds,
     ) -> Result<ModelResponse, CallError> {
         self.events.emit(
             turn,
             EventKind::LlmStart {
                 model: engine.llm.model_name().to_string(),
-                message_count: messages.len(),
-                tools_offered: !tools.is_empty(),
+                message_count: request.messages.len(),
+                tools_offered: !request.tools.is_empty(),
+                final_answer: final_answer.map(str::to_string),
             },
         );
         if cancel.is_cancelled() {
             return Err(CallError::Cancelled);
         }
-        let request = LlmRequest { messages, tools };
         let mut stream = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(CallError::Cancelled),
@@ -78,6 +85,8 @@ impl Run {
 
         let mut content = String::new();
         let mut calls: Vec<PartialCall> = Vec::new();
+        // The provider's call index → our slot (see `PartialCall::slot`).
+        let mut slots: Vec<usize> = Vec::new();
         let mut usage: Option<Usage> = None;
         let mut finish: Option<FinishReason> = None;
         loop {
@@ -103,10 +112,7 @@ impl Run {
                     name,
                     arguments,
                 })) => {
-                    if calls.len() <= index {
-                        calls.resize_with(index + 1, PartialCall::default);
-                    }
-                    let call = &mut calls[index];
+                    let call = PartialCall::slot(&mut calls, &mut slots, index, id.as_deref());
                     if let Some(id) = id.filter(|id| !id.is_empty()) {
                         call.id = Some(id);
                     }
@@ -133,36 +139,86 @@ impl Run {
         }
         let tool_calls: Vec<ToolCall> = calls
             .into_iter()
-            .enumerate()
             // A provider may leave holes in the indices; a hole is no call.
-            .filter(|(_, call)| call.id.is_some() || !call.name.is_empty() || !call.arguments.is_empty())
-            .map(|(index, call)| finish_call(index, call, turn))
+            .filter(|call| call.id.is_some() || !call.name.is_empty() || !call.arguments.is_empty())
+            .enumerate()
+            .map(|(index, call)| finish_call(index, call, turn, &mut self.call_ids))
             .collect();
         self.events.emit(
             turn,
             EventKind::LlmFinish {
                 content: content.clone(),
                 usage,
-                finish_reason: finish.map(|reason| reason.as_str().to_string()),
+                finish_reason: finish.as_ref().map(|reason| reason.as_str().to_string()),
                 cost_usd,
                 tool_call_count: tool_calls.len(),
             },
         );
-        Ok(ModelResponse { content, tool_calls })
+        Ok(ModelResponse {
+            content,
+            tool_calls,
+            finish,
+        })
     }
 }
 
-fn finish_call(index: usize, call: PartialCall, turn: &TurnIds) -> ToolCall {
+impl PartialCall {
+    /// The call a delta for the provider's call `index` belongs to. Some
+    /// servers number every call 0; a delta that brings a new id for an
+    /// index whose call already has another id and a name starts a new call.
+    fn slot<'a>(
+        calls: &'a mut Vec<PartialCall>,
+        slots: &mut Vec<usize>,
+        index: usize,
+        id: Option<&str>,
+    ) -> &'a mut PartialCall {
+        if slots.len() <= index {
+            slots.resize(index + 1, usize::MAX);
+        }
+        let current = slots[index];
+        let starts_another = id.filter(|id| !id.is_empty()).is_some_and(|id| {
+            calls
+                .get(current)
+                .is_some_and(|call| !call.name.is_empty() && call.id.as_deref().is_some_and(|known| known != id))
+        });
+        if current == usize::MAX || starts_another {
+            // Calls keep the order in which they first appear.
+            calls.push(PartialCall::default());
+            slots[index] = calls.len() - 1;
+        }
+        &mut calls[slots[index]]
+    }
+}
+
+/// The finished call, with an id that is unique in the run: a provider's id
+/// that is missing, empty or already used (in this answer or earlier) is
+/// replaced, so every result pairs with the right call.
+fn finish_call(
+    index: usize,
+    call: PartialCall,
+    turn: &TurnIds,
+    taken: &mut std::collections::HashSet<String>,
+) -> ToolCall {
     let arguments = if call.arguments.trim().is_empty() {
         Value::Object(Default::default())
     } else {
         // Invalid JSON is kept as text; the validate stage reports it to the model.
         crate::json_strict::parse_strict(&call.arguments).unwrap_or(Value::String(call.arguments))
     };
-    let id = call.id.unwrap_or_else(|| {
-        let turn_prefix: String = turn.turn_id.chars().take(8).collect();
-        format!("call_{turn_prefix}_{index}")
-    });
+    let id = match call.id {
+        Some(id) if !id.trim().is_empty() && !taken.contains(&id) => id,
+        _ => {
+            let turn_prefix: String = turn.turn_id.chars().take(8).collect();
+            let mut id = format!("call_{turn_prefix}_{index}");
+            let mut attempt = 1;
+            while taken.contains(&id) {
+                attempt += 1;
+                id = format!("call_{turn_prefix}_{index}_{attempt}");
+            }
+            id
+        }
+    };
+    taken.insert(id.clone());
     ToolCall {
         id,
         name: call.name,

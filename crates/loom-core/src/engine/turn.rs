@@ -1,11 +1,9 @@
 //! `tt`: one turn of the run (seed 000), ending in a base case or a tail call.
 
-use std::time::Instant;
-
-use crate::context::{RunContext, StopCause};
+use crate::context::{Deadline, RunContext, StopCause};
 use crate::event::{CallSummary, EventKind, TurnIds};
-use crate::feedback::MAX_ITERATIONS_MESSAGE;
-use crate::llm::LlmError;
+use crate::feedback::{Stop, Termination, MAX_ITERATIONS_MESSAGE};
+use crate::llm::{FinishReason, LlmError};
 use crate::memory::Memory;
 use crate::message::{Message, ToolCall};
 use crate::pipeline::{BatchEnv, ToolPipeline};
@@ -13,6 +11,7 @@ use crate::resume::CallRepair;
 use crate::tool_result::ToolResult;
 use crate::turn_state::TurnState;
 
+use super::guidance::GuidancePart;
 use super::model_call::{CallError, ModelResponse};
 use super::Run;
 
@@ -61,6 +60,12 @@ pub enum StopReason {
     Timeout(TimeoutKind),
     /// The turn limit was reached and the final call gave no answer either.
     MaxStepsWithoutAnswer,
+    /// The recursion monitor ended the tool phase (repetition, a loop, too
+    /// many errors) and the final call gave no answer either.
+    Monitor(Stop),
+    /// The process is going away (SIGTERM, SIGHUP, its output closed): the
+    /// run stopped and stays resumable (`INTERRUPTED`).
+    Interrupted(String),
     /// A fatal error (the model failed).
     Error {
         /// Machine-readable code.
@@ -74,8 +79,49 @@ pub enum StopReason {
 const FINAL_ANSWER_SUFFIX: &str = "Do not call any more tools. Using only the information you already have, \
 give your best final answer now, and say briefly what remains unfinished, if anything.";
 
-/// Turn metadata key set when the monitor ends the tool phase.
+/// Turn metadata key set when the monitor ends the tool phase: `{reason, detail}`.
 const TERMINATE_KEY: &str = "loom.terminate";
+
+/// Guidance of a retry after an empty answer.
+const EMPTY_ANSWER_NUDGE: &str = "Your last reply was empty. Reply now: answer the user's request in text, \
+or call a tool if you need one.";
+
+/// Guidance of a request that continues an answer cut off by the output limit.
+const CONTINUE_ANSWER: &str = "Your previous reply was cut off because it reached the output token limit. \
+Continue exactly where it stopped, without repeating anything; do not start over.";
+
+/// Why a turn's model call offers no tools.
+#[derive(Debug, Clone)]
+enum FinalAnswer {
+    /// The step limit.
+    MaxSteps,
+    /// A verdict of the recursion monitor.
+    Monitor(Stop),
+}
+
+impl FinalAnswer {
+    /// As named in events: `max_steps`, or the monitor's reason.
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::MaxSteps => "max_steps",
+            Self::Monitor(stop) => stop.termination.reason(),
+        }
+    }
+
+    fn message(&self) -> &'static str {
+        match self {
+            Self::MaxSteps => MAX_ITERATIONS_MESSAGE,
+            Self::Monitor(stop) => stop.termination.message(),
+        }
+    }
+}
+
+/// How an answer phase treats what the model said.
+#[derive(Debug, Clone, Copy)]
+struct AnswerRules {
+    /// An empty answer is retried once with a nudge.
+    retry_empty: bool,
+}
 
 impl Run {
     /// Handles exactly one turn.
@@ -86,7 +132,8 @@ impl Run {
         if let Some(reason) = self.stop_reason(ctx) {
             return stop(reason, Vec::new());
         }
-        if ctx.deadline().is_some_and(|deadline| Instant::now() >= deadline) {
+        let run_deadline = ctx.run_deadline();
+        if run_deadline.as_ref().is_some_and(Deadline::passed) {
             ctx.stop(StopCause::RunTimeout);
             return stop(StopReason::Timeout(TimeoutKind::Run), Vec::new());
         }
@@ -102,22 +149,9 @@ impl Run {
             },
         );
 
-        // The step deadline covers the model call and the turn's tools.
-        let step_deadline = ctx
-            .limits()
-            .step_timeout
-            .map(|limit| (Instant::now() + limit, StopCause::StepTimeout));
-        let deadline = match (step_deadline, ctx.deadline()) {
-            (Some((step, _)), Some(run)) if run < step => Some((run, StopCause::RunTimeout)),
-            (None, Some(run)) => Some((run, StopCause::RunTimeout)),
-            (step, _) => step,
-        };
-
-        let terminate = state
-            .metadata()
-            .get(TERMINATE_KEY)
-            .and_then(|v| v.as_str())
-            .map(str::to_string);
+        // The step deadline covers the model call and the turn's tools; like
+        // the run's, its clock stops while a person is asked.
+        let step_deadline = ctx.step_deadline();
         let work = async {
             // The hard step limit comes first; then a verdict of the monitor.
             if state.is_final() {
@@ -128,28 +162,25 @@ impl Run {
                         max_iterations: state.max_iterations(),
                     },
                 );
-                self.final_answer_turn(memory, MAX_ITERATIONS_MESSAGE, state, &turn, ctx)
+                self.final_answer_turn(memory, FinalAnswer::MaxSteps, &turn, ctx).await
+            } else if let Some(verdict) = monitor_verdict(state) {
+                self.final_answer_turn(memory, FinalAnswer::Monitor(verdict), &turn, ctx)
                     .await
-            } else if let Some(message) = terminate {
-                self.final_answer_turn(memory, &message, state, &turn, ctx).await
             } else {
                 self.tool_turn(memory, state, &turn, ctx).await
             }
         };
         tokio::pin!(work);
-        let Some((at, cause)) = deadline else {
-            return work.await;
-        };
-        tokio::select! {
+        let cause = tokio::select! {
             biased;
-            outcome = &mut work => outcome,
-            _ = tokio::time::sleep_until(at.into()) => {
-                // Stop the run, then let the turn wind down so every running
-                // tool gets a result and the transcript stays valid.
-                ctx.stop(cause);
-                work.await
-            }
-        }
+            outcome = &mut work => return outcome,
+            () = expired(step_deadline.as_ref()) => StopCause::StepTimeout,
+            () = expired(run_deadline.as_ref()) => StopCause::RunTimeout,
+        };
+        // Stop the run, then let the turn wind down so every running tool
+        // gets a result and the transcript stays valid.
+        ctx.stop(cause);
+        work.await
     }
 
     async fn tool_turn(
@@ -161,7 +192,8 @@ impl Run {
     ) -> TurnOutcome {
         let engine = self.engine.clone();
         let tools = engine.pipeline.registry().specs();
-        let (response, compacted) = match self.model_phase(memory, None, tools, turn, ctx).await {
+        let rules = AnswerRules { retry_empty: true };
+        let (response, compacted) = match self.answer_phase(memory, tools, None, rules, turn, ctx).await {
             Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
@@ -312,86 +344,212 @@ impl Run {
             },
         );
 
-        // Phase 4: feedback, placed after the tool messages (seed 003).
+        // Phase 4: feedback for the next request only (never stored).
         self.monitor.observe(content, calls, &results);
-        new_messages.extend(self.guidance(&results, state, turn));
         let verdict = self.monitor.check(state.turn_counter() + 1, state.max_iterations());
-        for (reason, message) in verdict.warnings {
-            self.events.emit(
-                turn,
-                EventKind::GuidanceInjected {
-                    reason: reason.to_string(),
-                    content: message.clone(),
-                },
+        if self.engine.context.feedback {
+            let warned_of_errors = verdict
+                .warnings
+                .iter()
+                .any(|(reason, _)| *reason == "error_rate_warning");
+            if let Some(part) = self
+                .feedback(&results, state)
+                .filter(|p| !(warned_of_errors && p.reason == "error"))
+            {
+                self.guidance.push(part);
+            }
+            self.guidance.extend(
+                verdict
+                    .warnings
+                    .into_iter()
+                    .map(|(reason, content)| GuidancePart::new(reason, content)),
             );
-            new_messages.push(Message::system(message));
         }
         new_messages.extend(self.take_steering().into_iter().map(Message::user));
         let mut outcome = self.recurse(state, turn, new_messages, compacted);
-        if let (Some(termination), TurnOutcome::Recurse { next, .. }) = (verdict.terminate, &mut outcome) {
+        if let (Some(verdict), TurnOutcome::Recurse { next, .. }) = (verdict.terminate, &mut outcome) {
             self.events.emit(
                 turn,
-                EventKind::GuidanceInjected {
-                    reason: termination.reason().to_string(),
-                    content: termination.message().to_string(),
+                EventKind::Warning {
+                    code: "MONITOR_STOP".to_string(),
+                    message: format!(
+                        "the recursion monitor ended the tool phase ({}: {}); the model is asked for its final answer without tools",
+                        verdict.termination.reason(),
+                        verdict.detail
+                    ),
                 },
             );
             *next = next.with_metadata(
                 TERMINATE_KEY,
-                serde_json::Value::String(termination.message().to_string()),
+                serde_json::json!({"reason": verdict.termination.reason(), "detail": verdict.detail}),
             );
         }
         outcome
     }
 
     /// One last call without tools (seed 004): at the step limit, or when
-    /// the monitor ended the tool phase.
+    /// the monitor ended the tool phase. Its instruction is guidance: part of
+    /// this request only, never of the history.
     async fn final_answer_turn(
         &mut self,
         memory: &mut Memory,
-        reason: &str,
-        _state: &TurnState,
+        why: FinalAnswer,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> TurnOutcome {
-        let instruction = Message::system(format!("{reason}\n{FINAL_ANSWER_SUFFIX}"));
-        let (response, _) = match self.model_phase(memory, Some(&instruction), &[], turn, ctx).await {
+        let instruction = GuidancePart::new(why.reason(), format!("{}\n{FINAL_ANSWER_SUFFIX}", why.message()));
+        let rules = AnswerRules { retry_empty: false };
+        let (response, _) = match self
+            .answer_phase(memory, &[], Some((instruction, why.reason())), rules, turn, ctx)
+            .await
+        {
             Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
         let answer = response.content;
-        let new_messages = vec![instruction, Message::assistant(answer.clone())];
         if answer.trim().is_empty() {
-            return stop(StopReason::MaxStepsWithoutAnswer, new_messages);
+            let reason = match why {
+                FinalAnswer::MaxSteps => StopReason::MaxStepsWithoutAnswer,
+                FinalAnswer::Monitor(verdict) => StopReason::Monitor(verdict),
+            };
+            return stop(reason, Vec::new());
         }
         TurnOutcome::Finish {
-            content: answer,
-            new_messages,
+            content: answer.clone(),
+            new_messages: vec![Message::assistant(answer)],
         }
     }
 
-    /// Phases 1–2: context (compression when needed), then the model call.
-    /// A "context length exceeded" answer compresses and retries once.
+    /// The model's answer, checked: an answer cut off by the output limit is
+    /// continued (up to `max_continuations` times, each with a `warning`), a
+    /// filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
+    /// retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — when
+    /// `rules` say so. `last_call` is the guidance of a final-answer call and
+    /// its reason. Returns the answer (the continued pieces joined) and
+    /// whether the history was compressed.
+    async fn answer_phase(
+        &mut self,
+        memory: &mut Memory,
+        tools: &[crate::llm::ToolSpec],
+        last_call: Option<(GuidancePart, &'static str)>,
+        rules: AnswerRules,
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> Result<(ModelResponse, bool), TurnOutcome> {
+        let final_answer = last_call.as_ref().map(|(_, reason)| *reason);
+        let mut extra = last_call.map(|(part, _)| part);
+        let max_continuations = self.engine.max_continuations;
+        let mut compacted = false;
+        let mut nudged = false;
+        // Pieces of an answer cut off by the output limit, pushed to memory
+        // so the model sees what it wrote, then merged into one message.
+        let mut pieces: Vec<String> = Vec::new();
+        loop {
+            let (mut response, compressed) = self
+                .model_phase(memory, tools, extra.take(), final_answer, turn, ctx)
+                .await?;
+            compacted |= compressed;
+            let has_text = !response.content.trim().is_empty();
+            let cut_off = response.finish == Some(FinishReason::Length);
+            if cut_off && has_text && response.tool_calls.is_empty() && (pieces.len() as u32) < max_continuations {
+                let number = pieces.len() + 1;
+                self.warn(
+                    turn,
+                    "OUTPUT_LIMIT",
+                    format!(
+                        "the answer reached the model's output token limit (finish reason: length); asking the model to continue ({number} of at most {max_continuations})"
+                    ),
+                );
+                memory.push(Message::assistant(response.content.clone()));
+                pieces.push(response.content);
+                extra = Some(GuidancePart::new("continue_answer", CONTINUE_ANSWER));
+                continue;
+            }
+            if response.finish == Some(FinishReason::ContentFilter) {
+                return Err(stop(
+                    StopReason::Error {
+                        code: "CONTENT_FILTERED".to_string(),
+                        message: "the provider filtered the model's answer (finish reason: content_filter, or an Anthropic refusal); nothing usable was returned".to_string(),
+                    },
+                    Vec::new(),
+                ));
+            }
+            if cut_off {
+                self.warn(
+                    turn,
+                    "OUTPUT_LIMIT",
+                    if response.tool_calls.is_empty() {
+                        "the answer reached the model's output token limit and may be incomplete".to_string()
+                    } else {
+                        "the answer reached the model's output token limit; its last tool call may be cut short"
+                            .to_string()
+                    },
+                );
+            }
+            if !pieces.is_empty() {
+                // Merge the pieces into one message. Compression keeps the
+                // latest messages as they are, so they are still the tail;
+                // should they not be, they stay apart and the answer is the
+                // last piece (the events carry all of it).
+                let tail = &memory.messages()[memory.messages().len().saturating_sub(pieces.len())..];
+                let intact = tail.len() == pieces.len()
+                    && tail.iter().zip(&pieces).all(|(message, piece)| {
+                        matches!(message, Message::Assistant { content, tool_calls } if content == piece && tool_calls.is_empty())
+                    });
+                if intact {
+                    for _ in 0..pieces.len() {
+                        memory.pop();
+                    }
+                    let mut whole = pieces.concat();
+                    whole.push_str(&response.content);
+                    response.content = whole;
+                }
+                pieces.clear();
+            }
+            let empty = response.content.trim().is_empty() && response.tool_calls.is_empty();
+            if empty && rules.retry_empty {
+                if !nudged {
+                    nudged = true;
+                    self.warn(
+                        turn,
+                        "EMPTY_ANSWER",
+                        "the model answered with nothing (no text, no tool call); asking once more".to_string(),
+                    );
+                    extra = Some(GuidancePart::new("empty_answer", EMPTY_ANSWER_NUDGE));
+                    continue;
+                }
+                return Err(stop(
+                    StopReason::Error {
+                        code: "EMPTY_ANSWER".to_string(),
+                        message: "the model answered with nothing twice (no text and no tool call)".to_string(),
+                    },
+                    Vec::new(),
+                ));
+            }
+            return Ok((response, compacted));
+        }
+    }
+
+    /// Phases 1–2: context (compression when needed), then the model call
+    /// with the guidance for this request. A "context length exceeded"
+    /// answer compresses and retries once.
     async fn model_phase(
         &mut self,
         memory: &mut Memory,
-        extra: Option<&Message>,
         tools: &[crate::llm::ToolSpec],
+        extra: Option<GuidancePart>,
+        final_answer: Option<&'static str>,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> Result<(ModelResponse, bool), TurnOutcome> {
         let mut compacted = self.prepare_context(memory, tools, turn, ctx, false).await;
+        let guidance = self.take_guidance(turn, extra);
         let mut retried = false;
         loop {
             self.phase(turn, "llm", true);
-            let called = match extra {
-                Some(extra) => {
-                    let mut messages = memory.messages().to_vec();
-                    messages.push(extra.clone());
-                    self.call_model(&messages, tools, turn).await
-                }
-                None => self.call_model(memory.messages(), tools, turn).await,
-            };
+            let called = self
+                .call_model(memory.messages(), tools, guidance.as_deref(), final_answer, turn)
+                .await;
             self.phase(turn, "llm", false);
             match called {
                 Ok(response) => return Ok((response, compacted)),
@@ -425,6 +583,17 @@ impl Run {
         }
     }
 
+    /// A `warning` event.
+    fn warn(&self, turn: &TurnIds, code: &str, message: String) {
+        self.events.emit(
+            turn,
+            EventKind::Warning {
+                code: code.to_string(),
+                message,
+            },
+        );
+    }
+
     /// Runs the turn's calls through the pipeline; every call gets exactly
     /// one result, in call order, also when the run is cancelled.
     async fn run_tools(
@@ -441,6 +610,7 @@ impl Run {
             turn,
             gate: &self.gate,
             store: self.engine.store.as_ref(),
+            protected: &self.engine.protected,
         };
         let results = pipeline.run_batch(calls, &env).await;
         for result in &results {
@@ -496,12 +666,18 @@ impl Run {
             Some(StopCause::Cancelled(reason)) => StopReason::Cancelled(reason.clone()),
             Some(StopCause::RunTimeout) => StopReason::Timeout(TimeoutKind::Run),
             Some(StopCause::StepTimeout) => StopReason::Timeout(TimeoutKind::Step),
+            Some(StopCause::Interrupted(reason)) => StopReason::Interrupted(reason.clone()),
             None => cancelled(),
         })
     }
 
     /// Waits while the run is paused. Returns false when cancelled meanwhile.
     async fn wait_while_paused(&mut self, ctx: &RunContext) -> bool {
+        if !*self.pause_rx.borrow() {
+            return true;
+        }
+        // A paused run waits for a person: its clocks stop meanwhile.
+        let _person = ctx.wait_for_person();
         while *self.pause_rx.borrow_and_update() {
             tokio::select! {
                 biased;
@@ -515,6 +691,27 @@ impl Run {
             }
         }
         true
+    }
+}
+
+/// The monitor's verdict carried by a turn's state, if any.
+fn monitor_verdict(state: &TurnState) -> Option<Stop> {
+    let verdict = state.metadata().get(TERMINATE_KEY)?;
+    Some(Stop {
+        termination: Termination::from_reason(verdict.get("reason")?.as_str()?)?,
+        detail: verdict
+            .get("detail")
+            .and_then(|d| d.as_str())
+            .unwrap_or_default()
+            .to_string(),
+    })
+}
+
+/// Completes when `deadline` passes; never without one.
+async fn expired(deadline: Option<&Deadline>) {
+    match deadline {
+        Some(deadline) => deadline.expired().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,6 +1,8 @@
-//! Feedback between turns (seed 003): the tool results are analysed, the
+//! Feedback between turns (seed 003): the tool results are analysed and the
 //! first matching `TaskHandler` (or the default) writes guidance for the
-//! next turn, and after turn 3 a depth hint says how far the run has come.
+//! next request. The default speaks only when there is a signal — a call
+//! failed — and never invents progress figures: a model does not need to be
+//! told to continue after every tool turn, and each reminder costs tokens.
 
 use crate::tool_result::{ToolResult, ToolStatus};
 
@@ -19,6 +21,8 @@ pub struct ResultAnalysis {
     pub results: usize,
     /// Of which failed.
     pub failures: usize,
+    /// The tools whose calls failed, in call order, each once.
+    pub failed_tools: Vec<String>,
 }
 
 const DATA_WORDS: [&str; 6] = ["data", "found", "retrieved", "table", "schema", "rows"];
@@ -44,6 +48,9 @@ pub fn analyze(results: &[ToolResult]) -> ResultAnalysis {
         }
         if result.status.is_failure() {
             analysis.failures += 1;
+            if !analysis.failed_tools.contains(&result.name) {
+                analysis.failed_tools.push(result.name.clone());
+            }
             continue;
         }
         if result.status == ToolStatus::Success
@@ -73,20 +80,16 @@ pub trait TaskHandler: Send + Sync {
     fn generate_guidance(&self, task: &str, analysis: &ResultAnalysis, depth: u32) -> Option<String>;
 }
 
-/// Seed 003's default guidance: finish, recover from errors, or continue.
+/// The default guidance: when a call failed, a short pointer to the errors;
+/// nothing otherwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultGuidance;
 
 impl DefaultGuidance {
-    /// The reason reported in `guidance.injected`.
-    pub fn reason(analysis: &ResultAnalysis, depth: u32) -> &'static str {
-        if analysis.suggests_completion || depth >= 6 {
-            "completion"
-        } else if analysis.has_errors {
-            "error"
-        } else {
-            "continue"
-        }
+    /// The reason reported in `guidance.injected`: `error` when a call
+    /// failed, `None` (no guidance) otherwise.
+    pub fn reason(analysis: &ResultAnalysis) -> Option<&'static str> {
+        (analysis.failures > 0).then_some("error")
     }
 }
 
@@ -95,36 +98,19 @@ impl TaskHandler for DefaultGuidance {
         true
     }
 
-    fn generate_guidance(&self, task: &str, analysis: &ResultAnalysis, depth: u32) -> Option<String> {
-        Some(match Self::reason(analysis, depth) {
-            "completion" => format!(
-                "The tool calls are done. Complete the task based on the results above: {task}\n\nGive a complete, accurate final answer."
-            ),
-            "error" => format!(
-                "A tool ran into a problem. Try again to complete the task: {task}\n\nSuggestions:\n- check that the tool's arguments are right\n- try a different tool or approach\n- if the problem persists, explain the error"
-            ),
-            _ => format!(
-                "Continue with the task: {task}\n\nProgress so far: {:.0}%\nSuggestion: use more tools to gather what is missing, or work with the results you already have.",
-                analysis.completeness_score * 100.0
-            ),
-        })
+    fn generate_guidance(&self, _task: &str, analysis: &ResultAnalysis, _depth: u32) -> Option<String> {
+        Self::reason(analysis)?;
+        let tools = analysis.failed_tools.join(", ");
+        let count = if analysis.results == 1 {
+            "The tool call failed".to_string()
+        } else {
+            format!("{} of the {} tool calls failed", analysis.failures, analysis.results)
+        };
+        Some(format!(
+            "{count} ({tools}). Read the error in the result: fix the arguments or try another approach. \
+             If a tool keeps failing, say so in your answer instead of retrying it."
+        ))
     }
-}
-
-/// Seed 003's depth hint, given after turn 3.
-pub fn depth_hint(turn: u32, max_turns: u32) -> Option<String> {
-    if turn <= 3 {
-        return None;
-    }
-    let progress = if max_turns == 0 {
-        100.0
-    } else {
-        turn as f64 * 100.0 / max_turns as f64
-    };
-    Some(format!(
-        "🔄 Recursion status:\n- Depth: {turn}/{max_turns} ({progress:.0}% of maximum)\n- Remaining iterations: {}\n\nPlease review the tool results above and make meaningful progress towards completing the task.\nAvoid calling the same tool repeatedly with the same arguments unless necessary.\nIf you have enough information, please provide your final answer.",
-        max_turns.saturating_sub(turn)
-    ))
 }
 
 #[cfg(test)]
@@ -138,12 +124,15 @@ mod tests {
         let done = ToolResult::new("c", "t", ToolStatus::Success, "Migration finished");
         let analysis = analyze(std::slice::from_ref(&ok));
         assert!(analysis.has_data && !analysis.has_errors);
-        assert_eq!(DefaultGuidance::reason(&analysis, 1), "continue");
-        assert_eq!(DefaultGuidance::reason(&analyze(&[ok, failed]), 1), "error");
-        assert_eq!(DefaultGuidance::reason(&analyze(&[done]), 1), "completion");
-        let text = DefaultGuidance.generate_guidance("fix the bug", &analysis, 1).unwrap();
-        assert!(text.starts_with("Continue with the task: fix the bug"));
-        assert_eq!(depth_hint(3, 10), None);
-        assert!(depth_hint(4, 10).unwrap().contains("Depth: 4/10 (40% of maximum)"));
+        // Success, even one that suggests the task is done, needs no guidance.
+        assert_eq!(DefaultGuidance::reason(&analysis), None);
+        assert_eq!(DefaultGuidance.generate_guidance("fix the bug", &analysis, 7), None);
+        assert_eq!(DefaultGuidance::reason(&analyze(std::slice::from_ref(&done))), None);
+        let mixed = analyze(&[ok, failed, done]);
+        assert_eq!(mixed.failed_tools, vec!["t".to_string()]);
+        assert_eq!(DefaultGuidance::reason(&mixed), Some("error"));
+        let text = DefaultGuidance.generate_guidance("fix the bug", &mixed, 1).unwrap();
+        assert!(text.starts_with("1 of the 3 tool calls failed (t)."), "{text}");
+        assert!(!text.contains('%'), "no invented progress figures: {text}");
     }
 }

@@ -1,53 +1,101 @@
 //! `RecursionMonitor` (seed 003): watches the turns for repeated tool
 //! calls, loops and errors, warns at 80 % of a limit and ends the tool
 //! phase of a run (one last call for the answer) when a limit is reached.
+//!
+//! The defaults are set against real agents: a model exploring a codebase
+//! misses files and mistypes arguments, and recovers (codex and Claude Code
+//! let it). So the error rule looks at the latest calls only and needs most
+//! of them to fail, and repetition means the same call getting the same
+//! result turn after turn — polling something that changes is progress.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::message::ToolCall;
-use crate::tool_result::ToolResult;
+use crate::tool_result::{ToolResult, ToolStatus};
 
 /// Thresholds of the monitor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MonitorConfig {
-    /// The same tool with the same arguments this many turns in a row ends the tool phase (default 3).
+    /// Whether the monitor watches at all (default true). Off, a run ends
+    /// only by its answer, its step limit, its deadlines or a cancel.
+    pub enabled: bool,
+    /// The same call with the same result this many turns in a row ends the tool phase (default 3, at least 2).
     pub duplicate_threshold: u32,
-    /// Turns looked at for a repeating pattern (default 5).
+    /// Turns looked at for a repeating pattern (default 6, at least 4: a
+    /// pattern must be seen twice).
     pub loop_window: usize,
-    /// Share of failed tool calls that ends the tool phase (default 0.5)…
+    /// Share of failed calls among the latest `error_window` that ends the
+    /// tool phase (default 0.8, in (0, 1]).
     pub error_threshold: f64,
-    /// …once at least this many calls were made (default 4).
-    pub min_calls_for_error_rate: usize,
-    /// Warn at this share of a limit (default 0.8).
+    /// How many of the latest calls the error rule looks at; it judges only
+    /// once that many were made (default 10, at least 1).
+    pub error_window: usize,
+    /// Warn at this share of a limit (default 0.8, in (0, 1]).
     pub warning_ratio: f64,
 }
 
 impl Default for MonitorConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             duplicate_threshold: 3,
-            loop_window: 5,
-            error_threshold: 0.5,
-            min_calls_for_error_rate: 4,
+            loop_window: 6,
+            error_threshold: 0.8,
+            error_window: 10,
             warning_ratio: 0.8,
         }
+    }
+}
+
+impl MonitorConfig {
+    /// Checks the thresholds; the error names the setting and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        let in_unit = |value: f64| value > 0.0 && value <= 1.0;
+        if !in_unit(self.error_threshold) {
+            return Err(format!(
+                "error_threshold must be more than 0 and at most 1 (got {})",
+                self.error_threshold
+            ));
+        }
+        if !in_unit(self.warning_ratio) {
+            return Err(format!(
+                "warning_ratio must be more than 0 and at most 1 (got {})",
+                self.warning_ratio
+            ));
+        }
+        if self.duplicate_threshold < 2 {
+            return Err(format!(
+                "duplicate_threshold must be at least 2 (got {})",
+                self.duplicate_threshold
+            ));
+        }
+        if self.loop_window < 4 {
+            return Err(format!(
+                "loop_window must be at least 4 turns (got {})",
+                self.loop_window
+            ));
+        }
+        if self.error_window == 0 {
+            return Err("error_window must be at least 1 call (got 0)".to_string());
+        }
+        Ok(())
     }
 }
 
 /// Why the monitor ends the tool phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Termination {
-    /// The same call, turn after turn.
+    /// The same call, with the same result, turn after turn.
     DuplicateTools,
     /// A repeating pattern of turns.
     LoopDetected,
-    /// Too many failed calls.
+    /// Most of the latest calls failed.
     ErrorThreshold,
 }
 
 impl Termination {
-    /// The reason as reported in `guidance.injected`.
+    /// The reason as reported in events (`guidance.injected`, `llm.start`'s `finalAnswer`).
     pub fn reason(self) -> &'static str {
         match self {
             Self::DuplicateTools => "duplicate_tools",
@@ -56,7 +104,17 @@ impl Termination {
         }
     }
 
-    /// Seed 003's termination message.
+    /// The verdict named by [`Termination::reason`].
+    pub fn from_reason(reason: &str) -> Option<Self> {
+        match reason {
+            "duplicate_tools" => Some(Self::DuplicateTools),
+            "loop_detected" => Some(Self::LoopDetected),
+            "error_threshold" => Some(Self::ErrorThreshold),
+            _ => None,
+        }
+    }
+
+    /// Seed 003's termination message, for the model.
     pub fn message(self) -> &'static str {
         match self {
             Self::DuplicateTools => "⚠️ Detected repeated tool calls. Please proceed with available information.",
@@ -66,6 +124,15 @@ impl Termination {
     }
 }
 
+/// The monitor's decision to end the tool phase, with what it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    /// Which rule.
+    pub termination: Termination,
+    /// What it saw, for people (e.g. "8 of the last 10 tool calls failed").
+    pub detail: String,
+}
+
 /// The message when the step limit is reached (seed 003).
 pub const MAX_ITERATIONS_MESSAGE: &str =
     "⚠️ Maximum iterations reached. Please provide the best answer with current information.";
@@ -73,23 +140,25 @@ pub const MAX_ITERATIONS_MESSAGE: &str =
 /// What the monitor says before the next turn.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Verdict {
-    /// End the tool phase for this reason.
-    pub terminate: Option<Termination>,
+    /// End the tool phase.
+    pub terminate: Option<Stop>,
     /// Early warnings: (reason, message).
     pub warnings: Vec<(&'static str, String)>,
 }
 
 /// Watches a run's turns. Its state is bounded: streaks per call of the
-/// latest turn and the fingerprints of the last `loop_window` turns, so a
-/// check costs the same at turn 10 and at turn 10 000.
+/// latest turn, the fingerprints of the last `loop_window` turns and the
+/// outcomes of the last `error_window` calls, so a check costs the same at
+/// turn 10 and at turn 10 000.
 #[derive(Debug, Default)]
 pub struct RecursionMonitor {
     config: MonitorConfig,
-    /// For each call of the latest turn: how many turns in a row made it.
+    /// For each call of the latest turn (name, arguments and result): how
+    /// many turns in a row made it.
     streaks: HashMap<String, usize>,
     fingerprints: VecDeque<u64>,
-    tool_calls: usize,
-    failures: usize,
+    /// Whether each of the latest calls failed, newest last.
+    recent: VecDeque<bool>,
     warned: HashSet<String>,
 }
 
@@ -104,17 +173,32 @@ impl RecursionMonitor {
 
     /// Records a turn that called tools.
     pub fn observe(&mut self, text: &str, calls: &[ToolCall], results: &[ToolResult]) {
-        // Several calls of one tool in one batch count once: a parallel
-        // batch is not a repetition.
-        let signatures: BTreeSet<String> = calls.iter().map(|c| format!("{}:{}", c.name, c.arguments)).collect();
+        if !self.config.enabled {
+            return;
+        }
+        // A call is its name, arguments and what it returned. Several equal
+        // calls in one batch count once: a parallel batch is not a repetition.
+        let signatures: BTreeSet<String> = calls
+            .iter()
+            .map(|call| {
+                let mut hasher = DefaultHasher::new();
+                if let Some(result) = results.iter().find(|r| r.call_id == call.id) {
+                    result.status.as_str().hash(&mut hasher);
+                    result.content.hash(&mut hasher);
+                }
+                format!("{}:{}:{:x}", call.name, call.arguments, hasher.finish())
+            })
+            .collect();
         let mut hasher = DefaultHasher::new();
         text.trim().hash(&mut hasher);
         signatures.hash(&mut hasher);
-        for result in results {
-            result.status.as_str().hash(&mut hasher);
+        // A cancelled call says nothing about the model's work.
+        for result in results.iter().filter(|r| r.status != ToolStatus::Cancelled) {
+            self.recent.push_back(result.status.is_failure());
+            if self.recent.len() > self.config.error_window.max(1) {
+                self.recent.pop_front();
+            }
         }
-        self.tool_calls += results.len();
-        self.failures += results.iter().filter(|r| r.status.is_failure()).count();
         self.streaks = signatures
             .into_iter()
             .map(|signature| {
@@ -131,49 +215,64 @@ impl RecursionMonitor {
     /// The verdict before turn `next_turn` of at most `max_turns`.
     pub fn check(&mut self, next_turn: u32, max_turns: u32) -> Verdict {
         let mut verdict = Verdict::default();
-        let limit = self.config.duplicate_threshold.max(1) as usize;
+        if !self.config.enabled {
+            return verdict;
+        }
+        let limit = self.config.duplicate_threshold.max(2) as usize;
         let (streak, repeated) = self.longest_repeat();
         if streak >= limit {
-            verdict.terminate = Some(Termination::DuplicateTools);
+            verdict.terminate = Some(Stop {
+                termination: Termination::DuplicateTools,
+                detail: format!(
+                    "'{}' was called with the same arguments and got the same result {streak} turns in a row",
+                    repeated.unwrap_or_default()
+                ),
+            });
             return verdict;
         }
-        if self.loop_detected() {
-            verdict.terminate = Some(Termination::LoopDetected);
+        if let Some(period) = self.loop_period() {
+            verdict.terminate = Some(Stop {
+                termination: Termination::LoopDetected,
+                detail: format!("the same {period} turns repeated back to back"),
+            });
             return verdict;
         }
-        let rate = if self.tool_calls == 0 {
-            0.0
-        } else {
-            self.failures as f64 / self.tool_calls as f64
-        };
-        let enough_calls = self.tool_calls >= self.config.min_calls_for_error_rate;
-        if enough_calls && rate >= self.config.error_threshold {
-            verdict.terminate = Some(Termination::ErrorThreshold);
+        let window = self.config.error_window.max(1);
+        let failures = self.recent.iter().filter(|failed| **failed).count();
+        let judged = self.recent.len() >= window;
+        let rate = failures as f64 / window as f64;
+        if judged && rate >= self.config.error_threshold {
+            verdict.terminate = Some(Stop {
+                termination: Termination::ErrorThreshold,
+                detail: format!("{failures} of the last {window} tool calls failed"),
+            });
             return verdict;
         }
 
         let ratio = self.config.warning_ratio;
-        let warn_streak = ((limit as f64) * ratio).floor().max(1.0) as usize;
-        if streak >= warn_streak && streak >= 2 {
+        let warn_streak = ((limit as f64) * ratio).floor().max(2.0) as usize;
+        if streak >= warn_streak {
             if let Some(tool) = repeated {
                 self.warn(
                     &mut verdict,
                     "repetition_warning",
                     &format!("repeat:{tool}:{streak}"),
-                    format!("⚠️ You've called '{tool}' multiple times with the same arguments. Consider trying a different approach or completing the task."),
+                    format!("⚠️ You've called '{tool}' {streak} times in a row with the same arguments and got the same result. Consider trying a different approach or completing the task."),
                 );
             }
         }
-        if enough_calls && rate >= self.config.error_threshold * ratio {
+        if judged && rate >= self.config.error_threshold * ratio {
             self.warn(
                 &mut verdict,
                 "error_rate_warning",
                 "errors",
                 format!(
-                    "⚠️ {:.0}% of tool calls have failed. Check the errors above and fix the arguments, or complete the task with what you have.",
-                    rate * 100.0
+                    "⚠️ {failures} of your last {window} tool calls failed. Check the errors above and fix the arguments, or complete the task with what you have."
                 ),
             );
+        } else {
+            // A later bad stretch warns again.
+            self.warned.remove("errors");
         }
         let warn_turn = ((max_turns as f64) * ratio).ceil() as u32;
         if max_turns > 1 && next_turn >= warn_turn && next_turn < max_turns {
@@ -205,11 +304,12 @@ impl RecursionMonitor {
             .unwrap_or((0, None))
     }
 
-    /// A pattern of two or more turns repeating back to back within the window.
-    fn loop_detected(&self) -> bool {
+    /// The period of a pattern of two or more turns repeating back to back
+    /// within the window.
+    fn loop_period(&self) -> Option<usize> {
         let prints: Vec<u64> = self.fingerprints.iter().copied().collect();
         let window = self.config.loop_window.min(prints.len());
-        (2..=window / 2).any(|period| {
+        (2..=window / 2).find(|&period| {
             let n = prints.len();
             let cycle = &prints[n.saturating_sub(period)..];
             // A constant run is repetition, the duplicate rule's business.
@@ -222,7 +322,6 @@ impl RecursionMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tool_result::ToolStatus;
     use serde_json::json;
 
     fn call(name: &str, arg: i64) -> ToolCall {
@@ -239,8 +338,14 @@ mod tests {
             .collect()
     }
 
+    fn failed(n: usize) -> Vec<ToolResult> {
+        (0..n)
+            .map(|_| ToolResult::new("c", "t", ToolStatus::Error, "Error: no such file"))
+            .collect()
+    }
+
     #[test]
-    fn repetition_is_by_name_and_arguments() {
+    fn repetition_is_by_name_arguments_and_result() {
         let mut monitor = RecursionMonitor::default();
         for arg in 0..5 {
             monitor.observe("", &[call("search", arg)], &ok(1));
@@ -248,6 +353,16 @@ mod tests {
                 monitor.check(arg as u32 + 1, 50).terminate,
                 None,
                 "different arguments are progress"
+            );
+        }
+        let mut monitor = RecursionMonitor::default();
+        for turn in 0..5 {
+            let result = ToolResult::new("c", "t", ToolStatus::Success, format!("build {turn}% done"));
+            monitor.observe("", &[call("status", 1)], &[result]);
+            assert_eq!(
+                monitor.check(turn + 1, 50).terminate,
+                None,
+                "polling something that changes"
             );
         }
         let mut monitor = RecursionMonitor::default();
@@ -261,7 +376,13 @@ mod tests {
             "warned at 80 % of the limit"
         );
         monitor.observe("", &[call("search", 1)], &ok(1));
-        assert_eq!(monitor.check(3, 50).terminate, Some(Termination::DuplicateTools));
+        let stop = monitor.check(3, 50).terminate.unwrap();
+        assert_eq!(stop.termination, Termination::DuplicateTools);
+        assert!(
+            stop.detail.contains("'search'") && stop.detail.contains("3 turns"),
+            "{}",
+            stop.detail
+        );
     }
 
     #[test]
@@ -278,12 +399,14 @@ mod tests {
     }
 
     #[test]
-    fn loops_errors_and_the_iteration_warning() {
+    fn loops_and_the_iteration_warning() {
         let mut monitor = RecursionMonitor::default();
         for turn in 0..4 {
             monitor.observe("", &[call(if turn % 2 == 0 { "a" } else { "b" }, 0)], &ok(1));
         }
-        assert_eq!(monitor.check(4, 50).terminate, Some(Termination::LoopDetected));
+        let stop = monitor.check(4, 50).terminate.unwrap();
+        assert_eq!(stop.termination, Termination::LoopDetected);
+        assert_eq!(stop.detail, "the same 2 turns repeated back to back");
 
         let mut monitor = RecursionMonitor::new(MonitorConfig {
             duplicate_threshold: 10,
@@ -295,12 +418,6 @@ mod tests {
         }
 
         let mut monitor = RecursionMonitor::default();
-        let failed = vec![ToolResult::new("c", "t", ToolStatus::Error, "bad"); 2];
-        monitor.observe("", &[call("a", 1), call("b", 2)], &failed);
-        monitor.observe("", &[call("c", 3), call("d", 4)], &ok(2));
-        assert_eq!(monitor.check(2, 50).terminate, Some(Termination::ErrorThreshold));
-
-        let mut monitor = RecursionMonitor::default();
         assert!(monitor.check(7, 10).warnings.is_empty());
         let verdict = monitor.check(8, 10);
         assert_eq!(
@@ -308,5 +425,109 @@ mod tests {
             "⚠️ Approaching iteration limit (2 remaining). Please work towards completing the task."
         );
         assert!(monitor.check(9, 10).warnings.is_empty(), "warned once");
+    }
+
+    #[test]
+    fn failures_while_exploring_are_normal_work() {
+        // Two failed reads of four calls: the old rule stopped here.
+        let mut monitor = RecursionMonitor::default();
+        monitor.observe("", &[call("read", 1), call("read", 2)], &failed(2));
+        monitor.observe("", &[call("read", 3), call("read", 4)], &ok(2));
+        assert_eq!(monitor.check(2, 50), Verdict::default());
+        // Half of many calls failing is still work going on.
+        let mut monitor = RecursionMonitor::default();
+        for turn in 0..10 {
+            let results = if turn % 2 == 0 { failed(1) } else { ok(1) };
+            monitor.observe("", &[call("read", turn)], &results);
+            assert_eq!(monitor.check(turn as u32 + 1, 50).terminate, None);
+        }
+    }
+
+    #[test]
+    fn most_of_the_latest_calls_failing_stops_the_tools() {
+        let mut monitor = RecursionMonitor::default();
+        for turn in 0..5 {
+            monitor.observe("", &[call("read", turn)], &ok(1));
+        }
+        // 7 of the last 10 failed: a warning; 8 of 10: the stop.
+        for turn in 5..12 {
+            monitor.observe("", &[call("read", turn)], &failed(1));
+        }
+        let verdict = monitor.check(12, 50);
+        assert_eq!(verdict.terminate, None);
+        assert_eq!(verdict.warnings[0].0, "error_rate_warning");
+        assert!(
+            verdict.warnings[0].1.contains("7 of your last 10"),
+            "{:?}",
+            verdict.warnings
+        );
+        monitor.observe("", &[call("read", 12)], &failed(1));
+        let stop = monitor.check(13, 50).terminate.unwrap();
+        assert_eq!(stop.termination, Termination::ErrorThreshold);
+        assert_eq!(stop.detail, "8 of the last 10 tool calls failed");
+    }
+
+    #[test]
+    fn a_disabled_monitor_says_nothing() {
+        let mut monitor = RecursionMonitor::new(MonitorConfig {
+            enabled: false,
+            ..MonitorConfig::default()
+        });
+        for turn in 0..20 {
+            monitor.observe("", &[call("same", 0)], &failed(1));
+            assert_eq!(monitor.check(turn + 1, 21), Verdict::default());
+        }
+    }
+
+    #[test]
+    fn thresholds_are_validated() {
+        assert!(MonitorConfig::default().validate().is_ok());
+        for (config, words) in [
+            (
+                MonitorConfig {
+                    error_threshold: 0.0,
+                    ..MonitorConfig::default()
+                },
+                "error_threshold",
+            ),
+            (
+                MonitorConfig {
+                    error_threshold: 1.5,
+                    ..MonitorConfig::default()
+                },
+                "error_threshold",
+            ),
+            (
+                MonitorConfig {
+                    warning_ratio: -0.1,
+                    ..MonitorConfig::default()
+                },
+                "warning_ratio",
+            ),
+            (
+                MonitorConfig {
+                    loop_window: 1,
+                    ..MonitorConfig::default()
+                },
+                "loop_window",
+            ),
+            (
+                MonitorConfig {
+                    error_window: 0,
+                    ..MonitorConfig::default()
+                },
+                "error_window",
+            ),
+            (
+                MonitorConfig {
+                    duplicate_threshold: 1,
+                    ..MonitorConfig::default()
+                },
+                "duplicate_threshold",
+            ),
+        ] {
+            let err = config.validate().unwrap_err();
+            assert!(err.starts_with(words), "{err}");
+        }
     }
 }

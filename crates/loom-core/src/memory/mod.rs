@@ -133,6 +133,24 @@ impl Memory {
         self.messages.push(message);
     }
 
+    /// Takes the last message off (not yet saved, or the next checkpoint
+    /// rewrites the history).
+    pub fn pop(&mut self) -> Option<Message> {
+        let message = self.messages.pop()?;
+        let index = self.messages.len();
+        if index < self.counted {
+            self.counted = index;
+            self.counted_tokens = self.counted_tokens.saturating_sub(self.counter.count_message(&message));
+        } else {
+            self.pending_bound = self.pending_bound.saturating_sub(bound(&message));
+        }
+        if index < self.saved {
+            self.saved = index;
+            self.replaced = true;
+        }
+        Some(message)
+    }
+
     /// Adds messages.
     pub fn extend(&mut self, messages: impl IntoIterator<Item = Message>) {
         for message in messages {

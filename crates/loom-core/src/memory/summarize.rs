@@ -87,7 +87,7 @@ async fn summarize(
     let mut stream = tokio::select! {
         biased;
         _ = cancel.cancelled() => return Err("CANCELLED".to_string()),
-        stream = llm.stream(LlmRequest { messages: request, tools: &[] }) => stream.map_err(|e| e.code().to_string())?,
+        stream = llm.stream(LlmRequest::new(request, &[])) => stream.map_err(|e| e.code().to_string())?,
     };
     let mut text = String::new();
     let mut usage = None;

@@ -8,7 +8,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
-use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventEmitter, EventKind, TurnIds};
 use crate::status::RunStatus;
@@ -107,14 +106,17 @@ impl PermissionGate {
         }
     }
 
-    /// Asks and waits for the reply, a timeout, or a cancel.
+    /// Asks and waits for the reply, its own timeout, or a cancel. The run's
+    /// clocks (run and step limits) stop meanwhile: a person's time is not
+    /// the run's; the ask's own timeout bounds it.
     pub(crate) async fn ask(
         &self,
         request: AskRequest<'_>,
         events: &EventEmitter,
         turn: &TurnIds,
-        cancel: &CancellationToken,
+        ctx: &crate::context::RunContext,
     ) -> AskOutcome {
+        let cancel = ctx.cancel_token();
         let request_id = format!("perm_{}", uuid::Uuid::new_v4().simple());
         let (tx, rx) = oneshot::channel();
         lock(&self.pending.waiting).insert(request_id.clone(), tx);
@@ -130,6 +132,7 @@ impl PermissionGate {
         if waiting {
             self.record(RunStatus::WaitingPermission).await;
         }
+        let person = ctx.wait_for_person();
         events.emit(
             turn,
             EventKind::PermissionRequest {
@@ -175,6 +178,7 @@ impl PermissionGate {
                 Some("timeout".to_string()),
             ),
         };
+        drop(person);
         lock(&self.pending.waiting).remove(&request_id);
         let resumed = self.status_tx.send_if_modified(|status| {
             let resumed = *status == RunStatus::WaitingPermission;

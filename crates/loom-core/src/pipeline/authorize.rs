@@ -43,11 +43,7 @@ pub(crate) async fn authorize(
                     grant_key,
                     reason,
                 };
-                return match env
-                    .gate
-                    .ask(request, env.events, env.turn, env.ctx.cancel_token())
-                    .await
-                {
+                return match env.gate.ask(request, env.events, env.turn, env.ctx).await {
                     AskOutcome::Allowed => Ok(args),
                     AskOutcome::Denied(reason) => Err(denied(call, reason)),
                     AskOutcome::Cancelled => Err(ToolPipeline::cancelled(call)),

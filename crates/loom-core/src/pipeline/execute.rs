@@ -41,6 +41,7 @@ pub(crate) async fn execute(
         run_id: env.ctx.run_id_arc(),
         workspace: env.workspace.clone(),
         cancel: token.clone(),
+        protected: env.protected.clone(),
     };
     let running = AssertUnwindSafe(registered.tool.call_json(args, ctx)).catch_unwind();
     tokio::pin!(running);

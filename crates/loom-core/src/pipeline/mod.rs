@@ -91,6 +91,8 @@ pub(crate) struct BatchEnv<'a> {
     pub gate: &'a PermissionGate,
     /// Where calls of tools that are not read-only are journaled.
     pub store: Option<&'a Arc<dyn crate::store::Store>>,
+    /// Paths tools must not touch (see [`crate::tool::ToolContext::protected`]).
+    pub protected: &'a Arc<[std::path::PathBuf]>,
 }
 
 /// A call after the first four stages.
@@ -239,11 +241,18 @@ impl ToolPipeline {
     }
 }
 
-/// A call stopped by a run or step deadline reads as `timeout`, not `cancelled`.
+/// A call stopped by a run or step deadline reads as `timeout`, not
+/// `cancelled`; one stopped by an interrupt says so (the run goes on later).
 fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
     let limit = match ctx.stop_cause() {
         Some(StopCause::RunTimeout) => "the run's time limit",
         Some(StopCause::StepTimeout) => "the step's time limit",
+        Some(StopCause::Interrupted(_)) => {
+            result.content = "The run was interrupted (its process was stopping) before this tool call finished; \
+                              if it had started, its effect is unknown."
+                .to_string();
+            return;
+        }
         _ => return,
     };
     result.status = ToolStatus::Timeout;

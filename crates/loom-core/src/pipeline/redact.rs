@@ -1,33 +1,83 @@
-//! Redaction of secrets in tool output (seed 002's output sanitization).
+//! Redaction of secrets in tool output (seed 002's output sanitization),
+//! before the model, the events or the store see it.
+//!
+//! Two passes. The first removes what is a secret by its shape alone —
+//! provider keys, tokens, JWTs, private keys, the password in a connection
+//! URL — and the values of this process's environment variables whose names
+//! look secret. The second finds assignments whose *name* looks secret
+//! (`DB_PASSWORD=…`, `password: …`, `"apiKey": "…"`, in env, INI, TOML, YAML
+//! and JSON forms) and redacts the value only, unless the value is plainly
+//! not a secret: a placeholder (`${DB_PASSWORD}`), a boolean, code
+//! (`args.password`, `get_token()`), or — for names that are often innocent,
+//! such as `*_KEY` or `*_TOKEN` — a short or word-like value (`sort_key: name`).
 
 use std::borrow::Cow;
 
-use regex::Regex;
+use regex::{Captures, Regex};
 
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[REDACTED]";
 
-/// Shapes of credentials that must never reach the model or the logs.
+/// Shapes of credentials that must never reach the model or the logs. A
+/// pattern with a `secret` group redacts that group only; otherwise the
+/// whole match.
 const SECRET_SHAPES: &[&str] = &[
     // OpenAI (sk-, sk-proj-) and Anthropic (sk-ant-) API keys.
     r"sk-[A-Za-z0-9_\-]{20,}",
     // GitHub tokens.
     r"gh[pousr]_[A-Za-z0-9]{36,}",
     r"github_pat_[A-Za-z0-9_]{22,}",
-    // Bearer tokens in headers or logs.
-    r"(?i)bearer\s+[A-Za-z0-9\-._~+/]+=*",
+    // GitLab, npm and Hugging Face tokens.
+    r"glpat-[A-Za-z0-9_\-]{20,}",
+    r"\bnpm_[A-Za-z0-9]{36}\b",
+    r"\bhf_[A-Za-z0-9]{30,}\b",
+    // Stripe secret and restricted keys, webhook secrets.
+    r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}\b",
+    r"\bwhsec_[A-Za-z0-9]{20,}\b",
     // AWS access key ids.
     r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
-    // Slack tokens.
+    // Slack tokens and webhooks.
     r"xox[abprs]-[A-Za-z0-9\-]{10,}",
+    r"https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]+",
     // Google API keys.
     r"AIza[0-9A-Za-z_\-]{35}",
+    // JSON Web Tokens (header and payload are base64url JSON: `eyJ`).
+    r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
     // PEM private keys.
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
+    // Bearer and Basic credentials in headers or logs (the credential only).
+    r"(?i:bearer)\s+(?P<secret>[A-Za-z0-9\-._~+/]{8,}=*)",
+    r"(?i:basic)\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})(?:\s|$)",
+    // The password of a URL: scheme://user:PASSWORD@host.
+    r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\x22]*:(?P<secret>[^\s@/'\x22]+)@",
 ];
 
-/// Environment variables whose values are secrets, by name suffix.
-const SECRET_ENV_SUFFIXES: &[&str] = &["_KEY", "_TOKEN", "_SECRET"];
+/// Name endings that make an assignment's value a secret whatever it looks like.
+const STRONG_NAME: &str = r"password|passwd|_pwd|passphrase|secret|credentials?";
+/// Name endings that are secret only with a value that looks like one
+/// (`sort_key: name` is not; `API_KEY=8f3a…` is).
+const WEAK_NAME: &str = r"token|_key|api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key|auth[_\-]?key";
+
+/// Environment variable names that look secret: values of such variables in
+/// this process are redacted wherever they appear, and (from the shell tool
+/// on) they are not passed to commands.
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    const WORDS: &[&str] = &[
+        "PASSWORD",
+        "PASSWD",
+        "PASSPHRASE",
+        "SECRET",
+        "TOKEN",
+        "API_KEY",
+        "APIKEY",
+        "ACCESS_KEY",
+        "PRIVATE_KEY",
+        "CREDENTIAL",
+    ];
+    const ENDINGS: &[&str] = &["_KEY", "_PWD", "_PAT"];
+    WORDS.iter().any(|word| upper.contains(word)) || ENDINGS.iter().any(|ending| upper.ends_with(ending))
+}
 
 /// Values shorter than this are not redacted by value (too likely to be ordinary text).
 const MIN_SECRET_VALUE_LEN: usize = 8;
@@ -35,7 +85,13 @@ const MIN_SECRET_VALUE_LEN: usize = 8;
 /// Replaces secrets in text with `[REDACTED]`.
 #[derive(Debug, Clone)]
 pub struct Redactor {
-    pattern: Option<Regex>,
+    passes: Option<Passes>,
+}
+
+#[derive(Debug, Clone)]
+struct Passes {
+    shapes: Regex,
+    assignments: Regex,
 }
 
 impl Default for Redactor {
@@ -45,20 +101,15 @@ impl Default for Redactor {
 }
 
 impl Redactor {
-    /// Known secret shapes plus the values of this process's environment
-    /// variables whose names end in `_KEY`, `_TOKEN` or `_SECRET`.
+    /// Known secret shapes, secret-looking assignments, and the values of
+    /// this process's environment variables whose names look secret
+    /// ([`is_secret_name`]).
     pub fn from_env() -> Self {
-        let values = std::env::vars().filter_map(|(name, value)| {
-            let upper = name.to_ascii_uppercase();
-            SECRET_ENV_SUFFIXES
-                .iter()
-                .any(|suffix| upper.ends_with(suffix))
-                .then_some(value)
-        });
+        let values = std::env::vars().filter_map(|(name, value)| is_secret_name(&name).then_some(value));
         Self::with_secrets(values)
     }
 
-    /// Known secret shapes plus the given literal values.
+    /// Known secret shapes, secret-looking assignments, and the given literal values.
     pub fn with_secrets(values: impl IntoIterator<Item = String>) -> Self {
         let mut values: Vec<String> = values
             .into_iter()
@@ -67,28 +118,137 @@ impl Redactor {
         // Longest first, so a value containing another is removed whole.
         values.sort_by_key(|value| std::cmp::Reverse(value.len()));
         values.dedup();
-        let alternatives: Vec<String> = values
-            .iter()
-            .map(|value| regex::escape(value))
-            .chain(SECRET_SHAPES.iter().map(|shape| shape.to_string()))
-            .collect();
-        Self {
-            pattern: Regex::new(&alternatives.join("|")).ok(),
-        }
+        let mut shapes: Vec<String> = values.iter().map(|value| regex::escape(value)).collect();
+        // Each shape's `secret` group gets its own name in the alternation.
+        shapes.extend(
+            SECRET_SHAPES
+                .iter()
+                .enumerate()
+                .map(|(index, shape)| shape.replace("(?P<secret>", &format!("(?P<secret{index}>"))),
+        );
+        let name = format!(r"[A-Za-z0-9_.\-]*?(?:{STRONG_NAME}|{WEAK_NAME})");
+        let value = r#""(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s#;,"']+)"#;
+        let assignments = [
+            // env, INI, TOML, YAML: at the start of a line (after `export`,
+            // `set` or a YAML list dash), `NAME = value` or `NAME: value`.
+            format!(
+                r#"(?im)^[ \t]*(?:export[ \t]+|set[ \t]+|-[ \t]+)?["']?(?P<name>{name})["']?[ \t]*[:=][ \t]*(?:{value})"#
+            ),
+            // JSON anywhere: "name": "value".
+            format!(r#"(?i)"(?P<jname>{name})"[ \t]*:[ \t]*"(?P<jvalue>[^"\n]*)""#),
+        ]
+        .join("|");
+        let passes = match (Regex::new(&shapes.join("|")), Regex::new(&assignments)) {
+            (Ok(shapes), Ok(assignments)) => Some(Passes { shapes, assignments }),
+            // The patterns are fixed and the values escaped; should a
+            // pattern ever fail to build, say so rather than leak quietly.
+            (shapes, assignments) => {
+                tracing::error!(shapes = ?shapes.err(), assignments = ?assignments.err(), "cannot build the secret patterns; redaction is off");
+                None
+            }
+        };
+        Self { passes }
     }
 
     /// A redactor that changes nothing.
     pub fn disabled() -> Self {
-        Self { pattern: None }
+        Self { passes: None }
     }
 
     /// `text` with every secret replaced.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        match &self.pattern {
-            Some(pattern) => pattern.replace_all(text, REDACTED),
-            None => Cow::Borrowed(text),
+        let Some(passes) = &self.passes else {
+            return Cow::Borrowed(text);
+        };
+        let shaped = passes.shapes.replace_all(text, |caps: &Captures<'_>| {
+            let secret = caps
+                .iter()
+                .skip(1)
+                .flatten()
+                .next()
+                .filter(|group| group.range() != caps.get(0).map(|whole| whole.range()).unwrap_or_default());
+            match (secret, caps.get(0)) {
+                (Some(secret), Some(whole)) => splice(whole.as_str(), whole.start(), secret.range()),
+                _ => REDACTED.to_string(),
+            }
+        });
+        match passes.assignments.replace_all(&shaped, redact_assignment) {
+            Cow::Borrowed(_) => shaped,
+            Cow::Owned(done) => Cow::Owned(done),
         }
     }
+}
+
+/// The text of an assignment match, with its value redacted if it is a secret.
+fn redact_assignment(caps: &Captures<'_>) -> String {
+    let Some(whole) = caps.get(0) else {
+        return String::new();
+    };
+    let name = caps
+        .name("name")
+        .or_else(|| caps.name("jname"))
+        .map_or("", |m| m.as_str());
+    let value = ["dq", "sq", "bare", "jvalue"].iter().find_map(|group| caps.name(group));
+    match value {
+        Some(value) if is_secret_value(name, value.as_str(), caps.name("bare").is_some()) => {
+            splice(whole.as_str(), whole.start(), value.range())
+        }
+        _ => whole.as_str().to_string(),
+    }
+}
+
+/// `whole` (starting at `offset` in the text) with `secret` replaced.
+fn splice(whole: &str, offset: usize, secret: std::ops::Range<usize>) -> String {
+    let (start, end) = (secret.start - offset, secret.end - offset);
+    format!("{}{REDACTED}{}", &whole[..start], &whole[end..])
+}
+
+/// Whether the value assigned to `name` is a secret (see the module docs).
+fn is_secret_value(name: &str, value: &str, bare: bool) -> bool {
+    let value = value.trim();
+    let lower = value.to_ascii_lowercase();
+    let placeholder = value.is_empty()
+        || value == REDACTED
+        || value.starts_with('$')
+        || value.starts_with("%(")
+        || value.starts_with("{{")
+        || (value.starts_with('<') && value.ends_with('>'))
+        || value.chars().all(|c| c == '*' || c == 'x' || c == 'X');
+    let literal = matches!(
+        lower.as_str(),
+        "true" | "false" | "null" | "none" | "nil" | "yes" | "no" | "on" | "off" | "~"
+    );
+    // Code on the right of `=`: a call, an index, or a dotted name.
+    let code = bare
+        && (value.contains(['(', ')', '[', ']', '{', '}'])
+            || (value.contains('.')
+                && value.split('.').all(|part| {
+                    part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })));
+    if placeholder || literal || code {
+        return false;
+    }
+    let lower_name = name.to_ascii_lowercase();
+    let strong = [
+        "password",
+        "passwd",
+        "_pwd",
+        "passphrase",
+        "secret",
+        "credential",
+        "credentials",
+    ]
+    .iter()
+    .any(|ending| lower_name.ends_with(ending));
+    if strong {
+        return true;
+    }
+    // A weak name: the value must look like a key, not a word or a number.
+    let has_digit = value.chars().any(|c| c.is_ascii_digit());
+    let has_letter = value.chars().any(|c| c.is_ascii_alphabetic());
+    let long = value.len() >= 20 && !value.contains(char::is_whitespace);
+    value.len() >= MIN_SECRET_VALUE_LEN && ((has_digit && has_letter) || long)
 }
 
 #[cfg(test)]
@@ -107,6 +267,7 @@ mod tests {
         assert!(!out.contains("sk-aaaa"), "{out}");
         assert!(!out.contains("ghp_bbbb"), "{out}");
         assert!(!out.contains("abc.def"), "{out}");
+        assert!(out.contains("Bearer [REDACTED]"), "the scheme stays: {out}");
         assert!(!out.contains("AKIAABCD"), "{out}");
         assert!(!out.contains("hunter2"), "{out}");
         assert!(out.contains("short"), "short values are left alone: {out}");
@@ -114,5 +275,58 @@ mod tests {
         let pem = "x\n-----BEGIN RSA PRIVATE KEY-----\nMIIabc\n-----END RSA PRIVATE KEY-----\ny";
         assert_eq!(redactor.redact(pem), format!("x\n{REDACTED}\ny"));
         assert_eq!(redactor.redact("nothing secret"), "nothing secret");
+    }
+
+    #[test]
+    fn assignments_lose_their_values_and_keep_their_names() {
+        let redactor = Redactor::with_secrets(Vec::new());
+        for (text, expected) in [
+            ("DB_PASSWORD=hunter2", "DB_PASSWORD=[REDACTED]"),
+            ("export API_TOKEN=\"a1b2c3d4e5f6\"", "export API_TOKEN=\"[REDACTED]\""),
+            ("  password: 'correct horse'", "  password: '[REDACTED]'"),
+            (
+                "{\"clientSecret\": \"s3cr3t\", \"id\": 4}",
+                "{\"clientSecret\": \"[REDACTED]\", \"id\": 4}",
+            ),
+            (
+                "postgres://app:pa55w0rd@db:5432/x",
+                "postgres://app:[REDACTED]@db:5432/x",
+            ),
+            // Left alone: placeholders, code, words, numbers.
+            ("password: ${DB_PASSWORD}", "password: ${DB_PASSWORD}"),
+            ("    password = args.password", "    password = args.password"),
+            ("    token = lexer.next_token()", "    token = lexer.next_token()"),
+            ("sort_key: name", "sort_key: name"),
+            ("max_token = 4096", "max_token = 4096"),
+            ("cache_key = user_profile_cache", "cache_key = user_profile_cache"),
+        ] {
+            assert_eq!(redactor.redact(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn secret_names() {
+        for name in [
+            "DB_PASSWORD",
+            "GITHUB_TOKEN",
+            "AWS_SECRET_ACCESS_KEY",
+            "OPENAI_API_KEY",
+            "MY_PWD",
+            "GH_PAT",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in [
+            "PATH",
+            "HOME",
+            "PWD",
+            "OLDPWD",
+            "KEYBOARD",
+            "LANG",
+            "TERM",
+            "SSH_AUTH_SOCK",
+        ] {
+            assert!(!is_secret_name(name), "{name}");
+        }
     }
 }

@@ -56,6 +56,12 @@ async fn run_group(
             } => {
                 // The semaphore is never closed, so acquiring cannot fail.
                 let _permit = permits.acquire().await.ok();
+                // Stopped meanwhile: the call never starts, and is not
+                // journaled, so a resumed run knows it never ran.
+                if env.ctx.is_cancelled() {
+                    let result = ToolPipeline::cancelled(call);
+                    return pipeline.finish(call, result, stages, started, env).await;
+                }
                 // A call with side effects is journaled before it runs, so a
                 // resumed run never repeats it silently.
                 let journal = env.store.filter(|_| !tool.tool.concurrency_safe());

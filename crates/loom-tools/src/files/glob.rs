@@ -49,7 +49,7 @@ impl Tool for Glob {
         blocking(move || {
             let mut found = Vec::new();
             let mut more = 0usize;
-            for entry in walk_files(&base, cancel) {
+            for entry in walk_files(&base, &jail, cancel) {
                 let entry = entry?;
                 let Ok(relative) = entry.path().strip_prefix(&base) else {
                     continue;

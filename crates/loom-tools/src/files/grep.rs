@@ -74,7 +74,7 @@ impl Tool for Grep {
             let mut shown = 0usize;
             let mut more = 0usize;
             let mut files_with_matches = 0usize;
-            for entry in walk_files(&base, cancel) {
+            for entry in walk_files(&base, &jail, cancel) {
                 let entry = entry?;
                 let path = entry.path();
                 if let Some(filter) = &filter {

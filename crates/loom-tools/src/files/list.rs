@@ -43,6 +43,9 @@ impl Tool for ListDir {
             let mut files = Vec::new();
             for entry in reader {
                 let entry = entry.map_err(|err| io_error("list", &shown, err))?;
+                if jail.is_protected(&entry.path()) {
+                    continue;
+                }
                 let name = entry.file_name().to_string_lossy().into_owned();
                 // Follow links for the kind, but never list what is outside.
                 match entry.path().metadata() {

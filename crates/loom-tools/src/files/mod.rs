@@ -36,12 +36,14 @@ where
 
 /// The jail of the call's workspace and the resolved `path`.
 fn resolve(ctx: &ToolContext, path: &str) -> Result<(Jail, PathBuf), ToolError> {
-    let jail = Jail::new(&ctx.workspace).map_err(|err| {
-        ToolError::Failed(format!(
-            "the workspace {} is not usable: {err}",
-            ctx.workspace.display()
-        ))
-    })?;
+    let jail = Jail::new(&ctx.workspace)
+        .map_err(|err| {
+            ToolError::Failed(format!(
+                "the workspace {} is not usable: {err}",
+                ctx.workspace.display()
+            ))
+        })?
+        .protecting(ctx.protected.clone());
     let resolved = jail.resolve(path)?;
     Ok((jail, resolved))
 }
@@ -74,15 +76,18 @@ fn clip_line(line: &str, max: usize) -> String {
 }
 
 /// The files under `base`, honouring `.gitignore` (also outside git
-/// repositories) and skipping hidden files. Stops with `Cancelled` as soon
-/// as `cancel` fires; unreadable entries are skipped.
+/// repositories) and skipping hidden files and Loom's own state. Stops with
+/// `Cancelled` as soon as `cancel` fires; unreadable entries are skipped.
 fn walk_files(
     base: &Path,
+    jail: &Jail,
     cancel: loom_core::CancellationToken,
 ) -> impl Iterator<Item = Result<ignore::DirEntry, ToolError>> {
     let mut stopped = false;
+    let jail = jail.clone();
     ignore::WalkBuilder::new(base)
         .require_git(false)
+        .filter_entry(move |entry| !jail.is_protected(entry.path()))
         .build()
         .filter_map(move |entry| {
             if stopped {

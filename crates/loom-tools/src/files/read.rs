@@ -73,7 +73,7 @@ impl Tool for ReadFile {
                 let line = line.map_err(|err| io_error("read", &shown, err))?;
                 total = index + 1;
                 let number = index + 1;
-                if number >= first && number < first + limit {
+                if number >= first && number < first.saturating_add(limit) {
                     let text = String::from_utf8_lossy(&line);
                     let text = text.strip_suffix('\r').unwrap_or(&text);
                     out.push_str(&format!("{number:>6}\t{}\n", clip_line(text, MAX_LINE_CHARS)));

@@ -1,11 +1,13 @@
 //! Anthropic Messages API (`POST {base}/v1/messages`), streamed.
 
+mod body;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Message, ToolSpec, Usage};
-use serde_json::{json, Value};
+use loom_core::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Usage};
+use serde_json::Value;
 
 use crate::transport::{HttpSettings, StreamParser, Transport};
 
@@ -61,32 +63,26 @@ impl AnthropicModel {
         })
     }
 
-    /// The JSON body of a request, as the API expects it.
-    pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
-        let (system, messages) = convert_messages(request.messages);
-        let mut body = json!({
-            "model": self.config.model,
-            "max_tokens": self.config.max_tokens,
-            "messages": messages,
-            "stream": true,
-        });
-        if !system.is_empty() {
-            body["system"] = json!(system);
-        }
-        if !request.tools.is_empty() {
-            body["tools"] = Value::Array(request.tools.iter().map(tool_json).collect());
-        }
-        body
+    /// The JSON body of a request, as the API expects it (see [`body`]):
+    /// serialized from the borrowed history, the guidance a reminder at the
+    /// end of the last user turn.
+    pub fn request_body(&self, request: &LlmRequest<'_>) -> Result<bytes::Bytes, LlmError> {
+        crate::wire::to_bytes(&body::MessagesRequest::new(
+            &self.config.model,
+            self.config.max_tokens,
+            request,
+        ))
     }
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+    fn post(&self, body: &bytes::Bytes) -> reqwest::RequestBuilder {
         let url = format!("{}/v1/messages", self.config.base_url.trim_end_matches('/'));
         let mut request = self
             .transport
             .client()
             .post(url)
             .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
         if let Some(key) = &self.config.api_key {
             request = request.header("x-api-key", key);
         }
@@ -101,69 +97,11 @@ impl Llm for AnthropicModel {
     }
 
     async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError> {
-        let body = self.request_body(&request);
+        let body = self.request_body(&request)?;
         self.transport
             .stream(|| self.post(&body), AnthropicParser::default, map_error)
             .await
     }
-}
-
-/// Loom's messages as the Messages API wants them: the leading system
-/// messages become `system`; the rest alternate user/assistant, with tool
-/// calls as `tool_use` blocks, results as `tool_result` blocks in the next
-/// user turn, and later system messages (guidance) as text in a user turn.
-fn convert_messages(messages: &[Message]) -> (String, Vec<Value>) {
-    let mut system = Vec::new();
-    let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    let mut leading = true;
-    for message in messages {
-        let (role, blocks) = match message {
-            Message::System { content } if leading => {
-                system.push(content.clone());
-                continue;
-            }
-            Message::System { content } => ("user", vec![json!({"type": "text", "text": content})]),
-            Message::User { content } => ("user", vec![json!({"type": "text", "text": content})]),
-            Message::Assistant { content, tool_calls } => {
-                let mut blocks = Vec::new();
-                if !content.is_empty() {
-                    blocks.push(json!({"type": "text", "text": content}));
-                }
-                for call in tool_calls {
-                    let input = if call.arguments.is_object() {
-                        call.arguments.clone()
-                    } else {
-                        json!({})
-                    };
-                    blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
-                }
-                if blocks.is_empty() {
-                    continue;
-                }
-                ("assistant", blocks)
-            }
-            Message::Tool {
-                tool_call_id, content, ..
-            } => (
-                "user",
-                vec![json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content})],
-            ),
-        };
-        leading = false;
-        match turns.last_mut() {
-            Some((last_role, last_blocks)) if *last_role == role => last_blocks.extend(blocks),
-            _ => turns.push((role, blocks)),
-        }
-    }
-    let messages = turns
-        .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect();
-    (system.join("\n\n"), messages)
-}
-
-fn tool_json(tool: &ToolSpec) -> Value {
-    json!({"name": tool.name, "description": tool.description, "input_schema": tool.parameters})
 }
 
 /// Parses the Messages API's named events.
@@ -319,7 +257,13 @@ fn error_from(kind: &str, message: &str, retry_after: Option<Duration>, status: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loom_core::ToolCall;
+    use loom_core::{Message, ToolCall};
+    use serde_json::json;
+
+    fn body(model: &AnthropicModel, messages: &[Message], guidance: Option<&str>) -> Value {
+        let request = LlmRequest::new(messages, &[]).with_guidance(guidance);
+        serde_json::from_slice(&model.request_body(&request).unwrap()).unwrap()
+    }
 
     #[test]
     fn messages_alternate_with_tool_blocks_and_system_apart() {
@@ -343,18 +287,59 @@ mod tests {
             },
             Message::tool("t1", "w", "sunny"),
             Message::tool("t2", "w", "Error: not JSON"),
-            Message::system("guidance"),
+            Message::system("[compressed history]"),
             Message::assistant("It is sunny."),
         ];
-        let (system, out) = convert_messages(&messages);
-        assert_eq!(system, "be brief");
+        let model = AnthropicModel::new(AnthropicConfig::new("claude-x")).unwrap();
+        let body = body(&model, &messages, None);
+        assert_eq!(body["system"], "be brief");
+        assert_eq!(body["model"], "claude-x");
+        assert_eq!(body["stream"], true);
+        assert!(body.get("tools").is_none());
+        let out = body["messages"].as_array().unwrap();
         let roles: Vec<&str> = out.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, vec!["user", "assistant", "user", "assistant"]);
         assert_eq!(out[1]["content"][1]["type"], "tool_use");
         assert_eq!(out[1]["content"][2]["input"], json!({}));
         assert_eq!(out[2]["content"][0]["tool_use_id"], "t1");
         assert_eq!(out[2]["content"][1]["tool_use_id"], "t2");
-        assert_eq!(out[2]["content"][2]["text"], "guidance");
+        assert_eq!(out[2]["content"][2]["text"], "[compressed history]");
+    }
+
+    #[test]
+    fn guidance_is_a_reminder_at_the_end_of_the_last_user_turn() {
+        let model = AnthropicModel::new(AnthropicConfig::new("claude-x")).unwrap();
+        let call = ToolCall {
+            id: "t1".into(),
+            name: "w".into(),
+            arguments: json!({}),
+        };
+        let messages = vec![
+            Message::system("s"),
+            Message::user("q"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call],
+            },
+            Message::tool("t1", "w", "sunny"),
+        ];
+        let out = body(&model, &messages, Some("finish now"));
+        let last = &out["messages"][2];
+        assert_eq!(last["role"], "user");
+        assert_eq!(last["content"][0]["type"], "tool_result");
+        assert_eq!(
+            last["content"][1],
+            json!({"type": "text", "text": "<system-reminder>\nfinish now\n</system-reminder>"})
+        );
+        assert_eq!(out["system"], "s", "never a second system text");
+        // After the model's own words, the reminder is a user turn of its own.
+        let mut continued = messages.clone();
+        continued.push(Message::assistant("It is"));
+        let out = body(&model, &continued, Some("continue"));
+        let turns = out["messages"].as_array().unwrap();
+        assert_eq!(turns.len(), 5);
+        assert_eq!(turns[4]["role"], "user");
+        assert_eq!(turns[4]["content"].as_array().unwrap().len(), 1);
     }
 
     #[test]

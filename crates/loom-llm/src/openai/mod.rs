@@ -2,12 +2,14 @@
 //! server, LM Studio, DeepSeek, and anything else that speaks
 //! `POST {base}/chat/completions`.
 
+mod body;
+
 use std::borrow::Cow;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::stream::{self, StreamExt};
-use loom_core::{FinishReason, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Message, ToolSpec, Usage};
+use loom_core::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, Usage};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -33,6 +35,10 @@ pub struct OpenAiConfig {
     /// Describe tools in the prompt and read `<tool_call>{…}</tool_call>`
     /// from the text, for models without native tool calling.
     pub text_tool_calls: bool,
+    /// Where a request's guidance goes; `None` chooses by the server: a
+    /// system message at the official API, an inline reminder anywhere else
+    /// (local chat templates often reject a second system message).
+    pub guidance: Option<GuidancePlacement>,
     /// Timeouts, retries, limits, headers.
     pub http: HttpSettings,
 }
@@ -47,8 +53,20 @@ impl OpenAiConfig {
             stream: true,
             max_tokens: None,
             text_tool_calls: false,
+            guidance: None,
             http: HttpSettings::default(),
         }
+    }
+
+    /// Where guidance goes at this server (see [`OpenAiConfig::guidance`]).
+    pub fn guidance_placement(&self) -> GuidancePlacement {
+        self.guidance.unwrap_or_else(|| {
+            if self.base_url.trim_end_matches('/') == OPENAI_BASE_URL {
+                GuidancePlacement::System
+            } else {
+                GuidancePlacement::Inline
+            }
+        })
     }
 }
 
@@ -71,37 +89,38 @@ impl OpenAiModel {
         })
     }
 
-    /// The JSON body of a request, as the API expects it.
-    pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
+    /// The JSON body of a request, as the API expects it: serialized from
+    /// the borrowed history, with the request's guidance placed.
+    pub fn request_body(&self, request: &LlmRequest<'_>) -> Result<bytes::Bytes, LlmError> {
         let text_mode = self.config.text_tool_calls;
-        let messages: Vec<Value> = if text_mode {
-            text_tools::render_messages(request.messages, request.tools)
-                .iter()
-                .map(message_json)
-                .collect()
-        } else {
-            request.messages.iter().map(message_json).collect()
+        let instructions = (text_mode && !request.tools.is_empty()).then(|| text_tools::instructions(request.tools));
+        let body = body::ChatRequest {
+            model: &self.config.model,
+            messages: body::Messages {
+                request: *request,
+                placement: self.config.guidance_placement(),
+                text_mode,
+                instructions: instructions.as_deref(),
+            },
+            stream: self.config.stream,
+            stream_options: self
+                .config
+                .stream
+                .then_some(body::StreamOptions { include_usage: true }),
+            tools: (!text_mode && !request.tools.is_empty()).then_some(body::Tools(request.tools)),
+            max_tokens: self.config.max_tokens,
         };
-        let mut body = json!({
-            "model": self.config.model,
-            "messages": messages,
-            "stream": self.config.stream,
-        });
-        if self.config.stream {
-            body["stream_options"] = json!({"include_usage": true});
-        }
-        if !text_mode && !request.tools.is_empty() {
-            body["tools"] = Value::Array(request.tools.iter().map(tool_json).collect());
-        }
-        if let Some(max_tokens) = self.config.max_tokens {
-            body["max_tokens"] = json!(max_tokens);
-        }
-        body
+        crate::wire::to_bytes(&body)
     }
 
-    fn post(&self, body: &Value) -> reqwest::RequestBuilder {
+    fn post(&self, body: &bytes::Bytes) -> reqwest::RequestBuilder {
         let url = format!("{}/chat/completions", self.config.base_url.trim_end_matches('/'));
-        let mut request = self.transport.client().post(url).json(body);
+        let mut request = self
+            .transport
+            .client()
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
         if let Some(key) = &self.config.api_key {
             request = request.bearer_auth(key);
         }
@@ -116,7 +135,7 @@ impl Llm for OpenAiModel {
     }
 
     async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError> {
-        let body = self.request_body(&request);
+        let body = self.request_body(&request)?;
         let stream = if self.config.stream {
             self.transport
                 .stream(|| self.post(&body), OpenAiParser::default, map_error)
@@ -131,47 +150,6 @@ impl Llm for OpenAiModel {
             stream
         })
     }
-}
-
-fn message_json(message: &Message) -> Value {
-    match message {
-        Message::System { content } => json!({"role": "system", "content": content}),
-        Message::User { content } => json!({"role": "user", "content": content}),
-        Message::Assistant { content, tool_calls } if tool_calls.is_empty() => {
-            json!({"role": "assistant", "content": content})
-        }
-        Message::Assistant { content, tool_calls } => json!({
-            "role": "assistant",
-            "content": if content.is_empty() { Value::Null } else { json!(content) },
-            "tool_calls": tool_calls.iter().map(|call| json!({
-                "id": call.id,
-                "type": "function",
-                "function": {
-                    "name": call.name,
-                    // The API wants the arguments as JSON text; text the model
-                    // produced that was not JSON is sent back as it was.
-                    "arguments": match &call.arguments {
-                        Value::String(raw) => raw.clone(),
-                        other => other.to_string(),
-                    },
-                },
-            })).collect::<Vec<_>>(),
-        }),
-        Message::Tool {
-            tool_call_id, content, ..
-        } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
-    }
-}
-
-fn tool_json(tool: &ToolSpec) -> Value {
-    json!({
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-        },
-    })
 }
 
 /// One chunk of a chat completions stream. Typed and borrowing, so a long
@@ -306,11 +284,14 @@ pub(crate) fn parse_completion(answer: &Value) -> Result<Vec<LlmChunk>, LlmError
     if let Some(error) = answer.get("error") {
         return Err(error_from_body(500, None, error));
     }
-    let choice = answer["choices"]
-        .get(0)
-        .ok_or_else(|| LlmError::Protocol(format!("the answer has no choices: {}", clip(&answer.to_string()))))?;
-    let message = &choice["message"];
     let mut out = Vec::new();
+    // No choices is an empty answer (the engine retries it once, then
+    // reports EMPTY_ANSWER), as it is when a stream brings none.
+    let Some(choice) = answer["choices"].get(0) else {
+        out.extend(usage(&answer["usage"]).map(LlmChunk::Usage));
+        return Ok(out);
+    };
+    let message = &choice["message"];
     if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
         out.push(LlmChunk::Text(text.to_string()));
     }
@@ -403,6 +384,140 @@ fn clip(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loom_core::{Message, ToolCall, ToolSpec};
+
+    fn history() -> Vec<Message> {
+        vec![
+            Message::system("base"),
+            Message::user("q"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "a"}),
+                }],
+            },
+            Message::tool("c1", "read_file", "hello"),
+        ]
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![ToolSpec {
+            name: "read_file".into(),
+            description: "Reads.".into(),
+            parameters: json!({"type": "object"}),
+        }]
+    }
+
+    fn body(config: OpenAiConfig, messages: &[Message], tools: &[ToolSpec], guidance: Option<&str>) -> Value {
+        let model = OpenAiModel::new(config).unwrap();
+        let request = LlmRequest::new(messages, tools).with_guidance(guidance);
+        serde_json::from_slice(&model.request_body(&request).unwrap()).unwrap()
+    }
+
+    fn local(model: &str) -> OpenAiConfig {
+        OpenAiConfig {
+            base_url: "http://127.0.0.1:8080/v1".into(),
+            ..OpenAiConfig::new(model)
+        }
+    }
+
+    #[test]
+    fn the_body_has_the_api_shape() {
+        let body = body(OpenAiConfig::new("gpt-x"), &history(), &tools(), None);
+        assert_eq!(body["model"], "gpt-x");
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(body["tools"][0]["type"], "function");
+        assert_eq!(body["tools"][0]["function"]["name"], "read_file");
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4);
+        assert_eq!(messages[2]["content"], Value::Null);
+        assert_eq!(messages[2]["tool_calls"][0]["function"]["arguments"], r#"{"path":"a"}"#);
+        assert_eq!(
+            messages[3],
+            json!({"role": "tool", "tool_call_id": "c1", "content": "hello"})
+        );
+        assert!(body.get("max_tokens").is_none());
+    }
+
+    #[test]
+    fn guidance_is_a_system_message_at_the_official_api_and_a_reminder_elsewhere() {
+        let official = body(OpenAiConfig::new("gpt-x"), &history(), &tools(), Some("fix it"));
+        let messages = official["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 5);
+        assert_eq!(messages[4], json!({"role": "system", "content": "fix it"}));
+        assert_eq!(messages[3]["content"], "hello");
+
+        let at_home = body(local("llama"), &history(), &tools(), Some("fix it"));
+        let messages = at_home["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4, "no message added");
+        let systems = messages.iter().filter(|m| m["role"] == "system").count();
+        assert_eq!(systems, 1, "one system message, first");
+        assert_eq!(
+            messages[3]["content"],
+            "hello\n\n<system-reminder>\nfix it\n</system-reminder>"
+        );
+
+        // Configured either way.
+        let forced = OpenAiConfig {
+            guidance: Some(GuidancePlacement::System),
+            ..local("llama")
+        };
+        assert_eq!(
+            body(forced, &history(), &tools(), Some("g"))["messages"][4]["role"],
+            "system"
+        );
+        // After the model's own words, the reminder is a user message.
+        let mut continued = history();
+        continued.push(Message::assistant("It says"));
+        let out = body(local("llama"), &continued, &tools(), Some("continue"));
+        assert_eq!(
+            out["messages"][5],
+            json!({"role": "user", "content": "<system-reminder>\ncontinue\n</system-reminder>"})
+        );
+    }
+
+    #[test]
+    fn history_is_written_as_text_for_models_without_tool_calling() {
+        let config = OpenAiConfig {
+            text_tool_calls: true,
+            ..local("small")
+        };
+        let out = body(config.clone(), &history(), &tools(), Some("careful"));
+        assert!(out.get("tools").is_none());
+        let messages = out["messages"].as_array().unwrap();
+        let system = messages[0]["content"].as_str().unwrap();
+        assert!(system.starts_with("base\n\nYou can call tools."), "{system}");
+        assert!(system.contains("\"name\": \"read_file\""), "{system}");
+        assert_eq!(
+            messages[2],
+            json!({"role": "assistant", "content": "<tool_call>{\"name\":\"read_file\",\"arguments\":{\"path\":\"a\"}}</tool_call>"})
+        );
+        assert_eq!(messages[3]["role"], "user");
+        assert_eq!(
+            messages[3]["content"],
+            "<tool_result name=\"read_file\" id=\"c1\">\nhello\n</tool_result>\n\n<system-reminder>\ncareful\n</system-reminder>"
+        );
+        // The final-answer call offers no tools: calls stay text, no instructions.
+        let out = body(config, &history(), &[], None);
+        assert_eq!(out["messages"][0]["content"], "base");
+        assert!(out["messages"][2].get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn an_answer_without_choices_is_empty() {
+        let chunks =
+            parse_completion(&json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 0}})).unwrap();
+        assert_eq!(
+            chunks,
+            vec![LlmChunk::Usage(Usage {
+                input_tokens: 3,
+                output_tokens: 0
+            })]
+        );
+    }
 
     #[test]
     fn maps_errors_by_status_and_code() {

@@ -1,0 +1,296 @@
+//! The chat completions request body, serialized from the borrowed history.
+
+use std::fmt;
+
+use loom_core::{GuidancePlacement, LlmRequest, Message, ToolCall, ToolSpec};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+
+use crate::text_tools;
+use crate::wire::{ArgumentsText, WithReminder};
+
+/// The body of `POST /chat/completions`.
+#[derive(Serialize)]
+pub(crate) struct ChatRequest<'a> {
+    pub model: &'a str,
+    pub messages: Messages<'a>,
+    pub stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Tools<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct StreamOptions {
+    pub include_usage: bool,
+}
+
+/// The tools, as `{"type": "function", "function": {…}}`.
+pub(crate) struct Tools<'a>(pub &'a [ToolSpec]);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            description: &'a str,
+            parameters: &'a Value,
+        }
+        #[derive(Serialize)]
+        struct Tool<'a> {
+            r#type: &'static str,
+            function: Function<'a>,
+        }
+        serializer.collect_seq(self.0.iter().map(|tool| Tool {
+            r#type: "function",
+            function: Function {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.parameters,
+            },
+        }))
+    }
+}
+
+/// The conversation with the request's guidance placed, and — for models
+/// without native tool calling — tools, calls and results written as text.
+pub(crate) struct Messages<'a> {
+    pub request: LlmRequest<'a>,
+    pub placement: GuidancePlacement,
+    /// Calls and results written as text, for a model without tool calling.
+    pub text_mode: bool,
+    /// The tools described for such a model (when tools are offered).
+    pub instructions: Option<&'a str>,
+}
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let messages = self.request.messages;
+        let guidance = self.request.guidance;
+        let inline = self.placement == GuidancePlacement::Inline;
+        let target = guidance.and(inline.then(|| self.request.reminder_target()).flatten());
+        let first_system = messages.iter().position(|m| matches!(m, Message::System { .. }));
+        let mut seq = serializer.serialize_seq(None)?;
+        if let (Some(instructions), None) = (self.instructions, first_system) {
+            seq.serialize_element(&Plain("system", instructions))?;
+        }
+        for (index, message) in messages.iter().enumerate() {
+            seq.serialize_element(&Wire {
+                message,
+                reminder: guidance.filter(|_| target == Some(index)),
+                // Text mode describes the tools in the first system message.
+                instructions: self.instructions.filter(|_| first_system == Some(index)),
+                text_mode: self.text_mode,
+            })?;
+        }
+        match (guidance, inline, target) {
+            (Some(guidance), false, _) => seq.serialize_element(&Plain("system", guidance))?,
+            // The conversation ends with the model's words: the reminder
+            // comes as a user message of its own.
+            (Some(guidance), true, None) => seq.serialize_element(&Reminder(guidance))?,
+            _ => {}
+        }
+        seq.end()
+    }
+}
+
+/// `{"role": ROLE, "content": TEXT}`.
+struct Plain<'a>(&'static str, &'a str);
+
+impl Serialize for Plain<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("role", self.0)?;
+        map.serialize_entry("content", self.1)?;
+        map.end()
+    }
+}
+
+/// A user message holding only a reminder.
+struct Reminder<'a>(&'a str);
+
+impl Serialize for Reminder<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("role", "user")?;
+        map.serialize_entry(
+            "content",
+            &WithReminder {
+                text: "",
+                reminder: Some(self.0),
+            },
+        )?;
+        map.end()
+    }
+}
+
+/// One message as the API wants it.
+struct Wire<'a> {
+    message: &'a Message,
+    reminder: Option<&'a str>,
+    instructions: Option<&'a str>,
+    text_mode: bool,
+}
+
+impl Serialize for Wire<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let reminder = self.reminder;
+        let mut map = serializer.serialize_map(None)?;
+        match self.message {
+            Message::System { content } => {
+                map.serialize_entry("role", "system")?;
+                match self.instructions {
+                    Some(instructions) => map.serialize_entry(
+                        "content",
+                        &crate::wire::Joined {
+                            pieces: [content.as_str(), instructions].into_iter(),
+                            separator: "\n\n",
+                        },
+                    )?,
+                    None => map.serialize_entry("content", content)?,
+                }
+            }
+            Message::User { content } => {
+                map.serialize_entry("role", "user")?;
+                map.serialize_entry(
+                    "content",
+                    &WithReminder {
+                        text: content,
+                        reminder,
+                    },
+                )?;
+            }
+            Message::Assistant { content, tool_calls } if tool_calls.is_empty() => {
+                map.serialize_entry("role", "assistant")?;
+                map.serialize_entry("content", content)?;
+            }
+            Message::Assistant { content, tool_calls } if self.text_mode => {
+                map.serialize_entry("role", "assistant")?;
+                map.serialize_entry("content", &TextCalls { content, tool_calls })?;
+            }
+            Message::Assistant { content, tool_calls } => {
+                map.serialize_entry("role", "assistant")?;
+                map.serialize_entry("content", &(!content.is_empty()).then_some(content))?;
+                map.serialize_entry("tool_calls", &Calls(tool_calls))?;
+            }
+            Message::Tool {
+                tool_call_id,
+                name,
+                content,
+            } if self.text_mode => {
+                map.serialize_entry("role", "user")?;
+                map.serialize_entry(
+                    "content",
+                    &TextResult {
+                        id: tool_call_id,
+                        name,
+                        content,
+                        reminder,
+                    },
+                )?;
+            }
+            Message::Tool {
+                tool_call_id, content, ..
+            } => {
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", tool_call_id)?;
+                map.serialize_entry(
+                    "content",
+                    &WithReminder {
+                        text: content,
+                        reminder,
+                    },
+                )?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// `tool_calls` of an assistant message.
+struct Calls<'a>(&'a [ToolCall]);
+
+impl Serialize for Calls<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            arguments: ArgumentsText<'a>,
+        }
+        #[derive(Serialize)]
+        struct Call<'a> {
+            id: &'a str,
+            r#type: &'static str,
+            function: Function<'a>,
+        }
+        serializer.collect_seq(self.0.iter().map(|call| Call {
+            id: &call.id,
+            r#type: "function",
+            function: Function {
+                name: &call.name,
+                arguments: ArgumentsText(&call.arguments),
+            },
+        }))
+    }
+}
+
+/// An assistant message's text and calls written as `<tool_call>` blocks.
+struct TextCalls<'a> {
+    content: &'a str,
+    tool_calls: &'a [ToolCall],
+}
+
+impl fmt::Display for TextCalls<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lead = self.content.trim_start();
+        f.write_str(lead)?;
+        for (index, call) in self.tool_calls.iter().enumerate() {
+            if index > 0 || !lead.is_empty() {
+                f.write_str("\n")?;
+            }
+            text_tools::write_call(f, call)?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for TextCalls<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A tool result written as a `<tool_result>` block.
+struct TextResult<'a> {
+    id: &'a str,
+    name: &'a str,
+    content: &'a str,
+    reminder: Option<&'a str>,
+}
+
+impl fmt::Display for TextResult<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        text_tools::write_result(f, self.name, self.id, self.content)?;
+        if let Some(guidance) = self.reminder {
+            write!(
+                f,
+                "\n\n{}",
+                WithReminder {
+                    text: "",
+                    reminder: Some(guidance)
+                }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for TextResult<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
