@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+use loom_testkit::{openai_text, openai_tool_calls_with_usage, FakeServer, Reply};
 
 const LENGTHS: [usize; 3] = [50, 200, 400];
 const SAMPLES: usize = 5;
@@ -110,7 +110,14 @@ fn one_run(loom: &Path, turns: usize) -> Sample {
                 r#"{{"path": "notes.txt", "offset": {}, "limit": {READ_LINES}}}"#,
                 (i * READ_LINES) % (FILE_LINES - READ_LINES) + 1
             );
-            Reply::Sse(openai_tool_calls(&[(&format!("call_{i}"), "read_file", &args)]))
+            // Token counts as a real server reports them: the prompt grows
+            // by about 140 tokens a turn (a call and a six-line result).
+            let prompt = 800 + 140 * i as u64;
+            Reply::Sse(openai_tool_calls_with_usage(
+                &[(&format!("call_{i}"), "read_file", &args)],
+                prompt,
+                30,
+            ))
         })
         .collect();
     replies.push(Reply::Sse(openai_text("I read the notes.", 8)));
@@ -118,6 +125,8 @@ fn one_run(loom: &Path, turns: usize) -> Sample {
 
     let before = self_cpu();
     let started = Instant::now();
+    // Reaped by `wait4` below, which also gives its resource usage.
+    #[allow(clippy::zombie_processes)]
     let child = Command::new(loom)
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")

@@ -221,8 +221,15 @@ async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Re
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
+                // As in `loom run`: a settled question ends its line first.
+                let settles = matches!(event.kind, loom::EventKind::PermissionResolved { .. });
+                if settles {
+                    questions.on_event(&controller, &event, &mut input.lines);
+                }
                 renderer.event(&event).context("cannot write output")?;
-                questions.on_event(&controller, &event, &mut input.lines);
+                if !settles {
+                    questions.on_event(&controller, &event, &mut input.lines);
+                }
             }
             line = input.lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
             signal = input.signals.recv(), if !stopping => {

@@ -27,6 +27,10 @@ pub fn task(argument: Option<&str>, file: Option<&Path>) -> Result<String> {
     if text.trim().is_empty() {
         bail!("the task is empty: give loom something to do");
     }
+    // `echo "…" | loom run` and files end with a newline that is not part of the task.
+    let kept = text.trim_end_matches(['\n', '\r']).len();
+    let mut text = text;
+    text.truncate(kept);
     Ok(text)
 }
 

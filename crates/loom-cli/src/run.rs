@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use loom::tools::file_tools;
-use loom::{Agent, RunHandle, RunOutcome, RunStatus, StopReason};
+use loom::{Agent, EventKind, RunHandle, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
@@ -83,6 +83,12 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
+                // A question the run settled ends its line before anything
+                // else is printed; a new one is asked after its event.
+                let settles = matches!(event.kind, EventKind::PermissionResolved { .. });
+                if settles {
+                    questions.on_event(&controller, &event, &mut lines);
+                }
                 if stopped != Some(Stopped::OutputClosed) {
                     if let Err(err) = renderer.event(&event) {
                         if err.kind() != std::io::ErrorKind::BrokenPipe {
@@ -96,7 +102,9 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
                         stopped = Some(Stopped::OutputClosed);
                     }
                 }
-                questions.on_event(&controller, &event, &mut lines);
+                if !settles {
+                    questions.on_event(&controller, &event, &mut lines);
+                }
             }
             line = lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
             signal = signals.recv() => {

@@ -205,3 +205,66 @@ fn the_terminal_prompt_answers_yes_no_and_always() {
         "always: asked once: {screen}"
     );
 }
+
+/// On a real terminal, an ask nobody answers: the step clock stops while
+/// the person is asked (step_timeout_secs = 1 would end the run otherwise),
+/// and the ask is denied at its own timeout (permission_timeout_secs = 3);
+/// the model is told, and finishes.
+#[cfg(unix)]
+#[test]
+fn an_unanswered_ask_is_denied_at_its_own_timeout_not_the_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        "step_timeout_secs = 1\npermission_timeout_secs = 3\n",
+    )
+    .unwrap();
+    let model = write_script(
+        dir.path(),
+        r#"[
+          {"tool_calls":[{"name":"write_file","arguments":{"path":"a.txt","content":"A"}}]},
+          {"content":"I could not write a.txt: permission was not given."}
+        ]"#,
+    );
+    let args = format!(
+        "run --json --config {} --model {model} --workspace {} write",
+        dir.path().join("loom.toml").display(),
+        dir.path().display()
+    );
+    let mut child = common::loom_on_a_terminal(&args, "-qec")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux script");
+    // Nobody types; the terminal stays open until loom is done.
+    let keyboard = child.stdin.take().unwrap();
+    let started = std::time::Instant::now();
+    let output = child.wait_with_output().unwrap();
+    drop(keyboard);
+    let screen = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(output.status.code(), Some(0), "{screen}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(3),
+        "denied at 3 s, not before"
+    );
+    assert!(
+        screen.contains("loom: allow write_file(content=A, path=a.txt)?"),
+        "{screen}"
+    );
+    assert!(screen.contains("no answer in time: write_file was denied"), "{screen}");
+    assert!(!screen.contains("STEP_TIMEOUT"), "{screen}");
+    assert!(!dir.path().join("a.txt").exists());
+    let events = events(screen.as_bytes());
+    assert_eq!(statuses(&events), vec!["denied"]);
+    let result = events.iter().find(|e| e["type"] == "tool.result").unwrap();
+    assert!(
+        result["content"].as_str().unwrap().contains("was not given in time"),
+        "the model is told: {result}"
+    );
+    let resolved = events.iter().find(|e| e["type"] == "permission.resolved").unwrap();
+    assert_eq!(resolved["reason"], "timeout");
+    let end = events.last().unwrap();
+    assert_eq!(end["type"], "lifecycle.end");
+    assert_eq!(end["status"], "DONE");
+}

@@ -50,7 +50,7 @@ pub use memory::{Memory, MemoryConfig};
 pub use message::{Message, ToolCall};
 pub use metrics::{Pricing, RunMetrics, ToolStats};
 pub use permission::{Decision, PermissionDecision, PermissionPolicy, PolicyError};
-pub use pipeline::{PipelineConfig, Redactor};
+pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{Checkpoint, JournalEntry, RunRecord, RunSnapshot, Store, StoreError};

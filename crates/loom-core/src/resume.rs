@@ -11,7 +11,10 @@
 //!   effect is unknown;
 //! - it is not in the journal → it never started (a call that is not
 //!   read-only is journaled before it runs) or it is read-only, so running
-//!   it again is safe.
+//!   it again is safe;
+//! - its journaled result says it was stopped before its tool started
+//!   ([`crate::pipeline::NOT_STARTED`], an interrupt just after the intent)
+//!   → it had no effect, so it runs.
 
 use std::collections::HashSet;
 
@@ -61,6 +64,13 @@ pub fn plan(calls: &[ToolCall], journal: &[JournalEntry]) -> Vec<CallRepair> {
     calls
         .iter()
         .map(|call| match journal.iter().find(|entry| entry.call.id == call.id) {
+            // Stopped before its tool started (an interrupt between the
+            // journal's intent and the start): it had no effect, run it.
+            Some(JournalEntry {
+                result: Some(result), ..
+            }) if result.metadata.error_kind.as_deref() == Some(crate::pipeline::NOT_STARTED) => {
+                CallRepair::Rerun(call.clone())
+            }
             Some(JournalEntry {
                 result: Some(result), ..
             }) => CallRepair::Recorded(result.clone()),
@@ -161,6 +171,20 @@ mod tests {
         assert_eq!(interrupted.metadata.error_kind.as_deref(), Some(INTERRUPTED));
         assert!(interrupted.content.contains("may or may not have taken effect"));
         assert_eq!(repairs[2], CallRepair::Rerun(calls[2].clone()));
+    }
+
+    #[test]
+    fn a_call_stopped_before_its_tool_started_runs_on_resume() {
+        let calls = vec![call("a", "write_file")];
+        let stopped = crate::pipeline::ToolPipeline::cancelled(&calls[0]);
+        let journal = vec![JournalEntry {
+            call: calls[0].clone(),
+            result: Some(stopped),
+        }];
+        assert_eq!(
+            plan(&dangling_calls(&history(calls.clone())), &journal),
+            vec![CallRepair::Rerun(calls[0].clone())]
+        );
     }
 
     #[test]

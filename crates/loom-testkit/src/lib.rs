@@ -8,6 +8,7 @@
 //! `loom` binary can use it.
 
 mod noop;
+pub mod redaction;
 pub use noop::{NoArgs, NoopTool};
 
 use std::collections::HashMap;
@@ -222,6 +223,12 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Request> {
     })
 }
 
+/// An OpenAI stream that carries no choices at all (only usage), as some
+/// servers send when the model produced nothing.
+pub fn openai_no_choices() -> Vec<u8> {
+    openai_sse(&[openai_usage(20, 0)])
+}
+
 /// Writes a reply; returns whether the connection can serve another request.
 fn answer(stream: &mut TcpStream, reply: Reply) -> bool {
     const SSE_HEAD: &str =
@@ -316,12 +323,17 @@ fn openai_usage(prompt: u64, completion: u64) -> Value {
 
 /// An OpenAI stream answering `text` in pieces of about `piece` characters.
 pub fn openai_text(text: &str, piece: usize) -> Vec<u8> {
+    openai_text_ending(text, piece, "stop")
+}
+
+/// Like [`openai_text`], ending with `finish_reason` (`length`, `content_filter`, …).
+pub fn openai_text_ending(text: &str, piece: usize, finish_reason: &str) -> Vec<u8> {
     let mut chunks = vec![openai_chunk(json!({"role": "assistant", "content": ""}), None)];
     let chars: Vec<char> = text.chars().collect();
     for part in chars.chunks(piece.max(1)) {
         chunks.push(openai_chunk(json!({"content": part.iter().collect::<String>()}), None));
     }
-    chunks.push(openai_chunk(json!({}), Some("stop")));
+    chunks.push(openai_chunk(json!({}), Some(finish_reason)));
     chunks.push(openai_usage(20, chars.len() as u64 / 4 + 1));
     openai_sse(&chunks)
 }
@@ -329,6 +341,11 @@ pub fn openai_text(text: &str, piece: usize) -> Vec<u8> {
 /// An OpenAI stream calling tools `(id, name, arguments text)`, the
 /// argument text of every call split in pieces and the calls interleaved.
 pub fn openai_tool_calls(calls: &[(&str, &str, &str)]) -> Vec<u8> {
+    openai_tool_calls_with_usage(calls, 50, 20)
+}
+
+/// Like [`openai_tool_calls`], reporting `prompt` and `completion` tokens.
+pub fn openai_tool_calls_with_usage(calls: &[(&str, &str, &str)], prompt: u64, completion: u64) -> Vec<u8> {
     let mut chunks = vec![openai_chunk(json!({"role": "assistant", "content": null}), None)];
     for (index, (id, name, _)) in calls.iter().enumerate() {
         chunks.push(openai_chunk(
@@ -355,7 +372,7 @@ pub fn openai_tool_calls(calls: &[(&str, &str, &str)]) -> Vec<u8> {
         }
     }
     chunks.push(openai_chunk(json!({}), Some("tool_calls")));
-    chunks.push(openai_usage(50, 20));
+    chunks.push(openai_usage(prompt, completion));
     openai_sse(&chunks)
 }
 
@@ -381,7 +398,18 @@ fn anthropic_close(out: &mut String, stop_reason: &str) {
 
 /// An Anthropic stream answering `text`.
 pub fn anthropic_text(text: &str) -> Vec<u8> {
+    anthropic_text_ending(text, "end_turn")
+}
+
+/// Like [`anthropic_text`], ending with `stop_reason` (`max_tokens`, `refusal`, …);
+/// an empty `text` sends no content block at all.
+pub fn anthropic_text_ending(text: &str, stop_reason: &str) -> Vec<u8> {
     let mut out = String::new();
+    if text.is_empty() {
+        anthropic_open(&mut out);
+        anthropic_close(&mut out, stop_reason);
+        return out.into_bytes();
+    }
     anthropic_open(&mut out);
     out.push_str(&anthropic_event(
         "content_block_start",
@@ -397,7 +425,7 @@ pub fn anthropic_text(text: &str) -> Vec<u8> {
         "content_block_stop",
         json!({"type": "content_block_stop", "index": 0}),
     ));
-    anthropic_close(&mut out, "end_turn");
+    anthropic_close(&mut out, stop_reason);
     out.into_bytes()
 }
 

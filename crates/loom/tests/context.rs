@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use loom::models::{ScriptTurn, ScriptedModel};
 use loom::tools::FolderRetriever;
-use loom::{validate_history, Agent, Event, EventKind, MemoryConfig, Message, RunStatus};
+use loom::{validate_history, Agent, Event, EventKind, MemoryConfig, RunStatus};
 use serde_json::json;
 use support::*;
 

@@ -626,3 +626,62 @@ async fn output_is_redacted_and_truncated_visibly() {
     });
     assert!(stages.is_some());
 }
+
+#[tokio::test]
+async fn a_persons_time_does_not_count_against_the_run_or_step_limit() {
+    // Limits of 150 ms a step and 300 ms a run; the person answers after 500 ms.
+    let model = scripted(vec![call("echo", json!({"text": "hi"})), answer("done")]);
+    let echo = Echo::default();
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(echo.clone())
+        .permissions(PermissionPolicy::new(Decision::Ask))
+        .step_timeout(Some(Duration::from_millis(150)))
+        .run_timeout(Some(Duration::from_millis(300)))
+        .permission_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    let mut handle = agent.run("go");
+    let mut seen = Vec::new();
+    let request = next_request(&mut handle, &mut seen).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    handle.respond_permission(&request, PermissionDecision::Allow).unwrap();
+    let (rest, outcome) = handle.collect().await;
+    seen.extend(rest);
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(tool_results(&seen)[0].1, "success");
+
+    // Unanswered, the ask is denied at its own timeout (400 ms), long after
+    // the step limit, and the model is told.
+    let model = scripted(vec![call("echo", json!({"text": "hi"})), answer("no permission")]);
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(Echo::default())
+        .permissions(PermissionPolicy::new(Decision::Ask))
+        .step_timeout(Some(Duration::from_millis(100)))
+        .permission_timeout(Some(Duration::from_millis(400)))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let (events, outcome) = agent.run("go").collect().await;
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    let (_, status, content) = &tool_results(&events)[0];
+    assert_eq!(status, "denied");
+    assert!(content.contains("not given in time"), "{content}");
+
+    // A paused run's clocks stop too: paused for 400 ms of a 200 ms limit.
+    let model = scripted(vec![delayed(call("echo", json!({"text": "a"})), 50), answer("done")]);
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(Echo::default())
+        .run_timeout(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let handle = agent.run("go");
+    handle.pause();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    handle.resume();
+    let (_, outcome) = handle.collect().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+}

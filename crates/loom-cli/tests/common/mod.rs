@@ -5,14 +5,20 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use assert_cmd::cargo::CommandCargoExt;
-
 /// `loom`, with nothing from the developer's environment leaking in: no
 /// model, no provider keys or addresses, a config directory that does not exist.
 pub fn loom() -> Command {
-    let mut cmd = Command::cargo_bin("loom").unwrap();
+    let mut cmd = Command::new(binary());
     isolate(&mut cmd);
     cmd
+}
+
+/// The binary under test: this build's `loom`, or `LOOM_BIN` (to run these
+/// tests against another build, e.g. an older commit's).
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("LOOM_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| assert_cmd::cargo::cargo_bin("loom"))
 }
 
 /// Removes the developer's model and provider settings from `cmd`.
@@ -46,7 +52,7 @@ pub fn loom_in(dir: &Path) -> Command {
 /// would kill the shell and `script` would report 130 whatever loom did:
 /// `exec` makes loom the terminal's only process, whichever shell runs it.
 pub fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command {
-    let loom = assert_cmd::cargo::cargo_bin("loom");
+    let loom = binary();
     let mut cmd = Command::new("script");
     cmd.args([
         script_flags,
@@ -57,4 +63,52 @@ pub fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command {
     .env("SHELL", "/bin/sh");
     isolate(&mut cmd);
     cmd
+}
+
+/// The JSON lines of `--json` output.
+pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+/// Writes a scripted-model script to `dir/NAME` and returns `scripted:PATH`.
+pub fn script_at(dir: &Path, name: &str, turns: &serde_json::Value) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, turns.to_string()).unwrap();
+    format!("scripted:{}", path.display())
+}
+
+/// Every text of a request body's messages (OpenAI `content` strings, or the
+/// text of Anthropic content blocks), one per message.
+pub fn message_texts(body: &serde_json::Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|message| match &message["content"] {
+                    serde_json::Value::String(text) => text.clone(),
+                    serde_json::Value::Array(blocks) => blocks
+                        .iter()
+                        .map(|block| {
+                            block["text"]
+                                .as_str()
+                                .or_else(|| block["content"].as_str())
+                                .unwrap_or_default()
+                                .to_string()
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                    _ => String::new(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// How many marked reminders (guidance blocks) a request body carries.
+pub fn reminders(body: &serde_json::Value) -> usize {
+    body.to_string().matches("<system-reminder>").count()
 }

@@ -29,7 +29,13 @@ impl Run {
             .iter()
             .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 8)
             .sum();
-        if !force && memory.upper_bound() + tools_bound < config.warn_at() {
+        // The provider's own count of the last request, when it gave one,
+        // includes the tool definitions already.
+        let bytes_bound = memory.upper_bound() + tools_bound;
+        let bound = memory
+            .reported_bound()
+            .map_or(bytes_bound, |reported| reported.min(bytes_bound));
+        if !force && bound < config.warn_at() {
             return false;
         }
         let tools_tokens = match self.tools_tokens {

@@ -17,6 +17,8 @@ pub(crate) struct ModelResponse {
     pub tool_calls: Vec<ToolCall>,
     /// Why the model stopped, when it said.
     pub finish: Option<FinishReason>,
+    /// The tokens the provider counted, when it said.
+    pub usage: Option<Usage>,
 }
 
 /// Why a model call produced no answer.
@@ -158,6 +160,7 @@ impl Run {
             content,
             tool_calls,
             finish,
+            usage,
         })
     }
 }

@@ -552,7 +552,13 @@ impl Run {
                 .await;
             self.phase(turn, "llm", false);
             match called {
-                Ok(response) => return Ok((response, compacted)),
+                Ok(response) => {
+                    if let Some(usage) = response.usage {
+                        let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
+                        memory.record_reported(memory.messages().len(), usize::try_from(tokens).unwrap_or(usize::MAX));
+                    }
+                    return Ok((response, compacted));
+                }
                 Err(CallError::Cancelled) => {
                     return Err(stop(self.stop_reason(ctx).unwrap_or_else(cancelled), Vec::new()))
                 }

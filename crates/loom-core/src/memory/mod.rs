@@ -77,6 +77,9 @@ pub struct Memory {
     /// replaced since (compression), for checkpoints.
     saved: usize,
     replaced: bool,
+    /// What the provider reported for the last request: how many messages
+    /// it held, and its prompt plus answer tokens.
+    reported: Option<(usize, usize)>,
 }
 
 /// What a checkpoint must write.
@@ -109,6 +112,7 @@ impl Memory {
             counter,
             saved: 0,
             replaced: false,
+            reported: None,
         }
     }
 
@@ -148,6 +152,9 @@ impl Memory {
             self.saved = index;
             self.replaced = true;
         }
+        if self.reported.is_some_and(|(messages, _)| messages > index) {
+            self.reported = None;
+        }
         Some(message)
     }
 
@@ -158,8 +165,27 @@ impl Memory {
         }
     }
 
+    /// Records the provider's count for a request of the first `messages`
+    /// messages: `tokens` is its prompt (tool definitions included) plus its
+    /// answer.
+    pub fn record_reported(&mut self, messages: usize, tokens: usize) {
+        self.reported = (messages <= self.messages.len()).then_some((messages, tokens));
+    }
+
+    /// An upper bound of the next request's tokens from the provider's own
+    /// count of the last one plus the bytes added since: far tighter than
+    /// [`Memory::upper_bound`] on a long history, so the tokenizer is only
+    /// needed near the window. `None` when the provider reported nothing
+    /// (or the history was rewritten since).
+    pub fn reported_bound(&self) -> Option<usize> {
+        let (messages, tokens) = self.reported?;
+        let added: usize = self.messages.get(messages..)?.iter().map(bound).sum();
+        Some(tokens + added)
+    }
+
     /// Replaces the whole history (after compression).
     pub fn replace(&mut self, messages: Vec<Message>) {
+        self.reported = None;
         self.messages.clear();
         self.counted_tokens = 0;
         self.counted = 0;

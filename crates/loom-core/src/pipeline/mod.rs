@@ -30,7 +30,10 @@ use crate::permission::PermissionGate;
 use crate::tool::{RegisteredTool, ToolRegistry};
 use crate::tool_result::{StageTimings, ToolResult, ToolStatus};
 
-pub use redact::{Redactor, REDACTED};
+pub use redact::{is_secret_name, Redactor, REDACTED};
+
+/// Error kind of a call stopped before its tool started: it had no effect.
+pub const NOT_STARTED: &str = "not_started";
 pub use truncate::truncate;
 
 /// How tools are scheduled and their output shaped.
@@ -140,7 +143,8 @@ impl ToolPipeline {
         &self.config
     }
 
-    /// A `cancelled` result for a call that never got to run.
+    /// A `cancelled` result for a call that never got to run. Its error kind
+    /// is [`NOT_STARTED`]: a resumed run may run it (see [`crate::resume`]).
     pub fn cancelled(call: &ToolCall) -> ToolResult {
         ToolResult::new(
             &call.id,
@@ -148,7 +152,7 @@ impl ToolPipeline {
             ToolStatus::Cancelled,
             "The run was cancelled before this tool call could run.",
         )
-        .with_error_kind("cancelled")
+        .with_error_kind(NOT_STARTED)
     }
 
     /// Runs a turn's calls and returns their results in call order.

@@ -131,8 +131,10 @@ impl Redactor {
         let assignments = [
             // env, INI, TOML, YAML: at the start of a line (after `export`,
             // `set` or a YAML list dash), `NAME = value` or `NAME: value`.
+            // A line may carry read_file's number (`    12\t`) or grep's
+            // place (`path:12: `) first.
             format!(
-                r#"(?im)^[ \t]*(?:export[ \t]+|set[ \t]+|-[ \t]+)?["']?(?P<name>{name})["']?[ \t]*[:=][ \t]*(?:{value})"#
+                r#"(?im)^(?:[ \t]*\d+\t|\S+?:\d+:[ \t]?)?[ \t]*(?:export[ \t]+|set[ \t]+|-[ \t]+)?["']?(?P<name>{name})["']?[ \t]*[:=][ \t]*(?:{value})"#
             ),
             // JSON anywhere: "name": "value".
             format!(r#"(?i)"(?P<jname>{name})"[ \t]*:[ \t]*"(?P<jvalue>[^"\n]*)""#),
@@ -299,6 +301,12 @@ mod tests {
             ("sort_key: name", "sort_key: name"),
             ("max_token = 4096", "max_token = 4096"),
             ("cache_key = user_profile_cache", "cache_key = user_profile_cache"),
+            // As read_file and grep show lines.
+            ("     3\tDB_PASSWORD=hunter2", "     3\tDB_PASSWORD=[REDACTED]"),
+            (
+                "config/.env:7: SECRET_KEY=9f8e7d6c5b4a",
+                "config/.env:7: SECRET_KEY=[REDACTED]",
+            ),
         ] {
             assert_eq!(redactor.redact(text), expected, "{text}");
         }

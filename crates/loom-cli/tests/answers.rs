@@ -1,0 +1,267 @@
+//! Answers that are not answers, from both providers, as a real server
+//! sends them: an empty answer is retried once and then an error, an answer
+//! cut off by the output limit is continued, a filtered one is an error.
+//! And tool-call ids a provider got wrong are made unique before anything
+//! pairs results with calls.
+
+mod common;
+
+use common::{json_lines, loom_in, message_texts, reminders};
+
+use loom_testkit::{
+    anthropic_text, anthropic_text_ending, openai_no_choices, openai_sse, openai_text, openai_text_ending, FakeServer,
+    Reply,
+};
+use serde_json::{json, Value};
+
+struct Ran {
+    code: Option<i32>,
+    events: Vec<Value>,
+    stderr: String,
+    requests: Vec<loom_testkit::Request>,
+    dir: tempfile::TempDir,
+}
+
+fn run(provider: &str, replies: Vec<Reply>, config: &str) -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(dir.path().join("loom.toml"), config).unwrap();
+    let server = FakeServer::start(replies);
+    let output = loom_in(dir.path())
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .args(["run", "--json", "--model", &format!("{provider}:test"), "--base-url"])
+        .arg(server.url())
+        .arg("answer me")
+        .output()
+        .unwrap();
+    Ran {
+        code: output.status.code(),
+        events: json_lines(&output.stdout),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        requests: server.requests(),
+        dir,
+    }
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+fn stored_messages(ran: &Ran) -> Vec<Value> {
+    let run_id = ran.events[0]["runId"].as_str().unwrap();
+    let out = loom_in(ran.dir.path())
+        .args(["runs", "show", run_id, "--json"])
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["messages"].as_array().unwrap().clone()
+}
+
+#[test]
+fn an_empty_answer_is_asked_again_once_then_is_an_error() {
+    for (provider, empty) in [
+        ("openai", openai_no_choices()),
+        ("openai", openai_text("", 4)),
+        ("anthropic", anthropic_text_ending("", "end_turn")),
+    ] {
+        let ran = run(provider, vec![Reply::Sse(empty.clone()), Reply::Sse(empty)], "");
+        assert_eq!(ran.code, Some(1), "{provider}: {}", ran.stderr);
+        assert_eq!(ran.requests.len(), 2, "{provider}: one retry");
+        assert_eq!(reminders(&ran.requests[0].body), 0);
+        assert_eq!(
+            reminders(&ran.requests[1].body),
+            1,
+            "{provider}: the retry carries a nudge"
+        );
+        assert!(ran.requests[1].body.to_string().contains("Your last reply was empty"));
+        let error = of_type(&ran.events, "error").pop().unwrap();
+        assert_eq!(error["code"], "EMPTY_ANSWER", "{provider}");
+        assert_eq!(ran.events.last().unwrap()["status"], "ERROR");
+        assert_eq!(of_type(&ran.events, "warning")[0]["code"], "EMPTY_ANSWER");
+
+        // A nudged model that answers ends the run well.
+        let answer = if provider == "openai" {
+            openai_text("Here it is.", 4)
+        } else {
+            anthropic_text("Here it is.")
+        };
+        let empty = if provider == "openai" {
+            openai_no_choices()
+        } else {
+            anthropic_text_ending("", "end_turn")
+        };
+        let ran = run(provider, vec![Reply::Sse(empty), Reply::Sse(answer)], "");
+        assert_eq!(ran.code, Some(0), "{provider}: {}", ran.stderr);
+        assert_eq!(ran.events.last().unwrap()["content"], "Here it is.");
+        // The empty answer left nothing in the history.
+        let roles: Vec<String> = stored_messages(&ran)
+            .iter()
+            .map(|m| m["role"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant"], "{provider}");
+    }
+}
+
+#[test]
+fn an_answer_cut_off_by_the_output_limit_is_continued() {
+    for provider in ["openai", "anthropic"] {
+        let piece = |text: &str, end: bool| match (provider, end) {
+            ("openai", false) => openai_text_ending(text, 4, "length"),
+            ("openai", true) => openai_text(text, 4),
+            (_, false) => anthropic_text_ending(text, "max_tokens"),
+            (_, true) => anthropic_text(text),
+        };
+        let ran = run(
+            provider,
+            vec![
+                Reply::Sse(piece("The answer is forty", false)),
+                Reply::Sse(piece("-two, as", false)),
+                Reply::Sse(piece(" computed.", true)),
+            ],
+            "",
+        );
+        assert_eq!(ran.code, Some(0), "{provider}: {}", ran.stderr);
+        let whole = "The answer is forty-two, as computed.";
+        assert_eq!(ran.events.last().unwrap()["content"], whole, "{provider}");
+        let warnings = of_type(&ran.events, "warning");
+        assert_eq!(warnings.len(), 2, "{provider}: {warnings:?}");
+        assert!(warnings.iter().all(|w| w["code"] == "OUTPUT_LIMIT"));
+        // Each continuation sees what was written so far and is asked to go on.
+        let texts = message_texts(&ran.requests[2].body);
+        let all = texts.join("\n");
+        assert!(
+            all.contains("The answer is forty") && all.contains("-two, as"),
+            "{provider}: {texts:?}"
+        );
+        assert!(texts.last().unwrap().contains("cut off"), "{provider}: {texts:?}");
+        assert_eq!(reminders(&ran.requests[2].body), 1);
+        // The history keeps one answer, whole.
+        let stored = stored_messages(&ran);
+        assert_eq!(stored.len(), 3, "{provider}: {stored:?}");
+        assert_eq!(stored[2]["content"], whole);
+    }
+
+    // The number of continuations is configurable; past it, the cut answer
+    // stands, with a warning that it may be incomplete.
+    let ran = run(
+        "openai",
+        vec![
+            Reply::Sse(openai_text_ending("Part one", 4, "length")),
+            Reply::Sse(openai_text_ending(", part two", 4, "length")),
+        ],
+        "max_continuations = 1\n",
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(ran.requests.len(), 2);
+    assert_eq!(ran.events.last().unwrap()["content"], "Part one, part two");
+    let last = of_type(&ran.events, "warning").pop().unwrap();
+    assert!(
+        last["message"].as_str().unwrap().contains("may be incomplete"),
+        "{last}"
+    );
+}
+
+#[test]
+fn a_filtered_answer_is_an_error() {
+    for (provider, filtered) in [
+        ("openai", openai_text_ending("I can", 4, "content_filter")),
+        ("anthropic", anthropic_text_ending("I can", "refusal")),
+    ] {
+        let ran = run(provider, vec![Reply::Sse(filtered)], "");
+        assert_eq!(ran.code, Some(1), "{provider}: {}", ran.stderr);
+        let error = of_type(&ran.events, "error").pop().unwrap();
+        assert_eq!(error["code"], "CONTENT_FILTERED", "{provider}");
+        assert_eq!(ran.events.last().unwrap()["status"], "ERROR");
+        assert_eq!(ran.requests.len(), 1, "not retried");
+    }
+}
+
+fn chunk(delta: Value, finish: Option<&str>) -> Value {
+    json!({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+}
+
+/// A stream calling `read_file` once per path, with the given ids (`None`:
+/// no id field at all).
+fn calls_with_ids(calls: &[(Option<&str>, &str)]) -> Vec<u8> {
+    let mut chunks = vec![chunk(json!({"role": "assistant", "content": null}), None)];
+    for (index, (id, path)) in calls.iter().enumerate() {
+        let mut call = json!({"index": index, "type": "function",
+            "function": {"name": "read_file", "arguments": format!(r#"{{"path": "{path}"}}"#)}});
+        if let Some(id) = id {
+            call["id"] = json!(id);
+        }
+        chunks.push(chunk(json!({"tool_calls": [call]}), None));
+    }
+    chunks.push(chunk(json!({}), Some("tool_calls")));
+    openai_sse(&chunks)
+}
+
+#[test]
+fn tool_call_ids_from_the_provider_are_made_unique() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
+    let server = FakeServer::start(vec![
+        // Two calls with one id.
+        Reply::Sse(calls_with_ids(&[(Some("same"), "a.txt"), (Some("same"), "b.txt")])),
+        // A missing id, an empty one, and an id used in the turn before.
+        Reply::Sse(calls_with_ids(&[
+            (None, "a.txt"),
+            (Some(""), "c.txt"),
+            (Some("same"), "a.txt"),
+        ])),
+        Reply::Sse(openai_text("done", 4)),
+    ]);
+    let output = loom_in(dir.path())
+        .args(["run", "--model", "openai:m", "--base-url"])
+        .arg(server.url())
+        .arg("read them")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // What the person sees pairs each call's arguments with its own result.
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("read_file(")).collect();
+    assert_eq!(lines.len(), 5, "{stderr}");
+    // Parallel calls finish in any order; each line must pair a call's
+    // arguments with that call's own result.
+    for line in &lines {
+        if line.contains("read_file(path=a.txt)") {
+            assert!(line.contains("✓"), "{line}");
+        } else {
+            let path = if line.contains("path=b.txt") { "b.txt" } else { "c.txt" };
+            assert!(
+                line.contains("✗") && line.contains(&format!("cannot read '{path}'")),
+                "{line}"
+            );
+        }
+    }
+    assert_eq!(lines.iter().filter(|l| l.contains("path=a.txt")).count(), 3);
+
+    // What the provider gets back: unique ids, each result after its call.
+    let requests = server.requests();
+    let last = &requests[2].body["messages"];
+    let mut seen = std::collections::HashSet::new();
+    for turn in [2, 5] {
+        let calls = last[turn]["tool_calls"].as_array().unwrap();
+        for (index, call) in calls.iter().enumerate() {
+            let id = call["id"].as_str().unwrap();
+            assert!(!id.is_empty() && seen.insert(id.to_string()), "id {id} reused");
+            let result = &last[turn + 1 + index];
+            assert_eq!(result["role"], "tool");
+            assert_eq!(result["tool_call_id"], id);
+            let path = serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap()["path"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let content = result["content"].as_str().unwrap();
+            if path == "a.txt" {
+                assert!(content.contains("alpha"), "{content}");
+            } else {
+                assert!(content.contains(&path), "{path}: {content}");
+            }
+        }
+    }
+    assert_eq!(seen.len(), 5);
+    assert!(seen.contains("same"), "a good id is kept");
+}

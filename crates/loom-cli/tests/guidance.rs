@@ -1,0 +1,366 @@
+//! Guidance as a real model sees it: part of the next request only, never
+//! of the stored history, at most one block per request, only on a signal,
+//! placed where the provider accepts it — checked in the request bodies the
+//! fake server received. And the recursion monitor: defaults that let a
+//! model recover from failed calls, its own stop reason, its switches.
+
+mod common;
+
+use common::{json_lines, loom_in, message_texts, reminders, script_at};
+
+use loom_testkit::{anthropic_text, anthropic_tool_use, openai_text, openai_tool_calls, FakeServer, Reply};
+use serde_json::{json, Value};
+
+const TURNS: usize = 50;
+/// The turn whose call fails (a file that does not exist).
+const FAILING: usize = 25;
+
+fn notes(dir: &std::path::Path) {
+    let text: String = (1..=300).map(|n| format!("line {n} of the notes\n")).collect();
+    std::fs::write(dir.join("notes.txt"), text).unwrap();
+}
+
+fn stored_messages(dir: &std::path::Path, run_id: &str) -> Vec<Value> {
+    let out = loom_in(dir).args(["runs", "show", run_id, "--json"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    shown["messages"].as_array().unwrap().clone()
+}
+
+#[test]
+fn the_last_request_of_a_50_turn_run_holds_the_history_and_one_guidance_block() {
+    let dir = tempfile::tempdir().unwrap();
+    notes(dir.path());
+    let mut replies: Vec<Reply> = (0..TURNS)
+        .map(|i| {
+            let args = if i == FAILING {
+                r#"{"path": "missing.txt"}"#.to_string()
+            } else {
+                format!(r#"{{"path": "notes.txt", "offset": {}, "limit": 3}}"#, i * 3 + 1)
+            };
+            Reply::Sse(openai_tool_calls(&[(&format!("call_{i}"), "read_file", &args)]))
+        })
+        .collect();
+    replies.push(Reply::Sse(openai_text("I read the notes.", 6)));
+    let server = FakeServer::start(replies);
+    let output = loom_in(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--model",
+            "openai:local",
+            "--max-steps",
+            "50",
+            "--base-url",
+        ])
+        .arg(server.url())
+        .arg("read the notes")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), TURNS + 1);
+
+    // The last request: the system prompt, the request, 50 × (assistant +
+    // tool), and the final-answer instruction as the one guidance block —
+    // a reminder in the last tool message, not a second system message.
+    let last = &requests[TURNS].body;
+    let messages = last["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let mut expected = vec!["system", "user"];
+    for _ in 0..TURNS {
+        expected.extend(["assistant", "tool"]);
+    }
+    assert_eq!(roles, expected);
+    assert_eq!(reminders(last), 1, "one guidance block");
+    let texts = message_texts(last);
+    assert!(
+        texts[texts.len() - 1].contains("Maximum iterations reached"),
+        "{}",
+        texts[texts.len() - 1]
+    );
+    assert!(last.get("tools").is_none(), "the final call offers no tools");
+    // No earlier guidance survives into it.
+    assert!(!last.to_string().contains("Approaching iteration limit"));
+    assert!(!last.to_string().contains("tool call failed"));
+
+    // Guidance only where there was a signal, at most one block per request.
+    for (index, request) in requests.iter().enumerate() {
+        assert!(reminders(&request.body) <= 1, "request {index}");
+        let systems = request.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "system")
+            .count();
+        assert_eq!(systems, 1, "request {index}: one system message");
+    }
+    let guided: Vec<usize> = (0..=TURNS).filter(|i| reminders(&requests[*i].body) == 1).collect();
+    // After the failure; at 80 % of the step limit; the final call.
+    assert_eq!(guided, vec![FAILING + 1, 40, TURNS]);
+    assert!(requests[FAILING + 1]
+        .body
+        .to_string()
+        .contains("The tool call failed (read_file)"));
+    assert!(requests[40]
+        .body
+        .to_string()
+        .contains("Approaching iteration limit (10 remaining)"));
+
+    // The stored transcript holds no guidance.
+    let events = json_lines(&output.stdout);
+    let run_id = events[0]["runId"].as_str().unwrap();
+    let stored = stored_messages(dir.path(), run_id);
+    assert_eq!(stored.len(), 2 + 2 * TURNS + 1);
+    assert_eq!(stored.iter().filter(|m| m["role"] == "system").count(), 1);
+    let text = Value::Array(stored).to_string();
+    assert!(!text.contains("system-reminder"));
+    assert!(!text.contains("Maximum iterations reached"));
+    assert!(!text.contains("Approaching iteration limit"));
+
+    // The events still say what was given, with its content.
+    let guidance: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["type"] == "guidance.injected")
+        .map(|e| (e["reason"].as_str().unwrap(), e["content"].as_str().unwrap()))
+        .collect();
+    let reasons: Vec<&str> = guidance.iter().map(|(reason, _)| *reason).collect();
+    assert_eq!(reasons, vec!["error", "iteration_warning", "max_steps"]);
+    assert!(guidance.iter().all(|(_, content)| !content.is_empty()));
+    let final_call = events.iter().rfind(|e| e["type"] == "llm.start").unwrap();
+    assert_eq!(final_call["finalAnswer"], "max_steps");
+}
+
+#[test]
+fn guidance_can_be_a_trailing_system_message_where_the_provider_takes_one() {
+    let dir = tempfile::tempdir().unwrap();
+    notes(dir.path());
+    std::fs::write(dir.path().join("loom.toml"), "[provider]\nguidance = \"system\"\n").unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[("c1", "read_file", r#"{"path": "nope.txt"}"#)])),
+        Reply::Sse(openai_tool_calls(&[("c2", "read_file", r#"{"path": "notes.txt"}"#)])),
+        Reply::Sse(openai_text("done", 4)),
+    ]);
+    let output = loom_in(dir.path())
+        .args(["run", "--model", "openai:local", "--max-steps", "2", "--base-url"])
+        .arg(server.url())
+        .arg("read")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let requests = server.requests();
+    for (index, expected) in [(1, "The tool call failed"), (2, "Maximum iterations reached")] {
+        let messages = requests[index].body["messages"].as_array().unwrap();
+        let systems: Vec<usize> = (0..messages.len())
+            .filter(|i| messages[*i]["role"] == "system")
+            .collect();
+        assert_eq!(systems, vec![0, messages.len() - 1], "request {index}");
+        assert!(messages[messages.len() - 1]["content"]
+            .as_str()
+            .unwrap()
+            .contains(expected));
+        assert_eq!(reminders(&requests[index].body), 0);
+    }
+    assert_eq!(requests[2].body["messages"].as_array().unwrap().len(), 7);
+}
+
+#[test]
+fn anthropic_guidance_is_a_reminder_block_in_the_last_user_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(anthropic_tool_use(
+            "Looking.",
+            &[("tu_1", "read_file", r#"{"path": "nope.txt"}"#)],
+        )),
+        Reply::Sse(anthropic_text("There is no such file.")),
+    ]);
+    let output = loom_in(dir.path())
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .args(["run", "--model", "anthropic:claude-test", "--base-url"])
+        .arg(server.url())
+        .arg("read nope.txt")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let second = &server.requests()[1].body;
+    assert!(
+        !second["system"].as_str().unwrap().contains("failed"),
+        "system holds only the prompt"
+    );
+    let turns = second["messages"].as_array().unwrap();
+    let last = turns.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"][0]["type"], "tool_result");
+    assert_eq!(last["content"][1]["type"], "text");
+    let reminder = last["content"][1]["text"].as_str().unwrap();
+    assert!(
+        reminder.starts_with("<system-reminder>\nThe tool call failed (read_file)."),
+        "{reminder}"
+    );
+    assert_eq!(reminders(second), 1);
+}
+
+// ---- the recursion monitor ----
+
+fn read(path: &str) -> Value {
+    json!({"name": "read_file", "arguments": {"path": path}})
+}
+
+fn run_script(dir: &std::path::Path, turns: Value, extra: &[&str]) -> (Option<i32>, Vec<Value>, String) {
+    std::fs::write(dir.join("here.txt"), "here\n").unwrap();
+    let model = script_at(dir, "script.json", &turns);
+    let output = loom_in(dir)
+        .args(["run", "--json", "--model", &model])
+        .args(extra)
+        .arg("explore")
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        json_lines(&output.stdout),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+#[test]
+fn failed_reads_while_exploring_do_not_stop_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four calls, two failing: the old defaults took the tools away here.
+    let turns = json!([
+        {"tool_calls": [read("a.txt"), read("here.txt")]},
+        {"tool_calls": [read("b.txt"), read("here.txt")]},
+        {"content": "found it in here.txt"}
+    ]);
+    let (code, events, stderr) = run_script(dir.path(), turns, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let end = events.last().unwrap();
+    assert_eq!(end["status"], "DONE");
+    assert_eq!(end["content"], "found it in here.txt");
+    assert!(of_type(&events, "warning").is_empty(), "{events:?}");
+}
+
+#[test]
+fn a_monitor_verdict_has_its_own_stop_reason_code_and_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut turns: Vec<Value> = (0..10)
+        .map(|i| json!({"tool_calls": [read(&format!("missing-{i}.txt"))]}))
+        .collect();
+    turns.push(json!({"content": ""}));
+    let (code, events, stderr) = run_script(dir.path(), Value::Array(turns), &["--max-steps", "20"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let verdict = of_type(&events, "warning");
+    assert_eq!(verdict.len(), 1, "{verdict:?}");
+    assert_eq!(verdict[0]["code"], "MONITOR_STOP");
+    assert!(
+        verdict[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10 of the last 10 tool calls failed"),
+        "{}",
+        verdict[0]["message"]
+    );
+    let last_call = of_type(&events, "llm.start").pop().unwrap();
+    assert_eq!(last_call["finalAnswer"], "error_threshold");
+    assert_eq!(last_call["toolsOffered"], false);
+    let error = of_type(&events, "error").pop().unwrap();
+    assert_eq!(error["code"], "MONITOR_STOPPED");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("after 10 of 20 steps"), "{message}");
+    assert!(!message.contains("step limit"), "{message}");
+    assert_eq!(events.last().unwrap()["status"], "ERROR");
+
+    // With an answer, the verdict's final call ends the run well.
+    let dir = tempfile::tempdir().unwrap();
+    let mut turns: Vec<Value> = (0..10)
+        .map(|i| json!({"tool_calls": [read(&format!("missing-{i}.txt"))]}))
+        .collect();
+    turns.push(json!({"content": "none of the files exist"}));
+    let (code, events, _) = run_script(dir.path(), Value::Array(turns), &["--max-steps", "20"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(events.last().unwrap()["content"], "none of the files exist");
+}
+
+fn failing_reads(n: usize) -> Value {
+    let mut turns: Vec<Value> = (0..n)
+        .map(|i| json!({"tool_calls": [read(&format!("missing-{i}.txt"))]}))
+        .collect();
+    turns.push(json!({"content": "nothing found"}));
+    Value::Array(turns)
+}
+
+#[test]
+fn the_monitor_and_guidance_have_their_own_switches() {
+    let turns = failing_reads(12);
+
+    // The monitor off: twelve failures in a row, and the run goes on.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("loom.toml"), "[feedback]\nmonitor = false\n").unwrap();
+    let (code, events, stderr) = run_script(dir.path(), turns.clone(), &["--max-steps", "20"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(of_type(&events, "warning").is_empty());
+    assert_eq!(of_type(&events, "tool.result").len(), 12);
+    assert!(
+        !of_type(&events, "guidance.injected").is_empty(),
+        "feedback is still on"
+    );
+
+    // Guidance off: no guidance at all, but the monitor still stops the tools.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("loom.toml"), "[feedback]\nenabled = false\n").unwrap();
+    let (code, events, stderr) = run_script(dir.path(), failing_reads(10), &["--max-steps", "20"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(of_type(&events, "warning")[0]["code"], "MONITOR_STOP");
+    let given: Vec<&str> = of_type(&events, "guidance.injected")
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    // Only the final-answer call's instruction, which is not feedback.
+    assert_eq!(given, vec!["error_threshold"]);
+}
+
+#[test]
+fn monitor_thresholds_are_validated() {
+    for (setting, words) in [
+        (
+            "error_threshold = 1.5",
+            "error_threshold must be more than 0 and at most 1 (got 1.5)",
+        ),
+        (
+            "error_threshold = 0",
+            "error_threshold must be more than 0 and at most 1 (got 0)",
+        ),
+        ("loop_window = -1", "loop_window must not be negative (got -1)"),
+        ("error_window = -3", "error_window must not be negative (got -3)"),
+        (
+            "duplicate_threshold = -2",
+            "duplicate_threshold must not be negative (got -2)",
+        ),
+        ("warning_ratio = 2.0", "warning_ratio must be more than 0 and at most 1"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("loom.toml"), format!("[feedback]\n{setting}\n")).unwrap();
+        let (code, _, stderr) = run_script(dir.path(), json!([{"content": "hi"}]), &[]);
+        assert_eq!(code, Some(2), "{setting}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{setting}: one line: {stderr}");
+        assert!(stderr.contains(&format!("[feedback] {words}")), "{setting}: {stderr}");
+    }
+}

@@ -1,0 +1,123 @@
+//! Loom's own state is off-limits to tools: the workspace's `.loom/` and
+//! the run database wherever it lives. A model that writes to the database
+//! gets a clear error (and the run goes on and is recorded), and listing or
+//! searching never shows it.
+
+mod common;
+
+use common::{json_lines, loom_in, script_at};
+
+use serde_json::{json, Value};
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"tool_calls": [{"name": name, "arguments": arguments}]})
+}
+
+fn results(events: &[Value]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool.result")
+        .map(|e| {
+            (
+                e["status"].as_str().unwrap().to_string(),
+                e["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn tools_cannot_touch_the_run_database_in_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "CREATE TABLE is a phrase in my notes\n").unwrap();
+    let model = script_at(
+        scripts.path(),
+        "script.json",
+        &json!([
+            call("write_file", json!({"path": ".loom/loom.db", "content": "oops"})),
+            call("read_file", json!({"path": ".loom/loom.db"})),
+            call("edit_file", json!({"path": "./.loom/../.loom/loom.db-wal", "old_string": "a", "new_string": "b"})),
+            call("list_dir", json!({"path": "."})),
+            call("list_dir", json!({"path": ".loom"})),
+            call("grep", json!({"pattern": "CREATE TABLE"})),
+            {"content": "done"}
+        ]),
+    );
+    let output = loom_in(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--yes",
+            "--max-steps",
+            "10",
+            "--model",
+            &model,
+            "poke around",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = results(&json_lines(&output.stdout));
+    for (status, content) in &results[..3] {
+        assert_eq!(status, "error", "{content}");
+        assert!(content.contains("Loom's own state"), "{content}");
+    }
+    assert!(!results[3].1.contains(".loom"), "list_dir . shows it: {}", results[3].1);
+    assert!(results[4].1.contains("Loom's own state"), "{}", results[4].1);
+    assert!(
+        results[5].1.contains("notes.txt:1:") && results[5].1.contains("1 matching line"),
+        "{}",
+        results[5].1
+    );
+
+    // The database is intact: the run was recorded to its end.
+    let listed = loom_in(dir.path()).args(["runs", "list", "--json"]).output().unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(runs[0]["status"], "DONE");
+}
+
+#[test]
+fn a_database_configured_elsewhere_in_the_workspace_is_protected_too() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    std::fs::write(dir.path().join("data/other.txt"), "other\n").unwrap();
+    let model = script_at(
+        dir.path(),
+        "script.json",
+        &json!([
+            call("read_file", json!({"path": "data/runs.db"})),
+            call("list_dir", json!({"path": "data"})),
+            call("glob", json!({"pattern": "**/*"})),
+            {"content": "done"}
+        ]),
+    );
+    let output = loom_in(dir.path())
+        .args(["run", "--json", "--db", "data/runs.db", "--model", &model, "look"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = results(&json_lines(&output.stdout));
+    assert!(results[0].1.contains("Loom's own state"), "{}", results[0].1);
+    assert!(
+        results[1].1.contains("other.txt") && !results[1].1.contains("runs.db"),
+        "{}",
+        results[1].1
+    );
+    assert!(
+        results[2].1.contains("data/other.txt") && !results[2].1.contains("runs.db"),
+        "{}",
+        results[2].1
+    );
+}
