@@ -248,10 +248,12 @@ fn failed_reads_while_exploring_do_not_stop_the_run() {
     let turns = json!([
         {"tool_calls": [read("a.txt"), read("here.txt")]},
         {"tool_calls": [read("b.txt"), read("here.txt")]},
+        {"tool_calls": [read("c.txt")]},
         {"content": "found it in here.txt"}
     ]);
     let (code, events, stderr) = run_script(dir.path(), turns, &[]);
     assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(of_type(&events, "tool.result").len(), 5, "the tools stayed");
     let end = events.last().unwrap();
     assert_eq!(end["status"], "DONE");
     assert_eq!(end["content"], "found it in here.txt");
