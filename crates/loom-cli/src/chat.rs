@@ -217,6 +217,7 @@ async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Re
     let mut renderer = Human::new(args.agent.verbose);
     let mut questions = Questions::new(args.agent.yes);
     let mut stopping = false;
+    let mut output_failed = false;
     loop {
         tokio::select! {
             event = handle.next_event() => {
@@ -226,7 +227,17 @@ async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Re
                 if settles {
                     questions.on_event(&controller, &event, &mut input.lines);
                 }
-                renderer.event(&event).context("cannot write output")?;
+                if !output_failed {
+                    if let Err(err) = renderer.event(&event) {
+                        // The terminal is gone: stop the task resumably, end the chat.
+                        output_failed = true;
+                        if !stopping {
+                            stopping = true;
+                            controller.interrupt(format!("loom's output failed: {err}"));
+                            input.quit = Some(Signal::Hangup);
+                        }
+                    }
+                }
                 if !settles {
                     questions.on_event(&controller, &event, &mut input.lines);
                 }

@@ -147,8 +147,20 @@ pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
         return Ok(LoadedConfig::default());
     };
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file: FileConfig =
-        toml::from_str(&text).map_err(|err| anyhow::anyhow!("{}: {}", path.display(), err.message().trim()))?;
+    let file: FileConfig = toml::from_str(&text).map_err(|err| {
+        // One line that says where: the file, the line, the key when known.
+        let line = err
+            .span()
+            .and_then(|span| text.get(..span.start))
+            .map(|before| before.matches('\n').count() + 1);
+        let at = line.map(|n| format!(":{n}")).unwrap_or_default();
+        let key = line
+            .and_then(|n| text.lines().nth(n - 1))
+            .and_then(|l| l.split_once('='))
+            .map(|(key, _)| format!(" ({})", key.trim()))
+            .unwrap_or_default();
+        anyhow::anyhow!("{}{at}: {}{key}", path.display(), err.message().trim())
+    })?;
     let notes = [(file.mcp.is_some(), "[mcp]")]
         .into_iter()
         .filter(|(present, _)| *present)

@@ -60,7 +60,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
 enum Stopped {
     /// A signal came (Ctrl-C cancels; SIGTERM and SIGHUP interrupt).
     By(Signal),
-    /// Stdout was closed (`loom run --json … | head -1`): interrupted.
+    /// Stdout was closed (`loom run --json … | head -1`) or failed: interrupted.
     OutputClosed,
 }
 
@@ -91,13 +91,12 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
                 }
                 if stopped != Some(Stopped::OutputClosed) {
                     if let Err(err) = renderer.event(&event) {
-                        if err.kind() != std::io::ErrorKind::BrokenPipe {
-                            return Err(Failure::Runtime(anyhow!("cannot write output: {err}")));
-                        }
-                        // Nobody reads any more: stop, resumably, and say
+                        // Nobody can read any more (a closed pipe, a terminal
+                        // gone, a full disk): stop, resumably, and write
                         // nothing more on stdout.
                         if stopped.is_none() {
-                            controller.interrupt("loom's output was closed");
+                            say!("loom: cannot write output ({err}); stopping the run, which can be resumed with `loom runs resume {}`", controller.run_id());
+                            controller.interrupt(format!("loom's output failed: {err}"));
                         }
                         stopped = Some(Stopped::OutputClosed);
                     }
@@ -198,7 +197,8 @@ pub async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Opt
             builder = builder.tool_timeout(seconds(secs));
         }
         for (tool, secs) in &scheduler.tool_timeouts {
-            builder = builder.tool_timeout_for(tool, Duration::from_secs(*secs));
+            // 0 is no limit, as for every other timeout.
+            builder = builder.tool_timeout_for(tool, seconds(*secs).unwrap_or(Duration::MAX));
         }
     }
     if let Some(steps) = args.max_steps.or(file.max_steps) {

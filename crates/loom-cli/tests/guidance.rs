@@ -263,7 +263,8 @@ fn failed_reads_while_exploring_do_not_stop_the_run() {
 #[test]
 fn a_monitor_verdict_has_its_own_stop_reason_code_and_message() {
     let dir = tempfile::tempdir().unwrap();
-    let mut turns: Vec<Value> = (0..10)
+    // Eight failed calls, over eight turns: the error rule's verdict.
+    let mut turns: Vec<Value> = (0..8)
         .map(|i| json!({"tool_calls": [read(&format!("missing-{i}.txt"))]}))
         .collect();
     turns.push(json!({"content": ""}));
@@ -276,7 +277,7 @@ fn a_monitor_verdict_has_its_own_stop_reason_code_and_message() {
         verdict[0]["message"]
             .as_str()
             .unwrap()
-            .contains("10 of the last 10 tool calls failed"),
+            .contains("8 of the last 8 tool calls failed, over 8 turns"),
         "{}",
         verdict[0]["message"]
     );
@@ -286,13 +287,21 @@ fn a_monitor_verdict_has_its_own_stop_reason_code_and_message() {
     let error = of_type(&events, "error").pop().unwrap();
     assert_eq!(error["code"], "MONITOR_STOPPED");
     let message = error["message"].as_str().unwrap();
-    assert!(message.contains("after 10 of 20 steps"), "{message}");
+    assert!(message.contains("after 8 of 20 steps"), "{message}");
     assert!(!message.contains("step limit"), "{message}");
     assert_eq!(events.last().unwrap()["status"], "ERROR");
 
+    // A verdict that would come with the step limit gives way to it: one
+    // reason, not two that contradict each other.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, events, _) = run_script(dir.path(), failing_reads(8), &["--max-steps", "8"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(of_type(&events, "llm.start").pop().unwrap()["finalAnswer"], "max_steps");
+    assert!(of_type(&events, "warning").is_empty());
+
     // With an answer, the verdict's final call ends the run well.
     let dir = tempfile::tempdir().unwrap();
-    let mut turns: Vec<Value> = (0..10)
+    let mut turns: Vec<Value> = (0..8)
         .map(|i| json!({"tool_calls": [read(&format!("missing-{i}.txt"))]}))
         .collect();
     turns.push(json!({"content": "none of the files exist"}));
@@ -328,7 +337,7 @@ fn the_monitor_and_guidance_have_their_own_switches() {
     // Guidance off: no guidance at all, but the monitor still stops the tools.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("loom.toml"), "[feedback]\nenabled = false\n").unwrap();
-    let (code, events, stderr) = run_script(dir.path(), failing_reads(10), &["--max-steps", "20"]);
+    let (code, events, stderr) = run_script(dir.path(), failing_reads(8), &["--max-steps", "20"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(of_type(&events, "warning")[0]["code"], "MONITOR_STOP");
     let given: Vec<&str> = of_type(&events, "guidance.injected")

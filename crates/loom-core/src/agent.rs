@@ -678,6 +678,7 @@ impl Agent {
             monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
             context_warned: false,
             tools_tokens: None,
+            tools_bound: None,
             guidance: Vec::new(),
             call_ids: Default::default(),
         };

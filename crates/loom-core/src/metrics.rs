@@ -176,7 +176,8 @@ impl Pricing {
 impl RunMetrics {
     /// Adds one call's usage.
     pub fn add_usage(&mut self, usage: &Usage) {
-        self.input_tokens += usage.input_tokens;
-        self.output_tokens += usage.output_tokens;
+        // Counts come from the provider: absurd ones must not overflow.
+        self.input_tokens = self.input_tokens.saturating_add(usage.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(usage.output_tokens);
     }
 }

@@ -46,8 +46,13 @@ impl ToolContext {
 
     /// Whether `path` (canonical) is Loom's own state.
     pub fn is_protected(&self, path: &Path) -> bool {
-        self.protected.iter().any(|protected| path.starts_with(protected))
+        is_protected(&self.protected, path)
     }
+}
+
+/// Whether `path` (canonical) is, or is under, one of `protected`.
+pub fn is_protected(protected: &[std::path::PathBuf], path: &Path) -> bool {
+    protected.iter().any(|protected| path.starts_with(protected))
 }
 
 /// A tool's successful output.

@@ -42,6 +42,8 @@ impl Recorder {
 struct Answer {
     chunks: Vec<String>,
     calls: Vec<(Option<String>, String, String)>,
+    /// The provider's index of each of `calls`.
+    indices: Vec<usize>,
     usage: Option<ScriptUsage>,
     finish: Option<String>,
 }
@@ -56,10 +58,17 @@ impl Answer {
                 name,
                 arguments,
             } => {
-                if self.calls.len() <= *index {
-                    self.calls.resize_with(index + 1, Default::default);
-                }
-                let call = &mut self.calls[*index];
+                // Calls in the order they first appear; the index (from the
+                // network) only identifies them.
+                let slot = match self.indices.iter().position(|known| known == index) {
+                    Some(slot) => slot,
+                    None => {
+                        self.indices.push(*index);
+                        self.calls.push(Default::default());
+                        self.calls.len() - 1
+                    }
+                };
+                let call = &mut self.calls[slot];
                 if id.is_some() {
                     call.0 = id.clone();
                 }

@@ -78,12 +78,12 @@ fn empty_object() -> Value {
 #[derive(Debug, thiserror::Error)]
 pub enum ScriptError {
     /// The file could not be read.
-    #[error("cannot read script {path}: {source}")]
+    #[error("cannot read script {path}: {cause}")]
     Io {
         /// The file.
         path: String,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (said in the message, so not also a `source`).
+        cause: std::io::Error,
     },
     /// The file is not a valid script.
     #[error("invalid script {path}: {message}")]
@@ -121,9 +121,9 @@ impl ScriptedModel {
     pub fn from_path(path: impl AsRef<Path>) -> Result<Self, ScriptError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| ScriptError::Io {
             path: shown.clone(),
-            source,
+            cause,
         })?;
         let yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml") | Some("yml"));
         let turns = parse_script(&text, yaml).map_err(|message| ScriptError::Invalid {

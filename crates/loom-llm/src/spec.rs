@@ -65,6 +65,9 @@ pub enum ModelSpecError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A setting the provider cannot honour.
+    #[error("{0}")]
+    Unsupported(String),
     /// `scripted:` with no path.
     #[error("scripted model needs a script path: scripted:PATH")]
     MissingScriptPath,
@@ -142,6 +145,11 @@ pub fn model_from_spec_with(
                     var: "ANTHROPIC_API_KEY",
                     provider: "anthropic",
                 });
+            }
+            if options.guidance == Some(GuidancePlacement::System) {
+                return Err(ModelSpecError::Unsupported(
+                    "guidance = \"system\" cannot be used with anthropic: the Messages API takes no system message inside the conversation (guidance is an inline reminder there)".into(),
+                ));
             }
             let mut config = AnthropicConfig::new(rest);
             config.base_url = base_url;

@@ -40,12 +40,17 @@ impl Serialize for WithReminder<'_> {
 }
 
 /// A tool call's arguments as JSON text (what OpenAI's `arguments` holds):
-/// text the model wrote that was not JSON goes back as it was.
-pub(crate) struct ArgumentsText<'a>(pub &'a Value);
+/// text the model wrote that was not JSON goes back as it was — or, with
+/// `json_only`, as `{}`, for servers that parse it.
+pub(crate) struct ArgumentsText<'a> {
+    pub arguments: &'a Value,
+    pub json_only: bool,
+}
 
 impl Serialize for ArgumentsText<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
+        match self.arguments {
+            Value::String(_) if self.json_only => serializer.serialize_str("{}"),
             Value::String(raw) => serializer.serialize_str(raw),
             // `Value`'s Display is its compact JSON.
             other => serializer.collect_str(other),
@@ -112,10 +117,13 @@ mod tests {
             back,
             format!("line \"1\"\n\n\n{}", loom_core::llm::reminder("say \\ \"hi\""))
         );
-        let args = serde_json::to_string(&ArgumentsText(&json!({"path": "a \"b\""}))).unwrap();
+        let text =
+            |arguments: &Value, json_only| serde_json::to_string(&ArgumentsText { arguments, json_only }).unwrap();
+        let args = text(&json!({"path": "a \"b\""}), false);
         assert_eq!(serde_json::from_str::<String>(&args).unwrap(), r#"{"path":"a \"b\""}"#);
-        let raw = serde_json::to_string(&ArgumentsText(&json!("{broken"))).unwrap();
-        assert_eq!(raw, r#""{broken""#);
+        assert_eq!(text(&json!("{broken"), false), r#""{broken""#);
+        assert_eq!(text(&json!("{broken"), true), r#""{}""#);
+        assert_eq!(text(&json!({"a": 1}), true), r#""{\"a\":1}""#);
         let joined = Joined {
             pieces: ["a", "b\"c"].into_iter(),
             separator: "\n\n",

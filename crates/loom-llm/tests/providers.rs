@@ -462,9 +462,13 @@ async fn invalid_tool_json_is_reported_and_the_corrected_call_runs() {
     assert!(results[1].1.contains("duplicate key \"key\""), "{}", results[1].1);
     assert_eq!(results[2].0, "success");
     assert_eq!(lookup.calls.load(Ordering::SeqCst), 1);
-    // The bad arguments went back to the API as the model wrote them.
-    let second = &server.requests()[1].body["messages"][2]["tool_calls"][0]["function"]["arguments"];
-    assert_eq!(second, r#"{"key": "alpha""#);
+    // A server other than the official API may parse a call's arguments
+    // (vLLM's and llama.cpp's chat templates do): the bad ones went back as
+    // `{}`; the model read what was wrong in the results. (The official API
+    // gets them as the model wrote them: a unit test in openai/mod.rs.)
+    let second = &server.requests()[1].body["messages"][2]["tool_calls"];
+    assert_eq!(second[0]["function"]["arguments"], "{}");
+    assert_eq!(second[1]["function"]["arguments"], "{}");
 }
 
 #[tokio::test]

@@ -249,6 +249,37 @@ pub const CORPUS: &[Case] = &[
         "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
         "",
     ),
+    secret("env pass", "SMTP_PASS=dbpassvalue77", "dbpassvalue77", "SMTP_PASS="),
+    secret(
+        "rails secret key base",
+        "SECRET_KEY_BASE=0123456789abcdef0123456789abcdef0123456789abcdef",
+        "0123456789abcdef0123456789abcdef0123456789abcdef",
+        "SECRET_KEY_BASE",
+    ),
+    secret(
+        "password in a url query",
+        "GET https://example.com/login?user=bob&password=querysecret55 HTTP/1.1",
+        "querysecret55",
+        "user=bob&password=",
+    ),
+    secret(
+        "presigned url signature",
+        "https://bucket.s3.amazonaws.com/f.zip?X-Amz-Expires=300&X-Amz-Signature=4a8b2c6d0e1f3a5b7c9d",
+        "4a8b2c6d0e1f3a5b7c9d",
+        "X-Amz-Expires=300",
+    ),
+    secret(
+        "oauth access token in a query",
+        "callback?state=xyz&access_token=ya29.a0AfH6SMBx3yZ&expires_in=3599",
+        "ya29.a0AfH6SMBx3yZ",
+        "expires_in=3599",
+    ),
+    secret(
+        "xml password",
+        "<datasource><user>app</user><password>xmlsecret999</password></datasource>",
+        "xmlsecret999",
+        "<user>app</user>",
+    ),
     // Not secrets: each must stay exactly as it is.
     plain(
         "lockfile integrity",
@@ -289,4 +320,19 @@ pub const CORPUS: &[Case] = &[
     plain("kubernetes secret name", "secret_name: my-app-tls"),
     plain("commit message", "fix: refresh the token before it expires (#1234)"),
     plain("boolean setting", "verify_token: true"),
+    plain(
+        "ordinary query string",
+        "https://api.example.com/items?page=2&sort=name&token_type=bearer",
+    ),
+    plain("xml key element", "<key>display_name</key>"),
+    plain("bypass flag", "BYPASS=1"),
+    plain("rust field", "    password: String,"),
+    plain("typescript field", "  password: string;"),
+    plain("python annotation", "    secret: str"),
+    plain("graphql field", "  password: String!"),
+    plain("go short assignment", "    password := r.FormValue(\"p\")"),
+    plain("openapi bearer scheme", "      scheme: bearer\n      bearerFormat: JWT"),
+    plain("bearer in prose", "Bearer authentication is required for every route."),
+    plain("basic in prose", "It provides basic functionality here."),
+    plain("word with sk-", "disk-usage-monitor-service is running"),
 ];

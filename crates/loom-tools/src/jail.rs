@@ -54,7 +54,7 @@ impl Jail {
 
     /// Whether `path` (real) is, or is under, a protected path.
     pub fn is_protected(&self, path: &Path) -> bool {
-        self.protected.iter().any(|protected| path.starts_with(protected))
+        loom_core::tool::is_protected(&self.protected, path)
     }
 
     /// The canonical root.

@@ -25,15 +25,26 @@ impl Run {
         let engine = self.engine.clone();
         let config = &engine.context.memory;
         // Far from the limits by the cheap bounds (bytes): nothing to count.
-        let tools_bound: usize = tools
-            .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 8)
-            .sum();
+        let tools_bound = if tools.is_empty() {
+            0
+        } else {
+            // The tools do not change during a run.
+            *self.tools_bound.get_or_insert_with(|| {
+                tools
+                    .iter()
+                    .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 8)
+                    .sum()
+            })
+        };
         // The provider's own count of the last request, when it gave one,
         // includes the tool definitions already.
         let bytes_bound = memory.upper_bound() + tools_bound;
+        // A report of nothing, or of far fewer tokens than the bytes could
+        // hold (a server that counts a silently truncated prompt), is not
+        // trusted: then the bytes decide.
         let bound = memory
             .reported_bound()
+            .filter(|reported| *reported > 0 && *reported >= bytes_bound / 8)
             .map_or(bytes_bound, |reported| reported.min(bytes_bound));
         if !force && bound < config.warn_at() {
             return false;

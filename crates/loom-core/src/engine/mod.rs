@@ -81,6 +81,8 @@ pub(crate) struct Run {
     pub context_warned: bool,
     /// Tokens of the tool definitions (they do not change during a run).
     pub tools_tokens: Option<usize>,
+    /// An upper bound of the same in bytes.
+    pub tools_bound: Option<usize>,
     /// Guidance for the next model request (never stored in the history).
     pub guidance: Vec<guidance::GuidancePart>,
     /// Every tool-call id of the run's history, so a new call never reuses one.

@@ -1,6 +1,8 @@
 //! One model call: start the stream, turn chunks into events, assemble the
 //! answer and its tool calls, and stop at once when the run is cancelled.
 
+use std::collections::HashMap;
+
 use futures_util::StreamExt;
 use serde_json::Value;
 
@@ -88,7 +90,7 @@ impl Run {
         let mut content = String::new();
         let mut calls: Vec<PartialCall> = Vec::new();
         // The provider's call index → our slot (see `PartialCall::slot`).
-        let mut slots: Vec<usize> = Vec::new();
+        let mut slots: HashMap<usize, usize> = HashMap::new();
         let mut usage: Option<Usage> = None;
         let mut finish: Option<FinishReason> = None;
         loop {
@@ -114,7 +116,7 @@ impl Run {
                     name,
                     arguments,
                 })) => {
-                    let call = PartialCall::slot(&mut calls, &mut slots, index, id.as_deref());
+                    let call = PartialCall::slot(&mut calls, &mut slots, index, id.as_deref(), name.as_deref());
                     if let Some(id) = id.filter(|id| !id.is_empty()) {
                         call.id = Some(id);
                     }
@@ -167,29 +169,33 @@ impl Run {
 
 impl PartialCall {
     /// The call a delta for the provider's call `index` belongs to. Some
-    /// servers number every call 0; a delta that brings a new id for an
-    /// index whose call already has another id and a name starts a new call.
+    /// servers number every call 0: a delta that brings a name and a new id
+    /// for an index whose call already has another id and a name starts a
+    /// new call. (The index comes from the network: it only keys a map.)
     fn slot<'a>(
         calls: &'a mut Vec<PartialCall>,
-        slots: &mut Vec<usize>,
+        slots: &mut HashMap<usize, usize>,
         index: usize,
         id: Option<&str>,
+        name: Option<&str>,
     ) -> &'a mut PartialCall {
-        if slots.len() <= index {
-            slots.resize(index + 1, usize::MAX);
-        }
-        let current = slots[index];
-        let starts_another = id.filter(|id| !id.is_empty()).is_some_and(|id| {
-            calls
-                .get(current)
-                .is_some_and(|call| !call.name.is_empty() && call.id.as_deref().is_some_and(|known| known != id))
-        });
-        if current == usize::MAX || starts_another {
+        let current = slots.get(&index).copied();
+        let starts_another = name.is_some_and(|n| !n.is_empty())
+            && id.filter(|id| !id.is_empty()).is_some_and(|id| {
+                current
+                    .and_then(|slot| calls.get(slot))
+                    .is_some_and(|call| !call.name.is_empty() && call.id.as_deref().is_some_and(|known| known != id))
+            });
+        let slot = match current {
+            Some(slot) if !starts_another => slot,
             // Calls keep the order in which they first appear.
-            calls.push(PartialCall::default());
-            slots[index] = calls.len() - 1;
-        }
-        &mut calls[slots[index]]
+            _ => {
+                calls.push(PartialCall::default());
+                slots.insert(index, calls.len() - 1);
+                calls.len() - 1
+            }
+        };
+        &mut calls[slot]
     }
 }
 

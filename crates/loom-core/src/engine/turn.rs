@@ -116,13 +116,6 @@ impl FinalAnswer {
     }
 }
 
-/// How an answer phase treats what the model said.
-#[derive(Debug, Clone, Copy)]
-struct AnswerRules {
-    /// An empty answer is retried once with a nudge.
-    retry_empty: bool,
-}
-
 impl Run {
     /// Handles exactly one turn.
     pub(crate) async fn tt(&mut self, memory: &mut Memory, state: &TurnState, ctx: &RunContext) -> TurnOutcome {
@@ -153,7 +146,8 @@ impl Run {
         // the run's, its clock stops while a person is asked.
         let step_deadline = ctx.step_deadline();
         let work = async {
-            // The hard step limit comes first; then a verdict of the monitor.
+            // The hard step limit comes first; then a verdict of the monitor
+            // (never given for the turn after the last step).
             if state.is_final() {
                 self.events.emit(
                     &turn,
@@ -192,8 +186,7 @@ impl Run {
     ) -> TurnOutcome {
         let engine = self.engine.clone();
         let tools = engine.pipeline.registry().specs();
-        let rules = AnswerRules { retry_empty: true };
-        let (response, compacted) = match self.answer_phase(memory, tools, None, rules, turn, ctx).await {
+        let (response, compacted) = match self.answer_phase(memory, tools, None, turn, ctx).await {
             Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
@@ -213,19 +206,7 @@ impl Run {
         }
 
         let calls = response.tool_calls;
-        self.events.emit(
-            turn,
-            EventKind::ToolCallsStart {
-                calls: calls
-                    .iter()
-                    .map(|call| CallSummary {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        args: call.arguments.clone(),
-                    })
-                    .collect(),
-            },
-        );
+        self.announce_calls(turn, &calls);
         let assistant = Message::Assistant {
             content: response.content.clone(),
             tool_calls: calls.clone(),
@@ -284,6 +265,9 @@ impl Run {
             })
             .collect();
 
+        // Announced again for whoever follows the resumed run: the first
+        // announcement may be in a log they never read.
+        self.announce_calls(&turn, &dangling);
         self.phase(&turn, "tools", true);
         let mut rerun_results = self.run_tools(&engine.pipeline, &rerun, &turn, ctx).await.into_iter();
         let mut results = Vec::with_capacity(repairs.len());
@@ -367,7 +351,12 @@ impl Run {
         }
         new_messages.extend(self.take_steering().into_iter().map(Message::user));
         let mut outcome = self.recurse(state, turn, new_messages, compacted);
-        if let (Some(verdict), TurnOutcome::Recurse { next, .. }) = (verdict.terminate, &mut outcome) {
+        // At the step limit the tools end anyway: the limit says so, and a
+        // verdict would only contradict it.
+        let verdict = verdict
+            .terminate
+            .filter(|_| state.turn_counter() + 1 < state.max_iterations());
+        if let (Some(verdict), TurnOutcome::Recurse { next, .. }) = (verdict, &mut outcome) {
             self.events.emit(
                 turn,
                 EventKind::Warning {
@@ -398,11 +387,7 @@ impl Run {
         ctx: &RunContext,
     ) -> TurnOutcome {
         let instruction = GuidancePart::new(why.reason(), format!("{}\n{FINAL_ANSWER_SUFFIX}", why.message()));
-        let rules = AnswerRules { retry_empty: false };
-        let (response, _) = match self
-            .answer_phase(memory, &[], Some((instruction, why.reason())), rules, turn, ctx)
-            .await
-        {
+        let (response, _) = match self.answer_phase(memory, &[], Some(instruction), turn, ctx).await {
             Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
@@ -423,45 +408,69 @@ impl Run {
     /// The model's answer, checked: an answer cut off by the output limit is
     /// continued (up to `max_continuations` times, each with a `warning`), a
     /// filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
-    /// retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — when
-    /// `rules` say so. `last_call` is the guidance of a final-answer call and
-    /// its reason. Returns the answer (the continued pieces joined) and
-    /// whether the history was compressed.
+    /// retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — but
+    /// not on a final-answer call (`instruction`: its guidance; its emptiness
+    /// is the caller's to judge). Returns the answer (continued pieces
+    /// joined) and whether the history was compressed.
     async fn answer_phase(
         &mut self,
         memory: &mut Memory,
         tools: &[crate::llm::ToolSpec],
-        last_call: Option<(GuidancePart, &'static str)>,
-        rules: AnswerRules,
+        instruction: Option<GuidancePart>,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> Result<(ModelResponse, bool), TurnOutcome> {
-        let final_answer = last_call.as_ref().map(|(_, reason)| *reason);
-        let mut extra = last_call.map(|(part, _)| part);
+        // While an answer is continued, what it said so far is the last
+        // message, so the model sees it (one message: a chat template may
+        // insist that turns alternate). It leaves memory on every way out:
+        // the caller stores the whole answer once, or nothing.
+        let mut so_far = String::new();
+        let answered = self
+            .answer_loop(memory, tools, instruction, &mut so_far, turn, ctx)
+            .await;
+        if !so_far.is_empty() && is_partial(memory, &so_far) {
+            memory.pop();
+        }
+        answered
+    }
+
+    async fn answer_loop(
+        &mut self,
+        memory: &mut Memory,
+        tools: &[crate::llm::ToolSpec],
+        instruction: Option<GuidancePart>,
+        so_far: &mut String,
+        turn: &TurnIds,
+        ctx: &RunContext,
+    ) -> Result<(ModelResponse, bool), TurnOutcome> {
+        let final_answer = instruction.as_ref().map(|part| part.reason.clone());
+        let retry_empty = instruction.is_none();
+        let mut extra = instruction;
         let max_continuations = self.engine.max_continuations;
+        let mut continued = 0;
         let mut compacted = false;
         let mut nudged = false;
-        // Pieces of an answer cut off by the output limit, pushed to memory
-        // so the model sees what it wrote, then merged into one message.
-        let mut pieces: Vec<String> = Vec::new();
         loop {
             let (mut response, compressed) = self
-                .model_phase(memory, tools, extra.take(), final_answer, turn, ctx)
+                .model_phase(memory, tools, extra.take(), final_answer.as_deref(), turn, ctx)
                 .await?;
             compacted |= compressed;
-            let has_text = !response.content.trim().is_empty();
             let cut_off = response.finish == Some(FinishReason::Length);
-            if cut_off && has_text && response.tool_calls.is_empty() && (pieces.len() as u32) < max_continuations {
-                let number = pieces.len() + 1;
+            let has_text = !response.content.trim().is_empty();
+            if cut_off && has_text && response.tool_calls.is_empty() && continued < max_continuations {
+                continued += 1;
                 self.warn(
                     turn,
                     "OUTPUT_LIMIT",
                     format!(
-                        "the answer reached the model's output token limit (finish reason: length); asking the model to continue ({number} of at most {max_continuations})"
+                        "the answer reached the model's output token limit (finish reason: length); asking the model to continue ({continued} of at most {max_continuations})"
                     ),
                 );
-                memory.push(Message::assistant(response.content.clone()));
-                pieces.push(response.content);
+                if is_partial(memory, so_far) {
+                    memory.pop();
+                }
+                so_far.push_str(&response.content);
+                memory.push(Message::assistant(so_far.clone()));
                 extra = Some(GuidancePart::new("continue_answer", CONTINUE_ANSWER));
                 continue;
             }
@@ -469,12 +478,12 @@ impl Run {
                 return Err(stop(
                     StopReason::Error {
                         code: "CONTENT_FILTERED".to_string(),
-                        message: "the provider filtered the model's answer (finish reason: content_filter, or an Anthropic refusal); nothing usable was returned".to_string(),
+                        message: "the provider's content filter stopped the model's answer (finish reason: content_filter, or an Anthropic refusal); what streamed before it is not kept".to_string(),
                     },
                     Vec::new(),
                 ));
             }
-            if cut_off {
+            if cut_off && (has_text || !so_far.is_empty()) {
                 self.warn(
                     turn,
                     "OUTPUT_LIMIT",
@@ -486,42 +495,28 @@ impl Run {
                     },
                 );
             }
-            if !pieces.is_empty() {
-                // Merge the pieces into one message. Compression keeps the
-                // latest messages as they are, so they are still the tail;
-                // should they not be, they stay apart and the answer is the
-                // last piece (the events carry all of it).
-                let tail = &memory.messages()[memory.messages().len().saturating_sub(pieces.len())..];
-                let intact = tail.len() == pieces.len()
-                    && tail.iter().zip(&pieces).all(|(message, piece)| {
-                        matches!(message, Message::Assistant { content, tool_calls } if content == piece && tool_calls.is_empty())
-                    });
-                if intact {
-                    for _ in 0..pieces.len() {
-                        memory.pop();
-                    }
-                    let mut whole = pieces.concat();
-                    whole.push_str(&response.content);
-                    response.content = whole;
-                }
-                pieces.clear();
+            if !so_far.is_empty() {
+                response.content = format!("{so_far}{}", response.content);
             }
             let empty = response.content.trim().is_empty() && response.tool_calls.is_empty();
-            if empty && rules.retry_empty {
+            if empty && retry_empty {
+                // A model that spent its whole output limit before writing
+                // anything (thinking, say) needs a higher limit, not a nudge.
+                let why = if cut_off {
+                    "the model reached its output token limit before writing anything (finish reason: length); raise max_tokens"
+                } else {
+                    "the model answered with nothing (no text, no tool call)"
+                };
                 if !nudged {
                     nudged = true;
-                    self.warn(
-                        turn,
-                        "EMPTY_ANSWER",
-                        "the model answered with nothing (no text, no tool call); asking once more".to_string(),
-                    );
+                    self.warn(turn, "EMPTY_ANSWER", format!("{why}; asking once more"));
                     extra = Some(GuidancePart::new("empty_answer", EMPTY_ANSWER_NUDGE));
                     continue;
                 }
                 return Err(stop(
                     StopReason::Error {
                         code: "EMPTY_ANSWER".to_string(),
-                        message: "the model answered with nothing twice (no text and no tool call)".to_string(),
+                        message: format!("{why}, twice"),
                     },
                     Vec::new(),
                 ));
@@ -538,7 +533,7 @@ impl Run {
         memory: &mut Memory,
         tools: &[crate::llm::ToolSpec],
         extra: Option<GuidancePart>,
-        final_answer: Option<&'static str>,
+        final_answer: Option<&str>,
         turn: &TurnIds,
         ctx: &RunContext,
     ) -> Result<(ModelResponse, bool), TurnOutcome> {
@@ -625,6 +620,23 @@ impl Run {
         results
     }
 
+    /// `tool_calls.start` for `calls`.
+    fn announce_calls(&self, turn: &TurnIds, calls: &[ToolCall]) {
+        self.events.emit(
+            turn,
+            EventKind::ToolCallsStart {
+                calls: calls
+                    .iter()
+                    .map(|call| CallSummary {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        args: call.arguments.clone(),
+                    })
+                    .collect(),
+            },
+        );
+    }
+
     fn record_tool_metrics(&mut self, result: &ToolResult) {
         self.metrics.record_tool(
             &result.name,
@@ -698,6 +710,15 @@ impl Run {
         }
         true
     }
+}
+
+/// Whether the last message is the answer so far of a continued answer.
+fn is_partial(memory: &Memory, so_far: &str) -> bool {
+    !so_far.is_empty()
+        && matches!(
+            memory.messages().last(),
+            Some(Message::Assistant { content, tool_calls }) if content == so_far && tool_calls.is_empty()
+        )
 }
 
 /// The monitor's verdict carried by a turn's state, if any.

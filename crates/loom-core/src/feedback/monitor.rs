@@ -4,9 +4,11 @@
 //!
 //! The defaults are set against real agents: a model exploring a codebase
 //! misses files and mistypes arguments, and recovers (codex and Claude Code
-//! let it). So the error rule looks at the latest calls only and needs most
-//! of them to fail, and repetition means the same call getting the same
-//! result turn after turn — polling something that changes is progress.
+//! let it). So the error rule looks at the latest calls only, needs most of
+//! them to fail, and the failures to span several turns (one parallel batch
+//! of wrong guesses is one mistake); and repetition means the same call
+//! getting the same result turn after turn — polling something that
+//! changes is progress.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -25,11 +27,11 @@ pub struct MonitorConfig {
     /// Turns looked at for a repeating pattern (default 6, at least 4: a
     /// pattern must be seen twice).
     pub loop_window: usize,
-    /// Share of failed calls among the latest `error_window` that ends the
-    /// tool phase (default 0.8, in (0, 1]).
+    /// Share of the latest `error_window` calls that, failing, ends the tool
+    /// phase (default 0.8, in (0, 1]: 8 failed calls of the latest 10), once
+    /// the failures span [`MIN_FAILING_TURNS`] turns.
     pub error_threshold: f64,
-    /// How many of the latest calls the error rule looks at; it judges only
-    /// once that many were made (default 10, at least 1).
+    /// How many of the latest calls the error rule looks at (default 10, at least 1).
     pub error_window: usize,
     /// Warn at this share of a limit (default 0.8, in (0, 1]).
     pub warning_ratio: f64,
@@ -133,6 +135,10 @@ pub struct Stop {
     pub detail: String,
 }
 
+/// Turns the failures must span before the error rule stops the tools: the
+/// model has had two chances to correct itself.
+pub const MIN_FAILING_TURNS: usize = 3;
+
 /// The message when the step limit is reached (seed 003).
 pub const MAX_ITERATIONS_MESSAGE: &str =
     "⚠️ Maximum iterations reached. Please provide the best answer with current information.";
@@ -157,8 +163,10 @@ pub struct RecursionMonitor {
     /// many turns in a row made it.
     streaks: HashMap<String, usize>,
     fingerprints: VecDeque<u64>,
-    /// Whether each of the latest calls failed, newest last.
-    recent: VecDeque<bool>,
+    /// The latest calls, newest last: the turn each came in, and whether it failed.
+    recent: VecDeque<(u64, bool)>,
+    /// Turns observed.
+    turns: u64,
     warned: HashSet<String>,
 }
 
@@ -193,8 +201,9 @@ impl RecursionMonitor {
         text.trim().hash(&mut hasher);
         signatures.hash(&mut hasher);
         // A cancelled call says nothing about the model's work.
+        self.turns += 1;
         for result in results.iter().filter(|r| r.status != ToolStatus::Cancelled) {
-            self.recent.push_back(result.status.is_failure());
+            self.recent.push_back((self.turns, result.status.is_failure()));
             if self.recent.len() > self.config.error_window.max(1) {
                 self.recent.pop_front();
             }
@@ -216,6 +225,8 @@ impl RecursionMonitor {
     pub fn check(&mut self, next_turn: u32, max_turns: u32) -> Verdict {
         let mut verdict = Verdict::default();
         if !self.config.enabled {
+            // The step limit is not the monitor's: its warning stays.
+            self.warn_of_the_step_limit(&mut verdict, next_turn, max_turns);
             return verdict;
         }
         let limit = self.config.duplicate_threshold.max(2) as usize;
@@ -238,13 +249,21 @@ impl RecursionMonitor {
             return verdict;
         }
         let window = self.config.error_window.max(1);
-        let failures = self.recent.iter().filter(|failed| **failed).count();
-        let judged = self.recent.len() >= window;
-        let rate = failures as f64 / window as f64;
-        if judged && rate >= self.config.error_threshold {
+        let failed: Vec<u64> = self
+            .recent
+            .iter()
+            .filter(|(_, failed)| *failed)
+            .map(|(turn, _)| *turn)
+            .collect();
+        let failures = failed.len();
+        let failing_turns = failed.iter().collect::<BTreeSet<_>>().len();
+        let seen = self.recent.len();
+        // Counts, so a run whose calls all fail is judged before the window fills.
+        let stop_at = ((window as f64) * self.config.error_threshold).ceil().max(1.0) as usize;
+        if failures >= stop_at && failing_turns >= MIN_FAILING_TURNS {
             verdict.terminate = Some(Stop {
                 termination: Termination::ErrorThreshold,
-                detail: format!("{failures} of the last {window} tool calls failed"),
+                detail: format!("{failures} of the last {seen} tool calls failed, over {failing_turns} turns"),
             });
             return verdict;
         }
@@ -261,24 +280,31 @@ impl RecursionMonitor {
                 );
             }
         }
-        if judged && rate >= self.config.error_threshold * ratio {
+        let warn_at = ((window as f64) * self.config.error_threshold * ratio).ceil().max(1.0) as usize;
+        if failures >= warn_at {
             self.warn(
                 &mut verdict,
                 "error_rate_warning",
                 "errors",
                 format!(
-                    "⚠️ {failures} of your last {window} tool calls failed. Check the errors above and fix the arguments, or complete the task with what you have."
+                    "⚠️ {failures} of your last {seen} tool calls failed. Check the errors above and fix the arguments, or complete the task with what you have."
                 ),
             );
         } else {
             // A later bad stretch warns again.
             self.warned.remove("errors");
         }
-        let warn_turn = ((max_turns as f64) * ratio).ceil() as u32;
+        self.warn_of_the_step_limit(&mut verdict, next_turn, max_turns);
+        verdict
+    }
+
+    /// The warning at `warning_ratio` of the step limit, once.
+    fn warn_of_the_step_limit(&mut self, verdict: &mut Verdict, next_turn: u32, max_turns: u32) {
+        let warn_turn = ((max_turns as f64) * self.config.warning_ratio).ceil() as u32;
         if max_turns > 1 && next_turn >= warn_turn && next_turn < max_turns {
             let remaining = max_turns - next_turn;
             self.warn(
-                &mut verdict,
+                verdict,
                 "iteration_warning",
                 "iterations",
                 format!(
@@ -286,7 +312,6 @@ impl RecursionMonitor {
                 ),
             );
         }
-        verdict
     }
 
     fn warn(&mut self, verdict: &mut Verdict, reason: &'static str, key: &str, message: String) {
@@ -464,7 +489,35 @@ mod tests {
         monitor.observe("", &[call("read", 12)], &failed(1));
         let stop = monitor.check(13, 50).terminate.unwrap();
         assert_eq!(stop.termination, Termination::ErrorThreshold);
-        assert_eq!(stop.detail, "8 of the last 10 tool calls failed");
+        assert_eq!(stop.detail, "8 of the last 10 tool calls failed, over 8 turns");
+
+        // Every call failing: warned at 7, stopped at 8, before the window fills.
+        let mut monitor = RecursionMonitor::default();
+        for turn in 0..6 {
+            monitor.observe("", &[call("read", turn)], &failed(1));
+            assert_eq!(monitor.check(turn as u32 + 1, 50), Verdict::default());
+        }
+        monitor.observe("", &[call("read", 6)], &failed(1));
+        assert_eq!(monitor.check(7, 50).warnings[0].0, "error_rate_warning");
+        monitor.observe("", &[call("read", 7)], &failed(1));
+        assert_eq!(
+            monitor.check(8, 50).terminate.unwrap().detail,
+            "8 of the last 8 tool calls failed, over 8 turns"
+        );
+    }
+
+    #[test]
+    fn one_batch_of_wrong_guesses_is_one_mistake() {
+        let mut monitor = RecursionMonitor::default();
+        let guesses: Vec<ToolCall> = (0..10).map(|i| call("read", i)).collect();
+        monitor.observe("", &guesses, &failed(10));
+        let verdict = monitor.check(1, 50);
+        assert_eq!(verdict.terminate, None, "one turn of failures");
+        assert_eq!(verdict.warnings[0].0, "error_rate_warning", "but a warning");
+        monitor.observe("", &[call("read", 11), call("read", 12)], &failed(2));
+        assert_eq!(monitor.check(2, 50).terminate, None, "two turns");
+        monitor.observe("", &[call("read", 13)], &failed(1));
+        assert!(monitor.check(3, 50).terminate.is_some(), "three turns of failures");
     }
 
     #[test]
@@ -473,10 +526,12 @@ mod tests {
             enabled: false,
             ..MonitorConfig::default()
         });
-        for turn in 0..20 {
+        for turn in 0..15 {
             monitor.observe("", &[call("same", 0)], &failed(1));
-            assert_eq!(monitor.check(turn + 1, 21), Verdict::default());
+            assert_eq!(monitor.check(turn + 1, 50), Verdict::default());
         }
+        // The step limit's warning is not the monitor's: it stays.
+        assert_eq!(monitor.check(40, 50).warnings[0].0, "iteration_warning");
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Memory {
     pub fn reported_bound(&self) -> Option<usize> {
         let (messages, tokens) = self.reported?;
         let added: usize = self.messages.get(messages..)?.iter().map(bound).sum();
-        Some(tokens + added)
+        Some(tokens.saturating_add(added))
     }
 
     /// Replaces the whole history (after compression).

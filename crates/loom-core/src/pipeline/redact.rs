@@ -19,11 +19,12 @@ use regex::{Captures, Regex};
 pub const REDACTED: &str = "[REDACTED]";
 
 /// Shapes of credentials that must never reach the model or the logs. A
-/// pattern with a `secret` group redacts that group only; otherwise the
-/// whole match.
+/// pattern with a `secret` group redacts that group only; one with a `cred`
+/// group redacts it only when it looks like a credential (letters and
+/// digits: "Bearer authentication" is prose); otherwise the whole match.
 const SECRET_SHAPES: &[&str] = &[
     // OpenAI (sk-, sk-proj-) and Anthropic (sk-ant-) API keys.
-    r"sk-[A-Za-z0-9_\-]{20,}",
+    r"\bsk-[A-Za-z0-9_\-]{20,}",
     // GitHub tokens.
     r"gh[pousr]_[A-Za-z0-9]{36,}",
     r"github_pat_[A-Za-z0-9_]{22,}",
@@ -46,14 +47,18 @@ const SECRET_SHAPES: &[&str] = &[
     // PEM private keys.
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
     // Bearer and Basic credentials in headers or logs (the credential only).
-    r"(?i:bearer)\s+(?P<secret>[A-Za-z0-9\-._~+/]{8,}=*)",
-    r"(?i:basic)\s+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})(?:\s|$)",
+    r"\b(?i:bearer)[ \t]+(?P<cred>[A-Za-z0-9\-._~+/]{8,}=*)",
+    r"(?i:authorization:[ \t]*basic)[ \t]+(?P<secret>[A-Za-z0-9+/]{8,}={0,2})",
     // The password of a URL: scheme://user:PASSWORD@host.
     r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\x22]*:(?P<secret>[^\s@/'\x22]+)@",
+    // Credentials in a URL's query: ?password=…, &access_token=…, signed URLs.
+    r"(?i)[?&](?:password|passwd|pwd|pass|secret|client_secret|token|access_token|refresh_token|id_token|api_key|apikey|sig|signature|x-amz-signature|x-amz-security-token|x-amz-credential)=(?P<secret>[^&\s#'\x22<>]+)",
+    // XML elements: <password>…</password>.
+    r"(?i)<(?:password|passwd|secret|token|api_?key|access_?key|secret_?key|client_?secret)>(?P<secret>[^<\n]+)</",
 ];
 
 /// Name endings that make an assignment's value a secret whatever it looks like.
-const STRONG_NAME: &str = r"password|passwd|_pwd|passphrase|secret|credentials?";
+const STRONG_NAME: &str = r"password|passwd|_pwd|_pass|passphrase|secret|secret_key_base|credentials?";
 /// Name endings that are secret only with a value that looks like one
 /// (`sort_key: name` is not; `API_KEY=8f3a…` is).
 const WEAK_NAME: &str = r"token|_key|api[_\-]?key|access[_\-]?key|secret[_\-]?key|private[_\-]?key|auth[_\-]?key";
@@ -75,7 +80,7 @@ pub fn is_secret_name(name: &str) -> bool {
         "PRIVATE_KEY",
         "CREDENTIAL",
     ];
-    const ENDINGS: &[&str] = &["_KEY", "_PWD", "_PAT"];
+    const ENDINGS: &[&str] = &["_KEY", "_KEY_BASE", "_PWD", "_PASS", "_PAT"];
     WORDS.iter().any(|word| upper.contains(word)) || ENDINGS.iter().any(|ending| upper.ends_with(ending))
 }
 
@@ -119,15 +124,16 @@ impl Redactor {
         values.sort_by_key(|value| std::cmp::Reverse(value.len()));
         values.dedup();
         let mut shapes: Vec<String> = values.iter().map(|value| regex::escape(value)).collect();
-        // Each shape's `secret` group gets its own name in the alternation.
-        shapes.extend(
-            SECRET_SHAPES
-                .iter()
-                .enumerate()
-                .map(|(index, shape)| shape.replace("(?P<secret>", &format!("(?P<secret{index}>"))),
-        );
+        // Each shape's group gets its own name in the alternation.
+        shapes.extend(SECRET_SHAPES.iter().enumerate().map(|(index, shape)| {
+            shape
+                .replace("(?P<secret>", &format!("(?P<secret{index}>"))
+                .replace("(?P<cred>", &format!("(?P<cred{index}>"))
+        }));
         let name = format!(r"[A-Za-z0-9_.\-]*?(?:{STRONG_NAME}|{WEAK_NAME})");
-        let value = r#""(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s#;,"']+)"#;
+        // A bare value and the character after it: `,`, `;` or `)` after a
+        // word is code (`password: String,`), not a setting.
+        let value = r#""(?P<dq>[^"\n]*)"|'(?P<sq>[^'\n]*)'|(?P<bare>[^\s#;,"']+)(?P<after>[,;)])?"#;
         let assignments = [
             // env, INI, TOML, YAML: at the start of a line (after `export`,
             // `set` or a YAML list dash), `NAME = value` or `NAME: value`.
@@ -163,15 +169,21 @@ impl Redactor {
             return Cow::Borrowed(text);
         };
         let shaped = passes.shapes.replace_all(text, |caps: &Captures<'_>| {
-            let secret = caps
-                .iter()
-                .skip(1)
+            let Some(whole) = caps.get(0) else {
+                return String::new();
+            };
+            // The one group that took part, if the shape has one.
+            let group = passes
+                .shapes
+                .capture_names()
                 .flatten()
-                .next()
-                .filter(|group| group.range() != caps.get(0).map(|whole| whole.range()).unwrap_or_default());
-            match (secret, caps.get(0)) {
-                (Some(secret), Some(whole)) => splice(whole.as_str(), whole.start(), secret.range()),
-                _ => REDACTED.to_string(),
+                .find_map(|name| caps.name(name).map(|found| (name, found)));
+            match group {
+                Some((name, cred)) if name.starts_with("cred") && !looks_like_credential(cred.as_str()) => {
+                    whole.as_str().to_string()
+                }
+                Some((_, secret)) => splice(whole.as_str(), whole.start(), secret.range()),
+                None => REDACTED.to_string(),
             }
         });
         match passes.assignments.replace_all(&shaped, redact_assignment) {
@@ -191,8 +203,10 @@ fn redact_assignment(caps: &Captures<'_>) -> String {
         .or_else(|| caps.name("jname"))
         .map_or("", |m| m.as_str());
     let value = ["dq", "sq", "bare", "jvalue"].iter().find_map(|group| caps.name(group));
+    let bare = caps.name("bare").is_some();
+    let code_after = caps.name("after").is_some() && value.is_some_and(|v| is_identifier(v.as_str()));
     match value {
-        Some(value) if is_secret_value(name, value.as_str(), caps.name("bare").is_some()) => {
+        Some(value) if !code_after && is_secret_value(name, value.as_str(), bare) => {
             splice(whole.as_str(), whole.start(), value.range())
         }
         _ => whole.as_str().to_string(),
@@ -205,6 +219,27 @@ fn splice(whole: &str, offset: usize, secret: std::ops::Range<usize>) -> String 
     format!("{}{REDACTED}{}", &whole[..start], &whole[end..])
 }
 
+/// Whether `text` is a word of code: a letter or `_`, then letters, digits, `_`.
+fn is_identifier(text: &str) -> bool {
+    text.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Whether the word after `Bearer` is a credential rather than prose
+/// ("Bearer authentication"): long enough, and not a plain word — it has a
+/// digit, a sign, or capitals past its first letter.
+fn looks_like_credential(text: &str) -> bool {
+    let plain_word =
+        text.chars().all(|c| c.is_ascii_alphabetic()) && text.chars().skip(1).all(|c| c.is_ascii_lowercase());
+    text.len() >= 8 && !plain_word
+}
+
+/// Type names that follow a field's name in code (`secret: str`).
+const TYPE_NAMES: &[&str] = &[
+    "string", "str", "bytes", "int", "integer", "number", "bool", "boolean", "any", "object", "float", "double",
+    "char", "unknown", "i32", "i64", "u32", "u64", "usize", "f64",
+];
+
 /// Whether the value assigned to `name` is a secret (see the module docs).
 fn is_secret_value(name: &str, value: &str, bare: bool) -> bool {
     let value = value.trim();
@@ -212,6 +247,8 @@ fn is_secret_value(name: &str, value: &str, bare: bool) -> bool {
     let placeholder = value.is_empty()
         || value == REDACTED
         || value.starts_with('$')
+        // `password := …` (Go), `password == …`: not a value.
+        || value.starts_with('=')
         || value.starts_with("%(")
         || value.starts_with("{{")
         || (value.starts_with('<') && value.ends_with('>'))
@@ -220,9 +257,12 @@ fn is_secret_value(name: &str, value: &str, bare: bool) -> bool {
         lower.as_str(),
         "true" | "false" | "null" | "none" | "nil" | "yes" | "no" | "on" | "off" | "~"
     );
-    // Code on the right of `=`: a call, an index, or a dotted name.
+    // Code on the right of `=`: a call, an index, a dotted name, a type.
     let code = bare
-        && (value.contains(['(', ')', '[', ']', '{', '}'])
+        && (value.contains(['(', ')', '[', ']', '{', '}', '<', '>'])
+            || value.starts_with(['&', '*'])
+            || value.ends_with(['!', '?'])
+            || TYPE_NAMES.contains(&lower.as_str())
             || (value.contains('.')
                 && value.split('.').all(|part| {
                     part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
@@ -261,12 +301,12 @@ mod tests {
     fn redacts_known_shapes_and_given_values() {
         let redactor = Redactor::with_secrets(vec!["hunter2-but-longer".to_string(), "short".to_string()]);
         let text = format!(
-            "openai sk-{} github ghp_{} auth: Bearer abc.def-ghi== aws AKIAABCDEFGHIJKLMNOP pw hunter2-but-longer short",
-            "a".repeat(48),
+            "openai sk-{} github ghp_{} auth: Bearer abc.def-gh1== aws AKIAABCDEFGHIJKLMNOP pw hunter2-but-longer short",
+            "a1".repeat(24),
             "b".repeat(36)
         );
         let out = redactor.redact(&text);
-        assert!(!out.contains("sk-aaaa"), "{out}");
+        assert!(!out.contains("sk-a1a1"), "{out}");
         assert!(!out.contains("ghp_bbbb"), "{out}");
         assert!(!out.contains("abc.def"), "{out}");
         assert!(out.contains("Bearer [REDACTED]"), "the scheme stays: {out}");
@@ -301,6 +341,19 @@ mod tests {
             ("sort_key: name", "sort_key: name"),
             ("max_token = 4096", "max_token = 4096"),
             ("cache_key = user_profile_cache", "cache_key = user_profile_cache"),
+            ("    password: String,", "    password: String,"),
+            (
+                "    password := r.FormValue(\"p\")",
+                "    password := r.FormValue(\"p\")",
+            ),
+            (
+                "scheme: bearer\n  bearerFormat: JWT",
+                "scheme: bearer\n  bearerFormat: JWT",
+            ),
+            (
+                "It provides basic functionality here.",
+                "It provides basic functionality here.",
+            ),
             // As read_file and grep show lines.
             ("     3\tDB_PASSWORD=hunter2", "     3\tDB_PASSWORD=[REDACTED]"),
             (

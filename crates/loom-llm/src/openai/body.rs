@@ -61,6 +61,8 @@ impl Serialize for Tools<'_> {
 pub(crate) struct Messages<'a> {
     pub request: LlmRequest<'a>,
     pub placement: GuidancePlacement,
+    /// Arguments that are not JSON (a call cut short, say) are sent as `{}`.
+    pub json_arguments_only: bool,
     /// Calls and results written as text, for a model without tool calling.
     pub text_mode: bool,
     /// The tools described for such a model (when tools are offered).
@@ -85,6 +87,7 @@ impl Serialize for Messages<'_> {
                 // Text mode describes the tools in the first system message.
                 instructions: self.instructions.filter(|_| first_system == Some(index)),
                 text_mode: self.text_mode,
+                json_arguments_only: self.json_arguments_only,
             })?;
         }
         match (guidance, inline, target) {
@@ -134,6 +137,7 @@ struct Wire<'a> {
     reminder: Option<&'a str>,
     instructions: Option<&'a str>,
     text_mode: bool,
+    json_arguments_only: bool,
 }
 
 impl Serialize for Wire<'_> {
@@ -175,7 +179,13 @@ impl Serialize for Wire<'_> {
             Message::Assistant { content, tool_calls } => {
                 map.serialize_entry("role", "assistant")?;
                 map.serialize_entry("content", &(!content.is_empty()).then_some(content))?;
-                map.serialize_entry("tool_calls", &Calls(tool_calls))?;
+                map.serialize_entry(
+                    "tool_calls",
+                    &Calls {
+                        calls: tool_calls,
+                        json_arguments_only: self.json_arguments_only,
+                    },
+                )?;
             }
             Message::Tool {
                 tool_call_id,
@@ -212,7 +222,10 @@ impl Serialize for Wire<'_> {
 }
 
 /// `tool_calls` of an assistant message.
-struct Calls<'a>(&'a [ToolCall]);
+struct Calls<'a> {
+    calls: &'a [ToolCall],
+    json_arguments_only: bool,
+}
 
 impl Serialize for Calls<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -227,12 +240,15 @@ impl Serialize for Calls<'_> {
             r#type: &'static str,
             function: Function<'a>,
         }
-        serializer.collect_seq(self.0.iter().map(|call| Call {
+        serializer.collect_seq(self.calls.iter().map(|call| Call {
             id: &call.id,
             r#type: "function",
             function: Function {
                 name: &call.name,
-                arguments: ArgumentsText(&call.arguments),
+                arguments: ArgumentsText {
+                    arguments: &call.arguments,
+                    json_only: self.json_arguments_only,
+                },
             },
         }))
     }

@@ -60,13 +60,17 @@ impl OpenAiConfig {
 
     /// Where guidance goes at this server (see [`OpenAiConfig::guidance`]).
     pub fn guidance_placement(&self) -> GuidancePlacement {
-        self.guidance.unwrap_or_else(|| {
-            if self.base_url.trim_end_matches('/') == OPENAI_BASE_URL {
-                GuidancePlacement::System
-            } else {
-                GuidancePlacement::Inline
-            }
+        self.guidance.unwrap_or(if self.is_official_api() {
+            GuidancePlacement::System
+        } else {
+            GuidancePlacement::Inline
         })
+    }
+
+    /// Whether the server is the official OpenAI API (others are local or
+    /// third-party servers, stricter in what they accept).
+    pub fn is_official_api(&self) -> bool {
+        self.base_url.trim_end_matches('/') == OPENAI_BASE_URL
     }
 }
 
@@ -99,6 +103,10 @@ impl OpenAiModel {
             messages: body::Messages {
                 request: *request,
                 placement: self.config.guidance_placement(),
+                // Other servers may parse a call's arguments (vLLM's and
+                // llama.cpp's chat templates do) and refuse text that is not
+                // JSON; the model was told what was wrong in the result.
+                json_arguments_only: !self.config.is_official_api(),
                 text_mode,
                 instructions: instructions.as_deref(),
             },
@@ -359,9 +367,12 @@ fn error_from_body(status: u16, retry_after: Option<Duration>, error: &Value) ->
         .unwrap_or_default();
     let lowered = message.to_lowercase();
     if code == "context_length_exceeded"
+        || code == "exceed_context_size_error"
         || lowered.contains("maximum context length")
         || lowered.contains("context length")
         || lowered.contains("context window")
+        // llama.cpp: "the request exceeds the available context size".
+        || lowered.contains("context size")
     {
         return LlmError::ContextLengthExceeded(message);
     }
@@ -504,6 +515,21 @@ mod tests {
         let out = body(config, &history(), &[], None);
         assert_eq!(out["messages"][0]["content"], "base");
         assert!(out["messages"][2].get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn arguments_that_are_not_json_go_to_other_servers_as_an_empty_object() {
+        let mut messages = history();
+        if let Message::Assistant { tool_calls, .. } = &mut messages[2] {
+            tool_calls[0].arguments = json!("{\"path\": \"a.");
+        }
+        let official = body(OpenAiConfig::new("gpt-x"), &messages, &tools(), None);
+        assert_eq!(
+            official["messages"][2]["tool_calls"][0]["function"]["arguments"],
+            "{\"path\": \"a."
+        );
+        let local = body(local("llama"), &messages, &tools(), None);
+        assert_eq!(local["messages"][2]["tool_calls"][0]["function"]["arguments"], "{}");
     }
 
     #[test]
