@@ -635,3 +635,34 @@ async fn duplicate_and_badly_named_tools_are_refused_at_build() {
     let err = agent(&model, 0).build().unwrap_err();
     assert!(err.to_string().contains("max_steps"), "{err}");
 }
+
+#[tokio::test]
+async fn a_continued_answer_is_stored_once_or_not_at_all() {
+    let cut = |text: &str| ScriptTurn {
+        content: Some(text.into()),
+        finish_reason: Some("length".into()),
+        ..ScriptTurn::default()
+    };
+    // Continued to its end: one assistant message holds the whole answer.
+    let model = scripted(vec![cut("The answer "), cut("is "), answer("42.")]);
+    let (events, outcome) = agent(&model, 5).build().unwrap().run("q").collect().await;
+    assert_contract(&events);
+    assert_eq!(outcome.content.as_deref(), Some("The answer is 42."));
+    let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
+    assert_eq!(roles, ["system", "user", "assistant"]);
+    assert_eq!(outcome.messages[2].content(), "The answer is 42.");
+
+    // Cancelled while the continuation is asked for: the piece so far is
+    // not left in the history (a resume would take it for the answer).
+    let model = scripted(vec![cut("The answer "), delayed(answer("is 42."), 2000)]);
+    let handle = agent(&model, 5).build().unwrap().run("q");
+    let controller = handle.controller();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        controller.cancel("stop");
+    });
+    let (_, outcome) = handle.collect().await;
+    assert_eq!(outcome.status, RunStatus::Canceled);
+    let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
+    assert_eq!(roles, ["system", "user"]);
+}
