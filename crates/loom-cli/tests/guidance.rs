@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{json_lines, loom_in, message_texts, reminders, script_at};
+use common::{json_lines, loom_in, message_texts, reminders, script_at, succeeded};
 
 use loom_testkit::{anthropic_text, anthropic_tool_use, openai_text, openai_tool_calls, FakeServer, Reply};
 use serde_json::{json, Value};
@@ -43,25 +43,19 @@ fn the_last_request_of_a_50_turn_run_holds_the_history_and_one_guidance_block() 
         .collect();
     replies.push(Reply::Sse(openai_text("I read the notes.", 6)));
     let server = FakeServer::start(replies);
-    let output = loom_in(dir.path())
-        .args([
-            "run",
-            "--json",
-            "--model",
-            "openai:local",
-            "--max-steps",
-            "50",
-            "--base-url",
-        ])
-        .arg(server.url())
-        .arg("read the notes")
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = succeeded(
+        loom_in(dir.path())
+            .args([
+                "run",
+                "--json",
+                "--model",
+                "openai:local",
+                "--max-steps",
+                "50",
+                "--base-url",
+            ])
+            .arg(server.url())
+            .arg("read the notes"),
     );
     let requests = server.requests();
     assert_eq!(requests.len(), TURNS + 1);
@@ -146,17 +140,11 @@ fn guidance_can_be_a_trailing_system_message_where_the_provider_takes_one() {
         Reply::Sse(openai_tool_calls(&[("c2", "read_file", r#"{"path": "notes.txt"}"#)])),
         Reply::Sse(openai_text("done", 4)),
     ]);
-    let output = loom_in(dir.path())
-        .args(["run", "--model", "openai:local", "--max-steps", "2", "--base-url"])
-        .arg(server.url())
-        .arg("read")
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    succeeded(
+        loom_in(dir.path())
+            .args(["run", "--model", "openai:local", "--max-steps", "2", "--base-url"])
+            .arg(server.url())
+            .arg("read"),
     );
     let requests = server.requests();
     for (index, expected) in [(1, "The tool call failed"), (2, "Maximum iterations reached")] {
@@ -184,18 +172,12 @@ fn anthropic_guidance_is_a_reminder_block_in_the_last_user_turn() {
         )),
         Reply::Sse(anthropic_text("There is no such file.")),
     ]);
-    let output = loom_in(dir.path())
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .args(["run", "--model", "anthropic:claude-test", "--base-url"])
-        .arg(server.url())
-        .arg("read nope.txt")
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    succeeded(
+        loom_in(dir.path())
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .args(["run", "--model", "anthropic:claude-test", "--base-url"])
+            .arg(server.url())
+            .arg("read nope.txt"),
     );
     let second = &server.requests()[1].body;
     assert!(

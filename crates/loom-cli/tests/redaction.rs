@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{json_lines, loom_in};
+use common::{json_lines, loom_in, succeeded};
 
 use loom_testkit::redaction::CORPUS;
 use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
@@ -24,18 +24,12 @@ fn the_corpus_reaches_neither_the_events_nor_the_provider() {
         Reply::Sse(openai_tool_calls(&[("c1", "read_file", r#"{"path": "leaks.txt"}"#)])),
         Reply::Sse(openai_text("read", 4)),
     ]);
-    let output = loom_in(dir.path())
-        .env("LOOM_TEST_VAULT_TOKEN", VAULT)
-        .args(["run", "--json", "--model", "openai:m", "--base-url"])
-        .arg(server.url())
-        .arg("read leaks.txt")
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = succeeded(
+        loom_in(dir.path())
+            .env("LOOM_TEST_VAULT_TOKEN", VAULT)
+            .args(["run", "--json", "--model", "openai:m", "--base-url"])
+            .arg(server.url())
+            .arg("read leaks.txt"),
     );
     let events = json_lines(&output.stdout);
     let result = events.iter().find(|e| e["type"] == "tool.result").unwrap()["content"]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{json_lines, loom, loom_in, script_at};
+use common::{json_lines, loom, loom_in, script_at, succeeded};
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -285,25 +285,16 @@ fn resume_finishes(dir: &std::path::Path, run_id: &str, model: &str) {
     let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(runs[0]["runId"], run_id);
     assert_eq!(runs[0]["status"], "INTERRUPTED", "{runs}");
-    let output = loom_in(dir)
-        .args([
-            "runs",
-            "resume",
-            run_id,
-            "--json",
-            "--allow",
-            "write_file",
-            "--model",
-            model,
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeeded(loom_in(dir).args([
+        "runs",
+        "resume",
+        run_id,
+        "--json",
+        "--allow",
+        "write_file",
+        "--model",
+        model,
+    ]));
     let events = json_lines(&output.stdout);
     assert_eq!(events.last().unwrap()["status"], "DONE");
     assert_eq!(

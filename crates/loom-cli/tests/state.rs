@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{json_lines, loom_in, script_at};
+use common::{json_lines, loom_in, script_at, succeeded};
 
 use serde_json::{json, Value};
 
@@ -44,25 +44,16 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
             {"content": "done"}
         ]),
     );
-    let output = loom_in(dir.path())
-        .args([
-            "run",
-            "--json",
-            "--yes",
-            "--max-steps",
-            "10",
-            "--model",
-            &model,
-            "poke around",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeeded(loom_in(dir.path()).args([
+        "run",
+        "--json",
+        "--yes",
+        "--max-steps",
+        "10",
+        "--model",
+        &model,
+        "poke around",
+    ]));
     let results = results(&json_lines(&output.stdout));
     for (status, content) in &results[..3] {
         assert_eq!(status, "error", "{content}");
@@ -98,16 +89,8 @@ fn a_database_configured_elsewhere_in_the_workspace_is_protected_too() {
             {"content": "done"}
         ]),
     );
-    let output = loom_in(dir.path())
-        .args(["run", "--json", "--db", "data/runs.db", "--model", &model, "look"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output =
+        succeeded(loom_in(dir.path()).args(["run", "--json", "--db", "data/runs.db", "--model", &model, "look"]));
     let results = results(&json_lines(&output.stdout));
     assert!(results[0].1.contains("Loom's own state"), "{}", results[0].1);
     assert!(

@@ -112,3 +112,15 @@ pub fn message_texts(body: &serde_json::Value) -> Vec<String> {
 pub fn reminders(body: &serde_json::Value) -> usize {
     body.to_string().matches("<system-reminder>").count()
 }
+
+/// Runs `cmd` and checks it exited 0, showing its stderr when it did not.
+pub fn succeeded(cmd: &mut Command) -> std::process::Output {
+    let output = cmd.output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
