@@ -131,10 +131,10 @@ impl Session {
         let failed = |err: loom::StoreError| Failure::Runtime(anyhow::anyhow!("{err}"));
         // A chat that died mid-task left its run RUNNING: mark it so it can
         // be resumed.
-        loom::store::recover_interrupted_runs(store.as_ref())
+        loom::recovery::recover_interrupted_runs(store.as_ref())
             .await
             .map_err(failed)?;
-        let earlier = loom::store::session_history(store.as_ref(), &id)
+        let earlier = loom::recovery::session_history(store.as_ref(), &id)
             .await
             .map_err(failed)?
             .len();

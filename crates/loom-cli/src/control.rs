@@ -88,7 +88,7 @@ pub async fn cancel(store: &SqliteStore, id: &str, json: bool) -> Result<ExitCod
 }
 
 async fn close(store: &SqliteStore, id: &str) -> Result<RunStatus, Failure> {
-    loom::store::close_cancelled(store, id, "cancelled with `loom runs cancel`")
+    loom::recovery::close_cancelled(store, id, "cancelled with `loom runs cancel`")
         .await
         .map_err(runtime)?;
     Ok(RunStatus::Canceled)

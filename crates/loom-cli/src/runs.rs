@@ -38,7 +38,7 @@ pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     };
     // Runs left RUNNING by a process that died are shown (and resumable)
     // as INTERRUPTED.
-    loom::store::recover_interrupted_runs(&store)
+    loom::recovery::recover_interrupted_runs(&store)
         .await
         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
     match args.command {
@@ -71,7 +71,7 @@ pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                 let value = serde_json::json!({
                     "run": snapshot.run,
                     "messages": snapshot.messages,
-                    "nextTurn": snapshot.next_turn.map(|t| t.turn_counter()),
+                    "nextTurn": snapshot.next_turn().map(|t| t.turn_counter()),
                     "journal": snapshot.journal,
                     "suggestions": snapshot.run.metrics.suggestions(),
                 });

@@ -9,19 +9,20 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Limits, RunContext};
-use crate::engine::{ContextSettings, Engine, Run};
+use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, Start};
 use crate::event::EventEmitter;
-use crate::feedback::{MonitorConfig, RecursionMonitor, TaskHandler};
+use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
 use crate::hooks::{PermissionHook, ToolHook};
 use crate::llm::Llm;
+use crate::machine;
 use crate::memory::MemoryConfig;
-use crate::metrics::{Pricing, RunMetrics};
+use crate::metrics::Pricing;
 use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 use crate::retrieval::Retriever;
 use crate::status::RunStatus;
-use crate::store::Store;
+use crate::store::{NoStore, Store};
 use crate::tokens::{TiktokenCounter, TokenCounter};
 use crate::tool::{DynTool, RegistryError, ToolRegistry};
 
@@ -408,7 +409,12 @@ impl AgentBuilder {
                 pricing: self.pricing,
                 store: self.store,
                 owner: self.owner.unwrap_or_else(crate::owner::this_process),
-                max_continuations: self.max_continuations,
+                machine: machine::Settings {
+                    max_continuations: self.max_continuations,
+                    feedback: self.feedback,
+                    task_handlers: self.task_handlers.into(),
+                    monitor: self.monitor,
+                },
                 protected,
                 context: ContextSettings {
                     counter: self
@@ -419,9 +425,6 @@ impl AgentBuilder {
                         .unwrap_or_else(|| (self.memory.context_window / 4).min(16_000)),
                     memory: self.memory,
                     summarizer: self.summarizer,
-                    feedback: self.feedback,
-                    task_handlers: self.task_handlers,
-                    monitor: self.monitor,
                     retriever: self.retriever,
                     retrieval_limit: self.retrieval_limit,
                     instruction_dirs: if self.project_instructions {
@@ -475,7 +478,7 @@ pub struct RunRequest {
     pub session_id: Option<String>,
     /// The conversation so far, placed between the system prompt and the
     /// prompt. `None`: with a store, the session's earlier runs are loaded
-    /// (see [`crate::store::session_history`]); without one, nothing.
+    /// (see [`crate::recovery::session_history`]); without one, nothing.
     pub history: Option<Vec<crate::message::Message>>,
 }
 
@@ -577,8 +580,11 @@ impl Agent {
     /// Starts a run on the current tokio runtime and returns its handle.
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
-        let (run, handle) = self.prepare(request.run_id, request.session_id, &request.prompt, 0);
-        handle.spawn(run.drive(request.prompt, request.history))
+        let (driver, handle) = self.prepare(request.run_id, request.session_id, 0);
+        handle.spawn(driver.drive(Start::New {
+            prompt: request.prompt,
+            history: request.history,
+        }))
     }
 
     /// Resumes a stored run whose process died (status `INTERRUPTED`, or
@@ -611,23 +617,16 @@ impl Agent {
         // Taking the run over is atomic: of two resumers, one gets it.
         store.reclaim_run(run_id, &self.engine.owner).await?;
         let snapshot = store.load_run(run_id).await?;
-        let (run, handle) = self.prepare(
+        let (driver, handle) = self.prepare(
             Some(snapshot.run.run_id.clone()),
             Some(snapshot.run.session_id.clone()),
-            &snapshot.run.prompt,
             snapshot.last_seq,
         );
-        Ok(handle.spawn(run.drive_resumed(snapshot)))
+        Ok(handle.spawn(driver.drive(Start::Resumed(snapshot))))
     }
 
-    /// The run's state and the handle that controls it, not started yet.
-    fn prepare(
-        &self,
-        run_id: Option<String>,
-        session_id: Option<String>,
-        prompt: &str,
-        last_seq: u64,
-    ) -> (Run, PreparedHandle) {
+    /// The run's driver and the handle that controls it, not started yet.
+    fn prepare(&self, run_id: Option<String>, session_id: Option<String>, last_seq: u64) -> (Driver, PreparedHandle) {
         let cancel = CancellationToken::new();
         let ctx = RunContext::new(
             run_id,
@@ -656,7 +655,7 @@ impl Agent {
             status_rx,
             pending,
         };
-        let run = Run {
+        let driver = Driver {
             engine: self.engine.clone(),
             events: {
                 let emitter = EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx).continuing_after(last_seq);
@@ -666,24 +665,19 @@ impl Agent {
                     emitter
                 }
             },
+            store: self.engine.store.clone().unwrap_or_else(|| Arc::new(NoStore)),
             ctx,
             workspace: self.workspace.clone(),
-            steer_rx,
-            pause_rx,
-            status_tx,
+            controls: Controls {
+                steer_rx,
+                pause_rx,
+                status_tx,
+            },
             gate,
-            metrics: RunMetrics::default(),
-            steps: 0,
-            task: prompt.to_string(),
-            monitor: RecursionMonitor::new(self.engine.context.monitor.clone()),
-            context_warned: false,
-            tools_tokens: None,
-            tools_bound: None,
-            guidance: Vec::new(),
-            call_ids: Default::default(),
+            caches: Caches::default(),
         };
         (
-            run,
+            driver,
             PreparedHandle {
                 events: event_rx,
                 controller,
@@ -699,7 +693,7 @@ struct PreparedHandle {
 }
 
 impl PreparedHandle {
-    fn spawn(self, drive: impl std::future::Future<Output = crate::handle::RunOutcome> + Send + 'static) -> RunHandle {
+    fn spawn(self, drive: impl std::future::Future<Output = crate::outcome::RunOutcome> + Send + 'static) -> RunHandle {
         RunHandle {
             events: self.events,
             controller: self.controller,

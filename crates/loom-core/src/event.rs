@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::codes::{ErrorCode, WarningCode};
 use crate::llm::Usage;
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
@@ -37,6 +38,46 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// Declares [`EventKind`] with each variant's wire name written once: serde
+/// reads and writes it as `type`, and [`EventKind::name`] returns it.
+macro_rules! event_kinds {
+    (
+        $(#[$meta:meta])*
+        pub enum EventKind {
+            $( $(#[$variant_meta:meta])* $wire:literal => $variant:ident { $($fields:tt)* } ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        pub enum EventKind {
+            $( $(#[$variant_meta])* #[serde(rename = $wire)] $variant { $($fields)* } ),*
+        }
+
+        impl EventKind {
+            /// Every event's wire name.
+            pub const NAMES: &'static [&'static str] = &[$($wire),*];
+
+            /// The event's wire name (its `type`).
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$variant { .. } => $wire),*
+                }
+            }
+        }
+    };
+}
+
+crate::wire::wire_enum! {
+    /// A phase of a turn, as named in `phase.start` and `phase.end`.
+    pub enum Phase {
+        /// The model call.
+        Llm = "llm",
+        /// The tool calls.
+        Tools = "tools",
+        /// History compression.
+        Compression = "compression",
+    }
+}
+
 /// A tool call as announced in `tool_calls.start`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -49,13 +90,13 @@ pub struct CallSummary {
     pub args: Value,
 }
 
+event_kinds! {
 /// The name and fields of an event. `type` on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all_fields = "camelCase")]
 pub enum EventKind {
     /// The run begins.
-    #[serde(rename = "lifecycle.start")]
-    LifecycleStart {
+    "lifecycle.start" => LifecycleStart {
         /// The user's request.
         prompt: String,
         /// The model, as `provider:name`.
@@ -68,22 +109,19 @@ pub enum EventKind {
         resumed: bool,
     },
     /// The retriever is asked for context.
-    #[serde(rename = "retrieval.start")]
-    RetrievalStart {
+    "retrieval.start" => RetrievalStart {
         /// What was asked.
         query: String,
     },
     /// The retriever answered.
-    #[serde(rename = "retrieval.complete")]
-    RetrievalComplete {
+    "retrieval.complete" => RetrievalComplete {
         /// Passages found.
         doc_count: usize,
         /// Where they come from.
         sources: Vec<String>,
     },
     /// The request is getting close to the context window.
-    #[serde(rename = "context.warning")]
-    ContextWarning {
+    "context.warning" => ContextWarning {
         /// Tokens the request would use.
         tokens: usize,
         /// The window.
@@ -92,8 +130,7 @@ pub enum EventKind {
         ratio: f64,
     },
     /// History was compressed.
-    #[serde(rename = "compression.applied")]
-    CompressionApplied {
+    "compression.applied" => CompressionApplied {
         /// Messages before.
         messages_before: usize,
         /// Messages after.
@@ -103,12 +140,11 @@ pub enum EventKind {
         /// Tokens after.
         tokens_after: usize,
         /// `summary` (a model wrote the eight sections) or `fallback` (outputs and turns dropped).
-        method: String,
+        method: crate::memory::CompressionMethod,
     },
     /// Guidance was attached to the model request that follows (it is not
     /// stored in the history).
-    #[serde(rename = "guidance.injected")]
-    GuidanceInjected {
+    "guidance.injected" => GuidanceInjected {
         /// Why (`error`, `repetition_warning`, `error_rate_warning`,
         /// `iteration_warning`, `max_steps`, `duplicate_tools`,
         /// `loop_detected`, `error_threshold`, `continue_answer`,
@@ -118,26 +154,22 @@ pub enum EventKind {
         content: String,
     },
     /// A turn begins.
-    #[serde(rename = "iteration.start")]
-    IterationStart {
+    "iteration.start" => IterationStart {
         /// The turn counter (0-based).
         iteration: u32,
     },
-    /// A phase of a turn begins (`llm`, `tools`, `final_answer`).
-    #[serde(rename = "phase.start")]
-    PhaseStart {
-        /// The phase's name.
-        phase: String,
+    /// A phase of a turn begins (`llm`, `tools`, `compression`).
+    "phase.start" => PhaseStart {
+        /// The phase.
+        phase: Phase,
     },
     /// A phase of a turn ends.
-    #[serde(rename = "phase.end")]
-    PhaseEnd {
-        /// The phase's name.
-        phase: String,
+    "phase.end" => PhaseEnd {
+        /// The phase.
+        phase: Phase,
     },
     /// A model call begins.
-    #[serde(rename = "llm.start")]
-    LlmStart {
+    "llm.start" => LlmStart {
         /// The model, as `provider:name`.
         model: String,
         /// Messages sent.
@@ -151,14 +183,12 @@ pub enum EventKind {
         final_answer: Option<String>,
     },
     /// A piece of the model's text, as it arrives.
-    #[serde(rename = "llm.delta")]
-    LlmDelta {
+    "llm.delta" => LlmDelta {
         /// The new text.
         text: String,
     },
     /// A model call finished.
-    #[serde(rename = "llm.finish")]
-    LlmFinish {
+    "llm.finish" => LlmFinish {
         /// All text of the answer.
         content: String,
         /// Tokens used, when the model reported them.
@@ -172,14 +202,12 @@ pub enum EventKind {
         tool_call_count: usize,
     },
     /// The model asked for tools.
-    #[serde(rename = "tool_calls.start")]
-    ToolCallsStart {
+    "tool_calls.start" => ToolCallsStart {
         /// The calls, in the model's order.
         calls: Vec<CallSummary>,
     },
     /// One tool call finished.
-    #[serde(rename = "tool.result")]
-    ToolResult {
+    "tool.result" => ToolResult {
         /// The call id.
         call_id: String,
         /// The tool's name.
@@ -194,8 +222,7 @@ pub enum EventKind {
         stages: StageTimings,
     },
     /// A call needs a person's permission; answer through the `RunHandle`.
-    #[serde(rename = "permission.request")]
-    PermissionRequest {
+    "permission.request" => PermissionRequest {
         /// Quote it in the reply.
         request_id: String,
         /// The tool to run.
@@ -206,26 +233,23 @@ pub enum EventKind {
         rule: Option<String>,
     },
     /// A permission request was answered (or timed out, or the run was cancelled).
-    #[serde(rename = "permission.resolved")]
-    PermissionResolved {
+    "permission.resolved" => PermissionResolved {
         /// The request.
         request_id: String,
         /// The tool.
         tool: String,
         /// `allow`, `deny` or `always`.
-        decision: String,
+        decision: crate::control::PermissionDecision,
         /// Why, when it was not a person's answer (`timeout`, …).
         reason: Option<String>,
     },
     /// All calls of the turn are done.
-    #[serde(rename = "tool_calls.complete")]
-    ToolCallsComplete {
+    "tool_calls.complete" => ToolCallsComplete {
         /// Calls finished.
         count: usize,
     },
     /// Tail call to the next turn.
-    #[serde(rename = "recursion")]
-    Recursion {
+    "recursion" => Recursion {
         /// Counter of the turn that ends.
         from_turn: u32,
         /// Counter of the turn that begins; equal to the recursion depth.
@@ -235,8 +259,7 @@ pub enum EventKind {
         recursion_depth: u32,
     },
     /// A turn that used tools finished (seed 004).
-    #[serde(rename = "step.completed")]
-    StepCompleted {
+    "step.completed" => StepCompleted {
         /// Tool turns completed so far.
         step: u32,
         /// The run's limit.
@@ -245,22 +268,19 @@ pub enum EventKind {
         elapsed_seconds: f64,
     },
     /// The turn limit was hit; a final call without tools follows.
-    #[serde(rename = "max_iterations.reached")]
-    MaxIterationsReached {
+    "max_iterations.reached" => MaxIterationsReached {
         /// The turn counter at the limit.
         turn_counter: u32,
         /// The limit.
         max_iterations: u32,
     },
     /// The run was cancelled.
-    #[serde(rename = "execution.cancelled")]
-    ExecutionCancelled {
+    "execution.cancelled" => ExecutionCancelled {
         /// Why.
         reason: String,
     },
     /// The model gave its final answer.
-    #[serde(rename = "agent.finish")]
-    AgentFinish {
+    "agent.finish" => AgentFinish {
         /// The answer.
         content: String,
         /// Turns used.
@@ -269,26 +289,23 @@ pub enum EventKind {
         metrics: RunMetrics,
     },
     /// Something the user should know that does not end the run.
-    #[serde(rename = "warning")]
-    Warning {
+    "warning" => Warning {
         /// Machine-readable code (`OUTPUT_LIMIT`, `EMPTY_ANSWER`, `MONITOR_STOP`, `INTERRUPTED`).
-        code: String,
+        code: WarningCode,
         /// What happened, for people.
         message: String,
     },
     /// An error the run reports.
-    #[serde(rename = "error")]
-    Error {
-        /// Machine-readable code (e.g. `LLM_ERROR`, `RUN_TIMEOUT`).
-        code: String,
+    "error" => Error {
+        /// Machine-readable code (e.g. `LLM_TIMEOUT`, `RUN_TIMEOUT`).
+        code: ErrorCode,
         /// What happened, for people.
         message: String,
         /// Whether the run goes on after it.
         recoverable: bool,
     },
     /// The run ended. Always the last event.
-    #[serde(rename = "lifecycle.end")]
-    LifecycleEnd {
+    "lifecycle.end" => LifecycleEnd {
         /// The final status.
         status: RunStatus,
         /// The answer, if there is one.
@@ -297,8 +314,23 @@ pub enum EventKind {
         metrics: RunMetrics,
     },
 }
+}
 
 impl EventKind {
+    /// The `tool_calls.start` event announcing `calls`.
+    pub fn tool_calls_start(calls: &[crate::message::ToolCall]) -> Self {
+        Self::ToolCallsStart {
+            calls: calls
+                .iter()
+                .map(|call| CallSummary {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    args: call.arguments.clone(),
+                })
+                .collect(),
+        }
+    }
+
     /// The `tool.result` event of a finished call.
     pub fn tool_result(result: &crate::tool_result::ToolResult) -> Self {
         Self::ToolResult {
@@ -308,37 +340,6 @@ impl EventKind {
             content: result.content.clone(),
             duration_ms: result.metadata.duration_ms,
             stages: result.metadata.stages,
-        }
-    }
-
-    /// The event's wire name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::LifecycleStart { .. } => "lifecycle.start",
-            Self::RetrievalStart { .. } => "retrieval.start",
-            Self::RetrievalComplete { .. } => "retrieval.complete",
-            Self::ContextWarning { .. } => "context.warning",
-            Self::CompressionApplied { .. } => "compression.applied",
-            Self::GuidanceInjected { .. } => "guidance.injected",
-            Self::IterationStart { .. } => "iteration.start",
-            Self::PhaseStart { .. } => "phase.start",
-            Self::PhaseEnd { .. } => "phase.end",
-            Self::LlmStart { .. } => "llm.start",
-            Self::LlmDelta { .. } => "llm.delta",
-            Self::LlmFinish { .. } => "llm.finish",
-            Self::ToolCallsStart { .. } => "tool_calls.start",
-            Self::ToolResult { .. } => "tool.result",
-            Self::PermissionRequest { .. } => "permission.request",
-            Self::PermissionResolved { .. } => "permission.resolved",
-            Self::ToolCallsComplete { .. } => "tool_calls.complete",
-            Self::Recursion { .. } => "recursion",
-            Self::StepCompleted { .. } => "step.completed",
-            Self::MaxIterationsReached { .. } => "max_iterations.reached",
-            Self::ExecutionCancelled { .. } => "execution.cancelled",
-            Self::AgentFinish { .. } => "agent.finish",
-            Self::Warning { .. } => "warning",
-            Self::Error { .. } => "error",
-            Self::LifecycleEnd { .. } => "lifecycle.end",
         }
     }
 }

@@ -9,35 +9,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::context::{RunContext, StopCause};
-use crate::engine::StopReason;
+pub use crate::control::Control;
+use crate::control::PermissionDecision;
 use crate::event::Event;
-use crate::message::Message;
 use crate::metrics::RunMetrics;
-use crate::permission::{PendingRequests, PermissionDecision};
+pub use crate::outcome::RunOutcome;
+use crate::outcome::{ErrorCode, StopReason};
+use crate::permission::PendingRequests;
 use crate::status::RunStatus;
-
-/// A control sent to a live run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Control {
-    /// Stop the run now: the model stream and running tools are aborted.
-    Cancel {
-        /// Why, as shown in `execution.cancelled`.
-        reason: String,
-    },
-    /// Hold the run at the next turn boundary.
-    Pause,
-    /// Let a paused run go on.
-    Resume,
-    /// Add a user message at the next turn boundary.
-    Steer(String),
-    /// Answer a `permission.request`.
-    PermissionReply {
-        /// The request's id.
-        request_id: String,
-        /// The answer.
-        decision: PermissionDecision,
-    },
-}
 
 /// A control could not be delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,25 +27,6 @@ pub enum ControlError {
     /// No permission request with this id is waiting.
     #[error("no permission request '{0}' is waiting for an answer")]
     UnknownRequest(String),
-}
-
-/// How a run ended.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    /// The run's id.
-    pub run_id: String,
-    /// Its final status.
-    pub status: RunStatus,
-    /// The final answer, when there is one.
-    pub content: Option<String>,
-    /// Why it ended without an answer, when it did.
-    pub stop_reason: Option<StopReason>,
-    /// Turns used.
-    pub turns: u32,
-    /// What it did.
-    pub metrics: RunMetrics,
-    /// The full transcript, valid to send to any provider.
-    pub messages: Vec<Message>,
 }
 
 /// Cloneable controls of a live run.
@@ -206,10 +166,10 @@ impl RunHandle {
                 run_id,
                 status: RunStatus::Error,
                 content: None,
-                stop_reason: Some(StopReason::Error {
-                    code: "INTERNAL".to_string(),
-                    message: format!("the run's task failed: {join_error}"),
-                }),
+                stop_reason: Some(StopReason::error(
+                    ErrorCode::Internal,
+                    format!("the run's task failed: {join_error}"),
+                )),
                 turns: 0,
                 metrics: RunMetrics::default(),
                 messages: Vec::new(),

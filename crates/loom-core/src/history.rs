@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use crate::message::Message;
+use crate::message::{Message, ToolCall};
 
 /// Why a history would be rejected by a provider.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +48,29 @@ pub enum HistoryError {
         /// The repeated id.
         call_id: String,
     },
+}
+
+/// The tool calls at the end of `messages` that have no result yet.
+pub fn dangling_calls(messages: &[Message]) -> Vec<ToolCall> {
+    let Some(position) = messages
+        .iter()
+        .rposition(|message| matches!(message, Message::Assistant { .. }))
+    else {
+        return Vec::new();
+    };
+    let answered: HashSet<&str> = messages[position + 1..]
+        .iter()
+        .filter_map(|message| match message {
+            Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    messages[position]
+        .tool_calls()
+        .iter()
+        .filter(|call| !answered.contains(call.id.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// Checks that after each assistant message with tool calls there is exactly

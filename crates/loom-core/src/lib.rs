@@ -1,10 +1,13 @@
 //! Loom's engine.
 //!
-//! A run is a chain of turns. The engine's `tt` handles exactly one turn —
-//! control checks, one streamed model call, the tool pipeline — and ends in a
-//! base case (answer, cancel, deadline, turn limit, fatal error) or a tail
-//! call with the next immutable [`TurnState`]. A driver trampolines the tail
-//! calls, so depth costs no stack and every turn has a clear save point.
+//! A run is a chain of turns. A turn machine without IO ([`machine`])
+//! holds the run's whole state — the immutable [`TurnState`] chain, the
+//! history, the steps, the monitor, the metrics, the mode — and says what
+//! happens next: call the model, run these calls, checkpoint, finish or
+//! stop. One driver does all the IO (model streams, the tool pipeline,
+//! events, the store) and is the only place that checkpoints; a checkpoint
+//! is the machine's state, and resume re-enters the machine from it.
+//! docs/architecture.md has the map.
 //!
 //! Start with [`Agent::builder`]; read the run through its [`RunHandle`].
 
@@ -12,7 +15,9 @@
 
 pub mod agent;
 pub mod assembly;
+pub mod codes;
 pub mod context;
+pub mod control;
 mod engine;
 pub mod event;
 pub mod feedback;
@@ -21,12 +26,15 @@ pub mod history;
 pub mod hooks;
 pub mod json_strict;
 pub mod llm;
+pub mod machine;
 pub mod memory;
 pub mod message;
 pub mod metrics;
+pub mod outcome;
 pub mod owner;
 pub mod permission;
 pub mod pipeline;
+pub mod recovery;
 pub mod resume;
 pub mod retrieval;
 pub mod status;
@@ -35,21 +43,24 @@ pub mod tokens;
 pub mod tool;
 pub mod tool_result;
 pub mod turn_state;
+mod wire;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumeError, RunRequest, DEFAULT_SYSTEM_PROMPT};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
-pub use engine::{StopReason, TimeoutKind, TurnOutcome};
-pub use event::{CallSummary, Event, EventKind};
+pub use control::{Control, PermissionDecision};
+pub use event::{CallSummary, Event, EventKind, Phase};
 pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
-pub use handle::{Control, ControlError, RunController, RunHandle, RunOutcome};
+pub use handle::{ControlError, RunController, RunHandle};
 pub use history::{validate_history, HistoryError};
 pub use hooks::{HookCall, HookDecision, PermissionHook, ToolHook};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
-pub use memory::{Memory, MemoryConfig};
+pub use machine::RunState;
+pub use memory::{CompressionMethod, Memory, MemoryConfig};
 pub use message::{Message, ToolCall};
 pub use metrics::{Pricing, RunMetrics, ToolStats};
-pub use permission::{Decision, PermissionDecision, PermissionPolicy, PolicyError};
+pub use outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
+pub use permission::{Decision, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};

@@ -8,6 +8,7 @@ use futures_core::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::codes::ErrorCode;
 use crate::message::Message;
 
 /// A tool as offered to the model.
@@ -220,18 +221,18 @@ pub enum LlmError {
 
 impl LlmError {
     /// The code used in `error` events.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::RateLimited { .. } => "LLM_RATE_LIMITED",
-            Self::ContextLengthExceeded(_) => "LLM_CONTEXT_LENGTH",
-            Self::Authentication(_) => "LLM_AUTH",
-            Self::BadRequest(_) => "LLM_BAD_REQUEST",
-            Self::Server { .. } => "LLM_SERVER",
-            Self::Timeout(_) => "LLM_TIMEOUT",
-            Self::Connection(_) => "LLM_CONNECTION",
-            Self::Protocol(_) => "LLM_PROTOCOL",
-            Self::ScriptExhausted { .. } => "SCRIPT_EXHAUSTED",
-            Self::InvalidRequest(_) => "LLM_INVALID_REQUEST",
+            Self::RateLimited { .. } => ErrorCode::LlmRateLimited,
+            Self::ContextLengthExceeded(_) => ErrorCode::LlmContextLength,
+            Self::Authentication(_) => ErrorCode::LlmAuth,
+            Self::BadRequest(_) => ErrorCode::LlmBadRequest,
+            Self::Server { .. } => ErrorCode::LlmServer,
+            Self::Timeout(_) => ErrorCode::LlmTimeout,
+            Self::Connection(_) => ErrorCode::LlmConnection,
+            Self::Protocol(_) => ErrorCode::LlmProtocol,
+            Self::ScriptExhausted { .. } => ErrorCode::ScriptExhausted,
+            Self::InvalidRequest(_) => ErrorCode::LlmInvalidRequest,
         }
     }
 }

@@ -16,8 +16,7 @@
 //!   ([`crate::pipeline::NOT_STARTED`], an interrupt just after the intent)
 //!   → it had no effect, so it runs.
 
-use std::collections::HashSet;
-
+pub use crate::history::dangling_calls;
 use crate::message::{Message, ToolCall};
 use crate::store::JournalEntry;
 use crate::tool_result::{ToolResult, ToolStatus};
@@ -34,29 +33,6 @@ pub enum CallRepair {
     Interrupted(ToolResult),
     /// It never started, or is read-only: run it (again).
     Rerun(ToolCall),
-}
-
-/// The tool calls at the end of `messages` that have no result yet.
-pub fn dangling_calls(messages: &[Message]) -> Vec<ToolCall> {
-    let Some(position) = messages
-        .iter()
-        .rposition(|message| matches!(message, Message::Assistant { .. }))
-    else {
-        return Vec::new();
-    };
-    let answered: HashSet<&str> = messages[position + 1..]
-        .iter()
-        .filter_map(|message| match message {
-            Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    messages[position]
-        .tool_calls()
-        .iter()
-        .filter(|call| !answered.contains(call.id.as_str()))
-        .cloned()
-        .collect()
 }
 
 /// How each of `calls` is settled, in call order.

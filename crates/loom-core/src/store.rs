@@ -1,18 +1,21 @@
-//! The `Store` trait: where runs are made durable. A run writes its
-//! session and run rows at the start, one checkpoint per turn (the next
-//! `TurnState`, the turn's new messages and events, in one write, before the
-//! tail call), a journal row before and after each call of a tool that is
-//! not read-only, and its final status.
+//! The `Store` trait and its records: where runs are made durable. A run
+//! writes its session and run rows at the start, a checkpoint whenever its
+//! turn machine asks for one (the [`RunState`], the messages added and the
+//! events emitted since the last one, in one write: before a turn's calls
+//! run and before each tail call), a journal row before and after each call
+//! of a tool that has side effects, and its final status. What is done with
+//! stored runs (recovery, cancel, a session's history) is in
+//! [`crate::recovery`]; see docs/architecture.md.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::event::Event;
+use crate::machine::RunState;
 use crate::message::{Message, ToolCall};
 use crate::metrics::RunMetrics;
 use crate::status::{InvalidTransition, RunStatus};
 use crate::tool_result::ToolResult;
-use crate::turn_state::TurnState;
 
 /// A run as stored. In JSON its fields are camelCase, like every JSON Loom
 /// prints (`runId`, `startedMs`, …); the older snake_case names are read too.
@@ -49,21 +52,19 @@ pub struct RunRecord {
     pub workspace: Option<String>,
 }
 
-/// What one turn adds, written in one transaction before the tail call.
+/// What a run adds since its last checkpoint, written in one transaction.
 #[derive(Debug, Clone)]
 pub struct Checkpoint<'a> {
     /// The run.
     pub run_id: &'a str,
-    /// The state the next turn starts from.
-    pub next: &'a TurnState,
+    /// The run's state: where it continues from, and its metrics.
+    pub state: &'a RunState,
     /// Messages the turn added (appended after the stored ones).
     pub new_messages: &'a [Message],
     /// When the history was replaced (compression), the whole new history.
     pub replaced_history: Option<&'a [Message]>,
     /// Events emitted since the last checkpoint.
     pub events: &'a [Event],
-    /// The run's metrics so far.
-    pub metrics: &'a RunMetrics,
 }
 
 /// A tool call journaled before it ran.
@@ -82,9 +83,10 @@ pub struct RunSnapshot {
     pub run: RunRecord,
     /// The history as of the last checkpoint.
     pub messages: Vec<Message>,
-    /// The state the next turn starts from, if a turn was checkpointed.
-    pub next_turn: Option<TurnState>,
-    /// Journaled calls of tools that are not read-only.
+    /// The run's state at its last checkpoint (with the run's metrics),
+    /// if one was written. Read it with [`RunState::from_json`].
+    pub state: Option<RunState>,
+    /// Journaled calls of tools that have side effects.
     pub journal: Vec<JournalEntry>,
     /// The `seq` of the last stored event (0 when none): a resumed run
     /// continues numbering after it.
@@ -140,7 +142,8 @@ pub trait Store: Send + Sync {
     /// Writes one turn's checkpoint atomically.
     async fn checkpoint(&self, checkpoint: &Checkpoint<'_>) -> Result<(), StoreError>;
 
-    /// Records that `call` is about to run (before it runs).
+    /// Records that `call`, of a tool with side effects, is about to run
+    /// (before it runs).
     async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError>;
 
     /// Records the result of a journaled call.
@@ -187,80 +190,76 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// Marks every active run whose owner process is known to be dead as
-/// `INTERRUPTED` (DESIGN 4.2) and returns their ids. Runs owned by live
-/// processes, other hosts or workers are left alone.
-pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
-    let mut interrupted = Vec::new();
-    for run in store.active_runs().await? {
-        if crate::owner::liveness(&run.owner) == crate::owner::Liveness::Dead
-            && store.mark_interrupted(&run.run_id, &run.owner).await?
-        {
-            interrupted.push(run.run_id);
-        }
+impl RunSnapshot {
+    /// The turn the run continues from, if a checkpoint was written.
+    pub fn next_turn(&self) -> Option<&crate::turn_state::TurnState> {
+        self.state.as_ref().map(RunState::turn)
     }
-    Ok(interrupted)
 }
 
-/// The conversation so far of a session, to continue it: the history of
-/// its latest run without its system prompt (a new run writes its own),
-/// with any call that run left without a result closed (see
-/// [`crate::resume::close_dangling`]). Empty for a new session.
-pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<Message>, StoreError> {
-    // The latest run that wrote anything: a run whose process died before
-    // its first checkpoint holds no messages.
-    for run in store.session_runs(session_id).await?.iter().rev() {
-        let snapshot = store.load_run(&run.run_id).await?;
-        if snapshot.messages.is_empty() {
-            continue;
-        }
-        let mut messages = snapshot.messages;
-        if matches!(messages.first(), Some(Message::System { .. })) {
-            messages.remove(0);
-        }
-        crate::resume::close_dangling(&mut messages, &snapshot.journal);
-        return Ok(messages);
+/// The store of a run that is not made durable: it keeps nothing, so a run
+/// without a store takes the same path as one with a store.
+#[derive(Debug, Default)]
+pub(crate) struct NoStore;
+
+#[async_trait]
+impl Store for NoStore {
+    async fn create_run(&self, _run: &RunRecord) -> Result<(), StoreError> {
+        Ok(())
     }
-    Ok(Vec::new())
-}
 
-/// Cancels a stored run that no process executes (`QUEUED`, or
-/// `INTERRUPTED` after its process died): its event log is closed with
-/// `execution.cancelled` and `lifecycle.end`, continuing its `seq`, so the
-/// log ends like every other run's. A run a live process executes must be
-/// cancelled through that process instead.
-pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<(), StoreError> {
-    use crate::event::{EventEmitter, EventKind, TurnIds};
+    async fn set_status(&self, _run_id: &str, _to: RunStatus) -> Result<(), StoreError> {
+        Ok(())
+    }
 
-    let snapshot = store.load_run(run_id).await?;
-    let state = snapshot.next_turn.unwrap_or_else(|| TurnState::initial(1));
-    // Nobody listens: the events only go to the log.
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let events = EventEmitter::new(run_id.into(), 0, tx)
-        .continuing_after(snapshot.last_seq)
-        .with_log();
-    let turn = TurnIds::of(&state);
-    events.emit(
-        &turn,
-        EventKind::ExecutionCancelled {
-            reason: reason.to_string(),
-        },
-    );
-    events.emit(
-        &turn,
-        EventKind::LifecycleEnd {
-            status: RunStatus::Canceled,
-            content: None,
-            metrics: snapshot.run.metrics.clone(),
-        },
-    );
-    store
-        .finish_run(
-            run_id,
-            RunStatus::Canceled,
-            None,
-            &snapshot.run.metrics,
-            &events.take_log(),
-        )
-        .await
+    async fn checkpoint(&self, _checkpoint: &Checkpoint<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn journal_intent(&self, _run_id: &str, _call: &ToolCall) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn journal_result(&self, _run_id: &str, _result: &ToolResult) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn finish_run(
+        &self,
+        _run_id: &str,
+        _status: RunStatus,
+        _content: Option<&str>,
+        _metrics: &RunMetrics,
+        _events: &[Event],
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
+        Err(StoreError::NotFound(run_id.to_string()))
+    }
+
+    async fn list_runs(&self, _limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn events(&self, run_id: &str, _after_seq: u64) -> Result<Vec<Event>, StoreError> {
+        Err(StoreError::NotFound(run_id.to_string()))
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn mark_interrupted(&self, _run_id: &str, _owner: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    async fn reclaim_run(&self, run_id: &str, _owner: &str) -> Result<(), StoreError> {
+        Err(StoreError::NotFound(run_id.to_string()))
+    }
+
+    async fn session_runs(&self, _session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
 }

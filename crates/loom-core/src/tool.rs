@@ -109,6 +109,7 @@ pub enum ToolError {
 ///     fn name(&self) -> &str { "add" }
 ///     fn description(&self) -> &str { "Adds two integers." }
 ///     fn concurrency_safe(&self) -> bool { true }
+///     fn read_only(&self) -> bool { true }
 ///     async fn call(&self, args: AddArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
 ///         Ok((args.a + args.b).to_string().into())
 ///     }
@@ -124,9 +125,18 @@ pub trait Tool: Send + Sync + 'static {
     /// What the tool does, for the model.
     fn description(&self) -> &str;
 
-    /// Whether calls may run in parallel with other concurrency-safe calls
-    /// (true for tools that only read).
+    /// Whether calls may run in parallel with other concurrency-safe calls.
+    /// Scheduling only: a concurrency-safe tool may still write (to its own
+    /// file, say); say so with [`Tool::read_only`].
     fn concurrency_safe(&self) -> bool {
+        false
+    }
+
+    /// Whether a call has no side effects, so running it twice is harmless.
+    /// Calls of a tool that is not read-only are journaled before they run,
+    /// and a resumed run never repeats one that may have taken effect (see
+    /// docs/architecture.md). Default false: when in doubt, journal.
+    fn read_only(&self) -> bool {
         false
     }
 
@@ -151,6 +161,8 @@ pub trait DynTool: Send + Sync + 'static {
     fn parameters_schema(&self) -> Value;
     /// See [`Tool::concurrency_safe`].
     fn concurrency_safe(&self) -> bool;
+    /// See [`Tool::read_only`].
+    fn read_only(&self) -> bool;
     /// See [`Tool::check_available`].
     fn check_available(&self) -> Result<(), String>;
     /// Runs the tool with arguments already validated against the schema.
@@ -178,6 +190,10 @@ impl<T: Tool> DynTool for T {
 
     fn concurrency_safe(&self) -> bool {
         Tool::concurrency_safe(self)
+    }
+
+    fn read_only(&self) -> bool {
+        Tool::read_only(self)
     }
 
     fn check_available(&self) -> Result<(), String> {

@@ -229,6 +229,9 @@ impl Tool for Lookup {
     fn concurrency_safe(&self) -> bool {
         true
     }
+    fn read_only(&self) -> bool {
+        true
+    }
     async fn call(&self, args: LookupArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(format!("value of {}", args.key).into())

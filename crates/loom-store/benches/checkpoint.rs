@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loom_core::{
-    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, RunMetrics, RunRecord, RunStatus, Store, ToolCall,
-    ToolResult, ToolStatus, TurnState,
+    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, Phase, RunMetrics, RunRecord, RunState, RunStatus,
+    Store, ToolCall, ToolResult, ToolStatus, TurnState,
 };
 use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom_store::SqliteStore;
@@ -48,7 +48,7 @@ fn turn_events(turn: usize) -> Vec<Event> {
             depth: 0,
             seq: (turn * 15 + i + 1) as u64,
             ts: "2026-11-22T05:00:00.000Z".into(),
-            kind: EventKind::PhaseStart { phase: "llm".into() },
+            kind: EventKind::PhaseStart { phase: Phase::Llm },
         })
         .collect()
 }
@@ -131,15 +131,17 @@ fn main() {
             let messages = turn_messages(turn);
             let events = turn_events(turn);
             state = state.next_turn(false);
+            // What a run checkpoints: its whole state (the turn, steps, mode,
+            // monitor, …) with its metrics.
+            let run_state = RunState::new(state.clone(), "refactor the modules").with_metrics(metrics.clone());
             let started = Instant::now();
             store
                 .checkpoint(&Checkpoint {
                     run_id: "bench",
-                    next: &state,
+                    state: &run_state,
                     new_messages: &messages,
                     replaced_history: None,
                     events: &events,
-                    metrics: &metrics,
                 })
                 .await
                 .expect("checkpoint");

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunRecord, RunSnapshot, RunStatus, Store, StoreError,
-    ToolCall, ToolResult, TurnState,
+    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunRecord, RunSnapshot, RunState, RunStatus, Store,
+    StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -302,8 +302,8 @@ impl Store for SqliteStore {
 
     async fn checkpoint(&self, checkpoint: &Checkpoint<'_>) -> Result<(), StoreError> {
         let run_id = checkpoint.run_id.to_string();
-        let next = json(checkpoint.next)?;
-        let metrics = json(checkpoint.metrics)?;
+        let next = json(checkpoint.state)?;
+        let metrics = json(checkpoint.state.metrics())?;
         let replaced = checkpoint
             .replaced_history
             .map(|messages| messages.iter().map(json).collect::<Result<Vec<_>, _>>())
@@ -445,7 +445,14 @@ impl Store for SqliteStore {
                     row.get(0)
                 })
                 .map_err(&fail)?;
-            let next_turn = next.map(|text| parse::<TurnState>(&text)).transpose()?;
+            // The run's state; a checkpoint older than whole states holds its turn alone.
+            let state = next
+                .map(|text| {
+                    RunState::from_json(&text, &messages)
+                        .map_err(|err| StoreError::Backend(format!("cannot decode a stored row: {err}")))
+                })
+                .transpose()?
+                .map(|state| state.with_metrics(run.metrics.clone()));
             let mut select = conn
                 .prepare_cached("SELECT call, result FROM journal WHERE run_id = ?1 ORDER BY started_ms, call_id")
                 .map_err(&fail)?;
@@ -472,7 +479,7 @@ impl Store for SqliteStore {
             Ok(RunSnapshot {
                 run,
                 messages,
-                next_turn,
+                state,
                 journal,
                 last_seq: last_seq.max(0) as u64,
             })

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use loom_core::{
-    Checkpoint, Event, EventKind, Message, RunMetrics, RunRecord, RunStatus, Store, StoreError, ToolCall, ToolResult,
-    ToolStatus, TurnState,
+    Checkpoint, Event, EventKind, Message, RunMetrics, RunRecord, RunState, RunStatus, Store, StoreError, ToolCall,
+    ToolResult, ToolStatus, TurnState,
 };
 use loom_store::{SqliteStore, MIGRATIONS, SCHEMA_VERSION};
 use serde_json::json;
@@ -153,11 +153,10 @@ async fn checkpoints_journal_and_events_round_trip() {
     store
         .checkpoint(&Checkpoint {
             run_id: "r",
-            next: &state,
+            state: &RunState::new(state.clone(), "q").with_metrics(metrics.clone()),
             new_messages: &first,
             replaced_history: None,
             events: &[event(1), event(2)],
-            metrics: &metrics,
         })
         .await
         .unwrap();
@@ -165,18 +164,17 @@ async fn checkpoints_journal_and_events_round_trip() {
     store
         .checkpoint(&Checkpoint {
             run_id: "r",
-            next: &state.next_turn(false),
+            state: &RunState::new(state.next_turn(false), "q").with_metrics(metrics.clone()),
             new_messages: &more,
             replaced_history: None,
             events: &[event(3)],
-            metrics: &metrics,
         })
         .await
         .unwrap();
     let snapshot = store.load_run("r").await.unwrap();
     assert_eq!(snapshot.messages.len(), 4);
     assert_eq!(snapshot.messages[3], more[0]);
-    assert_eq!(snapshot.next_turn.unwrap().turn_counter(), 2);
+    assert_eq!(snapshot.next_turn().unwrap().turn_counter(), 2);
     assert_eq!(snapshot.journal[0].result.as_ref().unwrap().content, "ok");
     assert_eq!(snapshot.run.metrics.iterations, 1);
     assert_eq!(
@@ -199,11 +197,10 @@ async fn checkpoints_journal_and_events_round_trip() {
     store
         .checkpoint(&Checkpoint {
             run_id: "r",
-            next: &state,
+            state: &RunState::new(state.clone(), "q").with_metrics(metrics.clone()),
             new_messages: &[],
             replaced_history: Some(&compressed),
             events: &[],
-            metrics: &metrics,
         })
         .await
         .unwrap();
@@ -331,11 +328,10 @@ async fn write_many(path: &std::path::Path, name: &str) {
         store
             .checkpoint(&Checkpoint {
                 run_id: name,
-                next: &state,
+                state: &RunState::new(state.clone(), "q").with_metrics(RunMetrics::default()),
                 new_messages: &message,
                 replaced_history: None,
                 events: &[event(i as u64 + 1)],
-                metrics: &RunMetrics::default(),
             })
             .await
             .unwrap();
@@ -432,7 +428,7 @@ mod with_the_engine {
         assert_eq!(stored, events, "every event, in order, with its seq");
         assert_eq!(snapshot.journal.len(), 2, "write_file is journaled; reads would not be");
         assert!(snapshot.journal.iter().all(|entry| entry.result.is_some()));
-        assert_eq!(snapshot.next_turn.unwrap().turn_counter(), 2);
+        assert_eq!(snapshot.next_turn().unwrap().turn_counter(), 2);
     }
 }
 

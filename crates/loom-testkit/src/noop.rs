@@ -40,6 +40,12 @@ impl Tool for NoopTool {
     fn concurrency_safe(&self) -> bool {
         self.concurrency_safe
     }
+
+    /// The concurrency-safe no-op is also read-only; the other one stands
+    /// for a tool with side effects.
+    fn read_only(&self) -> bool {
+        self.concurrency_safe
+    }
     async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         Ok("ok".into())
     }

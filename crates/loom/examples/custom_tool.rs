@@ -36,6 +36,10 @@ impl Tool for WordCount {
         true
     }
 
+    fn read_only(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: WordCountArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         if ctx.cancel.is_cancelled() {
             return Err(ToolError::Cancelled);

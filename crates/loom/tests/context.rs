@@ -297,7 +297,7 @@ async fn a_small_window_compresses_into_eight_sections_and_keeps_the_request() {
                 *messages_after,
                 *tokens_before,
                 *tokens_after,
-                method.clone(),
+                method.to_string(),
             )),
             _ => None,
         })
@@ -349,7 +349,7 @@ async fn a_failing_summarizer_falls_back_and_the_run_completes() {
     let methods: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::CompressionApplied { method, .. } => Some(method.clone()),
+            EventKind::CompressionApplied { method, .. } => Some(method.to_string()),
             _ => None,
         })
         .collect();

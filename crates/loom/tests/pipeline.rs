@@ -51,7 +51,7 @@ fn resolutions(events: &[Event]) -> Vec<(String, Option<String>)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::PermissionResolved { decision, reason, .. } => Some((decision.clone(), reason.clone())),
+            EventKind::PermissionResolved { decision, reason, .. } => Some((decision.to_string(), reason.clone())),
             _ => None,
         })
         .collect()

@@ -68,6 +68,9 @@ impl Tool for Look {
     fn concurrency_safe(&self) -> bool {
         true
     }
+    fn read_only(&self) -> bool {
+        true
+    }
     async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         *self.count.lock().unwrap() += 1;
         Ok("all quiet".into())
@@ -253,7 +256,7 @@ async fn only_interrupted_runs_of_dead_owners_can_be_resumed() {
         agent.resume("live").await,
         Err(ResumeError::StillRunning { .. })
     ));
-    assert!(loom::store::recover_interrupted_runs(store.as_ref())
+    assert!(loom::recovery::recover_interrupted_runs(store.as_ref())
         .await
         .unwrap()
         .is_empty());
@@ -398,11 +401,10 @@ async fn an_answer_checkpointed_before_the_crash_is_not_asked_for_again() {
     store
         .checkpoint(&loom::Checkpoint {
             run_id: "r1",
-            next: &state,
+            state: &loom::RunState::new(state, "say hi"),
             new_messages: &[Message::system("s"), Message::user("say hi"), Message::assistant("hi")],
             replaced_history: None,
             events: &[],
-            metrics: &Default::default(),
         })
         .await
         .unwrap();
@@ -429,7 +431,7 @@ async fn a_run_whose_process_died_before_it_started_resumes_from_its_prompt() {
     let record = queued_record("q1", "say hi", dead_owner());
     store.create_run(&record).await.unwrap();
     assert_eq!(
-        loom::store::recover_interrupted_runs(store.as_ref()).await.unwrap(),
+        loom::recovery::recover_interrupted_runs(store.as_ref()).await.unwrap(),
         ["q1"]
     );
     assert_eq!(store.load_run("q1").await.unwrap().run.status, RunStatus::Interrupted);

@@ -4,32 +4,28 @@
 //! project instructions, retrieved context and the tool list.
 
 use crate::assembly::{load_project_instructions, ContextAssembler, ContextComponent, Priority};
-use crate::event::{EventKind, TurnIds};
+use crate::event::{EventKind, Phase};
 use crate::llm::ToolSpec;
-use crate::memory::{compress_history, Memory};
+use crate::machine::TurnMachine;
+use crate::memory::{compress_history, CompressionMethod};
 use crate::message::Message;
+use crate::outcome::ErrorCode;
 
-use super::Run;
+use super::Driver;
 
-impl Run {
+impl Driver {
     /// Counts the request; warns near the limit; compresses past the
-    /// threshold (or always when `force`). Returns whether it compressed.
-    pub(crate) async fn prepare_context(
-        &mut self,
-        memory: &mut Memory,
-        tools: &[ToolSpec],
-        turn: &TurnIds,
-        ctx: &crate::context::RunContext,
-        force: bool,
-    ) -> bool {
+    /// threshold (or always when `force`), telling the machine.
+    pub(super) async fn prepare_context(&mut self, machine: &mut TurnMachine, tools: &[ToolSpec], force: bool) {
         let engine = self.engine.clone();
         let config = &engine.context.memory;
+        let turn = machine.ids().clone();
         // Far from the limits by the cheap bounds (bytes): nothing to count.
         let tools_bound = if tools.is_empty() {
             0
         } else {
             // The tools do not change during a run.
-            *self.tools_bound.get_or_insert_with(|| {
+            *self.caches.tools_bound.get_or_insert_with(|| {
                 tools
                     .iter()
                     .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len() + 8)
@@ -38,6 +34,7 @@ impl Run {
         };
         // The provider's own count of the last request, when it gave one,
         // includes the tool definitions already.
+        let memory = machine.memory();
         let bytes_bound = memory.upper_bound() + tools_bound;
         // A report of nothing, or of far fewer tokens than the bytes could
         // hold (a server that counts a silently truncated prompt), is not
@@ -47,23 +44,24 @@ impl Run {
             .filter(|reported| *reported > 0 && *reported >= bytes_bound / 8)
             .map_or(bytes_bound, |reported| reported.min(bytes_bound));
         if !force && bound < config.warn_at() {
-            return false;
+            return;
         }
-        let tools_tokens = match self.tools_tokens {
+        let tools_tokens = match self.caches.tools_tokens {
             Some(tokens) if !tools.is_empty() => tokens,
             _ => {
                 let tokens = memory.counter().count_tools(tools);
                 if !tools.is_empty() {
-                    self.tools_tokens = Some(tokens);
+                    self.caches.tools_tokens = Some(tokens);
                 }
                 tokens
             }
         };
-        let used = memory.total_tokens() + tools_tokens;
-        if used >= config.warn_at() && !self.context_warned {
-            self.context_warned = true;
+        let used = machine.memory_mut().total_tokens() + tools_tokens;
+        let warned = machine.context_warned_mut();
+        if used >= config.warn_at() && !*warned {
+            *warned = true;
             self.events.emit(
-                turn,
+                &turn,
                 EventKind::ContextWarning {
                     tokens: used,
                     context_window: config.context_window,
@@ -72,71 +70,70 @@ impl Run {
             );
         }
         if !force && used < config.compress_at() {
-            return false;
+            return;
         }
-        self.phase(turn, "compression", true);
+        self.phase(&turn, Phase::Compression, true);
         let budget = config.target().saturating_sub(tools_tokens);
-        let before = memory.messages().len();
-        let counter = memory.counter().clone();
-        let (messages, method) = self.compress(memory.messages(), counter.as_ref(), budget, ctx).await;
+        let before = machine.memory().messages().len();
+        let (messages, method) = self.compress(machine, budget).await;
         let tokens_before = used.saturating_sub(tools_tokens);
+        let memory = machine.memory_mut();
         memory.replace(messages);
         let tokens_after = memory.total_tokens();
-        self.metrics.record_compression(tokens_before, tokens_after);
+        let messages_after = memory.messages().len();
         // A later climb towards the window warns again.
-        self.context_warned = memory.total_tokens() + tools_tokens >= config.warn_at();
+        *machine.context_warned_mut() = tokens_after + tools_tokens >= config.warn_at();
+        machine.metrics_mut().record_compression(tokens_before, tokens_after);
+        machine.compressed();
         self.events.emit(
-            turn,
+            &turn,
             EventKind::CompressionApplied {
                 messages_before: before,
-                messages_after: memory.messages().len(),
+                messages_after,
                 tokens_before,
                 tokens_after,
-                method: method.to_string(),
+                method,
             },
         );
-        self.phase(turn, "compression", false);
-        true
+        self.phase(&turn, Phase::Compression, false);
     }
 
-    /// The compressed history and how it was made (`summary` or `fallback`).
-    async fn compress(
-        &mut self,
-        messages: &[Message],
-        counter: &dyn crate::tokens::TokenCounter,
-        budget: usize,
-        ctx: &crate::context::RunContext,
-    ) -> (Vec<Message>, &'static str) {
+    /// The compressed history and how it was made.
+    async fn compress(&mut self, machine: &mut TurnMachine, budget: usize) -> (Vec<Message>, CompressionMethod) {
         let engine = self.engine.clone();
         let summarizer = engine.context.summarizer.as_ref().unwrap_or(&engine.llm);
         let started = std::time::Instant::now();
+        let memory = machine.memory();
         let done = compress_history(
-            messages,
+            memory.messages(),
             summarizer.as_ref(),
-            counter,
+            memory.counter().as_ref(),
             &engine.context.memory,
             budget,
-            ctx.cancel_token(),
+            self.ctx.cancel_token(),
         )
         .await;
+        let metrics = machine.metrics_mut();
         if done.summarizer_called {
-            self.metrics.llm_calls += 1;
-            self.metrics.llm_ms += started.elapsed().as_millis() as u64;
+            metrics.llm_calls += 1;
+            metrics.llm_ms += started.elapsed().as_millis() as u64;
         }
         if let Some(usage) = &done.usage {
-            self.metrics.add_usage(usage);
+            metrics.add_usage(usage);
         }
         if let Some(code) = &done.failure {
-            self.metrics.record_error(code);
+            metrics.record_error(code);
         }
         (done.messages, done.method)
     }
 
     /// The system prompt of this run.
-    pub(crate) async fn system_prompt(&mut self, prompt: &str, turn: &TurnIds, memory: &Memory) -> String {
+    pub(super) async fn system_prompt(&mut self, machine: &mut TurnMachine, prompt: &str) -> String {
         let engine = self.engine.clone();
         let settings = &engine.context;
-        let mut assembler = ContextAssembler::new(settings.system_budget, memory.counter().as_ref());
+        let turn = machine.ids().clone();
+        let counter = settings.counter.clone();
+        let mut assembler = ContextAssembler::new(settings.system_budget, counter.as_ref());
         assembler.add(ContextComponent::new(
             "base",
             engine.system_prompt.clone(),
@@ -164,7 +161,7 @@ impl Run {
 
         if let Some(retriever) = &settings.retriever {
             self.events.emit(
-                turn,
+                &turn,
                 EventKind::RetrievalStart {
                     query: prompt.to_string(),
                 },
@@ -172,11 +169,11 @@ impl Run {
             let docs = match retriever.retrieve(prompt, settings.retrieval_limit).await {
                 Ok(docs) => docs,
                 Err(err) => {
-                    self.metrics.record_error("RETRIEVAL");
+                    machine.metrics_mut().record_error(ErrorCode::Retrieval.as_str());
                     self.events.emit(
-                        turn,
+                        &turn,
                         EventKind::Error {
-                            code: "RETRIEVAL".to_string(),
+                            code: ErrorCode::Retrieval,
                             message: err.to_string(),
                             recoverable: true,
                         },
@@ -185,7 +182,7 @@ impl Run {
                 }
             };
             self.events.emit(
-                turn,
+                &turn,
                 EventKind::RetrievalComplete {
                     doc_count: docs.len(),
                     sources: docs.iter().map(|d| d.source.clone()).collect(),

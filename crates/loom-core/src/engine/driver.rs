@@ -1,110 +1,178 @@
-//! The driver: calls `tt` until a base case, appending each turn's messages,
-//! and closes the run with its final events. Depth uses no stack.
+//! The driver's loop: the machine says what to do, the driver does it and
+//! reports back, until the run is over; then the final events and the
+//! store's record of the end. New and resumed runs take the same loop.
 
-use crate::event::{EventKind, TurnIds};
-use crate::handle::RunOutcome;
+use crate::context::{Deadline, RunContext, StopCause};
+use crate::event::{EventKind, Phase, TurnIds};
+use crate::machine::{Ending, Next, RunState, TurnEnd, TurnMachine, TurnPhase};
 use crate::memory::{Memory, Unsaved};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
+use crate::outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind};
 use crate::status::RunStatus;
 use crate::store::{Checkpoint, RunRecord, RunSnapshot};
 use crate::turn_state::TurnState;
 
-use super::turn::{StopReason, TimeoutKind, TurnOutcome};
-use super::Run;
+use super::Driver;
 
-enum End {
-    Answer(String),
-    Stopped(StopReason),
+/// How a run starts.
+pub(crate) enum Start {
+    /// A new run of `prompt`, after `history` (a continued session; `None`:
+    /// the session's earlier runs in the store, if any).
+    New {
+        prompt: String,
+        history: Option<Vec<Message>>,
+    },
+    /// A stored run whose process died, from its last checkpoint. The
+    /// store already shows it `RUNNING` under this process.
+    Resumed(RunSnapshot),
 }
 
-impl Run {
-    /// Runs `prompt` to its end and returns the outcome. `lifecycle.end` is
-    /// always the last event, whatever ends the run. `history` is the
-    /// conversation so far (a continued session), placed between the system
-    /// prompt and the request.
-    pub(crate) async fn drive(mut self, prompt: String, history: Option<Vec<Message>>) -> RunOutcome {
-        let ctx = self.ctx.clone();
-        self.status_tx.send_replace(RunStatus::Running);
-        let state = TurnState::initial(ctx.limits().max_steps);
-        self.emit_start(&state, &prompt, false);
+/// The deadlines of the current turn.
+#[derive(Default)]
+struct Deadlines {
+    run: Option<Deadline>,
+    step: Option<Deadline>,
+}
 
-        let mut memory = Memory::new(self.engine.context.counter.clone());
-        let opened = match self.earlier_conversation(history, &ctx).await {
-            Ok(history) => self.open_record(&prompt, &ctx).await.map(|()| history),
+impl Driver {
+    /// Runs to the end and returns the outcome. `lifecycle.end` is always
+    /// the last event, whatever ends the run (an interrupted run, which is
+    /// not over, has none).
+    pub(crate) async fn drive(mut self, start: Start) -> RunOutcome {
+        self.controls.show(RunStatus::Running);
+        let mut machine = match start {
+            Start::New { prompt, history } => self.begin(prompt, history).await,
+            Start::Resumed(snapshot) => self.reenter(snapshot).await,
+        };
+        let ending = self.run(&mut machine).await;
+        self.close(machine, ending).await
+    }
+
+    /// A new run: its record, its history, its first turn.
+    async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>) -> TurnMachine {
+        let state = RunState::new(TurnState::initial(self.ctx.limits().max_steps), prompt.clone());
+        self.emit_start(&state, &prompt, false);
+        let mut machine = self.machine(state, Vec::new());
+        let opened = match self.earlier_conversation(history).await {
+            Ok(history) => self.open_record(&prompt).await.map(|()| history),
             Err(reason) => Err(reason),
         };
-        let (end, state) = match opened {
-            Err(reason) => (End::Stopped(reason), state),
-            Ok(history) => {
-                self.start_history(&mut memory, &state, history, prompt).await;
-                self.turns(&mut memory, state, None).await
-            }
-        };
-        self.close(memory, state, end).await
-    }
-
-    /// Continues a stored run whose process died, from its last checkpoint.
-    /// The store already shows it `RUNNING` under this process.
-    pub(crate) async fn drive_resumed(mut self, snapshot: RunSnapshot) -> RunOutcome {
-        let ctx = self.ctx.clone();
-        self.status_tx.send_replace(RunStatus::Running);
-        let prompt = snapshot.run.prompt.clone();
-        let state = snapshot
-            .next_turn
-            .clone()
-            .unwrap_or_else(|| TurnState::initial(ctx.limits().max_steps));
-        self.emit_start(&state, &prompt, true);
-        self.metrics = snapshot.run.metrics.clone();
-
-        let mut memory = Memory::new(self.engine.context.counter.clone());
-        if snapshot.messages.is_empty() {
-            // The process died before the first checkpoint: start over.
-            let history = match self.earlier_conversation(None, &ctx).await {
-                Ok(history) => history,
-                Err(reason) => return self.close(memory, state, End::Stopped(reason)).await,
-            };
-            self.start_history(&mut memory, &state, history, prompt).await;
-            let (end, state) = self.turns(&mut memory, state, None).await;
-            return self.close(memory, state, end).await;
+        match opened {
+            Ok(history) => self.start_history(&mut machine, history, prompt).await,
+            Err(reason) => machine.fail_to_start(reason),
         }
-        self.remember_call_ids(&snapshot.messages);
-        memory.extend(snapshot.messages);
-        memory.mark_saved();
-        let dangling = crate::resume::dangling_calls(memory.messages());
-        self.steps = memory
-            .messages()
-            .iter()
-            .filter(|message| !message.tool_calls().is_empty())
-            .count()
-            .saturating_sub(usize::from(!dangling.is_empty())) as u32;
-
-        let first = if !dangling.is_empty() {
-            Some(
-                self.resume_tool_turn(&mut memory, &state, &ctx, &snapshot.journal)
-                    .await,
-            )
-        } else {
-            match memory.messages().last() {
-                // The answer was checkpointed; only the end was not recorded.
-                Some(Message::Assistant { content, tool_calls })
-                    if tool_calls.is_empty() && !content.trim().is_empty() =>
-                {
-                    Some(TurnOutcome::Finish {
-                        content: content.clone(),
-                        new_messages: Vec::new(),
-                    })
-                }
-                _ => None,
-            }
-        };
-        let (end, state) = self.turns(&mut memory, state, first).await;
-        self.close(memory, state, end).await
+        machine
     }
 
-    fn emit_start(&self, state: &TurnState, prompt: &str, resumed: bool) {
+    /// A stored run, re-entered where its last checkpoint left it.
+    async fn reenter(&mut self, snapshot: RunSnapshot) -> TurnMachine {
+        let RunSnapshot {
+            run,
+            messages,
+            state,
+            journal,
+            ..
+        } = snapshot;
+        let mut state = state.unwrap_or_else(|| RunState::new(TurnState::initial(self.ctx.limits().max_steps), ""));
+        state.task.clone_from(&run.prompt);
+        let state = state.with_metrics(run.metrics);
+        self.emit_start(&state, &run.prompt, true);
+        self.caches.journal = journal;
+        if messages.is_empty() {
+            // The process died before the first checkpoint: start over.
+            let mut state = state;
+            state.phase = TurnPhase::Boundary;
+            let mut machine = self.machine(state, Vec::new());
+            match self.earlier_conversation(None).await {
+                Ok(history) => self.start_history(&mut machine, history, run.prompt).await,
+                Err(reason) => machine.fail_to_start(reason),
+            }
+            return machine;
+        }
+        self.caches.remember_call_ids(&messages);
+        let mut memory = Memory::new(self.engine.context.counter.clone());
+        memory.extend(messages);
+        memory.mark_saved();
+        TurnMachine::resume(state, memory, self.engine.machine.clone())
+    }
+
+    fn machine(&self, state: RunState, messages: Vec<Message>) -> TurnMachine {
+        let mut memory = Memory::new(self.engine.context.counter.clone());
+        memory.extend(messages);
+        TurnMachine::new(state, memory, self.engine.machine.clone())
+    }
+
+    /// Does what the machine asks until the run is over.
+    async fn run(&mut self, machine: &mut TurnMachine) -> Ending {
+        let ctx = self.ctx.clone();
+        let mut deadlines = Deadlines::default();
+        loop {
+            self.flush(machine);
+            match machine.next() {
+                Next::Checkpoint => {
+                    let written = self.checkpoint(machine).await;
+                    machine.saved(written);
+                }
+                Next::BeginTurn => match self.may_begin().await {
+                    Ok(run) => {
+                        machine.begin_turn();
+                        // The step deadline covers the turn's model calls and
+                        // tools; like the run's, its clock stops while a
+                        // person is asked.
+                        deadlines = Deadlines {
+                            run,
+                            step: ctx.step_deadline(),
+                        };
+                    }
+                    Err(reason) => machine.stop(reason),
+                },
+                Next::CallModel(call) => within(&ctx, &deadlines, self.call_model(machine, call)).await,
+                Next::RunTools(calls) => within(&ctx, &deadlines, self.run_tools(machine, calls)).await,
+                Next::EndTurn => machine.end_turn(self.turn_end(false)),
+                Next::Finish(answer) => return Ending::Answer(answer),
+                Next::Stop(reason) => return Ending::Stopped(reason),
+            }
+        }
+    }
+
+    /// Emits the events the machine queued.
+    fn flush(&self, machine: &mut TurnMachine) {
+        for (turn, kind) in machine.take_events() {
+            self.events.emit(&turn, kind);
+        }
+    }
+
+    /// Whether a turn may begin: not cancelled, within the run's time, not
+    /// paused (a paused run waits here). Returns the run's deadline.
+    async fn may_begin(&mut self) -> Result<Option<Deadline>, StopReason> {
+        if let Some(reason) = self.stop_reason() {
+            return Err(reason);
+        }
+        let run_deadline = self.ctx.run_deadline();
+        if run_deadline.as_ref().is_some_and(Deadline::passed) {
+            self.ctx.stop(StopCause::RunTimeout);
+            return Err(StopReason::Timeout(TimeoutKind::Run));
+        }
+        if !self.controls.wait_while_paused(&self.ctx).await {
+            return Err(self.stop_reason().unwrap_or_else(cancelled));
+        }
+        Ok(run_deadline)
+    }
+
+    /// What the machine needs to end a turn: a stop (after tools only: an
+    /// answer without calls ends the turn anyway), steering, the time.
+    pub(super) fn turn_end(&mut self, after_tools: bool) -> TurnEnd {
+        TurnEnd {
+            stop: if after_tools { self.stop_reason() } else { None },
+            steering: self.controls.take_steering(),
+            elapsed_seconds: self.ctx.elapsed().as_secs_f64(),
+        }
+    }
+
+    fn emit_start(&self, state: &RunState, prompt: &str, resumed: bool) {
         self.events.emit(
-            &TurnIds::of(state),
+            &TurnIds::of(state.turn()),
             EventKind::LifecycleStart {
                 prompt: prompt.to_string(),
                 model: self.engine.llm.model_name().to_string(),
@@ -114,182 +182,35 @@ impl Run {
         );
     }
 
-    /// The conversation a run continues: the given history, or — with a
-    /// store — the session's earlier runs.
-    async fn earlier_conversation(
-        &self,
-        history: Option<Vec<Message>>,
-        ctx: &crate::context::RunContext,
-    ) -> Result<Vec<Message>, StopReason> {
+    /// The conversation a run continues: the given history, or the
+    /// session's earlier runs in the store.
+    async fn earlier_conversation(&self, history: Option<Vec<Message>>) -> Result<Vec<Message>, StopReason> {
         if let Some(history) = history {
             return Ok(history);
         }
-        let Some(store) = self.engine.store.as_deref() else {
-            return Ok(Vec::new());
-        };
-        crate::store::session_history(store, ctx.session_id())
+        crate::recovery::session_history(self.store.as_ref(), self.ctx.session_id())
             .await
-            .map_err(|err| StopReason::Error {
-                code: "STORE".to_string(),
-                message: format!("cannot load the session's conversation: {err}"),
+            .map_err(|err| {
+                StopReason::error(
+                    ErrorCode::Store,
+                    format!("cannot load the session's conversation: {err}"),
+                )
             })
     }
 
-    async fn start_history(&mut self, memory: &mut Memory, state: &TurnState, history: Vec<Message>, prompt: String) {
-        let system = self.system_prompt(&prompt, &TurnIds::of(state), memory).await;
+    async fn start_history(&mut self, machine: &mut TurnMachine, history: Vec<Message>, prompt: String) {
+        let system = self.system_prompt(machine, &prompt).await;
+        self.caches.remember_call_ids(&history);
+        let memory = machine.memory_mut();
         memory.push(Message::system(system));
-        self.remember_call_ids(&history);
         memory.extend(history);
         memory.push(Message::user(prompt));
     }
 
-    /// Trampolines `tt` from `state` until a base case. `first` is the
-    /// outcome of a turn already handled (a resumed turn).
-    async fn turns(
-        &mut self,
-        memory: &mut Memory,
-        mut state: TurnState,
-        mut first: Option<TurnOutcome>,
-    ) -> (End, TurnState) {
-        let ctx = self.ctx.clone();
-        loop {
-            let outcome = match first.take() {
-                Some(outcome) => outcome,
-                None => self.tt(memory, &state, &ctx).await,
-            };
-            let (next, end) = match outcome {
-                TurnOutcome::Recurse { next, new_messages } => {
-                    memory.extend(new_messages);
-                    (next, None)
-                }
-                TurnOutcome::Finish { content, new_messages } => {
-                    memory.extend(new_messages);
-                    (state.clone(), Some(End::Answer(content)))
-                }
-                // An interrupted turn leaves its calls as a crash would:
-                // the resumed run settles them from the journal (a call that
-                // never started runs then), so nothing is lost or repeated.
-                TurnOutcome::Stop {
-                    reason: reason @ StopReason::Interrupted(_),
-                    ..
-                } => (state.clone(), Some(End::Stopped(reason))),
-                TurnOutcome::Stop { reason, new_messages } => {
-                    memory.extend(new_messages);
-                    (state.clone(), Some(End::Stopped(reason)))
-                }
-            };
-            // Checkpoint before the tail call (DESIGN 2.1, step 5).
-            if let Err(reason) = self.checkpoint(memory, &next).await {
-                return (End::Stopped(reason), state);
-            }
-            state = next;
-            if let Some(end) = end {
-                return (end, state);
-            }
-        }
-    }
-
-    /// Emits the final events, records the end and builds the outcome.
-    async fn close(mut self, memory: Memory, state: TurnState, end: End) -> RunOutcome {
-        let ctx = self.ctx.clone();
-        let turn = TurnIds::of(&state);
-        let turns = state.turn_counter() + 1;
-        self.metrics.duration_ms = ctx.elapsed().as_millis() as u64;
-        if let End::Stopped(StopReason::Interrupted(why)) = end {
-            return self.suspend(memory, state, why).await;
-        }
-        let (status, content, stop_reason) = match end {
-            End::Answer(content) => {
-                self.events.emit(
-                    &turn,
-                    EventKind::AgentFinish {
-                        content: content.clone(),
-                        turns,
-                        metrics: self.metrics.clone(),
-                    },
-                );
-                (RunStatus::Done, Some(content), None)
-            }
-            End::Stopped(reason) => {
-                let status = self.report_stop(&turn, &reason);
-                (status, None, Some(reason))
-            }
-        };
-        // `lifecycle.end` goes out only once the end is recorded, so whoever
-        // sees it finds the run ended in the store too.
-        let last = self.events.stamp(
-            &turn,
-            EventKind::LifecycleEnd {
-                status,
-                content: content.clone(),
-                metrics: self.metrics.clone(),
-            },
-        );
-        if let Some(store) = self.engine.store.clone() {
-            let events = self.events.take_log();
-            if let Err(err) = store
-                .finish_run(ctx.run_id(), status, content.as_deref(), &self.metrics, &events)
-                .await
-            {
-                tracing::error!(run_id = ctx.run_id(), error = %err, "could not record the end of the run");
-            }
-        }
-        self.status_tx.send_replace(status);
-        self.events.send(last);
-        RunOutcome {
-            run_id: ctx.run_id().to_string(),
-            status,
-            content,
-            stop_reason,
-            turns,
-            metrics: self.metrics,
-            messages: memory.into_messages(),
-        }
-    }
-
-    /// Leaves an interrupted run resumable: its last events and checkpoint
-    /// recorded, its status `INTERRUPTED`, and no `lifecycle.end` (it is not
-    /// over: `Agent::resume` continues it from here).
-    async fn suspend(mut self, mut memory: Memory, state: TurnState, why: String) -> RunOutcome {
-        let ctx = self.ctx.clone();
-        let turn = TurnIds::of(&state);
-        self.events.emit(
-            &turn,
-            EventKind::Warning {
-                code: "INTERRUPTED".to_string(),
-                message: format!("{why}: the run stopped and can be resumed from its last checkpoint"),
-            },
-        );
-        if let Some(store) = self.engine.store.clone() {
-            let recorded = match self.checkpoint(&mut memory, &state).await {
-                Ok(()) => store
-                    .mark_interrupted(ctx.run_id(), &self.engine.owner)
-                    .await
-                    .map_err(|err| err.to_string()),
-                Err(reason) => Err(format!("{reason:?}")),
-            };
-            if let Err(err) = recorded {
-                tracing::error!(run_id = ctx.run_id(), error = %err, "could not record the interrupted run");
-            }
-        }
-        self.status_tx.send_replace(RunStatus::Interrupted);
-        RunOutcome {
-            run_id: ctx.run_id().to_string(),
-            status: RunStatus::Interrupted,
-            content: None,
-            stop_reason: Some(StopReason::Interrupted(why)),
-            turns: state.turn_counter() + 1,
-            metrics: self.metrics,
-            messages: memory.into_messages(),
-        }
-    }
-
-    /// Records the run in the store (if any), already `RUNNING`: one write,
-    /// so no crash can leave it `QUEUED` behind a process that was running it.
-    async fn open_record(&mut self, prompt: &str, ctx: &crate::context::RunContext) -> Result<(), StopReason> {
-        let Some(store) = self.engine.store.clone() else {
-            return Ok(());
-        };
+    /// Records the run, already `RUNNING`: one write, so no crash can
+    /// leave it `QUEUED` behind a process that was running it.
+    async fn open_record(&self, prompt: &str) -> Result<(), StopReason> {
+        let ctx = &self.ctx;
         let record = RunRecord {
             run_id: ctx.run_id().to_string(),
             session_id: ctx.session_id().to_string(),
@@ -306,91 +227,220 @@ impl Run {
             metrics: RunMetrics::default(),
             workspace: Some(self.workspace.display().to_string()),
         };
-        store.create_run(&record).await.map_err(|err| StopReason::Error {
-            code: "STORE".to_string(),
-            message: format!("cannot record the run: {err}"),
-        })
+        self.store
+            .create_run(&record)
+            .await
+            .map_err(|err| StopReason::error(ErrorCode::Store, format!("cannot record the run: {err}")))
     }
 
-    /// Writes the turn's messages, events and the next state to the store.
-    pub(crate) async fn checkpoint(&mut self, memory: &mut Memory, next: &TurnState) -> Result<(), StopReason> {
-        let Some(store) = self.engine.store.clone() else {
-            return Ok(());
-        };
+    /// Writes the state, the unsaved history and the events since the last
+    /// checkpoint. The only place a run is checkpointed.
+    async fn checkpoint(&mut self, machine: &mut TurnMachine) -> Result<(), StopReason> {
         let events = self.events.take_log();
-        let (new_messages, replaced_history) = match memory.unsaved() {
+        machine.metrics_mut().duration_ms = self.ctx.elapsed().as_millis() as u64;
+        let (new_messages, replaced_history) = match machine.memory().unsaved() {
             Unsaved::Tail(tail) => (tail, None),
             Unsaved::Whole(all) => (&[][..], Some(all)),
         };
-        self.metrics.duration_ms = self.ctx.elapsed().as_millis() as u64;
-        let written = store
+        let written = self
+            .store
             .checkpoint(&Checkpoint {
                 run_id: self.ctx.run_id(),
-                next,
+                state: machine.state(),
                 new_messages,
                 replaced_history,
                 events: &events,
-                metrics: &self.metrics,
             })
             .await;
         match written {
             Ok(()) => {
-                memory.mark_saved();
+                machine.memory_mut().mark_saved();
                 Ok(())
             }
-            Err(err) => Err(StopReason::Error {
-                code: "STORE".to_string(),
-                message: format!("cannot write the checkpoint: {err}"),
-            }),
+            Err(err) => Err(StopReason::error(
+                ErrorCode::Store,
+                format!("cannot write the checkpoint: {err}"),
+            )),
         }
     }
 
-    /// Emits the events that explain a stop and returns the final status.
-    fn report_stop(&self, turn: &TurnIds, reason: &StopReason) -> RunStatus {
-        let (status, code, message) = match reason {
+    /// Emits the final events, records the end and builds the outcome.
+    async fn close(self, machine: TurnMachine, ending: Ending) -> RunOutcome {
+        let (state, memory) = machine.into_parts();
+        let turn = TurnIds::of(state.turn());
+        let turns = state.turn().turn_counter() + 1;
+        let steps = state.steps();
+        let mut metrics = state.metrics;
+        metrics.duration_ms = self.ctx.elapsed().as_millis() as u64;
+        let (status, content, stop_reason) = match ending {
+            Ending::Stopped(StopReason::Interrupted(why)) => {
+                return self.suspend(memory, metrics, turns, why).await;
+            }
+            Ending::Answer(content) => {
+                self.events.emit(
+                    &turn,
+                    EventKind::AgentFinish {
+                        content: content.clone(),
+                        turns,
+                        metrics: metrics.clone(),
+                    },
+                );
+                (RunStatus::Done, Some(content), None)
+            }
+            Ending::Stopped(reason) => {
+                self.report_stop(&turn, &reason, steps);
+                (reason.status(), None, Some(reason))
+            }
+        };
+        // `lifecycle.end` goes out only once the end is recorded, so whoever
+        // sees it finds the run ended in the store too.
+        let last = self.events.stamp(
+            &turn,
+            EventKind::LifecycleEnd {
+                status,
+                content: content.clone(),
+                metrics: metrics.clone(),
+            },
+        );
+        let events = self.events.take_log();
+        if let Err(err) = self
+            .store
+            .finish_run(self.ctx.run_id(), status, content.as_deref(), &metrics, &events)
+            .await
+        {
+            tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
+        }
+        self.controls.show(status);
+        self.events.send(last);
+        RunOutcome {
+            run_id: self.ctx.run_id().to_string(),
+            status,
+            content,
+            stop_reason,
+            turns,
+            metrics,
+            messages: memory.into_messages(),
+        }
+    }
+
+    /// Leaves an interrupted run resumable: its last checkpoint written (the
+    /// machine asked for it when it stopped), its status `INTERRUPTED`, and
+    /// no `lifecycle.end` (it is not over: `Agent::resume` continues it).
+    async fn suspend(self, memory: Memory, metrics: RunMetrics, turns: u32, why: String) -> RunOutcome {
+        let run_id = self.ctx.run_id();
+        if self.engine.store.is_some() {
+            if let Err(err) = self.store.mark_interrupted(run_id, &self.engine.owner).await {
+                tracing::error!(run_id, error = %err, "could not record the interrupted run");
+            }
+        }
+        self.controls.show(RunStatus::Interrupted);
+        RunOutcome {
+            run_id: run_id.to_string(),
+            status: RunStatus::Interrupted,
+            content: None,
+            stop_reason: Some(StopReason::Interrupted(why)),
+            turns,
+            metrics,
+            messages: memory.into_messages(),
+        }
+    }
+
+    /// Emits the events that explain a stop.
+    fn report_stop(&self, turn: &TurnIds, reason: &StopReason, steps: u32) {
+        let (code, message) = match reason {
             StopReason::Cancelled(why) => {
                 self.events
                     .emit(turn, EventKind::ExecutionCancelled { reason: why.clone() });
-                return RunStatus::Canceled;
+                return;
             }
             StopReason::Timeout(TimeoutKind::Run) => (
-                RunStatus::Timeout,
-                "RUN_TIMEOUT",
+                ErrorCode::RunTimeout,
                 "the run took longer than its time limit".to_string(),
             ),
             StopReason::Timeout(TimeoutKind::Step) => (
-                RunStatus::Timeout,
-                "STEP_TIMEOUT",
+                ErrorCode::StepTimeout,
                 "one step (model call and tools) took longer than its time limit".to_string(),
             ),
             StopReason::MaxStepsWithoutAnswer => (
-                RunStatus::Error,
-                "MAX_STEPS_NO_ANSWER",
+                ErrorCode::MaxStepsNoAnswer,
                 "the step limit was reached and the model gave no final answer".to_string(),
             ),
             StopReason::Monitor(verdict) => (
-                RunStatus::Error,
-                "MONITOR_STOPPED",
+                ErrorCode::MonitorStopped,
                 format!(
-                    "the recursion monitor ended the tool phase after {} of {} steps ({}: {}) and the model gave no final answer",
-                    self.steps,
+                    "the recursion monitor ended the tool phase after {steps} of {} steps ({}: {}) and the model gave no final answer",
                     self.ctx.limits().max_steps,
                     verdict.termination.reason(),
                     verdict.detail
                 ),
             ),
             // Suspended runs do not get here (see `suspend`).
-            StopReason::Interrupted(why) => (RunStatus::Interrupted, "INTERRUPTED", why.clone()),
-            StopReason::Error { code, message } => (RunStatus::Error, code.as_str(), message.clone()),
+            StopReason::Interrupted(why) => (ErrorCode::Interrupted, why.clone()),
+            StopReason::Error { code, message } => (*code, message.clone()),
         };
         self.events.emit(
             turn,
             EventKind::Error {
-                code: code.to_string(),
+                code,
                 message,
                 recoverable: false,
             },
         );
-        status
     }
+
+    /// Why the run must stop now, if it must.
+    pub(super) fn stop_reason(&self) -> Option<StopReason> {
+        stop_reason(&self.ctx)
+    }
+
+    /// `phase.start` or `phase.end`.
+    pub(super) fn phase(&self, turn: &TurnIds, phase: Phase, start: bool) {
+        let kind = if start {
+            EventKind::PhaseStart { phase }
+        } else {
+            EventKind::PhaseEnd { phase }
+        };
+        self.events.emit(turn, kind);
+    }
+}
+
+/// Runs a turn's `work` within its deadlines. When one passes, the run is
+/// stopped and the work winds down (every running tool gets a result, so
+/// the transcript stays valid).
+async fn within<F: std::future::Future<Output = ()>>(ctx: &RunContext, deadlines: &Deadlines, work: F) {
+    tokio::pin!(work);
+    let cause = tokio::select! {
+        biased;
+        () = &mut work => return,
+        () = expired(deadlines.step.as_ref()) => StopCause::StepTimeout,
+        () = expired(deadlines.run.as_ref()) => StopCause::RunTimeout,
+    };
+    ctx.stop(cause);
+    work.await;
+}
+
+/// Completes when `deadline` passes; never without one.
+async fn expired(deadline: Option<&Deadline>) {
+    match deadline {
+        Some(deadline) => deadline.expired().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why the run of `ctx` must stop now, if it must.
+fn stop_reason(ctx: &RunContext) -> Option<StopReason> {
+    if !ctx.is_cancelled() {
+        return None;
+    }
+    Some(match ctx.stop_cause() {
+        Some(StopCause::Cancelled(reason)) => StopReason::Cancelled(reason.clone()),
+        Some(StopCause::RunTimeout) => StopReason::Timeout(TimeoutKind::Run),
+        Some(StopCause::StepTimeout) => StopReason::Timeout(TimeoutKind::Step),
+        Some(StopCause::Interrupted(reason)) => StopReason::Interrupted(reason.clone()),
+        None => cancelled(),
+    })
+}
+
+pub(super) fn cancelled() -> StopReason {
+    StopReason::Cancelled("cancelled".to_string())
 }

@@ -1,29 +1,33 @@
-//! The engine: `tt` handles one turn, the driver trampolines it.
+//! The driver: the one place a run does IO. It asks the turn machine
+//! ([`crate::machine`]) what to do next — begin a turn, call the model,
+//! run the calls, end the turn, checkpoint, finish or stop — does it with
+//! the model, the tool pipeline, the event stream and the store, and
+//! reports the result back. See docs/architecture.md.
 
 mod context;
+mod controls;
 mod driver;
-mod guidance;
 mod model_call;
-mod turn;
+mod tools;
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
-
 use crate::context::RunContext;
 use crate::event::EventEmitter;
-use crate::feedback::{MonitorConfig, RecursionMonitor, TaskHandler};
 use crate::llm::Llm;
+use crate::machine;
 use crate::memory::MemoryConfig;
-use crate::metrics::{Pricing, RunMetrics};
+use crate::metrics::Pricing;
 use crate::permission::PermissionGate;
 use crate::pipeline::ToolPipeline;
 use crate::retrieval::Retriever;
-use crate::status::RunStatus;
+use crate::store::{JournalEntry, Store};
 use crate::tokens::TokenCounter;
 
-pub use turn::{StopReason, TimeoutKind, TurnOutcome};
+pub(crate) use controls::Controls;
+pub(crate) use driver::Start;
 
 /// What every run of one agent shares.
 pub(crate) struct Engine {
@@ -33,26 +37,21 @@ pub(crate) struct Engine {
     pub pricing: Option<Pricing>,
     pub context: ContextSettings,
     /// Where runs are made durable, if anywhere.
-    pub store: Option<Arc<dyn crate::store::Store>>,
+    pub store: Option<Arc<dyn Store>>,
     /// Who runs them (recorded with each run).
     pub owner: String,
-    /// How many times an answer cut off by the output limit is continued.
-    pub max_continuations: u32,
+    /// What the turn machine decides by.
+    pub machine: machine::Settings,
     /// Loom's own state, which tools must not touch.
     pub protected: Arc<[std::path::PathBuf]>,
 }
 
-/// Context machinery of an agent: memory, compression, feedback, assembly.
+/// Context machinery of an agent: memory, compression, retrieval, assembly.
 pub(crate) struct ContextSettings {
     pub memory: MemoryConfig,
     pub counter: Arc<dyn TokenCounter>,
     /// The model that writes summaries (default: the run's model).
     pub summarizer: Option<Arc<dyn Llm>>,
-    /// Whether guidance (feedback and the monitor's warnings) is written for
-    /// the next request.
-    pub feedback: bool,
-    pub task_handlers: Vec<Arc<dyn TaskHandler>>,
-    pub monitor: MonitorConfig,
     pub retriever: Option<Arc<dyn Retriever>>,
     pub retrieval_limit: usize,
     /// Directories searched for LOOM.md / AGENTS.md.
@@ -61,35 +60,34 @@ pub(crate) struct ContextSettings {
     pub system_budget: usize,
 }
 
-/// The state of one run while it executes. Owned by the run's task.
-pub(crate) struct Run {
+/// The IO side of one run. Owned by the run's task; its state lives in the
+/// turn machine the driver is handed.
+pub(crate) struct Driver {
     pub engine: Arc<Engine>,
     pub ctx: RunContext,
     pub workspace: Arc<Path>,
+    /// The engine's store, or one that keeps nothing: one path either way.
+    pub store: Arc<dyn Store>,
     pub events: EventEmitter,
-    pub steer_rx: mpsc::UnboundedReceiver<String>,
-    pub pause_rx: watch::Receiver<bool>,
-    pub status_tx: Arc<watch::Sender<RunStatus>>,
+    pub controls: Controls,
     pub gate: PermissionGate,
-    pub metrics: RunMetrics,
-    /// Tool turns completed (seed 004's `step`).
-    pub steps: u32,
-    /// The user's request, for guidance.
-    pub task: String,
-    pub monitor: RecursionMonitor,
-    /// Whether the context warning was given since the last compression.
-    pub context_warned: bool,
+    pub caches: Caches,
+}
+
+/// What the driver works out once and reuses.
+#[derive(Default)]
+pub(crate) struct Caches {
     /// Tokens of the tool definitions (they do not change during a run).
     pub tools_tokens: Option<usize>,
     /// An upper bound of the same in bytes.
     pub tools_bound: Option<usize>,
-    /// Guidance for the next model request (never stored in the history).
-    pub guidance: Vec<guidance::GuidancePart>,
     /// Every tool-call id of the run's history, so a new call never reuses one.
-    pub call_ids: std::collections::HashSet<String>,
+    pub call_ids: HashSet<String>,
+    /// The journal of a resumed run, for the calls its crash cut short.
+    pub journal: Vec<JournalEntry>,
 }
 
-impl Run {
+impl Caches {
     /// Remembers the call ids of `messages` (a history the run starts from).
     pub(crate) fn remember_call_ids(&mut self, messages: &[crate::message::Message]) {
         for message in messages {
@@ -97,14 +95,5 @@ impl Run {
                 self.call_ids.insert(call.id.clone());
             }
         }
-    }
-
-    /// Steering messages that arrived since the last turn boundary.
-    pub(crate) fn take_steering(&mut self) -> Vec<String> {
-        let mut messages = Vec::new();
-        while let Ok(message) = self.steer_rx.try_recv() {
-            messages.push(message);
-        }
-        messages
     }
 }

@@ -6,11 +6,14 @@ use std::collections::HashMap;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use crate::event::{EventKind, TurnIds};
-use crate::llm::{FinishReason, LlmChunk, LlmError, LlmRequest, ToolSpec, Usage};
-use crate::message::{Message, ToolCall};
+use crate::event::{EventKind, Phase, TurnIds};
+use crate::llm::{FinishReason, LlmChunk, LlmError, LlmRequest, Usage};
+use crate::machine::{guidance_block, Answer, ModelCall, TurnMachine};
+use crate::message::ToolCall;
+use crate::outcome::{ErrorCode, StopReason};
 
-use super::Run;
+use super::driver::cancelled;
+use super::Driver;
 
 /// A complete answer of the model.
 #[derive(Debug, Default)]
@@ -21,6 +24,8 @@ pub(crate) struct ModelResponse {
     pub finish: Option<FinishReason>,
     /// The tokens the provider counted, when it said.
     pub usage: Option<Usage>,
+    /// What the call cost, when prices are known.
+    pub cost_usd: Option<f64>,
 }
 
 /// Why a model call produced no answer.
@@ -39,36 +44,94 @@ struct PartialCall {
     arguments: String,
 }
 
-impl Run {
-    /// Streams one answer from the model for `messages` with this request's
-    /// `guidance`, offering `tools`. `final_answer` names why a call offers
-    /// no tools (`max_steps`, a monitor verdict), for `llm.start`.
-    pub(crate) async fn call_model(
-        &mut self,
-        messages: &[Message],
-        tools: &[ToolSpec],
-        guidance: Option<&str>,
-        final_answer: Option<&str>,
-        turn: &TurnIds,
-    ) -> Result<ModelResponse, CallError> {
+impl Driver {
+    /// Phases 1–2 of a turn: the context (compression when needed), then
+    /// the model call with this request's guidance; the answer goes to the
+    /// machine. A "context length exceeded" answer compresses and retries once.
+    pub(super) async fn call_model(&mut self, machine: &mut TurnMachine, call: ModelCall) {
         let engine = self.engine.clone();
-        let cancel = self.ctx.cancel_token().clone();
-        self.metrics.llm_calls += 1;
-        let started = std::time::Instant::now();
-        let request = LlmRequest::new(messages, tools).with_guidance(guidance);
-        let answer = self.stream_answer(&engine, &cancel, request, final_answer, turn).await;
-        self.metrics.llm_ms += started.elapsed().as_millis() as u64;
-        answer
+        let tools = if call.tools {
+            engine.pipeline.registry().specs()
+        } else {
+            &[]
+        };
+        let turn = machine.ids().clone();
+        self.prepare_context(machine, tools, false).await;
+        let guidance = guidance_block(&call.guidance);
+        for part in call.guidance {
+            self.events.emit(
+                &turn,
+                EventKind::GuidanceInjected {
+                    reason: part.reason,
+                    content: part.content,
+                },
+            );
+        }
+        let mut retried = false;
+        loop {
+            self.phase(&turn, Phase::Llm, true);
+            let started = std::time::Instant::now();
+            let request = LlmRequest::new(machine.memory().messages(), tools).with_guidance(guidance.as_deref());
+            let called = self.stream_answer(&engine, request, call.final_answer, &turn).await;
+            let metrics = machine.metrics_mut();
+            metrics.llm_calls += 1;
+            metrics.llm_ms += started.elapsed().as_millis() as u64;
+            self.phase(&turn, Phase::Llm, false);
+            match called {
+                Ok(response) => {
+                    if let Some(usage) = &response.usage {
+                        metrics.add_usage(usage);
+                        if let Some(cost) = response.cost_usd {
+                            *metrics.cost_usd.get_or_insert(0.0) += cost;
+                        }
+                        let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
+                        let memory = machine.memory_mut();
+                        memory.record_reported(memory.messages().len(), usize::try_from(tokens).unwrap_or(usize::MAX));
+                    }
+                    machine.answered(Answer {
+                        content: response.content,
+                        tool_calls: response.tool_calls,
+                        finish: response.finish,
+                    });
+                    return;
+                }
+                Err(CallError::Cancelled) => {
+                    machine.stop(self.stop_reason().unwrap_or_else(cancelled));
+                    return;
+                }
+                Err(CallError::Llm(LlmError::ContextLengthExceeded(message))) if !retried => {
+                    retried = true;
+                    metrics.record_error(ErrorCode::LlmContextLength.as_str());
+                    self.events.emit(
+                        &turn,
+                        EventKind::Error {
+                            code: ErrorCode::LlmContextLength,
+                            message: format!("{message}; compressing the history and retrying"),
+                            recoverable: true,
+                        },
+                    );
+                    self.prepare_context(machine, tools, true).await;
+                }
+                Err(CallError::Llm(err)) => {
+                    metrics.record_error(err.code().as_str());
+                    machine.stop(StopReason::error(err.code(), err.to_string()));
+                    return;
+                }
+            }
+        }
     }
 
+    /// Streams one answer from the model, turning chunks into events, and
+    /// stops at once when the run is cancelled. `final_answer` names why a
+    /// call offers no tools (`max_steps`, a monitor verdict), for `llm.start`.
     async fn stream_answer(
         &mut self,
         engine: &super::Engine,
-        cancel: &tokio_util::sync::CancellationToken,
         request: LlmRequest<'_>,
         final_answer: Option<&str>,
         turn: &TurnIds,
     ) -> Result<ModelResponse, CallError> {
+        let cancel = self.ctx.cancel_token().clone();
         self.events.emit(
             turn,
             EventKind::LlmStart {
@@ -132,21 +195,15 @@ impl Run {
             }
         }
 
-        let mut cost_usd = None;
-        if let Some(reported) = &usage {
-            self.metrics.add_usage(reported);
-            if let Some(pricing) = &engine.pricing {
-                let cost = pricing.cost(reported);
-                cost_usd = Some(cost);
-                *self.metrics.cost_usd.get_or_insert(0.0) += cost;
-            }
-        }
+        let cost_usd = usage
+            .as_ref()
+            .and_then(|reported| engine.pricing.as_ref().map(|pricing| pricing.cost(reported)));
         let tool_calls: Vec<ToolCall> = calls
             .into_iter()
             // A provider may leave holes in the indices; a hole is no call.
             .filter(|call| call.id.is_some() || !call.name.is_empty() || !call.arguments.is_empty())
             .enumerate()
-            .map(|(index, call)| finish_call(index, call, turn, &mut self.call_ids))
+            .map(|(index, call)| finish_call(index, call, turn, &mut self.caches.call_ids))
             .collect();
         self.events.emit(
             turn,
@@ -163,6 +220,7 @@ impl Run {
             tool_calls,
             finish,
             usage,
+            cost_usd,
         })
     }
 }

@@ -85,35 +85,23 @@ impl MonitorConfig {
     }
 }
 
-/// Why the monitor ends the tool phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Termination {
-    /// The same call, with the same result, turn after turn.
-    DuplicateTools,
-    /// A repeating pattern of turns.
-    LoopDetected,
-    /// Most of the latest calls failed.
-    ErrorThreshold,
+crate::wire::wire_enum! {
+    /// Why the monitor ends the tool phase. The wire name is the reason
+    /// reported in events (`guidance.injected`, `llm.start`'s `finalAnswer`).
+    pub enum Termination {
+        /// The same call, with the same result, turn after turn.
+        DuplicateTools = "duplicate_tools",
+        /// A repeating pattern of turns.
+        LoopDetected = "loop_detected",
+        /// Most of the latest calls failed.
+        ErrorThreshold = "error_threshold",
+    }
 }
 
 impl Termination {
-    /// The reason as reported in events (`guidance.injected`, `llm.start`'s `finalAnswer`).
+    /// The reason as reported in events.
     pub fn reason(self) -> &'static str {
-        match self {
-            Self::DuplicateTools => "duplicate_tools",
-            Self::LoopDetected => "loop_detected",
-            Self::ErrorThreshold => "error_threshold",
-        }
-    }
-
-    /// The verdict named by [`Termination::reason`].
-    pub fn from_reason(reason: &str) -> Option<Self> {
-        match reason {
-            "duplicate_tools" => Some(Self::DuplicateTools),
-            "loop_detected" => Some(Self::LoopDetected),
-            "error_threshold" => Some(Self::ErrorThreshold),
-            _ => None,
-        }
+        self.as_str()
     }
 
     /// Seed 003's termination message, for the model.
@@ -127,7 +115,7 @@ impl Termination {
 }
 
 /// The monitor's decision to end the tool phase, with what it saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stop {
     /// Which rule.
     pub termination: Termination,
@@ -155,9 +143,11 @@ pub struct Verdict {
 /// Watches a run's turns. Its state is bounded: streaks per call of the
 /// latest turn, the fingerprints of the last `loop_window` turns and the
 /// outcomes of the last `error_window` calls, so a check costs the same at
-/// turn 10 and at turn 10 000.
-#[derive(Debug, Default)]
+/// turn 10 and at turn 10 000. It is part of a run's checkpointed state
+/// (without its configuration, which comes from the agent that resumes).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RecursionMonitor {
+    #[serde(skip)]
     config: MonitorConfig,
     /// For each call of the latest turn (name, arguments and result): how
     /// many turns in a row made it.
@@ -177,6 +167,13 @@ impl RecursionMonitor {
             config,
             ..Self::default()
         }
+    }
+
+    /// The same observations judged by `config` (a resumed run's monitor
+    /// takes the resuming agent's thresholds).
+    pub fn with_config(mut self, config: MonitorConfig) -> Self {
+        self.config = config;
+        self
     }
 
     /// Records a turn that called tools.

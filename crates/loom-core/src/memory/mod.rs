@@ -12,7 +12,7 @@ use crate::tokens::TokenCounter;
 pub use compress::{
     fallback, format_summary, plan, splice, summarizer_request, CompressionPlan, SECTIONS, SUMMARY_MARKER,
 };
-pub use summarize::{compress_history, Compressed};
+pub use summarize::{compress_history, Compressed, CompressionMethod};
 
 /// When and how history is compressed.
 #[derive(Debug, Clone, PartialEq)]

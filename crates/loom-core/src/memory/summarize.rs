@@ -14,13 +14,23 @@ use super::MemoryConfig;
 /// Share of the window the summarizer's own request may use.
 const SUMMARIZER_INPUT_SHARE: f64 = 0.6;
 
+crate::wire::wire_enum! {
+    /// How a history was compressed, as named in `compression.applied`.
+    pub enum CompressionMethod {
+        /// A model wrote the eight-section summary of the older part.
+        Summary = "summary",
+        /// No model: old tool outputs and turns were dropped.
+        Fallback = "fallback",
+    }
+}
+
 /// How compression went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compressed {
     /// The new history.
     pub messages: Vec<Message>,
-    /// `summary` or `fallback`.
-    pub method: &'static str,
+    /// Summary or fallback.
+    pub method: CompressionMethod,
     /// Tokens the summarizer used, when it answered.
     pub usage: Option<Usage>,
     /// Why the summary was not used (an error code), when it was not.
@@ -41,7 +51,7 @@ pub async fn compress_history(
 ) -> Compressed {
     let without_model = |failure: Option<String>, summarizer_called: bool| Compressed {
         messages: fallback(messages, counter, budget),
-        method: "fallback",
+        method: CompressionMethod::Fallback,
         usage: None,
         failure,
         summarizer_called,
@@ -62,7 +72,7 @@ pub async fn compress_history(
     if counter.count_messages(&spliced) <= budget {
         return Compressed {
             messages: spliced,
-            method: "summary",
+            method: CompressionMethod::Summary,
             usage,
             failure: None,
             summarizer_called: true,
@@ -71,7 +81,7 @@ pub async fn compress_history(
     // Still too large: cut further without a model.
     Compressed {
         messages: fallback(&spliced, counter, budget),
-        method: "fallback",
+        method: CompressionMethod::Fallback,
         usage,
         failure: None,
         summarizer_called: true,

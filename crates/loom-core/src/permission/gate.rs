@@ -5,35 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
+use crate::control::PermissionDecision;
 use crate::event::{EventEmitter, EventKind, TurnIds};
 use crate::status::RunStatus;
-
-/// A person's answer to a permission request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PermissionDecision {
-    /// Run this call.
-    Allow,
-    /// Do not run it.
-    Deny,
-    /// Run it, and do not ask again for this tool (or this rule) in this session.
-    Always,
-}
-
-impl PermissionDecision {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-            Self::Always => "always",
-        }
-    }
-}
 
 /// How a wait for a person ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,21 +128,21 @@ impl PermissionGate {
         };
         let (outcome, decision, reason) = tokio::select! {
             biased;
-            _ = cancel.cancelled() => (AskOutcome::Cancelled, "deny", Some("the run was cancelled".to_string())),
+            _ = cancel.cancelled() => (AskOutcome::Cancelled, PermissionDecision::Deny, Some("the run was cancelled".to_string())),
             reply = rx => match reply {
-                Ok(PermissionDecision::Allow) => (AskOutcome::Allowed, "allow", None),
+                Ok(PermissionDecision::Allow) => (AskOutcome::Allowed, PermissionDecision::Allow, None),
                 Ok(PermissionDecision::Always) => {
                     lock(&self.grants).insert(request.grant_key.clone());
-                    (AskOutcome::Allowed, "always", None)
+                    (AskOutcome::Allowed, PermissionDecision::Always, None)
                 }
                 Ok(PermissionDecision::Deny) => (
                     AskOutcome::Denied(format!("The user denied permission to run '{}'. Do not retry this call; ask the user or try another way.", request.tool)),
-                    "deny",
+                    PermissionDecision::Deny,
                     None,
                 ),
                 Err(_) => (
                     AskOutcome::Denied(format!("Permission to run '{}' could not be asked for, so it was denied.", request.tool)),
-                    "deny",
+                    PermissionDecision::Deny,
                     Some("nobody can answer".to_string()),
                 ),
             },
@@ -174,7 +151,7 @@ impl PermissionGate {
                     "Permission to run '{}' was not given in time, so it was denied. Do not retry this call; try another way or finish with what you have.",
                     request.tool
                 )),
-                "deny",
+                PermissionDecision::Deny,
                 Some("timeout".to_string()),
             ),
         };
@@ -195,7 +172,7 @@ impl PermissionGate {
             EventKind::PermissionResolved {
                 request_id,
                 tool: request.tool.to_string(),
-                decision: decision.to_string(),
+                decision,
                 reason,
             },
         );

@@ -4,6 +4,7 @@
 mod gate;
 mod policy;
 
-pub use gate::{AskOutcome, PermissionDecision, SessionGrants};
+pub use crate::control::PermissionDecision;
+pub use gate::{AskOutcome, SessionGrants};
 pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
 pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};

@@ -92,8 +92,8 @@ pub(crate) struct BatchEnv<'a> {
     pub events: &'a EventEmitter,
     pub turn: &'a TurnIds,
     pub gate: &'a PermissionGate,
-    /// Where calls of tools that are not read-only are journaled.
-    pub store: Option<&'a Arc<dyn crate::store::Store>>,
+    /// Where calls of tools with side effects are journaled.
+    pub store: &'a Arc<dyn crate::store::Store>,
     /// Paths tools must not touch (see [`crate::tool::ToolContext::protected`]).
     pub protected: &'a Arc<[std::path::PathBuf]>,
 }

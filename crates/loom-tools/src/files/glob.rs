@@ -38,6 +38,10 @@ impl Tool for Glob {
         true
     }
 
+    fn read_only(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: GlobArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, base) = resolve(&ctx, &args.path)?;
         let matcher = GlobBuilder::new(&args.pattern)

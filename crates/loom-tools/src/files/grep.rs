@@ -52,6 +52,10 @@ impl Tool for Grep {
         true
     }
 
+    fn read_only(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: GrepArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, base) = resolve(&ctx, &args.path)?;
         let regex = RegexBuilder::new(&args.pattern)

@@ -34,6 +34,10 @@ impl Tool for ListDir {
         true
     }
 
+    fn read_only(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: ListDirArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {

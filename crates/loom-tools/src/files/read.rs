@@ -45,6 +45,10 @@ impl Tool for ReadFile {
         true
     }
 
+    fn read_only(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: ReadFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {

@@ -70,6 +70,9 @@ impl Tool for Echo {
     fn concurrency_safe(&self) -> bool {
         true
     }
+    fn read_only(&self) -> bool {
+        true
+    }
     async fn call(&self, args: EchoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Ok(args.text.into())

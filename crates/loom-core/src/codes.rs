@@ -1,0 +1,79 @@
+//! The codes that name errors and warnings on the wire, each written once.
+
+use crate::wire::wire_enum;
+
+wire_enum! {
+    /// The `code` of an `error` event, and of a run that ended `ERROR` or
+    /// `TIMEOUT`.
+    pub enum ErrorCode {
+        /// The run's time limit passed.
+        RunTimeout = "RUN_TIMEOUT",
+        /// One turn's time limit passed.
+        StepTimeout = "STEP_TIMEOUT",
+        /// The step limit was reached and the final call gave no answer.
+        MaxStepsNoAnswer = "MAX_STEPS_NO_ANSWER",
+        /// The monitor ended the tool phase and the final call gave no answer.
+        MonitorStopped = "MONITOR_STOPPED",
+        /// The provider's content filter stopped the answer.
+        ContentFiltered = "CONTENT_FILTERED",
+        /// The model answered with nothing, twice.
+        EmptyAnswer = "EMPTY_ANSWER",
+        /// The store could not record the run.
+        Store = "STORE",
+        /// The run's task failed (a bug).
+        Internal = "INTERNAL",
+        /// The retriever failed (recoverable).
+        Retrieval = "RETRIEVAL",
+        /// Shown only if a suspended run were reported (it is not).
+        Interrupted = "INTERRUPTED",
+        /// The provider kept refusing: too many requests.
+        LlmRateLimited = "LLM_RATE_LIMITED",
+        /// The request did not fit the model's context window.
+        LlmContextLength = "LLM_CONTEXT_LENGTH",
+        /// The provider refused the credentials.
+        LlmAuth = "LLM_AUTH",
+        /// The provider refused the request.
+        LlmBadRequest = "LLM_BAD_REQUEST",
+        /// The provider failed.
+        LlmServer = "LLM_SERVER",
+        /// The provider did not answer in time.
+        LlmTimeout = "LLM_TIMEOUT",
+        /// The provider could not be reached.
+        LlmConnection = "LLM_CONNECTION",
+        /// The provider's answer could not be read.
+        LlmProtocol = "LLM_PROTOCOL",
+        /// A scripted model ran out of turns.
+        ScriptExhausted = "SCRIPT_EXHAUSTED",
+        /// The request could not be built.
+        LlmInvalidRequest = "LLM_INVALID_REQUEST",
+    }
+}
+
+wire_enum! {
+    /// The `code` of a `warning` event: something that does not end the run.
+    pub enum WarningCode {
+        /// The answer reached the output token limit.
+        OutputLimit = "OUTPUT_LIMIT",
+        /// The model answered with nothing; it is asked once more.
+        EmptyAnswer = "EMPTY_ANSWER",
+        /// The monitor ended the tool phase; a final answer is asked for.
+        MonitorStop = "MONITOR_STOP",
+        /// The run stopped and can be resumed.
+        Interrupted = "INTERRUPTED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_serialize_as_their_wire_names() {
+        for code in ErrorCode::ALL {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+            let back: ErrorCode = serde_json::from_value(code.as_str().into()).unwrap();
+            assert_eq!(back, *code);
+        }
+        assert_eq!(WarningCode::MonitorStop.to_string(), "MONITOR_STOP");
+    }
+}

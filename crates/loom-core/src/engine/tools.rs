@@ -1,0 +1,99 @@
+//! Phase 3 of a turn: the calls run through the tool pipeline — or, for
+//! the calls a crash cut short, are settled from the journal first (see
+//! [`crate::resume`]) — and every call gets exactly one result, in call
+//! order, also when the run is cancelled.
+
+use crate::event::{EventKind, Phase, TurnIds};
+use crate::machine::TurnMachine;
+use crate::message::ToolCall;
+use crate::pipeline::BatchEnv;
+use crate::resume::CallRepair;
+use crate::tool_result::ToolResult;
+
+use super::Driver;
+
+impl Driver {
+    /// Runs the turn's `calls` and hands the results to the machine.
+    pub(super) async fn run_tools(&mut self, machine: &mut TurnMachine, calls: Vec<ToolCall>) {
+        let turn = machine.ids().clone();
+        // Only the first tool turn of a resumed run can have journaled calls.
+        let journal = std::mem::take(&mut self.caches.journal);
+        self.phase(&turn, Phase::Tools, true);
+        let results = if journal.is_empty() {
+            self.pipeline(machine, &calls, &turn).await
+        } else {
+            self.settle(machine, &calls, &journal, &turn).await
+        };
+        self.phase(&turn, Phase::Tools, false);
+        self.events
+            .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
+        let end = self.turn_end(true);
+        machine.tools_returned(results, end);
+    }
+
+    /// Calls cut short by a crash: recorded results are reused, calls that
+    /// may have had an effect get an "interrupted" result, and only calls
+    /// that never started or have no side effects run.
+    async fn settle(
+        &mut self,
+        machine: &mut TurnMachine,
+        calls: &[ToolCall],
+        journal: &[crate::store::JournalEntry],
+        turn: &TurnIds,
+    ) -> Vec<ToolResult> {
+        let repairs = crate::resume::plan(calls, journal);
+        let rerun: Vec<ToolCall> = repairs
+            .iter()
+            .filter_map(|repair| match repair {
+                CallRepair::Rerun(call) => Some(call.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut rerun_results = self.pipeline(machine, &rerun, turn).await.into_iter();
+        let mut results = Vec::with_capacity(repairs.len());
+        for repair in repairs {
+            let result = match repair {
+                // The pipeline answers every call; the fallback only keeps the
+                // history valid should it ever not.
+                CallRepair::Rerun(call) => rerun_results
+                    .next()
+                    .unwrap_or_else(|| crate::resume::not_run_result(&call)),
+                CallRepair::Recorded(result) | CallRepair::Interrupted(result) => {
+                    record_tool_metrics(machine, &result);
+                    self.events.emit(turn, EventKind::tool_result(&result));
+                    result
+                }
+            };
+            results.push(result);
+        }
+        results
+    }
+
+    /// Runs `calls` through the pipeline.
+    async fn pipeline(&mut self, machine: &mut TurnMachine, calls: &[ToolCall], turn: &TurnIds) -> Vec<ToolResult> {
+        let engine = self.engine.clone();
+        let env = BatchEnv {
+            ctx: &self.ctx,
+            workspace: &self.workspace,
+            events: &self.events,
+            turn,
+            gate: &self.gate,
+            store: &self.store,
+            protected: &engine.protected,
+        };
+        let results = engine.pipeline.run_batch(calls, &env).await;
+        for result in &results {
+            record_tool_metrics(machine, result);
+        }
+        results
+    }
+}
+
+fn record_tool_metrics(machine: &mut TurnMachine, result: &ToolResult) {
+    machine.metrics_mut().record_tool(
+        &result.name,
+        result.status.is_failure(),
+        result.metadata.error_kind.as_deref(),
+        result.metadata.duration_ms,
+    );
+}

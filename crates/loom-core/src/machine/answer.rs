@@ -1,0 +1,137 @@
+//! The model's answer, checked: an answer cut off by the output limit is
+//! continued (up to `max_continuations` times, each with a `warning`), a
+//! filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
+//! retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — except
+//! on a final-answer call, whose emptiness means "no answer".
+
+use crate::event::EventKind;
+use crate::llm::FinishReason;
+use crate::message::Message;
+use crate::outcome::{ErrorCode, StopReason, WarningCode};
+
+use super::guidance::{GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
+use super::state::{Ending, Mode, TurnPhase};
+use super::{Answer, TurnMachine};
+
+impl TurnMachine {
+    /// The model answered the call the machine asked for.
+    pub(crate) fn answered(&mut self, mut answer: Answer) {
+        let TurnPhase::Answering(answering) = &mut self.state.phase else {
+            return;
+        };
+        let final_answer = matches!(self.state.mode, Mode::FinalAnswer(_));
+        let max_continuations = self.settings.max_continuations;
+        let cut_off = answer.finish == Some(FinishReason::Length);
+        let has_text = !answer.content.trim().is_empty();
+        if cut_off && has_text && answer.tool_calls.is_empty() && answering.continued < max_continuations {
+            answering.continued += 1;
+            let continued = answering.continued;
+            // What the answer said so far is the last message, so the model
+            // sees it (one message: a chat template may insist that turns
+            // alternate). It leaves the history on every way out: the whole
+            // answer is stored once, or nothing.
+            let had_partial = is_partial(self.memory.messages(), &answering.so_far);
+            answering.so_far.push_str(&answer.content);
+            answering.extra = Some(GuidancePart::new("continue_answer", CONTINUE_ANSWER));
+            let so_far = answering.so_far.clone();
+            if had_partial {
+                self.memory.pop();
+            }
+            self.memory.push(Message::assistant(so_far));
+            self.warn(
+                WarningCode::OutputLimit,
+                format!(
+                    "the answer reached the model's output token limit (finish reason: length); asking the model to continue ({continued} of at most {max_continuations})"
+                ),
+            );
+            return;
+        }
+        if answer.finish == Some(FinishReason::ContentFilter) {
+            self.stop(StopReason::error(
+                ErrorCode::ContentFiltered,
+                "the provider's content filter stopped the model's answer (finish reason: content_filter, or an Anthropic refusal); what streamed before it is not kept",
+            ));
+            return;
+        }
+        let so_far_empty = answering.so_far.is_empty();
+        if !so_far_empty {
+            answer.content = format!("{}{}", answering.so_far, answer.content);
+        }
+        let empty = answer.content.trim().is_empty() && answer.tool_calls.is_empty();
+        let nudged = answering.nudged;
+        if empty && !final_answer && !nudged {
+            answering.nudged = true;
+            answering.extra = Some(GuidancePart::new("empty_answer", EMPTY_ANSWER_NUDGE));
+        }
+        if cut_off && (has_text || !so_far_empty) {
+            self.warn(
+                WarningCode::OutputLimit,
+                if answer.tool_calls.is_empty() {
+                    "the answer reached the model's output token limit and may be incomplete".to_string()
+                } else {
+                    "the answer reached the model's output token limit; its last tool call may be cut short".to_string()
+                },
+            );
+        }
+        if empty && !final_answer {
+            // A model that spent its whole output limit before writing
+            // anything (thinking, say) needs a higher limit, not a nudge.
+            let why = if cut_off {
+                "the model reached its output token limit before writing anything (finish reason: length); raise max_tokens"
+            } else {
+                "the model answered with nothing (no text, no tool call)"
+            };
+            if !nudged {
+                self.warn(WarningCode::EmptyAnswer, format!("{why}; asking once more"));
+            } else {
+                self.stop(StopReason::error(ErrorCode::EmptyAnswer, format!("{why}, twice")));
+            }
+            return;
+        }
+        self.leave_answering();
+        match self.state.mode.clone() {
+            Mode::FinalAnswer(why) => {
+                if answer.content.trim().is_empty() {
+                    self.stop(why.stop_reason());
+                } else {
+                    self.memory.push(Message::assistant(answer.content.clone()));
+                    self.end(Ending::Answer(answer.content));
+                }
+            }
+            Mode::Working if answer.tool_calls.is_empty() => {
+                self.memory.push(Message::assistant(answer.content.clone()));
+                self.state.phase = TurnPhase::Answered(answer.content);
+            }
+            Mode::Working => {
+                self.note(EventKind::tool_calls_start(&answer.tool_calls));
+                // The calls are saved before any of them runs, so a crash
+                // mid-tools leaves the calls (and the journal) to resume from.
+                self.memory.push(Message::Assistant {
+                    content: answer.content,
+                    tool_calls: answer.tool_calls,
+                });
+                self.state.phase = TurnPhase::Tools;
+                self.save_due = true;
+            }
+        }
+    }
+
+    /// Takes an answer in the making back out of the history.
+    pub(super) fn leave_answering(&mut self) {
+        if let TurnPhase::Answering(answering) = &mut self.state.phase {
+            if is_partial(self.memory.messages(), &answering.so_far) {
+                self.memory.pop();
+            }
+            answering.so_far.clear();
+        }
+    }
+}
+
+/// Whether the last message is the answer so far of a continued answer.
+fn is_partial(messages: &[Message], so_far: &str) -> bool {
+    !so_far.is_empty()
+        && matches!(
+            messages.last(),
+            Some(Message::Assistant { content, tool_calls }) if content == so_far && tool_calls.is_empty()
+        )
+}

@@ -1,0 +1,383 @@
+//! The turn machine: a run's whole state and the decision of what happens
+//! next, without IO — no model, no tools, no store, no clock, no channels.
+//!
+//! The driver (`engine`) asks [`TurnMachine::next`] what to do, does it (a
+//! model call, the tool pipeline, a checkpoint) and reports the result
+//! back; the machine updates its state and queues the events that explain
+//! the change, which the driver emits. Because the machine owns nothing
+//! but data, its state ([`RunState`] plus the history) is what a
+//! checkpoint saves and what resume loads. See docs/architecture.md.
+
+mod answer;
+mod guidance;
+mod state;
+
+use std::sync::Arc;
+
+use crate::event::{EventKind, TurnIds};
+use crate::feedback::{MonitorConfig, TaskHandler};
+use crate::memory::Memory;
+use crate::message::{Message, ToolCall};
+use crate::metrics::RunMetrics;
+use crate::outcome::{StopReason, WarningCode};
+use crate::tool_result::ToolResult;
+
+pub(crate) use guidance::{block as guidance_block, GuidancePart};
+pub use state::{Answering, Ending, FinalAnswer, Mode, RunState, TurnPhase};
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// A turn begins: check for a cancel, the run's deadline and a pause,
+    /// then [`TurnMachine::begin_turn`] (or [`TurnMachine::stop`]).
+    BeginTurn,
+    /// Call the model, then [`TurnMachine::answered`].
+    CallModel(ModelCall),
+    /// Run these calls (the last message's calls without results), then
+    /// [`TurnMachine::tools_returned`].
+    RunTools(Vec<ToolCall>),
+    /// The model answered without calls: read the steering, then
+    /// [`TurnMachine::end_turn`].
+    EndTurn,
+    /// Save the state and the unsaved history, then [`TurnMachine::saved`].
+    Checkpoint,
+    /// The run is over with this answer.
+    Finish(String),
+    /// The run is over without an answer.
+    Stop(StopReason),
+}
+
+/// A model call the machine asks for.
+#[derive(Debug)]
+pub(crate) struct ModelCall {
+    /// Whether tools are offered.
+    pub tools: bool,
+    /// Why not, on a final-answer call (for `llm.start`).
+    pub final_answer: Option<&'static str>,
+    /// Guidance for this request only, each part announced by the driver.
+    pub guidance: Vec<GuidancePart>,
+}
+
+/// A model's complete answer, as the machine reads it.
+#[derive(Debug, Default)]
+pub(crate) struct Answer {
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub finish: Option<crate::llm::FinishReason>,
+}
+
+/// What the driver saw when a turn's work ended.
+#[derive(Debug, Default)]
+pub(crate) struct TurnEnd {
+    /// The run must stop (cancel, deadline, interrupt).
+    pub stop: Option<StopReason>,
+    /// Messages a person sent meanwhile.
+    pub steering: Vec<String>,
+    /// Seconds since the run began.
+    pub elapsed_seconds: f64,
+}
+
+/// The agent's settings the machine decides by.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    /// How many times an answer cut off by the output limit is continued.
+    pub max_continuations: u32,
+    /// Whether feedback and the monitor's warnings are written.
+    pub feedback: bool,
+    pub task_handlers: Arc<[Arc<dyn TaskHandler>]>,
+    pub monitor: MonitorConfig,
+}
+
+/// A run's state with its history, and the rules that move it.
+pub(crate) struct TurnMachine {
+    state: RunState,
+    memory: Memory,
+    settings: Settings,
+    /// Ids of the current turn, for its events.
+    ids: TurnIds,
+    /// Events explaining the last change, for the driver to emit.
+    outbox: Vec<(TurnIds, EventKind)>,
+    /// A checkpoint is due before anything else.
+    save_due: bool,
+}
+
+impl TurnMachine {
+    /// A machine at `state` with `memory` as its history.
+    pub(crate) fn new(mut state: RunState, memory: Memory, settings: Settings) -> Self {
+        state.monitor = std::mem::take(&mut state.monitor).with_config(settings.monitor.clone());
+        let ids = TurnIds::of(&state.turn);
+        Self {
+            state,
+            memory,
+            settings,
+            ids,
+            outbox: Vec::new(),
+            save_due: false,
+        }
+    }
+
+    /// Re-enters a stored run where it stopped. The history decides where
+    /// the turn stands: calls without results are run (or settled from the
+    /// journal) and announced again for whoever follows the resumed run; a
+    /// saved answer ends the run; otherwise the next turn begins.
+    pub(crate) fn resume(state: RunState, memory: Memory, settings: Settings) -> Self {
+        let mut machine = Self::new(state, memory, settings);
+        let dangling = crate::history::dangling_calls(machine.memory.messages());
+        machine.state.phase = if !dangling.is_empty() {
+            machine.note(EventKind::tool_calls_start(&dangling));
+            TurnPhase::Tools
+        } else {
+            match machine.memory.messages().last() {
+                // The answer was saved; only the end was not recorded.
+                Some(Message::Assistant { content, tool_calls })
+                    if tool_calls.is_empty() && !content.trim().is_empty() =>
+                {
+                    machine.save_due = true;
+                    TurnPhase::Ended(Ending::Answer(content.clone()))
+                }
+                _ => TurnPhase::Boundary,
+            }
+        };
+        machine
+    }
+
+    /// What the driver must do next.
+    pub(crate) fn next(&mut self) -> Next {
+        if self.save_due {
+            return Next::Checkpoint;
+        }
+        match &mut self.state.phase {
+            TurnPhase::Boundary => Next::BeginTurn,
+            TurnPhase::Answering(answering) => {
+                let mut guidance = std::mem::take(&mut self.state.guidance);
+                guidance.extend(answering.extra.take());
+                let final_answer = match &self.state.mode {
+                    Mode::Working => None,
+                    Mode::FinalAnswer(why) => Some(why.reason()),
+                };
+                Next::CallModel(ModelCall {
+                    tools: final_answer.is_none(),
+                    final_answer,
+                    guidance,
+                })
+            }
+            TurnPhase::Tools => Next::RunTools(crate::history::dangling_calls(self.memory.messages())),
+            TurnPhase::Answered(_) => Next::EndTurn,
+            TurnPhase::Ended(Ending::Answer(content)) => Next::Finish(content.clone()),
+            TurnPhase::Ended(Ending::Stopped(reason)) => Next::Stop(reason.clone()),
+        }
+    }
+
+    /// The events explaining the last changes, oldest first.
+    pub(crate) fn take_events(&mut self) -> std::vec::Drain<'_, (TurnIds, EventKind)> {
+        self.outbox.drain(..)
+    }
+
+    /// A turn begins: at the step limit, or after a verdict of the
+    /// monitor, its model call offers no tools.
+    pub(crate) fn begin_turn(&mut self) {
+        self.state.compacted = false;
+        self.state.metrics.iterations += 1;
+        self.note(EventKind::IterationStart {
+            iteration: self.state.turn.turn_counter(),
+        });
+        // The hard step limit comes first (one reason, not two).
+        if self.state.turn.is_final() {
+            self.note(EventKind::MaxIterationsReached {
+                turn_counter: self.state.turn.turn_counter(),
+                max_iterations: self.state.turn.max_iterations(),
+            });
+            self.state.mode = Mode::FinalAnswer(FinalAnswer::MaxSteps);
+        }
+        let extra = match &self.state.mode {
+            Mode::Working => None,
+            Mode::FinalAnswer(why) => Some(GuidancePart::final_answer(why)),
+        };
+        self.state.phase = TurnPhase::Answering(Answering {
+            extra,
+            ..Answering::default()
+        });
+    }
+
+    /// The run must stop now. Its history stays valid: an answer in the
+    /// making is taken back.
+    pub(crate) fn stop(&mut self, reason: StopReason) {
+        self.leave_answering();
+        if let StopReason::Interrupted(why) = &reason {
+            self.warn(
+                WarningCode::Interrupted,
+                format!("{why}: the run stopped and can be resumed from its last checkpoint"),
+            );
+        }
+        self.end(Ending::Stopped(reason));
+    }
+
+    /// A run that could not even start (its record or its conversation
+    /// could not be loaded): over, with nothing to save.
+    pub(crate) fn fail_to_start(&mut self, reason: StopReason) {
+        self.state.phase = TurnPhase::Ended(Ending::Stopped(reason));
+    }
+
+    /// The turn's work is over without calls; steering decides whether
+    /// the run ends with the answer or a person's message gets a turn.
+    pub(crate) fn end_turn(&mut self, end: TurnEnd) {
+        let TurnPhase::Answered(content) = std::mem::replace(&mut self.state.phase, TurnPhase::Boundary) else {
+            return;
+        };
+        if end.steering.is_empty() {
+            self.end(Ending::Answer(content));
+            return;
+        }
+        self.memory.extend(end.steering.into_iter().map(Message::user));
+        self.recurse();
+    }
+
+    /// The turn's calls returned, one result each in call order: the
+    /// results join the history, the step is counted, the monitor and the
+    /// feedback look at them, and the next turn follows — unless the run
+    /// must stop.
+    pub(crate) fn tools_returned(&mut self, results: Vec<ToolResult>, end: TurnEnd) {
+        let calls = crate::history::dangling_calls(self.memory.messages());
+        let content = match self.memory.messages().last() {
+            Some(Message::Assistant { content, .. }) => content.clone(),
+            _ => String::new(),
+        };
+        let tool_messages = results
+            .iter()
+            .map(|result| Message::tool(&result.call_id, &result.name, &result.content));
+        if let Some(reason) = end.stop {
+            // An interrupted turn leaves its calls as a crash would: the
+            // resumed run settles them from the journal (a call that never
+            // started runs then), so nothing is lost or repeated.
+            if !matches!(reason, StopReason::Interrupted(_)) {
+                self.memory.extend(tool_messages);
+            }
+            self.stop(reason);
+            return;
+        }
+        self.memory.extend(tool_messages);
+        self.state.steps += 1;
+        let (counter, max) = (self.state.turn.turn_counter(), self.state.turn.max_iterations());
+        self.note(EventKind::StepCompleted {
+            step: self.state.steps,
+            max_steps: max,
+            elapsed_seconds: end.elapsed_seconds,
+        });
+
+        // Guidance for the next request only (never stored).
+        self.state.monitor.observe(&content, &calls, &results);
+        let verdict = self.state.monitor.check(counter + 1, max);
+        if self.settings.feedback {
+            let warned_of_errors = verdict
+                .warnings
+                .iter()
+                .any(|(reason, _)| *reason == "error_rate_warning");
+            let part = guidance::feedback(&self.settings.task_handlers, &self.state.task, &results, counter + 1)
+                .filter(|part| !(warned_of_errors && part.reason == "error"));
+            self.state.guidance.extend(part);
+            self.state.guidance.extend(
+                verdict
+                    .warnings
+                    .into_iter()
+                    .map(|(reason, content)| GuidancePart::new(reason, content)),
+            );
+        }
+        self.memory.extend(end.steering.into_iter().map(Message::user));
+        let ending_turn = self.ids.clone();
+        self.recurse();
+        // At the step limit the tools end anyway: the limit says so, and a
+        // verdict would only contradict it.
+        if let Some(stop) = verdict.terminate.filter(|_| counter + 1 < max) {
+            self.outbox.push((
+                ending_turn,
+                EventKind::Warning {
+                    code: WarningCode::MonitorStop,
+                    message: format!(
+                        "the recursion monitor ended the tool phase ({}: {}); the model is asked for its final answer without tools",
+                        stop.termination.reason(),
+                        stop.detail
+                    ),
+                },
+            ));
+            self.state.mode = Mode::FinalAnswer(FinalAnswer::Monitor(stop));
+        }
+    }
+
+    /// A checkpoint was written (or failed: the run stops, and a stop in
+    /// the middle of a turn is saved once more).
+    pub(crate) fn saved(&mut self, written: Result<(), StopReason>) {
+        self.save_due = false;
+        if let Err(reason) = written {
+            let mid_turn = !matches!(self.state.phase, TurnPhase::Ended(_));
+            self.state.phase = TurnPhase::Ended(Ending::Stopped(reason));
+            self.save_due = mid_turn;
+        }
+    }
+
+    /// The history was compressed during this turn.
+    pub(crate) fn compressed(&mut self) {
+        self.state.compacted = true;
+    }
+
+    /// The state.
+    pub(crate) fn state(&self) -> &RunState {
+        &self.state
+    }
+
+    /// The history.
+    pub(crate) fn memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    /// The history, for the driver's context work (compression) and checkpoints.
+    pub(crate) fn memory_mut(&mut self) -> &mut Memory {
+        &mut self.memory
+    }
+
+    /// The metrics, for what the driver measures (model calls, tools).
+    pub(crate) fn metrics_mut(&mut self) -> &mut RunMetrics {
+        &mut self.state.metrics
+    }
+
+    /// Whether the context warning was given since the last compression.
+    pub(crate) fn context_warned_mut(&mut self) -> &mut bool {
+        &mut self.state.context_warned
+    }
+
+    /// Ids of the current turn.
+    pub(crate) fn ids(&self) -> &TurnIds {
+        &self.ids
+    }
+
+    /// The state and the history, once the run is over.
+    pub(crate) fn into_parts(self) -> (RunState, Memory) {
+        (self.state, self.memory)
+    }
+
+    /// Tail call: the next turn, linked to this one.
+    fn recurse(&mut self) {
+        let next = self.state.turn.next_turn(self.state.compacted);
+        self.note(EventKind::Recursion {
+            from_turn: self.state.turn.turn_counter(),
+            to_turn: next.turn_counter(),
+            recursion_depth: next.turn_counter(),
+        });
+        self.state.turn = next;
+        self.ids = TurnIds::of(&self.state.turn);
+        self.state.phase = TurnPhase::Boundary;
+        self.save_due = true;
+    }
+
+    fn end(&mut self, ending: Ending) {
+        self.state.phase = TurnPhase::Ended(ending);
+        self.save_due = true;
+    }
+
+    fn note(&mut self, kind: EventKind) {
+        self.outbox.push((self.ids.clone(), kind));
+    }
+
+    fn warn(&mut self, code: WarningCode, message: String) {
+        self.note(EventKind::Warning { code, message });
+    }
+}

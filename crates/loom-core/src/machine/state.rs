@@ -1,0 +1,264 @@
+//! [`RunState`]: everything a run is between two steps of its driver, as
+//! one serializable value. A checkpoint writes it (with the messages the
+//! turn added); resume reads it back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::feedback::{RecursionMonitor, Stop, MAX_ITERATIONS_MESSAGE};
+use crate::message::Message;
+use crate::metrics::RunMetrics;
+use crate::outcome::StopReason;
+use crate::turn_state::TurnState;
+
+use super::guidance::GuidancePart;
+
+/// A run's whole state except its history (which a store keeps as
+/// messages, appended turn by turn) and its metrics (kept in their own
+/// column, read back with [`RunState::with_metrics`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// The current turn: seed 000's immutable chain, each turn linked to
+    /// the one before.
+    pub(crate) turn: TurnState,
+    /// Steps completed: turns whose tool calls ran.
+    pub(crate) steps: u32,
+    /// Whether tools are still offered.
+    pub(crate) mode: Mode,
+    /// Where the current turn stands.
+    pub(crate) phase: TurnPhase,
+    /// What the recursion monitor has seen.
+    pub(crate) monitor: RecursionMonitor,
+    /// Guidance for the next model request only.
+    pub(crate) guidance: Vec<GuidancePart>,
+    /// Whether the history was compressed in the current turn.
+    pub(crate) compacted: bool,
+    /// Whether the context warning was given since the last compression.
+    pub(crate) context_warned: bool,
+    /// The user's request (task handlers are chosen by it).
+    pub(crate) task: String,
+    #[serde(skip)]
+    pub(crate) metrics: RunMetrics,
+}
+
+/// Whether the run still works with tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Tools are offered.
+    Working,
+    /// One last call without tools, for the answer.
+    FinalAnswer(FinalAnswer),
+}
+
+/// Why a run's last call offers no tools.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalAnswer {
+    /// The step limit was reached.
+    MaxSteps,
+    /// The recursion monitor ended the tool phase.
+    Monitor(Stop),
+}
+
+impl FinalAnswer {
+    /// As named in events: `max_steps`, or the monitor's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MaxSteps => "max_steps",
+            Self::Monitor(stop) => stop.termination.reason(),
+        }
+    }
+
+    /// What the model is told (seed 003's messages).
+    pub(crate) fn message(&self) -> &'static str {
+        match self {
+            Self::MaxSteps => MAX_ITERATIONS_MESSAGE,
+            Self::Monitor(stop) => stop.termination.message(),
+        }
+    }
+
+    /// Why the run stops when the last call gives no answer either.
+    pub(crate) fn stop_reason(self) -> StopReason {
+        match self {
+            Self::MaxSteps => StopReason::MaxStepsWithoutAnswer,
+            Self::Monitor(stop) => StopReason::Monitor(stop),
+        }
+    }
+}
+
+/// Where a turn stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnPhase {
+    /// Between turns: the next one has not begun.
+    Boundary,
+    /// The model is being asked (perhaps again: a continued or retried answer).
+    Answering(Answering),
+    /// The model's calls are the last message of the history; their
+    /// results are awaited.
+    Tools,
+    /// The model answered without calls; the turn ends with this answer
+    /// unless a person steered meanwhile.
+    Answered(String),
+    /// The run is over.
+    Ended(Ending),
+}
+
+/// An answer in the making.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Answering {
+    /// What an answer cut off by the output limit said so far.
+    pub(crate) so_far: String,
+    /// Continuations asked for.
+    pub(crate) continued: u32,
+    /// Whether an empty answer was retried already.
+    pub(crate) nudged: bool,
+    /// Guidance for the next call of this turn only.
+    pub(crate) extra: Option<GuidancePart>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ending {
+    /// The model's answer.
+    Answer(String),
+    /// No answer, and why.
+    Stopped(StopReason),
+}
+
+impl RunState {
+    /// A run about to begin its first turn (`turn`) for `task`.
+    pub fn new(turn: TurnState, task: impl Into<String>) -> Self {
+        Self {
+            turn,
+            steps: 0,
+            mode: Mode::Working,
+            phase: TurnPhase::Boundary,
+            monitor: RecursionMonitor::default(),
+            guidance: Vec::new(),
+            compacted: false,
+            context_warned: false,
+            task: task.into(),
+            metrics: RunMetrics::default(),
+        }
+    }
+
+    /// Reads a stored state. A checkpoint written before states were
+    /// stored whole holds only the turn: the steps are then counted from
+    /// `messages`, and a monitor verdict is read from the turn's metadata.
+    pub fn from_json(text: &str, messages: &[Message]) -> Result<Self, serde_json::Error> {
+        match serde_json::from_str::<Self>(text) {
+            Ok(state) => Ok(state),
+            Err(err) => match serde_json::from_str::<TurnState>(text) {
+                Ok(turn) => Ok(Self::from_turn(turn, messages)),
+                Err(_) => Err(err),
+            },
+        }
+    }
+
+    /// The state of a run stored as its turn alone (older checkpoints).
+    fn from_turn(turn: TurnState, messages: &[Message]) -> Self {
+        let dangling = !crate::history::dangling_calls(messages).is_empty();
+        let with_calls = messages.iter().filter(|m| !m.tool_calls().is_empty()).count();
+        let verdict = turn
+            .metadata()
+            .get("loom.terminate")
+            .and_then(|verdict| serde_json::from_value::<Stop>(rename_reason(verdict.clone())).ok());
+        let mut state = Self::new(turn, String::new());
+        state.steps = with_calls.saturating_sub(usize::from(dangling)) as u32;
+        if let Some(stop) = verdict {
+            state.mode = Mode::FinalAnswer(FinalAnswer::Monitor(stop));
+        }
+        state
+    }
+
+    /// The same state with the run's metrics (stored beside it).
+    pub fn with_metrics(mut self, metrics: RunMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The current turn.
+    pub fn turn(&self) -> &TurnState {
+        &self.turn
+    }
+
+    /// Steps completed (turns whose tool calls ran).
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// Whether tools are still offered.
+    pub fn mode(&self) -> &Mode {
+        &self.mode
+    }
+
+    /// Where the current turn stands.
+    pub fn phase(&self) -> &TurnPhase {
+        &self.phase
+    }
+
+    /// The run's metrics.
+    pub fn metrics(&self) -> &RunMetrics {
+        &self.metrics
+    }
+}
+
+/// Older checkpoints wrote the monitor's verdict as `{reason, detail}`.
+fn rename_reason(mut verdict: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = verdict.as_object_mut() {
+        if let Some(reason) = object.remove("reason") {
+            object.insert("termination".into(), reason);
+        }
+    }
+    verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::ToolCall;
+    use serde_json::json;
+
+    #[test]
+    fn a_state_survives_a_round_trip() {
+        let mut state = RunState::new(TurnState::initial(10).next_turn(false), "task");
+        state.steps = 1;
+        state.mode = Mode::FinalAnswer(FinalAnswer::MaxSteps);
+        state.phase = TurnPhase::Ended(Ending::Stopped(StopReason::Cancelled("stop".into())));
+        let text = serde_json::to_string(&state).unwrap();
+        assert_eq!(RunState::from_json(&text, &[]).unwrap(), state);
+    }
+
+    #[test]
+    fn an_older_checkpoint_of_the_turn_alone_is_read() {
+        let turn = TurnState::initial(10).next_turn(false).with_metadata(
+            "loom.terminate",
+            json!({"reason": "loop_detected", "detail": "the same 2 turns repeated back to back"}),
+        );
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "read_file".into(),
+            arguments: json!({}),
+        };
+        let messages = vec![
+            Message::user("q"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call("a")],
+            },
+            Message::tool("a", "read_file", "x"),
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call("b")],
+            },
+        ];
+        let state = RunState::from_json(&serde_json::to_string(&turn).unwrap(), &messages).unwrap();
+        assert_eq!(state.turn(), &turn);
+        assert_eq!(state.steps(), 1, "the dangling turn is not a step yet");
+        assert!(
+            matches!(state.mode(), Mode::FinalAnswer(FinalAnswer::Monitor(stop)) if stop.termination.reason() == "loop_detected")
+        );
+    }
+}

@@ -1,0 +1,85 @@
+//! What is done with stored runs outside a live run: recovery of runs whose
+//! process died, the conversation a session continues from, and cancelling
+//! a run no process executes. See docs/architecture.md.
+
+use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::message::Message;
+use crate::status::RunStatus;
+use crate::store::{Store, StoreError};
+use crate::turn_state::TurnState;
+
+/// Marks every active run whose owner process is known to be dead as
+/// `INTERRUPTED` (DESIGN 4.2) and returns their ids. Runs owned by live
+/// processes, other hosts or workers are left alone.
+pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
+    let mut interrupted = Vec::new();
+    for run in store.active_runs().await? {
+        if crate::owner::liveness(&run.owner) == crate::owner::Liveness::Dead
+            && store.mark_interrupted(&run.run_id, &run.owner).await?
+        {
+            interrupted.push(run.run_id);
+        }
+    }
+    Ok(interrupted)
+}
+
+/// The conversation so far of a session, to continue it: the history of
+/// its latest run without its system prompt (a new run writes its own),
+/// with any call that run left without a result closed (see
+/// [`crate::resume::close_dangling`]). Empty for a new session.
+pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<Message>, StoreError> {
+    // The latest run that wrote anything: a run whose process died before
+    // its first checkpoint holds no messages.
+    for run in store.session_runs(session_id).await?.iter().rev() {
+        let snapshot = store.load_run(&run.run_id).await?;
+        if snapshot.messages.is_empty() {
+            continue;
+        }
+        let mut messages = snapshot.messages;
+        if matches!(messages.first(), Some(Message::System { .. })) {
+            messages.remove(0);
+        }
+        crate::resume::close_dangling(&mut messages, &snapshot.journal);
+        return Ok(messages);
+    }
+    Ok(Vec::new())
+}
+
+/// Cancels a stored run that no process executes (`QUEUED`, or
+/// `INTERRUPTED` after its process died): its event log is closed with
+/// `execution.cancelled` and `lifecycle.end`, continuing its `seq`, so the
+/// log ends like every other run's. A run a live process executes must be
+/// cancelled through that process instead.
+pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<(), StoreError> {
+    let snapshot = store.load_run(run_id).await?;
+    let state = snapshot.next_turn().cloned().unwrap_or_else(|| TurnState::initial(1));
+    // Nobody listens: the events only go to the log.
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let events = EventEmitter::new(run_id.into(), 0, tx)
+        .continuing_after(snapshot.last_seq)
+        .with_log();
+    let turn = TurnIds::of(&state);
+    events.emit(
+        &turn,
+        EventKind::ExecutionCancelled {
+            reason: reason.to_string(),
+        },
+    );
+    events.emit(
+        &turn,
+        EventKind::LifecycleEnd {
+            status: RunStatus::Canceled,
+            content: None,
+            metrics: snapshot.run.metrics.clone(),
+        },
+    );
+    store
+        .finish_run(
+            run_id,
+            RunStatus::Canceled,
+            None,
+            &snapshot.run.metrics,
+            &events.take_log(),
+        )
+        .await
+}
