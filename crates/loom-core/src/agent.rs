@@ -622,7 +622,7 @@ impl Agent {
             Some(snapshot.run.session_id.clone()),
             snapshot.last_seq,
         );
-        Ok(handle.spawn(driver.drive(Start::Resumed(snapshot))))
+        Ok(handle.spawn(driver.drive(Start::Resumed(Box::new(snapshot)))))
     }
 
     /// The run's driver and the handle that controls it, not started yet.

@@ -564,7 +564,7 @@ async fn an_exhausted_script_ends_the_run_with_a_clear_error() {
     let error = events
         .iter()
         .find_map(|e| match &e.kind {
-            EventKind::Error { code, message, .. } => Some((code.clone(), message.clone())),
+            EventKind::Error { code, message, .. } => Some((*code, message.clone())),
             _ => None,
         })
         .unwrap();

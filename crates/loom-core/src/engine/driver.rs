@@ -25,7 +25,7 @@ pub(crate) enum Start {
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
-    Resumed(RunSnapshot),
+    Resumed(Box<RunSnapshot>),
 }
 
 /// The deadlines of the current turn.
@@ -43,7 +43,7 @@ impl Driver {
         self.controls.show(RunStatus::Running);
         let mut machine = match start {
             Start::New { prompt, history } => self.begin(prompt, history).await,
-            Start::Resumed(snapshot) => self.reenter(snapshot).await,
+            Start::Resumed(snapshot) => self.reenter(*snapshot).await,
         };
         let ending = self.run(&mut machine).await;
         self.close(machine, ending).await
