@@ -21,6 +21,8 @@
 //! `LOOM_BIN=/path/to/loom` measures another build of the binary (e.g. an
 //! older commit, for a before/after comparison on one machine).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

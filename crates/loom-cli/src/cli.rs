@@ -1,4 +1,4 @@
-//! Command-line arguments (DESIGN 4.5).
+//! Command-line arguments (docs/cli.md).
 
 use std::path::PathBuf;
 

@@ -1,4 +1,4 @@
-//! `loom.toml` (DESIGN 4.7): found, parsed and merged under the command line.
+//! `loom.toml` (docs/cli.md): found, parsed and merged under the command line.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -164,7 +164,7 @@ fn clip(text: &str, max: usize) -> String {
     }
 }
 
-/// The run summary of `--verbose` (seed 002's metrics and optimizer).
+/// The run summary of `--verbose` (docs/context.md, run metrics).
 pub fn summary(outcome: &loom::RunOutcome) -> String {
     let m = &outcome.metrics;
     let mut out = format!(

@@ -16,7 +16,7 @@ use crate::render::{Human, JsonLines, Renderer};
 use crate::signals::{Signal, Signals};
 use crate::{context, permissions, provider, store};
 
-/// Exit codes of DESIGN 4.5.
+/// Exit codes (docs/cli.md).
 pub mod exit {
     pub const ERROR: u8 = 1;
     pub const USAGE: u8 = 2;

@@ -4,6 +4,8 @@
 //! And tool-call ids a provider got wrong are made unique before anything
 //! pairs results with calls.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::{json_lines, loom_in, message_texts, reminders};

@@ -3,6 +3,8 @@
 //! answer (the session goes on), a restart that continues the session,
 //! `/new` and `/exit`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 #![cfg(unix)]
 
 mod common;

@@ -1,5 +1,7 @@
 //! `loom run` from the outside: the real binary, its stdout, stderr and exit codes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::loom;

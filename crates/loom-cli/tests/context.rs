@@ -1,6 +1,8 @@
 //! Context in `loom run`: project instructions reach the model, loom.toml's
 //! compression and retrieval keys work, and `--verbose` prints the summary.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::loom_in;

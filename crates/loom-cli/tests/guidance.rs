@@ -4,6 +4,8 @@
 //! fake server received. And the recursion monitor: defaults that let a
 //! model recover from failed calls, its own stop reason, its switches.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::{json_lines, loom_in, message_texts, reminders, script_at, succeeded};

@@ -1,6 +1,8 @@
 //! Permissions in `loom run`: the prompt on a real pseudo-terminal, `--yes`,
 //! no terminal at all, `--allow/--deny` over loom.toml, and redaction.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::loom;

@@ -2,6 +2,8 @@
 //! on 127.0.0.1: whole runs, a missing key, retries exhausted, Ctrl-C on a
 //! slow stream, prices, and a recorded run replayed offline.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::loom_in;

@@ -4,6 +4,8 @@
 //! real run — checked in the `tool.result` event and in the request body
 //! the fake server received. Look-alikes reach both untouched.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::{json_lines, loom_in, succeeded};

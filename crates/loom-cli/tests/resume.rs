@@ -3,6 +3,8 @@
 //! `loom runs resume`. Every trial prints its seed; rerun one with
 //! `LOOM_KILL_SEED=<seed> cargo test -p loom-cli --test resume`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use std::collections::BTreeMap;

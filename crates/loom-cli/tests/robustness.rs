@@ -4,6 +4,8 @@
 //! come from stdin or a file, a malformed script names its bad turn, and
 //! every JSON Loom prints is camelCase.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::{json_lines, loom, loom_in, script_at, succeeded};

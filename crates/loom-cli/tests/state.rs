@@ -3,6 +3,8 @@
 //! gets a clear error (and the run goes on and is recorded), and listing or
 //! searching never shows it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::{json_lines, loom_in, script_at, succeeded};

@@ -1,6 +1,8 @@
 //! `loom run` makes its runs durable: `.loom/loom.db` by default, `--db`,
 //! `store = "none"`, `--session`, and a bad database is a clear error.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod common;
 
 use common::loom_in;

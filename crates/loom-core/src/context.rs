@@ -7,10 +7,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Limits of one run (seed 004's LoopConfig).
+/// Limits of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Turns that may use tools before the final answer is demanded (seed 004's `maxSteps`).
+    /// Turns that may use tools before the final answer is demanded.
     pub max_steps: u32,
     /// Wall-clock limit of the whole run; `None` for no limit.
     pub run_timeout: Option<Duration>,

@@ -1,4 +1,4 @@
-//! The typed event stream of a run (DESIGN 4.1).
+//! The typed event stream of a run (docs/events.md).
 //!
 //! Every event is one JSON object: the common fields (`runId`, `turnId`,
 //! `parentTurnId`, `depth`, `seq`, `ts`) plus `type` and the fields of its
@@ -254,11 +254,11 @@ pub enum EventKind {
         from_turn: u32,
         /// Counter of the turn that begins; equal to the recursion depth.
         to_turn: u32,
-        /// The recursion depth reached (seed 000's `depth`). Named apart from
+        /// The recursion depth reached (the turn counter). Named apart from
         /// the common `depth`, which is the run's depth in the run tree.
         recursion_depth: u32,
     },
-    /// A turn that used tools finished (seed 004).
+    /// A turn that used tools finished: a step.
     "step.completed" => StepCompleted {
         /// Tool turns completed so far.
         step: u32,

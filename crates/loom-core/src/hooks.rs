@@ -1,4 +1,4 @@
-//! Hooks around every tool call (seed 004's hook points).
+//! Hooks around every tool call (docs/library.md).
 //!
 //! `before_tool` runs in the authorize stage, in registration order, and may
 //! let the call through, allow it outright, ask a person, deny it, or rewrite

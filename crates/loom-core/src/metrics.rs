@@ -104,7 +104,7 @@ impl RunMetrics {
         *self.errors.entry(kind.to_string()).or_default() += 1;
     }
 
-    /// Seed 002's optimizer: suggestions drawn from the metrics.
+    /// Suggestions drawn from the metrics.
     pub fn suggestions(&self) -> Vec<String> {
         let mut out = Vec::new();
         let tokens = self.input_tokens + self.output_tokens;

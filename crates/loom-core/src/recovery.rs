@@ -9,7 +9,7 @@ use crate::store::{Store, StoreError};
 use crate::turn_state::TurnState;
 
 /// Marks every active run whose owner process is known to be dead as
-/// `INTERRUPTED` (DESIGN 4.2) and returns their ids. Runs owned by live
+/// `INTERRUPTED` (docs/architecture.md, run status) and returns their ids. Runs owned by live
 /// processes, other hosts or workers are left alone.
 pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
     let mut interrupted = Vec::new();

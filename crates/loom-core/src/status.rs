@@ -1,4 +1,4 @@
-//! Run status and its legal transitions (DESIGN 4.2).
+//! Run status and its legal transitions (docs/architecture.md, run status).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +24,7 @@ pub enum RunStatus {
     Interrupted,
 }
 
-/// A transition that DESIGN 4.2 does not allow.
+/// A transition that docs/architecture.md does not allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("INVALID_STATE: a run cannot go from {from:?} to {to:?}")]
 pub struct InvalidTransition {
@@ -54,7 +54,7 @@ impl RunStatus {
         matches!(self, Self::Done | Self::Error | Self::Canceled | Self::Timeout)
     }
 
-    /// Moves to `to` if DESIGN 4.2 allows it.
+    /// Moves to `to` if docs/architecture.md allows it.
     pub fn transition(self, to: RunStatus) -> Result<RunStatus, InvalidTransition> {
         use RunStatus::*;
         let allowed = match (self, to) {

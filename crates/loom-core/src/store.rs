@@ -96,7 +96,7 @@ pub struct RunSnapshot {
 /// A store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// An illegal status transition (DESIGN 4.2).
+    /// An illegal status transition (docs/architecture.md, run status).
     #[error(transparent)]
     InvalidState(#[from] InvalidTransition),
     /// No such run.
@@ -136,7 +136,7 @@ pub trait Store: Send + Sync {
     /// Records a new run (and its session, if new) with status `QUEUED`.
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError>;
 
-    /// Moves a run to `to`, refusing transitions DESIGN 4.2 does not allow.
+    /// Moves a run to `to`, refusing transitions docs/architecture.md does not allow.
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError>;
 
     /// Writes one turn's checkpoint atomically.
@@ -182,6 +182,14 @@ pub trait Store: Send + Sync {
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// Whether the store keeps anything. Only the store of a run without
+    /// one says no; its callers then skip the calls that would do nothing
+    /// (a journal row per tool call, a checkpoint per turn) — same path,
+    /// no cost.
+    fn keeps_anything(&self) -> bool {
+        true
+    }
+
     /// The files this store writes, if it writes local files: tools are
     /// kept away from them (a tool writing into the database would break
     /// the run that records it).
@@ -204,6 +212,10 @@ pub(crate) struct NoStore;
 
 #[async_trait]
 impl Store for NoStore {
+    fn keeps_anything(&self) -> bool {
+        false
+    }
+
     async fn create_run(&self, _run: &RunRecord) -> Result<(), StoreError> {
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! `TurnState`: the immutable state of one turn of the `tt` recursion (seed 000).
+//! `TurnState`: the immutable state of one turn of the run (docs/architecture.md).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

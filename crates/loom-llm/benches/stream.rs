@@ -6,6 +6,8 @@
 //!
 //!     cargo bench -p loom-llm --bench stream
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;

@@ -4,7 +4,7 @@
 //!   llama.cpp's server, LM Studio, DeepSeek…), streamed or not, with an
 //!   opt-in mode that reads `<tool_call>` blocks from text.
 //! - [`anthropic`]: the Anthropic Messages API.
-//! - [`scripted`]: the scripted model (DESIGN 4.6) for tests and demos, and
+//! - [`scripted`]: the scripted model (docs/library.md) for tests and demos, and
 //!   [`recorder`], which writes any model's answers in that format.
 //!
 //! Every HTTP provider retries rate limits, server errors and broken

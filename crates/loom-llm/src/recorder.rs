@@ -1,5 +1,5 @@
 //! `--record`: wraps a model and writes its answers in the scripted-model
-//! format (DESIGN 4.6), so a real run replays offline with `scripted:PATH`.
+//! format (docs/library.md, the scripted model), so a real run replays offline with `scripted:PATH`.
 
 use std::path::PathBuf;
 use std::sync::Arc;

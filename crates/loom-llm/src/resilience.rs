@@ -1,5 +1,5 @@
 //! What keeps a provider usable when the service misbehaves: retries with
-//! exponential backoff and jitter, a circuit breaker (seed 002 11.4), and a
+//! exponential backoff and jitter, a circuit breaker (docs/library.md), and a
 //! client-side requests-per-minute limit.
 
 use std::collections::VecDeque;

@@ -1,4 +1,4 @@
-//! The scripted model (DESIGN 4.6): plays a list of answers in order, so
+//! The scripted model (docs/library.md): plays a list of answers in order, so
 //! runs can be tested and demonstrated without a real model or API key.
 //!
 //! ```json

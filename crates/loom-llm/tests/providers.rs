@@ -3,6 +3,8 @@
 //! byte for byte, request bodies checked, and every failure a real service
 //! produces — rate limits, server errors, resets, cut streams, bad tool JSON.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,6 +5,8 @@
 //!
 //!     cargo bench -p loom-store --bench checkpoint
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -161,7 +161,7 @@ fn status_of(text: &str) -> Result<RunStatus, StoreError> {
     parse(&format!("\"{text}\""))
 }
 
-/// The run's status after a move to `to`, if DESIGN 4.2 allows it (read
+/// The run's status after a move to `to`, if docs/architecture.md allows it (read
 /// inside the caller's write transaction, so no other writer interleaves).
 fn checked_transition(
     tx: &rusqlite::Transaction<'_>,

@@ -1,6 +1,8 @@
 //! `SqliteStore` on real database files: the status machine, checkpoints,
 //! the journal, events, two processes at once, and bad input.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::time::Duration;
 
 use loom_core::{
@@ -50,7 +52,7 @@ const ALL: [RunStatus; 8] = [
     Interrupted,
 ];
 
-/// DESIGN 4.2, written out by hand so the test does not just mirror the code.
+/// The transitions of docs/architecture.md, written out by hand so the test does not just mirror the code.
 const LEGAL: &[(RunStatus, RunStatus)] = &[
     (Queued, Running),
     (Queued, Canceled),

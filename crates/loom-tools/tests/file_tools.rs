@@ -1,5 +1,7 @@
 //! The file tools through their public `Tool` interface, on real files.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::path::Path;
 use std::sync::Arc;
 

@@ -8,6 +8,8 @@
 //!
 //!     cargo bench -p loom --bench pipeline
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::time::{Duration, Instant};
 
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};

@@ -4,6 +4,8 @@
 //!
 //!     cargo run -p loom --example custom_tool
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom::{Agent, Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;

@@ -2,6 +2,8 @@
 //! feedback, compression (with a scripted summarizer, and its failure),
 //! project instructions, the assembler and retrieval.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod support;
 
 use std::sync::Arc;

@@ -1,6 +1,8 @@
-//! The engine through the library API: seed 000's acceptance tests, seed
-//! 004's termination matrix, error results the model recovers from, and the
+//! The engine through the library API: the acceptance tests of the turn loop,
+//! the termination matrix, error results the model recovers from, and the
 //! controls of a live run. The scripted model stands in for the remote model.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
 mod support;
 
@@ -24,7 +26,7 @@ fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
     Arc::new(ScriptedModel::new(turns))
 }
 
-// ---- seed 000: acceptance tests ----
+// ---- acceptance tests of the turn loop ----
 
 #[tokio::test]
 async fn base_case_without_tools_finishes_in_one_turn() {
@@ -190,7 +192,7 @@ async fn cancelled_before_start_never_calls_the_model() {
     assert_eq!(reasons, vec!["stopped early".to_string()]);
 }
 
-// ---- seed 004: termination matrix, one test per row ----
+// ---- termination matrix (docs/architecture.md), one test per row ----
 
 #[tokio::test]
 async fn matrix_answer_without_tools_is_done() {

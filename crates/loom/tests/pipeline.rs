@@ -2,6 +2,8 @@
 //! rules, ask round trips), hooks, the parallel scheduler, per-call
 //! timeouts, and the format stage (redaction, truncation).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,6 +3,8 @@
 //! checked end to end — in the events and in what the provider receives —
 //! by `loom-cli/tests/redaction.rs`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use loom::Redactor;
 use loom_testkit::redaction::CORPUS;
 

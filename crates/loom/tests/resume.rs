@@ -2,6 +2,8 @@
 //! from its last checkpoint without losing a result or repeating a side
 //! effect; sessions continue their conversation.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
 use std::sync::{Arc, Mutex};
 
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};

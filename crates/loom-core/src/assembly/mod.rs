@@ -1,4 +1,4 @@
-//! Building the system prompt (seed 000's context assembly): components
+//! Building the system prompt (docs/context.md): components
 //! with priorities under a token budget, project instructions, retrieval.
 
 mod assembler;

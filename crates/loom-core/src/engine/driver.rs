@@ -236,6 +236,10 @@ impl Driver {
     /// Writes the state, the unsaved history and the events since the last
     /// checkpoint. The only place a run is checkpointed.
     async fn checkpoint(&mut self, machine: &mut TurnMachine) -> Result<(), StopReason> {
+        if !self.store.keeps_anything() {
+            machine.memory_mut().mark_saved();
+            return Ok(());
+        }
         let events = self.events.take_log();
         machine.metrics_mut().duration_ms = self.ctx.elapsed().as_millis() as u64;
         let (new_messages, replaced_history) = match machine.memory().unsaved() {

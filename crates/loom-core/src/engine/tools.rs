@@ -28,7 +28,7 @@ impl Driver {
         self.events
             .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
         let end = self.turn_end(true);
-        machine.tools_returned(results, end);
+        machine.tools_returned(&calls, results, end);
     }
 
     /// Calls cut short by a crash: recorded results are reused, calls that

@@ -1,4 +1,4 @@
-//! Feedback between turns (seed 003): the tool results are analysed and the
+//! Feedback between turns (docs/context.md): the tool results are analysed and the
 //! first matching `TaskHandler` (or the default) writes guidance for the
 //! next request. The default speaks only when there is a signal — a call
 //! failed — and never invents progress figures: a model does not need to be
@@ -30,7 +30,7 @@ const ERROR_WORDS: [&str; 4] = ["error", "failed", "exception", "not found"];
 const DONE_WORDS: [&str; 5] = ["complete", "finished", "done", "ready", "success"];
 const ANALYSIS_WORDS: [&str; 4] = ["analysis", "summary", "conclusion", "insights"];
 
-/// Analyses a turn's results by status and by the keywords of seed 003.
+/// Analyses a turn's results by status and by the keywords below.
 pub fn analyze(results: &[ToolResult]) -> ResultAnalysis {
     let mut analysis = ResultAnalysis {
         results: results.len(),

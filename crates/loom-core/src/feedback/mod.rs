@@ -1,4 +1,4 @@
-//! Chain-of-thought feedback (seed 003): the recursion monitor and the
+//! Chain-of-thought feedback (docs/context.md): the recursion monitor and the
 //! guidance written between turns.
 
 mod guidance;

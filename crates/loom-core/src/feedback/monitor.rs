@@ -1,4 +1,4 @@
-//! `RecursionMonitor` (seed 003): watches the turns for repeated tool
+//! `RecursionMonitor` (docs/context.md): watches the turns for repeated tool
 //! calls, loops and errors, warns at 80 % of a limit and ends the tool
 //! phase of a run (one last call for the answer) when a limit is reached.
 //!
@@ -104,7 +104,7 @@ impl Termination {
         self.as_str()
     }
 
-    /// Seed 003's termination message, for the model.
+    /// The termination message the model reads.
     pub fn message(self) -> &'static str {
         match self {
             Self::DuplicateTools => "⚠️ Detected repeated tool calls. Please proceed with available information.",
@@ -127,7 +127,7 @@ pub struct Stop {
 /// model has had two chances to correct itself.
 pub const MIN_FAILING_TURNS: usize = 3;
 
-/// The message when the step limit is reached (seed 003).
+/// The message when the step limit is reached (docs/context.md).
 pub const MAX_ITERATIONS_MESSAGE: &str =
     "⚠️ Maximum iterations reached. Please provide the best answer with current information.";
 

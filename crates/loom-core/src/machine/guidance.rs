@@ -1,4 +1,4 @@
-//! Guidance (seed 003's feedback, the monitor's warnings, the final-answer
+//! Guidance (feedback, the monitor's warnings, the final-answer
 //! instruction): written for the next model request only, never stored in
 //! the history, so a long run does not pile up reminders and a provider
 //! that takes one system message only never sees a second one. All parts

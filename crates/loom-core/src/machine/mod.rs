@@ -236,8 +236,8 @@ impl TurnMachine {
     /// results join the history, the step is counted, the monitor and the
     /// feedback look at them, and the next turn follows — unless the run
     /// must stop.
-    pub(crate) fn tools_returned(&mut self, results: Vec<ToolResult>, end: TurnEnd) {
-        let calls = crate::history::dangling_calls(self.memory.messages());
+    /// `calls` are those of [`Next::RunTools`].
+    pub(crate) fn tools_returned(&mut self, calls: &[ToolCall], results: Vec<ToolResult>, end: TurnEnd) {
         let content = match self.memory.messages().last() {
             Some(Message::Assistant { content, .. }) => content.clone(),
             _ => String::new(),
@@ -265,7 +265,7 @@ impl TurnMachine {
         });
 
         // Guidance for the next request only (never stored).
-        self.state.monitor.observe(&content, &calls, &results);
+        self.state.monitor.observe(&content, calls, &results);
         let verdict = self.state.monitor.check(counter + 1, max);
         if self.settings.feedback {
             let warned_of_errors = verdict

@@ -17,7 +17,7 @@ use super::guidance::GuidancePart;
 /// column, read back with [`RunState::with_metrics`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunState {
-    /// The current turn: seed 000's immutable chain, each turn linked to
+    /// The current turn: the immutable chain, each turn linked to
     /// the one before.
     pub(crate) turn: TurnState,
     /// Steps completed: turns whose tool calls ran.
@@ -69,7 +69,7 @@ impl FinalAnswer {
         }
     }
 
-    /// What the model is told (seed 003's messages).
+    /// What the model is told (docs/context.md).
     pub(crate) fn message(&self) -> &'static str {
         match self {
             Self::MaxSteps => MAX_ITERATIONS_MESSAGE,

@@ -1,4 +1,4 @@
-//! Structured compression (seed 002): the older part of the history becomes
+//! Structured compression (docs/context.md): the older part of the history becomes
 //! one system message with eight sections, written by a model; the system
 //! prompt, the user's latest request and the most recent messages stay as
 //! they are. An assistant message with tool calls and its tool results are

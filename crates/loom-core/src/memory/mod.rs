@@ -26,8 +26,8 @@ pub struct MemoryConfig {
     /// Messages at the end of the history kept as they are (default 8; the
     /// cut moves back so a tool call is never split from its results).
     pub keep_recent_messages: usize,
-    /// Compression aims below this share of the window (default 0.75, seed
-    /// 002's target), so the next turns do not compress again at once.
+    /// Compression aims below this share of the window (default 0.75), so
+    /// the next turns do not compress again at once.
     pub target_ratio: f64,
 }
 

@@ -1,4 +1,4 @@
-//! The six-stage tool pipeline (seed 002): discover → validate → authorize
+//! The six-stage tool pipeline (docs/library.md): discover → validate → authorize
 //! → check cancel → execute → format.
 //!
 //! The first four stages run call by call in the model's order (so a person

@@ -1,4 +1,4 @@
-//! Redaction of secrets in tool output (seed 002's output sanitization),
+//! Redaction of secrets in tool output (docs/cli.md, output safety),
 //! before the model, the events or the store see it.
 //!
 //! Two passes. The first removes what is a secret by its shape alone —

@@ -64,7 +64,7 @@ async fn run_group(
                 }
                 // A call with side effects is journaled before it runs, so a
                 // resumed run never repeats it silently.
-                let journal = (!tool.tool.read_only()).then_some(env.store);
+                let journal = (!tool.tool.read_only() && env.store.keeps_anything()).then_some(env.store);
                 if let Some(store) = journal {
                     if let Err(err) = store.journal_intent(env.ctx.run_id(), call).await {
                         let refused = super::stages::error(
