@@ -23,7 +23,7 @@ const HELP: &str = "Type a task and press Enter. Commands: /new starts a new con
 /session shows its id, /resume continues a task interrupted by a crash, /exit quits (so does Ctrl-D). \
 Ctrl-C cancels the answer in progress.";
 
-pub async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
     let agent = build_agent(&args.agent, &args.place, None)
         .await
         .map_err(Failure::Usage)?;

@@ -7,13 +7,13 @@ use clap::{Args, Parser, Subcommand};
 /// Loom: run an agent that thinks, calls tools and answers.
 #[derive(Debug, Parser)]
 #[command(name = "loom", version, about, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run one task: the answer streams to stdout, tool activity to stderr.
     Run(Box<RunArgs>),
     /// An interactive session: one task after another in one conversation.
@@ -23,7 +23,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct RunsArgs {
+pub(crate) struct RunsArgs {
     #[command(subcommand)]
     pub command: RunsCommand,
 
@@ -41,7 +41,7 @@ pub struct RunsArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RunsCommand {
+pub(crate) enum RunsCommand {
     /// The newest runs.
     List {
         /// How many.
@@ -79,7 +79,7 @@ pub enum RunsCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// The task for the agent; `-` reads it from stdin, as does no task when stdin is not a terminal.
     pub prompt: Option<String>,
 
@@ -103,7 +103,7 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ChatArgs {
+pub(crate) struct ChatArgs {
     #[command(flatten)]
     pub place: PlaceArgs,
 
@@ -121,7 +121,7 @@ pub struct ChatArgs {
 
 /// Where the tools work and where runs are recorded.
 #[derive(Debug, Args)]
-pub struct PlaceArgs {
+pub(crate) struct PlaceArgs {
     /// The directory the tools are confined to (default: the current directory).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -133,7 +133,7 @@ pub struct PlaceArgs {
 
 /// How the agent is configured: model, limits, permissions.
 #[derive(Debug, Args)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
     #[arg(long, env = "LOOM_MODEL")]
     pub model: Option<String>,

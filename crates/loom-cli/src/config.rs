@@ -11,7 +11,7 @@ use serde::Deserialize;
 /// typos do not pass silently.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     pub model: Option<String>,
     /// `sqlite:PATH` (relative to this file) or `none`.
     pub store: Option<String>,
@@ -52,7 +52,7 @@ pub struct FileConfig {
 /// signed numbers so that a negative one gets a clear message.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FeedbackConfig {
+pub(crate) struct FeedbackConfig {
     pub enabled: Option<bool>,
     pub monitor: Option<bool>,
     pub duplicate_threshold: Option<i64>,
@@ -65,7 +65,7 @@ pub struct FeedbackConfig {
 /// `[retrieval]`: a folder of documents searched with the user's request.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RetrievalConfig {
+pub(crate) struct RetrievalConfig {
     /// The folder, relative to the config file.
     pub dir: PathBuf,
     /// Passages added to the system prompt (default 5).
@@ -75,7 +75,7 @@ pub struct RetrievalConfig {
 /// `[provider]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProviderConfig {
+pub(crate) struct ProviderConfig {
     pub base_url: Option<String>,
     /// Stream answers (false for servers that cannot).
     pub stream: Option<bool>,
@@ -104,7 +104,7 @@ pub struct ProviderConfig {
 /// `[prices."MODEL"]`, US dollars per million tokens.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PriceConfig {
+pub(crate) struct PriceConfig {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
 }
@@ -112,7 +112,7 @@ pub struct PriceConfig {
 /// `[scheduler]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SchedulerConfig {
+pub(crate) struct SchedulerConfig {
     pub max_concurrency: Option<usize>,
     pub tool_timeout_secs: Option<u64>,
     /// Per-tool limits in seconds (`[scheduler.tool_timeouts]`).
@@ -122,7 +122,7 @@ pub struct SchedulerConfig {
 
 /// A loaded configuration and where it came from.
 #[derive(Debug, Default)]
-pub struct LoadedConfig {
+pub(crate) struct LoadedConfig {
     pub file: FileConfig,
     /// The file's directory, for paths written in it.
     pub dir: Option<PathBuf>,
@@ -130,7 +130,7 @@ pub struct LoadedConfig {
 }
 
 /// Loads `explicit`, or else `./loom.toml`, or else the user's config file.
-pub fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
+pub(crate) fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
     let path = match explicit {
         Some(path) => {
             if !path.is_file() {
@@ -181,7 +181,7 @@ fn user_config_file() -> Option<PathBuf> {
 }
 
 /// `$XDG_CONFIG_HOME/loom`, else `~/.config/loom`.
-pub fn user_config_dir() -> Option<PathBuf> {
+pub(crate) fn user_config_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -191,7 +191,7 @@ pub fn user_config_dir() -> Option<PathBuf> {
 
 /// A model string from the config file, with a relative script path taken
 /// relative to the file's directory.
-pub fn model_from_file(model: &str, dir: Option<&Path>) -> String {
+pub(crate) fn model_from_file(model: &str, dir: Option<&Path>) -> String {
     match (model.strip_prefix("scripted:"), dir) {
         (Some(path), Some(dir)) if Path::new(path).is_relative() => {
             format!("scripted:{}", dir.join(path).display())

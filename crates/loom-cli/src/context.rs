@@ -12,7 +12,7 @@ use crate::config::{self, FileConfig};
 use crate::provider;
 
 /// Applies loom.toml's context keys to `builder`.
-pub async fn apply(
+pub(crate) async fn apply(
     mut builder: AgentBuilder,
     file: &FileConfig,
     config_dir: Option<&Path>,

@@ -16,7 +16,7 @@ use crate::run::{build_agent, follow, Failure};
 const CANCEL_WAIT: Duration = Duration::from_secs(15);
 
 /// Continues a run whose process died, here, streaming it like `loom run`.
-pub async fn resume(
+pub(crate) async fn resume(
     store: &SqliteStore,
     db: PathBuf,
     workspace: Option<PathBuf>,
@@ -50,7 +50,7 @@ pub async fn resume(
 
 /// Cancels a run: a live local process is asked to stop it (as Ctrl-C
 /// would), a run nobody executes any more is closed in the store.
-pub async fn cancel(store: &SqliteStore, id: &str, json: bool) -> Result<ExitCode, Failure> {
+pub(crate) async fn cancel(store: &SqliteStore, id: &str, json: bool) -> Result<ExitCode, Failure> {
     let record = store.load_run(id).await.map_err(not_found_is_usage)?.run;
     let status = match record.status {
         status if status.is_terminal() => {

@@ -7,20 +7,20 @@ use tokio::sync::mpsc;
 
 /// Lines from stdin, once started.
 #[derive(Default)]
-pub struct Lines {
+pub(crate) struct Lines {
     rx: Option<mpsc::UnboundedReceiver<String>>,
 }
 
 impl Lines {
     /// Reading starts at once.
-    pub fn started() -> Self {
+    pub(crate) fn started() -> Self {
         let mut lines = Self::default();
         lines.start();
         lines
     }
 
     /// Starts reading, if not yet (a run reads stdin only once it asks).
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         if self.rx.is_some() {
             return;
         }
@@ -44,7 +44,7 @@ impl Lines {
     }
 
     /// The next line; `None` at the end of the input. Pending until started.
-    pub async fn recv(&mut self) -> Option<String> {
+    pub(crate) async fn recv(&mut self) -> Option<String> {
         match &mut self.rx {
             Some(rx) => rx.recv().await,
             None => std::future::pending().await,

@@ -13,7 +13,7 @@ const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
 
 /// The policy: read-only tools allowed, everything else asks; then the
 /// `[permissions]` of loom.toml; then `--allow/--ask/--deny`, which come first.
-pub fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
+pub(crate) fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
     let mut policy = PermissionPolicy::new(Decision::Ask);
     for tool in READ_ONLY_TOOLS {
         policy.add_rule(tool, Decision::Allow)?;
@@ -44,7 +44,7 @@ pub fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Resu
 }
 
 /// Prints the permission question for `shown` (a call as `tool(args)`).
-pub fn ask(shown: &str) {
+pub(crate) fn ask(shown: &str) {
     // One write, so the question is never split by output on the same terminal.
     let question = format!("loom: allow {shown}? [y]es / [n]o / [a]lways: ");
     let mut stderr = std::io::stderr().lock();
@@ -52,7 +52,7 @@ pub fn ask(shown: &str) {
 }
 
 /// An answer to the question; an empty line is "no".
-pub fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
+pub(crate) fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
     match line.trim().to_ascii_lowercase().as_str() {
         "y" | "yes" => Ok(PermissionDecision::Allow),
         "a" | "always" => Ok(PermissionDecision::Always),

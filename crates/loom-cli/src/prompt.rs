@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 
 /// The task, read from where the arguments say.
-pub fn task(argument: Option<&str>, file: Option<&Path>) -> Result<String> {
+pub(crate) fn task(argument: Option<&str>, file: Option<&Path>) -> Result<String> {
     let stdin = std::io::stdin();
     let text = match (argument, file) {
         (Some(_), Some(_)) => bail!("give the task either as an argument or with --prompt-file, not both"),

@@ -12,7 +12,12 @@ use loom::{Llm, Pricing};
 use crate::config::{FileConfig, ProviderConfig};
 
 /// Builds the model named by `spec`, recording it to `record` if asked.
-pub fn model(spec: &str, base_url: Option<&str>, file: &FileConfig, record: Option<&Path>) -> Result<Arc<dyn Llm>> {
+pub(crate) fn model(
+    spec: &str,
+    base_url: Option<&str>,
+    file: &FileConfig,
+    record: Option<&Path>,
+) -> Result<Arc<dyn Llm>> {
     let provider = file.provider.as_ref();
     let mut options = options(base_url, provider);
     if let Some(placement) = provider.and_then(|p| p.guidance.as_deref()) {
@@ -74,7 +79,7 @@ fn options(base_url: Option<&str>, provider: Option<&ProviderConfig>) -> Provide
 }
 
 /// The price of `spec` from `[prices]`, by full name or by model name.
-pub fn pricing(spec: &str, file: &FileConfig) -> Option<Pricing> {
+pub(crate) fn pricing(spec: &str, file: &FileConfig) -> Option<Pricing> {
     let short = spec.split_once(':').map_or(spec, |(_, model)| model);
     file.prices
         .get(spec)

@@ -15,7 +15,7 @@ use crate::render::summarize_args;
 const ATTEMPTS: u32 = 3;
 
 /// The questions of one run.
-pub struct Questions {
+pub(crate) struct Questions {
     queue: VecDeque<Question>,
     /// `--yes`: allow every request at once.
     yes: bool,
@@ -29,7 +29,7 @@ struct Question {
 }
 
 impl Questions {
-    pub fn new(yes: bool) -> Self {
+    pub(crate) fn new(yes: bool) -> Self {
         Self {
             queue: VecDeque::new(),
             yes,
@@ -37,13 +37,13 @@ impl Questions {
     }
 
     /// Whether a question waits for a line.
-    pub fn waiting(&self) -> bool {
+    pub(crate) fn waiting(&self) -> bool {
         !self.queue.is_empty()
     }
 
     /// Takes in a run's event: a permission request is asked (or allowed at
     /// once with `--yes`); a request the run settled ends its question.
-    pub fn on_event(&mut self, controller: &RunController, event: &Event, lines: &mut Lines) {
+    pub(crate) fn on_event(&mut self, controller: &RunController, event: &Event, lines: &mut Lines) {
         match &event.kind {
             EventKind::PermissionRequest {
                 request_id, tool, args, ..
@@ -92,7 +92,7 @@ impl Questions {
 
     /// Takes a line typed as the answer to the current question; `None`
     /// (end of input) answers "no" to every waiting question.
-    pub fn on_line(&mut self, controller: &RunController, line: Option<String>) {
+    pub(crate) fn on_line(&mut self, controller: &RunController, line: Option<String>) {
         let Some(line) = line else {
             for question in self.queue.drain(..) {
                 let _ = controller.respond_permission(&question.request_id, PermissionDecision::Deny);

@@ -7,12 +7,12 @@ use std::io::{self, Write};
 use loom::{Event, EventKind};
 
 /// Turns events into output.
-pub trait Renderer {
+pub(crate) trait Renderer {
     fn event(&mut self, event: &Event) -> io::Result<()>;
 }
 
 /// One JSON object per line on stdout.
-pub struct JsonLines;
+pub(crate) struct JsonLines;
 
 impl Renderer for JsonLines {
     fn event(&mut self, event: &Event) -> io::Result<()> {
@@ -28,7 +28,7 @@ impl Renderer for JsonLines {
 
 /// The answer as it streams, and one stderr line per tool call.
 #[derive(Default)]
-pub struct Human {
+pub(crate) struct Human {
     args: HashMap<String, String>,
     open_line: bool,
     verbose: bool,
@@ -36,7 +36,7 @@ pub struct Human {
 
 impl Human {
     /// A renderer; `verbose` also shows guidance, compression and retrieval.
-    pub fn new(verbose: bool) -> Self {
+    pub(crate) fn new(verbose: bool) -> Self {
         Self {
             verbose,
             ..Self::default()
@@ -141,7 +141,7 @@ impl Human {
 }
 
 /// Arguments as `key=value, …`, cut to one short line.
-pub fn summarize_args(args: &serde_json::Value) -> String {
+pub(crate) fn summarize_args(args: &serde_json::Value) -> String {
     let text = match args.as_object() {
         Some(map) => map
             .iter()
@@ -165,7 +165,7 @@ fn clip(text: &str, max: usize) -> String {
 }
 
 /// The run summary of `--verbose` (docs/context.md, run metrics).
-pub fn summary(outcome: &loom::RunOutcome) -> String {
+pub(crate) fn summary(outcome: &loom::RunOutcome) -> String {
     let m = &outcome.metrics;
     let mut out = format!(
         "\n── run {} ─ {} in {:.1} s\nturns {}, model calls {} ({:.1} s), tokens {} in / {} out",

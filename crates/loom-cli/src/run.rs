@@ -17,19 +17,19 @@ use crate::signals::{Signal, Signals};
 use crate::{context, permissions, provider, store};
 
 /// Exit codes (docs/cli.md).
-pub mod exit {
-    pub const ERROR: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const NO_ANSWER: u8 = 3;
-    pub const TIMEOUT: u8 = 4;
-    pub const CANCELLED: u8 = 130;
+pub(crate) mod exit {
+    pub(crate) const ERROR: u8 = 1;
+    pub(crate) const USAGE: u8 = 2;
+    pub(crate) const NO_ANSWER: u8 = 3;
+    pub(crate) const TIMEOUT: u8 = 4;
+    pub(crate) const CANCELLED: u8 = 130;
     /// The output was closed (as a process killed by SIGPIPE would end).
-    pub const OUTPUT_CLOSED: u8 = 141;
+    pub(crate) const OUTPUT_CLOSED: u8 = 141;
 }
 
 /// Why `loom run` could not do its job.
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// Bad flags, config or script: one line, exit code 2.
     Usage(anyhow::Error),
     /// Anything else: exit code 1.
@@ -42,7 +42,7 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
-pub async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let prompt = crate::prompt::task(args.prompt.as_deref(), args.prompt_file.as_deref()).map_err(Failure::Usage)?;
     let agent = build_agent(&args.agent, &args.place, None)
         .await
@@ -68,7 +68,7 @@ enum Stopped {
 /// asked on the terminal — and returns its exit code. Ctrl-C cancels the
 /// run; SIGTERM, SIGHUP or a closed stdout interrupt it (it stays
 /// resumable, recorded `INTERRUPTED`); a second signal quits at once.
-pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
     let mut renderer: Box<dyn Renderer> = if json {
         Box::new(JsonLines)
     } else {
@@ -137,7 +137,7 @@ pub async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Res
     Ok(ExitCode::from(code))
 }
 
-pub fn exit_code(outcome: &RunOutcome) -> u8 {
+pub(crate) fn exit_code(outcome: &RunOutcome) -> u8 {
     match (outcome.status, &outcome.stop_reason) {
         (RunStatus::Done, _) => 0,
         (RunStatus::Canceled, _) => exit::CANCELLED,
@@ -150,7 +150,7 @@ pub fn exit_code(outcome: &RunOutcome) -> u8 {
 
 /// The agent the flags and loom.toml describe. `default_model` is used when
 /// neither names one (a resumed run's recorded model).
-pub async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
+pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
     let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
     for note in notes {
         say!("loom: note: {note}");

@@ -9,7 +9,7 @@ use loom::{RunRecord, Store, StoreError};
 use crate::cli::{RunsArgs, RunsCommand};
 use crate::run::Failure;
 
-pub async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
+pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     if !matches!(args.command, RunsCommand::Resume { .. }) {
         // These only print: a closed stdout (`loom runs list | head -1`)
         // ends them quietly, as it ends any Unix tool, instead of a panic.

@@ -6,7 +6,7 @@
 
 /// A signal that stops a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     /// SIGINT (Ctrl-C): a person cancels.
     Interrupt,
     /// SIGTERM: the process is asked to end (shutdown, `kill`).
@@ -17,7 +17,7 @@ pub enum Signal {
 
 impl Signal {
     /// Its name, as people know it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Interrupt => "SIGINT",
             Self::Terminate => "SIGTERM",
@@ -26,7 +26,7 @@ impl Signal {
     }
 
     /// The exit code of a process ended by it: 128 + its number.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Self::Interrupt => 130,
             Self::Terminate => 143,
@@ -37,14 +37,14 @@ impl Signal {
 
 /// SIGINT, SIGTERM and SIGHUP as one stream. From `listen` on, none of
 /// them kills the process.
-pub struct Signals {
+pub(crate) struct Signals {
     #[cfg(unix)]
     streams: [(Signal, tokio::signal::unix::Signal); 3],
 }
 
 impl Signals {
     /// Starts listening.
-    pub fn listen() -> std::io::Result<Self> {
+    pub(crate) fn listen() -> std::io::Result<Self> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
@@ -61,7 +61,7 @@ impl Signals {
     }
 
     /// The next signal.
-    pub async fn recv(&mut self) -> Signal {
+    pub(crate) async fn recv(&mut self) -> Signal {
         #[cfg(unix)]
         {
             let [(a, first), (b, second), (c, third)] = &mut self.streams;

@@ -9,7 +9,7 @@ use loom::stores::SqliteStore;
 use loom::Store;
 
 /// Opens the run's store, or `None` when it is switched off.
-pub async fn open(
+pub(crate) async fn open(
     db: Option<&Path>,
     configured: Option<&str>,
     config_dir: Option<&Path>,

@@ -4,7 +4,6 @@
 //! `/new` and `/exit`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
-
 #![cfg(unix)]
 
 mod common;

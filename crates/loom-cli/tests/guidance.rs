@@ -309,7 +309,7 @@ fn the_monitor_and_guidance_have_their_own_switches() {
     // The monitor off: twelve failures in a row, and the run goes on.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("loom.toml"), "[feedback]\nmonitor = false\n").unwrap();
-    let (code, events, stderr) = run_script(dir.path(), turns.clone(), &["--max-steps", "20"]);
+    let (code, events, stderr) = run_script(dir.path(), turns, &["--max-steps", "20"]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(of_type(&events, "warning").is_empty());
     assert_eq!(of_type(&events, "tool.result").len(), 12);

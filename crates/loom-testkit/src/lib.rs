@@ -7,6 +7,9 @@
 //! It runs on plain threads, so both async tests and tests that drive the
 //! `loom` binary can use it.
 
+// Test support only: a fake server that cannot bind fails the test that uses it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod noop;
 pub mod redaction;
 pub use noop::{NoArgs, NoopTool};

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 /// `loom`, with nothing from the developer's environment leaking in: no
 /// model, no provider keys or addresses, a config directory that does not exist.
-pub fn loom() -> Command {
+pub(crate) fn loom() -> Command {
     let mut cmd = Command::new(binary());
     isolate(&mut cmd);
     cmd
@@ -37,7 +37,7 @@ fn isolate(cmd: &mut Command) {
 
 /// The same, run in `dir`, with `dir/xdg` as the user's config directory
 /// and no standard input.
-pub fn loom_in(dir: &Path) -> Command {
+pub(crate) fn loom_in(dir: &Path) -> Command {
     let mut cmd = loom();
     cmd.current_dir(dir)
         .env("XDG_CONFIG_HOME", dir.join("xdg"))
@@ -51,7 +51,7 @@ pub fn loom_in(dir: &Path) -> Command {
 /// stays as loom's parent (dash does) shares its process group, so Ctrl-C
 /// would kill the shell and `script` would report 130 whatever loom did:
 /// `exec` makes loom the terminal's only process, whichever shell runs it.
-pub fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command {
+pub(crate) fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command {
     let loom = binary();
     let mut cmd = Command::new("script");
     cmd.args([
@@ -66,7 +66,7 @@ pub fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command {
 }
 
 /// The JSON lines of `--json` output.
-pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+pub(crate) fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)
         .lines()
         .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
@@ -74,7 +74,7 @@ pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
 }
 
 /// Writes a scripted-model script to `dir/NAME` and returns `scripted:PATH`.
-pub fn script_at(dir: &Path, name: &str, turns: &serde_json::Value) -> String {
+pub(crate) fn script_at(dir: &Path, name: &str, turns: &serde_json::Value) -> String {
     let path = dir.join(name);
     std::fs::write(&path, turns.to_string()).unwrap();
     format!("scripted:{}", path.display())
@@ -82,7 +82,7 @@ pub fn script_at(dir: &Path, name: &str, turns: &serde_json::Value) -> String {
 
 /// Every text of a request body's messages (OpenAI `content` strings, or the
 /// text of Anthropic content blocks), one per message.
-pub fn message_texts(body: &serde_json::Value) -> Vec<String> {
+pub(crate) fn message_texts(body: &serde_json::Value) -> Vec<String> {
     body["messages"]
         .as_array()
         .map(|messages| {
@@ -109,12 +109,12 @@ pub fn message_texts(body: &serde_json::Value) -> Vec<String> {
 }
 
 /// How many marked reminders (guidance blocks) a request body carries.
-pub fn reminders(body: &serde_json::Value) -> usize {
+pub(crate) fn reminders(body: &serde_json::Value) -> usize {
     body.to_string().matches("<system-reminder>").count()
 }
 
 /// Runs `cmd` and checks it exited 0, showing its stderr when it did not.
-pub fn succeeded(cmd: &mut Command) -> std::process::Output {
+pub(crate) fn succeeded(cmd: &mut Command) -> std::process::Output {
     let output = cmd.output().unwrap();
     assert_eq!(
         output.status.code(),

@@ -125,7 +125,7 @@ pub struct Stop {
 
 /// Turns the failures must span before the error rule stops the tools: the
 /// model has had two chances to correct itself.
-pub const MIN_FAILING_TURNS: usize = 3;
+pub(super) const MIN_FAILING_TURNS: usize = 3;
 
 /// The message when the step limit is reached (docs/context.md).
 pub const MAX_ITERATIONS_MESSAGE: &str =

@@ -333,7 +333,7 @@ mod tests {
         );
         assert_eq!(out["system"], "s", "never a second system text");
         // After the model's own words, the reminder is a user turn of its own.
-        let mut continued = messages.clone();
+        let mut continued = messages;
         continued.push(Message::assistant("It is"));
         let out = body(&model, &continued, Some("continue"));
         let turns = out["messages"].as_array().unwrap();

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// A turn that answers with text.
-pub fn answer(text: &str) -> ScriptTurn {
+pub(crate) fn answer(text: &str) -> ScriptTurn {
     ScriptTurn {
         content: Some(text.to_string()),
         ..ScriptTurn::default()
@@ -22,12 +22,12 @@ pub fn answer(text: &str) -> ScriptTurn {
 }
 
 /// A turn that calls one tool.
-pub fn call(name: &str, arguments: Value) -> ScriptTurn {
+pub(crate) fn call(name: &str, arguments: Value) -> ScriptTurn {
     calls(&[(name, arguments)])
 }
 
 /// A turn that calls several tools.
-pub fn calls(list: &[(&str, Value)]) -> ScriptTurn {
+pub(crate) fn calls(list: &[(&str, Value)]) -> ScriptTurn {
     ScriptTurn {
         tool_calls: list
             .iter()
@@ -42,20 +42,20 @@ pub fn calls(list: &[(&str, Value)]) -> ScriptTurn {
 }
 
 /// The same turn, started after `ms` milliseconds.
-pub fn delayed(mut turn: ScriptTurn, ms: u64) -> ScriptTurn {
+pub(crate) fn delayed(mut turn: ScriptTurn, ms: u64) -> ScriptTurn {
     turn.delay_ms = Some(ms);
     turn
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct EchoArgs {
+pub(crate) struct EchoArgs {
     /// Text to return.
     pub text: String,
 }
 
 /// Returns its argument; counts its calls.
 #[derive(Default, Clone)]
-pub struct Echo {
+pub(crate) struct Echo {
     pub calls: Arc<AtomicUsize>,
 }
 
@@ -80,11 +80,11 @@ impl Tool for Echo {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct NoArgs {}
+pub(crate) struct NoArgs {}
 
 /// Sleeps until cancelled (or 60 s); records that it saw its token.
 #[derive(Default, Clone)]
-pub struct Slow {
+pub(crate) struct Slow {
     pub started: Arc<AtomicBool>,
     pub saw_cancel: Arc<AtomicBool>,
 }
@@ -110,10 +110,10 @@ impl Tool for Slow {
 }
 
 /// Fails, panics or returns nothing, depending on `mode`.
-pub struct Faulty;
+pub(crate) struct Faulty;
 
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct FaultyArgs {
+pub(crate) struct FaultyArgs {
     /// `fail`, `panic` or `empty`.
     pub mode: String,
 }
@@ -136,14 +136,14 @@ impl Tool for Faulty {
 }
 
 /// Names of the events, in order.
-pub fn names(events: &[Event]) -> Vec<&'static str> {
+pub(crate) fn names(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(|e| e.kind.name()).collect()
 }
 
 /// The contract every run keeps: common fields present, `seq` strictly
 /// increasing from 1, `lifecycle.start` first and `lifecycle.end` last, and
 /// every event survives a JSON round trip.
-pub fn assert_contract(events: &[Event]) {
+pub(crate) fn assert_contract(events: &[Event]) {
     assert!(!events.is_empty(), "no events");
     assert_eq!(events[0].kind.name(), "lifecycle.start");
     assert_eq!(events.last().map(|e| e.kind.name()), Some("lifecycle.end"));
@@ -162,7 +162,7 @@ pub fn assert_contract(events: &[Event]) {
 }
 
 /// All `tool.result` events as (name, status, content).
-pub fn tool_results(events: &[Event]) -> Vec<(String, String, String)> {
+pub(crate) fn tool_results(events: &[Event]) -> Vec<(String, String, String)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
@@ -175,7 +175,7 @@ pub fn tool_results(events: &[Event]) -> Vec<(String, String, String)> {
 }
 
 /// A JSON object literal helper for arguments.
-pub fn obj(value: Value) -> Value {
+pub(crate) fn obj(value: Value) -> Value {
     if value.is_null() {
         json!({})
     } else {
