@@ -149,7 +149,7 @@ pub enum EventKind {
         /// `iteration_warning`, `max_steps`, `duplicate_tools`,
         /// `loop_detected`, `error_threshold`, `continue_answer`,
         /// `empty_answer`, `task_handler`).
-        reason: String,
+        reason: crate::feedback::GuidanceReason,
         /// The message.
         content: String,
     },

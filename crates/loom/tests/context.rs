@@ -22,7 +22,7 @@ fn guidance(events: &[Event]) -> Vec<(String, String)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::GuidanceInjected { reason, content } => Some((reason.clone(), content.clone())),
+            EventKind::GuidanceInjected { reason, content } => Some((reason.to_string(), content.clone())),
             _ => None,
         })
         .collect()

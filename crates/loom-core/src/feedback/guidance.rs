@@ -6,6 +6,34 @@
 
 use crate::tool_result::{ToolResult, ToolStatus};
 
+crate::wire::wire_enum! {
+    /// Why guidance was written, as reported in `guidance.injected`.
+    pub enum GuidanceReason {
+        /// A call of the last turn failed (the default feedback).
+        Error = "error",
+        /// A task handler's feedback.
+        TaskHandler = "task_handler",
+        /// The same call kept getting the same result.
+        RepetitionWarning = "repetition_warning",
+        /// Many of the latest calls failed.
+        ErrorRateWarning = "error_rate_warning",
+        /// The step limit is near.
+        IterationWarning = "iteration_warning",
+        /// The final-answer call at the step limit.
+        MaxSteps = "max_steps",
+        /// The final-answer call after the monitor saw repetition.
+        DuplicateTools = "duplicate_tools",
+        /// The final-answer call after the monitor saw a loop.
+        LoopDetected = "loop_detected",
+        /// The final-answer call after too many errors.
+        ErrorThreshold = "error_threshold",
+        /// An answer cut off by the output limit is continued.
+        ContinueAnswer = "continue_answer",
+        /// An empty answer is asked for once more.
+        EmptyAnswer = "empty_answer",
+    }
+}
+
 /// What a turn's tool results say about progress.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ResultAnalysis {
@@ -88,8 +116,8 @@ pub struct DefaultGuidance;
 impl DefaultGuidance {
     /// The reason reported in `guidance.injected`: `error` when a call
     /// failed, `None` (no guidance) otherwise.
-    pub fn reason(analysis: &ResultAnalysis) -> Option<&'static str> {
-        (analysis.failures > 0).then_some("error")
+    pub fn reason(analysis: &ResultAnalysis) -> Option<GuidanceReason> {
+        (analysis.failures > 0).then_some(GuidanceReason::Error)
     }
 }
 
@@ -130,7 +158,10 @@ mod tests {
         assert_eq!(DefaultGuidance::reason(&analyze(std::slice::from_ref(&done))), None);
         let mixed = analyze(&[ok, failed, done]);
         assert_eq!(mixed.failed_tools, vec!["t".to_string()]);
-        assert_eq!(DefaultGuidance::reason(&mixed), Some("error"));
+        assert_eq!(
+            DefaultGuidance::reason(&mixed).map(GuidanceReason::as_str),
+            Some("error")
+        );
         let text = DefaultGuidance.generate_guidance("fix the bug", &mixed, 1).unwrap();
         assert!(text.starts_with("1 of the 3 tool calls failed (t)."), "{text}");
         assert!(!text.contains('%'), "no invented progress figures: {text}");

@@ -13,6 +13,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use crate::feedback::GuidanceReason;
 use crate::message::ToolCall;
 use crate::tool_result::{ToolResult, ToolStatus};
 
@@ -104,6 +105,15 @@ impl Termination {
         self.as_str()
     }
 
+    /// The same, as a guidance reason.
+    pub fn guidance_reason(self) -> GuidanceReason {
+        match self {
+            Self::DuplicateTools => GuidanceReason::DuplicateTools,
+            Self::LoopDetected => GuidanceReason::LoopDetected,
+            Self::ErrorThreshold => GuidanceReason::ErrorThreshold,
+        }
+    }
+
     /// The termination message the model reads.
     pub fn message(self) -> &'static str {
         match self {
@@ -137,7 +147,7 @@ pub struct Verdict {
     /// End the tool phase.
     pub terminate: Option<Stop>,
     /// Early warnings: (reason, message).
-    pub warnings: Vec<(&'static str, String)>,
+    pub warnings: Vec<(GuidanceReason, String)>,
 }
 
 /// Watches a run's turns. Its state is bounded: streaks per call of the
@@ -271,7 +281,7 @@ impl RecursionMonitor {
             if let Some(tool) = repeated {
                 self.warn(
                     &mut verdict,
-                    "repetition_warning",
+                    GuidanceReason::RepetitionWarning,
                     &format!("repeat:{tool}:{streak}"),
                     format!("⚠️ You've called '{tool}' {streak} times in a row with the same arguments and got the same result. Consider trying a different approach or completing the task."),
                 );
@@ -281,7 +291,7 @@ impl RecursionMonitor {
         if failures >= warn_at {
             self.warn(
                 &mut verdict,
-                "error_rate_warning",
+                GuidanceReason::ErrorRateWarning,
                 "errors",
                 format!(
                     "⚠️ {failures} of your last {seen} tool calls failed. Check the errors above and fix the arguments, or complete the task with what you have."
@@ -302,7 +312,7 @@ impl RecursionMonitor {
             let remaining = max_turns - next_turn;
             self.warn(
                 verdict,
-                "iteration_warning",
+                GuidanceReason::IterationWarning,
                 "iterations",
                 format!(
                     "⚠️ Approaching iteration limit ({remaining} remaining). Please work towards completing the task."
@@ -311,7 +321,7 @@ impl RecursionMonitor {
         }
     }
 
-    fn warn(&mut self, verdict: &mut Verdict, reason: &'static str, key: &str, message: String) {
+    fn warn(&mut self, verdict: &mut Verdict, reason: GuidanceReason, key: &str, message: String) {
         if self.warned.insert(key.to_string()) {
             verdict.warnings.push((reason, message));
         }

@@ -5,6 +5,7 @@
 //! on a final-answer call, whose emptiness means "no answer".
 
 use crate::event::EventKind;
+use crate::feedback::GuidanceReason;
 use crate::llm::FinishReason;
 use crate::message::Message;
 use crate::outcome::{ErrorCode, StopReason, WarningCode};
@@ -32,7 +33,7 @@ impl TurnMachine {
             // answer is stored once, or nothing.
             let had_partial = is_partial(self.memory.messages(), &answering.so_far);
             answering.so_far.push_str(&answer.content);
-            answering.extra = Some(GuidancePart::new("continue_answer", CONTINUE_ANSWER));
+            answering.extra = Some(GuidancePart::new(GuidanceReason::ContinueAnswer, CONTINUE_ANSWER));
             let so_far = answering.so_far.clone();
             if had_partial {
                 self.memory.pop();
@@ -61,7 +62,7 @@ impl TurnMachine {
         let nudged = answering.nudged;
         if empty && !final_answer && !nudged {
             answering.nudged = true;
-            answering.extra = Some(GuidancePart::new("empty_answer", EMPTY_ANSWER_NUDGE));
+            answering.extra = Some(GuidancePart::new(GuidanceReason::EmptyAnswer, EMPTY_ANSWER_NUDGE));
         }
         if cut_off && (has_text || !so_far_empty) {
             self.warn(

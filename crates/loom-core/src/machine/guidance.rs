@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::feedback::{analyze, DefaultGuidance, TaskHandler};
+use crate::feedback::{analyze, DefaultGuidance, GuidanceReason, TaskHandler};
 use crate::tool_result::ToolResult;
 
 use super::state::FinalAnswer;
@@ -29,23 +29,26 @@ Continue exactly where it stopped, without repeating anything; do not start over
 /// One piece of guidance and why it was written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct GuidancePart {
-    /// As reported in `guidance.injected` (`error`, `iteration_warning`, `max_steps`, …).
-    pub reason: String,
+    /// Why it was written.
+    pub reason: GuidanceReason,
     /// The text.
     pub content: String,
 }
 
 impl GuidancePart {
-    pub(crate) fn new(reason: impl Into<String>, content: impl Into<String>) -> Self {
+    pub(crate) fn new(reason: GuidanceReason, content: impl Into<String>) -> Self {
         Self {
-            reason: reason.into(),
+            reason,
             content: content.into(),
         }
     }
 
     /// The instruction of a final-answer call.
     pub(crate) fn final_answer(why: &FinalAnswer) -> Self {
-        Self::new(why.reason(), format!("{}\n{FINAL_ANSWER_SUFFIX}", why.message()))
+        Self::new(
+            why.guidance_reason(),
+            format!("{}\n{FINAL_ANSWER_SUFFIX}", why.message()),
+        )
     }
 }
 
@@ -62,7 +65,7 @@ pub(crate) fn feedback(
     match handlers.iter().find(|handler| handler.can_handle(task)) {
         Some(handler) => handler
             .generate_guidance(task, &analysis, depth)
-            .map(|content| GuidancePart::new("task_handler", content)),
+            .map(|content| GuidancePart::new(GuidanceReason::TaskHandler, content)),
         None => {
             let reason = DefaultGuidance::reason(&analysis)?;
             DefaultGuidance

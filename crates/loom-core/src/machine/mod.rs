@@ -15,7 +15,7 @@ mod state;
 use std::sync::Arc;
 
 use crate::event::{EventKind, TurnIds};
-use crate::feedback::{MonitorConfig, TaskHandler};
+use crate::feedback::{GuidanceReason, MonitorConfig, TaskHandler};
 use crate::memory::Memory;
 use crate::message::{Message, ToolCall};
 use crate::metrics::RunMetrics;
@@ -273,7 +273,7 @@ impl TurnMachine {
                 .iter()
                 .any(|(reason, _)| *reason == "error_rate_warning");
             let part = guidance::feedback(&self.settings.task_handlers, &self.state.task, &results, counter + 1)
-                .filter(|part| !(warned_of_errors && part.reason == "error"));
+                .filter(|part| !(warned_of_errors && part.reason == GuidanceReason::Error));
             self.state.guidance.extend(part);
             self.state.guidance.extend(
                 verdict

@@ -69,6 +69,14 @@ impl FinalAnswer {
         }
     }
 
+    /// Why, as a guidance reason.
+    pub(crate) fn guidance_reason(&self) -> crate::feedback::GuidanceReason {
+        match self {
+            Self::MaxSteps => crate::feedback::GuidanceReason::MaxSteps,
+            Self::Monitor(stop) => stop.termination.guidance_reason(),
+        }
+    }
+
     /// What the model is told (docs/context.md).
     pub(crate) fn message(&self) -> &'static str {
         match self {
