@@ -111,7 +111,15 @@ impl Driver {
             self.flush(machine);
             match machine.next() {
                 Next::Checkpoint => {
-                    let written = self.checkpoint(machine).await;
+                    // The checkpoint before a turn's calls run is part of the
+                    // turn's time; the one between turns is not.
+                    let written = if machine.in_turn() {
+                        let mut written = Ok(());
+                        within(&ctx, &deadlines, async { written = self.checkpoint(machine).await }).await;
+                        written
+                    } else {
+                        self.checkpoint(machine).await
+                    };
                     machine.saved(written);
                 }
                 Next::BeginTurn => match self.may_begin().await {
@@ -330,8 +338,13 @@ impl Driver {
     /// Leaves an interrupted run resumable: its last checkpoint written (the
     /// machine asked for it when it stopped), its status `INTERRUPTED`, and
     /// no `lifecycle.end` (it is not over: `Agent::resume` continues it).
-    async fn suspend(self, memory: Memory, metrics: RunMetrics, turns: u32, why: String) -> RunOutcome {
+    async fn suspend(self, mut memory: Memory, metrics: RunMetrics, turns: u32, why: String) -> RunOutcome {
         let run_id = self.ctx.run_id();
+        if !self.store.keeps_anything() && !crate::history::dangling_calls(memory.messages()).is_empty() {
+            // Nothing can resume this run: its transcript ends before the
+            // calls it could not answer, so it stays valid for a provider.
+            memory.pop();
+        }
         if self.engine.store.is_some() {
             if let Err(err) = self.store.mark_interrupted(run_id, &self.engine.owner).await {
                 tracing::error!(run_id, error = %err, "could not record the interrupted run");

@@ -99,6 +99,9 @@ pub(crate) struct TurnMachine {
     outbox: Vec<(TurnIds, EventKind)>,
     /// A checkpoint is due before anything else.
     save_due: bool,
+    /// The turn that just ended, until the checkpoint of the tail call is
+    /// written: a run that cannot save it ends as of that turn.
+    ended_turn: Option<crate::turn_state::TurnState>,
 }
 
 impl TurnMachine {
@@ -113,6 +116,7 @@ impl TurnMachine {
             ids,
             outbox: Vec::new(),
             save_due: false,
+            ended_turn: None,
         }
     }
 
@@ -307,11 +311,29 @@ impl TurnMachine {
     /// the middle of a turn is saved once more).
     pub(crate) fn saved(&mut self, written: Result<(), StopReason>) {
         self.save_due = false;
-        if let Err(reason) = written {
-            let mid_turn = !matches!(self.state.phase, TurnPhase::Ended(_));
+        let ended_turn = self.ended_turn.take();
+        let Err(reason) = written else {
+            return;
+        };
+        if let Some(turn) = ended_turn {
+            // The tail call was not saved: the run ends as of the turn that
+            // ended, and there is nothing more to save.
+            self.state.turn = turn;
+            self.ids = TurnIds::of(&self.state.turn);
             self.state.phase = TurnPhase::Ended(Ending::Stopped(reason));
-            self.save_due = mid_turn;
+            return;
         }
+        let mid_turn = !matches!(self.state.phase, TurnPhase::Ended(_));
+        self.state.phase = TurnPhase::Ended(Ending::Stopped(reason));
+        self.save_due = mid_turn;
+    }
+
+    /// Whether a turn is under way (its deadlines apply).
+    pub(crate) fn in_turn(&self) -> bool {
+        matches!(
+            self.state.phase,
+            TurnPhase::Answering(_) | TurnPhase::Tools | TurnPhase::Answered(_)
+        )
     }
 
     /// The history was compressed during this turn.
@@ -362,7 +384,7 @@ impl TurnMachine {
             to_turn: next.turn_counter(),
             recursion_depth: next.turn_counter(),
         });
-        self.state.turn = next;
+        self.ended_turn = Some(std::mem::replace(&mut self.state.turn, next));
         self.ids = TurnIds::of(&self.state.turn);
         self.state.phase = TurnPhase::Boundary;
         self.save_due = true;
@@ -379,5 +401,118 @@ impl TurnMachine {
 
     fn warn(&mut self, code: WarningCode, message: String) {
         self.note(EventKind::Warning { code, message });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::ErrorCode;
+    use crate::tool_result::ToolStatus;
+    use crate::turn_state::TurnState;
+
+    fn machine() -> TurnMachine {
+        let mut memory = Memory::new(Arc::new(crate::tokens::TiktokenCounter::for_model("gpt-4o")));
+        memory.push(Message::system("s"));
+        memory.push(Message::user("q"));
+        let settings = Settings {
+            max_continuations: 3,
+            feedback: true,
+            task_handlers: Arc::new([]),
+            monitor: MonitorConfig::default(),
+        };
+        TurnMachine::new(RunState::new(TurnState::initial(10), "q"), memory, settings)
+    }
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: "read_file".into(),
+            arguments: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn a_tool_turn_asks_for_each_step_and_saves_before_the_calls_and_the_tail_call() {
+        let mut m = machine();
+        assert!(matches!(m.next(), Next::BeginTurn));
+        m.begin_turn();
+        let Next::CallModel(request) = m.next() else {
+            panic!("expected a model call");
+        };
+        assert!(request.tools && request.final_answer.is_none());
+        m.answered(Answer {
+            tool_calls: vec![call("a")],
+            ..Answer::default()
+        });
+        assert!(
+            matches!(m.next(), Next::Checkpoint),
+            "the calls are saved before they run"
+        );
+        m.saved(Ok(()));
+        let Next::RunTools(calls) = m.next() else {
+            panic!("expected the calls");
+        };
+        assert_eq!(calls, vec![call("a")]);
+        let result = ToolResult::new("a", "read_file", ToolStatus::Success, "text");
+        m.tools_returned(&calls, vec![result], TurnEnd::default());
+        assert_eq!(m.state().steps(), 1);
+        assert_eq!(m.state().turn().turn_counter(), 1);
+        assert!(matches!(m.next(), Next::Checkpoint), "the tail call is saved");
+        m.saved(Ok(()));
+        assert!(matches!(m.next(), Next::BeginTurn));
+        let names: Vec<&str> = m.take_events().map(|(_, kind)| kind.name()).collect();
+        assert_eq!(
+            names,
+            ["iteration.start", "tool_calls.start", "step.completed", "recursion"]
+        );
+    }
+
+    #[test]
+    fn a_tail_call_that_cannot_be_saved_ends_the_run_as_of_the_turn_that_ended() {
+        let mut m = machine();
+        m.begin_turn();
+        m.answered(Answer {
+            content: "hi".into(),
+            ..Answer::default()
+        });
+        assert!(matches!(m.next(), Next::EndTurn));
+        m.end_turn(TurnEnd {
+            steering: vec!["one more thing".into()],
+            ..TurnEnd::default()
+        });
+        assert_eq!(m.state().turn().turn_counter(), 1);
+        assert!(matches!(m.next(), Next::Checkpoint));
+        m.saved(Err(StopReason::error(ErrorCode::Store, "disk full")));
+        let Next::Stop(StopReason::Error { code, .. }) = m.next() else {
+            panic!("expected a stop");
+        };
+        assert_eq!(code, ErrorCode::Store);
+        assert_eq!(m.state().turn().turn_counter(), 0, "the turn that ended");
+    }
+
+    #[test]
+    fn a_cut_off_answer_is_continued_and_stored_once() {
+        let mut m = machine();
+        m.begin_turn();
+        m.answered(Answer {
+            content: "Hello, ".into(),
+            finish: Some(crate::llm::FinishReason::Length),
+            ..Answer::default()
+        });
+        let Next::CallModel(request) = m.next() else {
+            panic!("expected a continuation");
+        };
+        assert_eq!(request.guidance[0].reason, GuidanceReason::ContinueAnswer);
+        m.answered(Answer {
+            content: "world.".into(),
+            ..Answer::default()
+        });
+        m.end_turn(TurnEnd::default());
+        assert!(matches!(m.next(), Next::Checkpoint));
+        m.saved(Ok(()));
+        assert!(matches!(m.next(), Next::Finish(answer) if answer == "Hello, world."));
+        let last: Vec<&Message> = m.memory().messages().iter().skip(2).collect();
+        assert_eq!(last, [&Message::assistant("Hello, world.")]);
     }
 }
