@@ -20,6 +20,63 @@ pub(crate) enum Command {
     Chat(Box<ChatArgs>),
     /// Look at, resume or cancel recorded runs.
     Runs(Box<RunsArgs>),
+    /// The gateway: runs as a service over WebSocket JSON-RPC and HTTP with SSE.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Where to listen. Without a token ([[server.tokens]] or LOOM_TOKEN) only a loopback address is allowed.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
+    pub addr: String,
+
+    #[command(flatten)]
+    pub place: PlaceArgs,
+
+    /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
+    #[arg(long, env = "LOOM_MODEL")]
+    pub model: Option<String>,
+
+    /// The API base of the model's provider (else OPENAI_BASE_URL / ANTHROPIC_BASE_URL).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+
+    /// Tool turns before the model must answer, for runs that do not say.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_steps: Option<u32>,
+
+    /// Time limit of each run in seconds (0: none).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+
+    /// Allow a tool (or rule) without asking. Repeatable. In server mode every tool that is not read-only is denied unless allowed or asked.
+    #[arg(long, value_name = "TOOL")]
+    pub allow: Vec<String>,
+
+    /// Ask the client before a tool (or rule) runs. Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    pub ask: Vec<String>,
+
+    /// Never run a tool (or rule). Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    pub deny: Vec<String>,
+
+    /// Configuration file (default: ./loom.toml, then the user's config directory).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Log lines as text for people or as JSON for machines.
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+}
+
+/// How `loom serve` writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// One readable line per record.
+    Human,
+    /// One JSON object per record.
+    Json,
 }
 
 #[derive(Debug, Args)]

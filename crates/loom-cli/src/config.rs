@@ -45,6 +45,8 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub prices: BTreeMap<String, PriceConfig>,
     pub mcp: Option<toml::Table>,
+    /// `[server]`: tokens and limits of `loom serve`.
+    pub server: Option<loom_server::ServerSettings>,
 }
 
 /// `[feedback]`: guidance for the next request (`enabled`) and the

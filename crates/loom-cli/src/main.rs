@@ -31,6 +31,7 @@ mod questions;
 mod render;
 mod run;
 mod runs;
+mod serve;
 mod signals;
 mod store;
 
@@ -43,8 +44,18 @@ use run::{exit, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let serving = matches!(cli.command, Command::Serve(_));
+    match &cli.command {
+        Command::Serve(args) => init_logging("info", args.log_format == cli::LogFormat::Json),
+        _ => init_logging("warn", false),
+    }
+    // The gateway uses every core; a single run needs one thread.
+    let runtime = if serving {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             say!("loom: error: cannot start the async runtime: {err}");
@@ -56,6 +67,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(*args).await,
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
+            Command::Serve(args) => serve::serve(*args).await,
         }
     });
     // Do not wait for tool work still on the blocking pool after a forced quit.
@@ -73,17 +85,24 @@ fn main() -> ExitCode {
     }
 }
 
-/// Warnings (retries, the circuit breaker opening) go to stderr; `LOOM_LOG`
-/// (e.g. `LOOM_LOG=debug` or `LOOM_LOG=loom_llm=info`) shows more.
-fn init_logging() {
+/// Warnings (retries, the circuit breaker opening) go to stderr — for
+/// `loom serve` also one line per request and per run (`default`
+/// `info`), as JSON with `json`; `LOOM_LOG` (e.g. `LOOM_LOG=debug` or
+/// `LOOM_LOG=loom_llm=info`) shows more.
+fn init_logging(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOOM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_target(false);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init()
+    };
 }
 
 /// The error and its causes on one line.

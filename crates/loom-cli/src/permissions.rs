@@ -11,10 +11,15 @@ use crate::cli::AgentArgs;
 /// Tools that only read: allowed unless a rule says otherwise.
 const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
 
-/// The policy: read-only tools allowed, everything else asks; then the
-/// `[permissions]` of loom.toml; then `--allow/--ask/--deny`, which come first.
-pub(crate) fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) -> Result<PermissionPolicy> {
-    let mut policy = PermissionPolicy::new(Decision::Ask);
+/// The policy: read-only tools allowed, everything else asks (in
+/// `loom serve`: is denied); then the `[permissions]` of loom.toml; then
+/// `--allow/--ask/--deny`, which come first.
+pub(crate) fn policy(
+    args: &AgentArgs,
+    file: Option<&BTreeMap<String, String>>,
+    server: bool,
+) -> Result<PermissionPolicy> {
+    let mut policy = PermissionPolicy::new(if server { Decision::Deny } else { Decision::Ask });
     for tool in READ_ONLY_TOOLS {
         policy.add_rule(tool, Decision::Allow)?;
     }
@@ -37,7 +42,7 @@ pub(crate) fn policy(args: &AgentArgs, file: Option<&BTreeMap<String, String>>) 
             policy.add_override(pattern, decision)?;
         }
     }
-    if !args.yes && !std::io::stdin().is_terminal() {
+    if !server && !args.yes && !std::io::stdin().is_terminal() {
         policy.set_unattended("loom runs without a terminal to ask on; rerun with --yes or --allow TOOL to approve");
     }
     Ok(policy)

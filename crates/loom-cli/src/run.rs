@@ -151,11 +151,27 @@ pub(crate) fn exit_code(outcome: &RunOutcome) -> u8 {
 /// The agent the flags and loom.toml describe. `default_model` is used when
 /// neither names one (a resumed run's recorded model).
 pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
-    let LoadedConfig { file, dir, notes } = config::load(args.config.as_deref())?;
-    for note in notes {
+    let loaded = config::load(args.config.as_deref())?;
+    for note in &loaded.notes {
         say!("loom: note: {note}");
     }
-    let model = match (&args.model, &file.model, default_model) {
+    configure_agent(args, place, default_model, &loaded, None).await
+}
+
+/// What `loom serve` asks of an agent, beyond the flags and loom.toml.
+pub(crate) struct ServerAgent {
+    /// The model the client chose (else the configured one).
+    pub model: Option<String>,
+    /// Only these tools.
+    pub tools: Option<Vec<String>>,
+    /// The gateway's store.
+    pub store: Option<std::sync::Arc<dyn loom::Store>>,
+}
+
+/// The model the flags and loom.toml name.
+pub(crate) fn configured_model(args: &AgentArgs, loaded: &LoadedConfig, default_model: Option<&str>) -> Result<String> {
+    let LoadedConfig { file, dir, .. } = loaded;
+    Ok(match (&args.model, &file.model, default_model) {
         (Some(model), _, _) => model.clone(),
         (None, Some(model), _) => config::model_from_file(model, dir.as_deref()),
         (None, None, Some(model)) => model.to_string(),
@@ -164,8 +180,26 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
                 "no model given: pass --model scripted:PATH, set LOOM_MODEL, or put model = \"...\" in loom.toml"
             ))
         }
+    })
+}
+
+/// The agent of `loom run`, `loom chat`, `loom runs resume` — or, with
+/// `server`, of `loom serve`: tools that write or run commands are denied
+/// unless loom.toml or a flag allows or asks, asks go to the gateway's
+/// clients, and the gateway's store records the runs.
+pub(crate) async fn configure_agent(
+    args: &AgentArgs,
+    place: &PlaceArgs,
+    default_model: Option<&str>,
+    loaded: &LoadedConfig,
+    server: Option<ServerAgent>,
+) -> Result<Agent> {
+    let LoadedConfig { file, dir, .. } = loaded;
+    let model = match server.as_ref().and_then(|s| s.model.clone()) {
+        Some(model) => model,
+        None => configured_model(args, loaded, default_model)?,
     };
-    let llm = provider::model(&model, args.base_url.as_deref(), &file, args.record.as_deref())?;
+    let llm = provider::model(&model, args.base_url.as_deref(), file, args.record.as_deref())?;
 
     let workspace = match &place.workspace {
         Some(dir) => dir.clone(),
@@ -175,12 +209,22 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
         return Err(anyhow!("workspace {} is not a directory", workspace.display()));
     }
 
+    let mut tools = file_tools();
+    if let Some(wanted) = server.as_ref().and_then(|s| s.tools.as_ref()) {
+        if let Some(unknown) = wanted
+            .iter()
+            .find(|name| !tools.iter().any(|tool| tool.name() == name.as_str()))
+        {
+            return Err(anyhow!("no tool '{unknown}' on this server"));
+        }
+        tools.retain(|tool| wanted.iter().any(|name| name == tool.name()));
+    }
     let mut builder = Agent::builder()
         .model_arc(llm)
-        .tools(file_tools())
+        .tools(tools)
         .workspace(PathBuf::from(&workspace))
-        .permissions(permissions::policy(args, file.permissions.as_ref())?);
-    if let Some(pricing) = provider::pricing(&model, &file) {
+        .permissions(permissions::policy(args, file.permissions.as_ref(), server.is_some())?);
+    if let Some(pricing) = provider::pricing(&model, file) {
         builder = builder.pricing(pricing);
     }
     if let Some(secs) = file.permission_timeout_secs {
@@ -210,8 +254,12 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
     if let Some(secs) = file.step_timeout_secs {
         builder = builder.step_timeout(seconds(secs));
     }
-    builder = context::apply(builder, &file, dir.as_deref(), args.base_url.as_deref()).await?;
-    if let Some(store) = store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await? {
+    builder = context::apply(builder, file, dir.as_deref(), args.base_url.as_deref()).await?;
+    let store = match server {
+        Some(server) => server.store,
+        None => store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await?,
+    };
+    if let Some(store) = store {
         builder = builder.store(store);
     }
     Ok(builder.build()?)

@@ -480,6 +480,12 @@ pub struct RunRequest {
     /// prompt. `None`: with a store, the session's earlier runs are loaded
     /// (see [`crate::recovery::session_history`]); without one, nothing.
     pub history: Option<Vec<crate::message::Message>>,
+    /// Tool turns allowed for this run, instead of the agent's limit.
+    pub max_steps: Option<u32>,
+    /// Who the run belongs to, as recorded in the store (a server records
+    /// the name of the token that started it, and shows a token only its
+    /// own runs).
+    pub principal: Option<String>,
 }
 
 /// Why a stored run could not be resumed.
@@ -580,10 +586,15 @@ impl Agent {
     /// Starts a run on the current tokio runtime and returns its handle.
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
-        let (driver, handle) = self.prepare(request.run_id, request.session_id, 0);
+        let mut limits = self.limits.clone();
+        if let Some(max_steps) = request.max_steps.filter(|steps| *steps > 0) {
+            limits.max_steps = max_steps;
+        }
+        let (driver, handle) = self.prepare(request.run_id, request.session_id, 0, limits);
         handle.spawn(driver.drive(Start::New {
             prompt: request.prompt,
             history: request.history,
+            principal: request.principal,
         }))
     }
 
@@ -621,20 +632,21 @@ impl Agent {
             Some(snapshot.run.run_id.clone()),
             Some(snapshot.run.session_id.clone()),
             snapshot.last_seq,
+            self.limits.clone(),
         );
         Ok(handle.spawn(driver.drive(Start::Resumed(Box::new(snapshot)))))
     }
 
     /// The run's driver and the handle that controls it, not started yet.
-    fn prepare(&self, run_id: Option<String>, session_id: Option<String>, last_seq: u64) -> (Driver, PreparedHandle) {
+    fn prepare(
+        &self,
+        run_id: Option<String>,
+        session_id: Option<String>,
+        last_seq: u64,
+        limits: Limits,
+    ) -> (Driver, PreparedHandle) {
         let cancel = CancellationToken::new();
-        let ctx = RunContext::new(
-            run_id,
-            session_id,
-            self.workspace.to_path_buf(),
-            self.limits.clone(),
-            cancel,
-        );
+        let ctx = RunContext::new(run_id, session_id, self.workspace.to_path_buf(), limits, cancel);
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let (steer_tx, steer_rx) = mpsc::unbounded_channel();
         let (pause_tx, pause_rx) = watch::channel(false);

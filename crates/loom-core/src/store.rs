@@ -50,6 +50,41 @@ pub struct RunRecord {
     /// recorded before schema 2).
     #[serde(default)]
     pub workspace: Option<String>,
+    /// Who the run belongs to: the name of the server token that started
+    /// it (none for runs started from the command line or the library).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+}
+
+/// Which runs to list ([`Store::query_runs`]), newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Only the runs of this principal.
+    pub principal: Option<String>,
+    /// Only runs in this status.
+    pub status: Option<RunStatus>,
+    /// Only the runs of this session.
+    pub session_id: Option<String>,
+    /// Only runs older than this one (its start time and id): the cursor
+    /// of the next page.
+    pub before: Option<(u64, String)>,
+    /// At most this many.
+    pub limit: usize,
+}
+
+impl RunQuery {
+    /// Whether `run` is one the query asks for (the limit aside).
+    pub fn matches(&self, run: &RunRecord) -> bool {
+        self.principal
+            .as_deref()
+            .is_none_or(|p| run.principal.as_deref() == Some(p))
+            && self.status.is_none_or(|s| run.status == s)
+            && self.session_id.as_deref().is_none_or(|s| run.session_id == s)
+            && self
+                .before
+                .as_ref()
+                .is_none_or(|(ms, id)| (run.started_ms, run.run_id.as_str()) < (*ms, id.as_str()))
+    }
 }
 
 /// What a run adds since its last checkpoint, written in one transaction.
@@ -181,6 +216,21 @@ pub trait Store: Send + Sync {
 
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// The runs `query` asks for, newest first (by start time, then id
+    /// descending). The default filters [`Store::list_runs`]; a store with
+    /// an index does better.
+    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let mut runs: Vec<RunRecord> = self
+            .list_runs(usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|run| query.matches(run))
+            .collect();
+        runs.sort_by(|a, b| (b.started_ms, &b.run_id).cmp(&(a.started_ms, &a.run_id)));
+        runs.truncate(query.limit);
+        Ok(runs)
+    }
 
     /// Whether the store keeps anything. Only the store of a run without
     /// one says no; its callers then skip the calls that would do nothing

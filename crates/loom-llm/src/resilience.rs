@@ -114,6 +114,7 @@ impl CircuitBreaker {
                 let now = Instant::now();
                 if now >= until {
                     inner.0 = BreakerState::HalfOpen;
+                    self.publish(BreakerState::HalfOpen);
                     tracing::info!(provider = %self.provider, "circuit half-open: letting one trial call through");
                     Ok(())
                 } else {
@@ -123,11 +124,24 @@ impl CircuitBreaker {
         }
     }
 
+    /// Publishes the state as the `loom_circuit_breaker_state` gauge (0
+    /// closed, 1 half-open, 2 open) to whatever metrics recorder the
+    /// process installed (`loom serve` does; otherwise it costs nothing).
+    fn publish(&self, state: BreakerState) {
+        let value = match state {
+            BreakerState::Closed => 0.0,
+            BreakerState::HalfOpen => 1.0,
+            BreakerState::Open { .. } => 2.0,
+        };
+        metrics::gauge!("loom_circuit_breaker_state", "provider" => self.provider.clone()).set(value);
+    }
+
     /// Records a call that worked: the circuit closes.
     pub fn record_success(&self) {
         let mut inner = self.lock();
         if inner.0 != BreakerState::Closed {
             tracing::info!(provider = %self.provider, "circuit closed: the provider answers again");
+            self.publish(BreakerState::Closed);
         }
         *inner = (BreakerState::Closed, 0);
     }
@@ -145,6 +159,7 @@ impl CircuitBreaker {
                     .checked_add(self.settings.open_for)
                     .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
             };
+            self.publish(inner.0);
             tracing::warn!(
                 provider = %self.provider,
                 failures = inner.1,

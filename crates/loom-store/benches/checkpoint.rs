@@ -124,6 +124,7 @@ fn main() {
                 content: None,
                 metrics: RunMetrics::default(),
                 workspace: None,
+                principal: None,
             })
             .await
             .expect("run");

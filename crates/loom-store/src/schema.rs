@@ -51,4 +51,8 @@ pub const MIGRATIONS: &[&str] = &[
     // 2: the workspace a run's tools were confined to, so a run can be
     // resumed from anywhere. NULL for runs recorded before.
     "ALTER TABLE runs ADD COLUMN workspace TEXT;",
+    // 3: who a run belongs to (a server token's name), for listing a
+    // token's runs. NULL for runs of the command line and the library.
+    "ALTER TABLE runs ADD COLUMN principal TEXT;
+     CREATE INDEX runs_by_principal ON runs(principal, started_ms DESC);",
 ];

@@ -6,17 +6,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunRecord, RunSnapshot, RunState, RunStatus, Store,
+    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store,
     StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 
-/// How long a write waits for another process's lock.
+/// The columns [`row_to_record`] reads, in its order.
 const RUN_COLUMNS: &str =
-    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace";
+    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal";
 
+/// How long a write waits for another process's lock.
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A SQLite database file (WAL mode), shared safely by several processes.
@@ -210,6 +211,7 @@ struct RawRun {
     content: Option<String>,
     metrics: String,
     workspace: Option<String>,
+    principal: Option<String>,
 }
 
 /// Reads a row selected with [`RUN_COLUMNS`].
@@ -226,6 +228,7 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> Result<RawRun, rusqlite::Error> {
         content: row.get(8)?,
         metrics: row.get(9)?,
         workspace: row.get(10)?,
+        principal: row.get(11)?,
     })
 }
 
@@ -242,6 +245,7 @@ fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
         content: raw.content,
         metrics: parse::<RunMetrics>(&raw.metrics)?,
         workspace: raw.workspace,
+        principal: raw.principal,
     })
 }
 
@@ -261,8 +265,8 @@ impl Store for SqliteStore {
             )
             .map_err(&fail)?;
             tx.execute(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
                     run.run_id,
                     run.session_id,
@@ -272,7 +276,8 @@ impl Store for SqliteStore {
                     run.owner,
                     run.started_ms as i64,
                     metrics,
-                    run.workspace
+                    run.workspace,
+                    run.principal
                 ],
             )
             .map_err(&fail)?;
@@ -497,6 +502,46 @@ impl Store for SqliteStore {
                 .map_err(&fail)?;
             let rows = select
                 .query_map(params![limit as i64], row_to_record)
+                .map_err(&fail)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&fail)?;
+            rows.into_iter().map(record).collect()
+        })
+        .await
+    }
+
+    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        let query = query.clone();
+        let fail = self.fail();
+        self.with(move |conn| {
+            // NULL parameters switch a condition off, so one statement (and
+            // one cached plan) serves every combination of filters.
+            let mut select = conn
+                .prepare_cached(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE (?1 IS NULL OR principal = ?1)
+                       AND (?2 IS NULL OR status = ?2)
+                       AND (?3 IS NULL OR session_id = ?3)
+                       AND (?4 IS NULL OR started_ms < ?4 OR (started_ms = ?4 AND id < ?5))
+                     ORDER BY started_ms DESC, id DESC LIMIT ?6"
+                ))
+                .map_err(&fail)?;
+            let (before_ms, before_id) = match &query.before {
+                Some((ms, id)) => (Some(*ms as i64), Some(id.clone())),
+                None => (None, None),
+            };
+            let rows = select
+                .query_map(
+                    params![
+                        query.principal,
+                        query.status.map(|s| s.as_str()),
+                        query.session_id,
+                        before_ms,
+                        before_id,
+                        query.limit.min(i64::MAX as usize) as i64
+                    ],
+                    row_to_record,
+                )
                 .map_err(&fail)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&fail)?;

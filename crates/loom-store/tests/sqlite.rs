@@ -25,6 +25,7 @@ fn record(run_id: &str) -> RunRecord {
         content: None,
         metrics: RunMetrics::default(),
         workspace: None,
+        principal: None,
     }
 }
 

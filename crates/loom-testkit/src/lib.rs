@@ -10,8 +10,10 @@
 // Test support only: a fake server that cannot bind fails the test that uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod model_server;
 mod noop;
 pub mod redaction;
+pub use model_server::{PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};
 
 use std::collections::HashMap;
@@ -327,6 +329,19 @@ fn openai_usage(prompt: u64, completion: u64) -> Value {
 /// An OpenAI stream answering `text` in pieces of about `piece` characters.
 pub fn openai_text(text: &str, piece: usize) -> Vec<u8> {
     openai_text_ending(text, piece, "stop")
+}
+
+/// One text chunk of an OpenAI stream, as its `data:` line.
+pub fn openai_text_piece(text: &str) -> Vec<u8> {
+    format!("data: {}\n\n", openai_chunk(json!({"content": text}), None)).into_bytes()
+}
+
+/// The end of an OpenAI text stream: finish reason `stop`, usage, `[DONE]`.
+pub fn openai_text_tail(text: &str) -> Vec<u8> {
+    openai_sse(&[
+        openai_chunk(json!({}), Some("stop")),
+        openai_usage(20, text.len() as u64 / 4 + 1),
+    ])
 }
 
 /// Like [`openai_text`], ending with `finish_reason` (`length`, `content_filter`, …).

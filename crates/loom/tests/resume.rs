@@ -126,6 +126,7 @@ fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
         content: None,
         metrics: Default::default(),
         workspace: None,
+        principal: None,
     }
 }
 

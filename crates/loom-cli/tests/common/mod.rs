@@ -124,3 +124,4 @@ pub(crate) fn succeeded(cmd: &mut Command) -> std::process::Output {
     );
     output
 }
+pub(crate) mod gateway;

@@ -22,6 +22,8 @@ pub(crate) enum Start {
     New {
         prompt: String,
         history: Option<Vec<Message>>,
+        /// Who the run belongs to (a server's token name), as recorded.
+        principal: Option<String>,
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
@@ -42,7 +44,11 @@ impl Driver {
     pub(crate) async fn drive(mut self, start: Start) -> RunOutcome {
         self.controls.show(RunStatus::Running);
         let mut machine = match start {
-            Start::New { prompt, history } => self.begin(prompt, history).await,
+            Start::New {
+                prompt,
+                history,
+                principal,
+            } => self.begin(prompt, history, principal).await,
             Start::Resumed(snapshot) => self.reenter(*snapshot).await,
         };
         let ending = self.run(&mut machine).await;
@@ -50,12 +56,12 @@ impl Driver {
     }
 
     /// A new run: its record, its history, its first turn.
-    async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>) -> TurnMachine {
+    async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>, principal: Option<String>) -> TurnMachine {
         let state = RunState::new(TurnState::initial(self.ctx.limits().max_steps), prompt.clone());
         self.emit_start(&state, &prompt, false);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {
-            Ok(history) => self.open_record(&prompt).await.map(|()| history),
+            Ok(history) => self.open_record(&prompt, principal).await.map(|()| history),
             Err(reason) => Err(reason),
         };
         match opened {
@@ -217,7 +223,7 @@ impl Driver {
 
     /// Records the run, already `RUNNING`: one write, so no crash can
     /// leave it `QUEUED` behind a process that was running it.
-    async fn open_record(&self, prompt: &str) -> Result<(), StopReason> {
+    async fn open_record(&self, prompt: &str, principal: Option<String>) -> Result<(), StopReason> {
         let ctx = &self.ctx;
         let record = RunRecord {
             run_id: ctx.run_id().to_string(),
@@ -234,6 +240,7 @@ impl Driver {
             content: None,
             metrics: RunMetrics::default(),
             workspace: Some(self.workspace.display().to_string()),
+            principal,
         };
         self.store
             .create_run(&record)

@@ -59,12 +59,28 @@ pub(crate) struct PermissionGate {
 
 /// What is being asked about.
 pub(crate) struct AskRequest<'a> {
+    /// The call asked about: with the run, it names the request, so a
+    /// resumed run asks again under the same id.
+    pub call_id: &'a str,
     pub tool: &'a str,
     pub args: &'a Value,
     /// What an "always" grants: `tool:NAME` or `rule:PATTERN`.
     pub grant_key: String,
     /// Why the question is asked (the rule), shown to the person.
     pub reason: Option<String>,
+}
+
+/// The id of the question about `call_id` in `run_id`: the same in every
+/// process (FNV-1a, not the std hasher, whose output may change between
+/// Rust releases), so a resumed run asks again under the id a client
+/// already holds.
+pub(crate) fn request_id(run_id: &str, call_id: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in run_id.bytes().chain([0]).chain(call_id.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("perm_{hash:016x}")
 }
 
 impl PermissionGate {
@@ -94,7 +110,7 @@ impl PermissionGate {
         ctx: &crate::context::RunContext,
     ) -> AskOutcome {
         let cancel = ctx.cancel_token();
-        let request_id = format!("perm_{}", uuid::Uuid::new_v4().simple());
+        let request_id = request_id(ctx.run_id(), request.call_id);
         let (tx, rx) = oneshot::channel();
         lock(&self.pending.waiting).insert(request_id.clone(), tx);
         // The status is recorded before the question goes out, so whoever
@@ -157,6 +173,14 @@ impl PermissionGate {
         };
         drop(person);
         lock(&self.pending.waiting).remove(&request_id);
+        if outcome == AskOutcome::Cancelled
+            && matches!(ctx.stop_cause(), Some(crate::context::StopCause::Interrupted(_)))
+        {
+            // Not answered: the run stops resumably, and its resumed run asks
+            // again under the same id, so the question stays open (no
+            // `permission.resolved`) and an answer sent later applies.
+            return outcome;
+        }
         let resumed = self.status_tx.send_if_modified(|status| {
             let resumed = *status == RunStatus::WaitingPermission;
             if resumed {

@@ -38,6 +38,7 @@ pub(crate) async fn authorize(
                     return Ok(args);
                 }
                 let request = AskRequest {
+                    call_id: &call.id,
                     tool: &call.name,
                     args: &args,
                     grant_key,

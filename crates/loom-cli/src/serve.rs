@@ -1,0 +1,147 @@
+//! `loom serve`: the gateway (docs/server.md) with the agents loom.toml
+//! describes, its runs in the SQLite store, resumed after a restart.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context};
+use loom::Agent;
+use loom_server::{AgentFactory, AgentSpec, App, ServerConfig, Service};
+
+use crate::cli::{AgentArgs, PlaceArgs, ServeArgs};
+use crate::config::{self, LoadedConfig};
+use crate::run::{configure_agent, configured_model, Failure, ServerAgent};
+
+/// Builds the gateway's agents from the flags and loom.toml.
+struct ConfiguredAgents {
+    args: AgentArgs,
+    place: PlaceArgs,
+    loaded: LoadedConfig,
+    default_model: String,
+}
+
+#[loom::async_trait]
+impl AgentFactory for ConfiguredAgents {
+    fn default_model(&self) -> String {
+        self.default_model.clone()
+    }
+
+    async fn build(&self, spec: AgentSpec) -> Result<Agent, String> {
+        let server = ServerAgent {
+            model: spec.model,
+            tools: spec.tools,
+            store: spec.store,
+        };
+        configure_agent(&self.args, &self.place, None, &self.loaded, Some(server))
+            .await
+            .map_err(|err| format!("{err:#}"))
+    }
+}
+
+pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
+    let addr: SocketAddr = args.addr.parse().map_err(|err| {
+        Failure::Usage(anyhow!(
+            "--addr {}: {err} (expected HOST:PORT, e.g. 127.0.0.1:8080)",
+            args.addr
+        ))
+    })?;
+    let loaded = config::load(args.config.as_deref()).map_err(Failure::Usage)?;
+    for note in &loaded.notes {
+        say!("loom: note: {note}");
+    }
+    let settings = loaded.file.server.clone().unwrap_or_default();
+    let env_token = std::env::var("LOOM_TOKEN").ok();
+    let config =
+        ServerConfig::from_settings(&settings, env_token.as_deref()).map_err(|err| Failure::Usage(err.into()))?;
+    if config.tokens.is_empty() && !addr.ip().is_loopback() {
+        return Err(Failure::Usage(anyhow!(
+            "refusing to listen on {addr} without a token: add [[server.tokens]] to loom.toml or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
+        )));
+    }
+    let agent_args = AgentArgs {
+        model: args.model,
+        base_url: args.base_url,
+        record: None,
+        max_steps: args.max_steps,
+        timeout: args.timeout,
+        allow: args.allow,
+        ask: args.ask,
+        deny: args.deny,
+        yes: false,
+        verbose: false,
+        config: args.config,
+    };
+    let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
+    let workspace = match &args.place.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let store = crate::store::open(
+        args.place.db.as_deref(),
+        loaded.file.store.as_deref(),
+        loaded.dir.as_deref(),
+        &workspace,
+    )
+    .await
+    .map_err(Failure::Usage)?;
+    let factory = Arc::new(ConfiguredAgents {
+        args: agent_args,
+        place: PlaceArgs {
+            workspace: Some(workspace),
+            db: args.place.db,
+        },
+        loaded,
+        default_model,
+    });
+    // The default agent is built now, so a bad model or config fails here
+    // and not at the first run.
+    factory
+        .build(AgentSpec {
+            model: None,
+            tools: None,
+            store: store.clone(),
+        })
+        .await
+        .map_err(|err| Failure::Usage(anyhow!(err)))?;
+    let tokens = config.tokens.clone();
+    let service = Service::new(config, factory, store);
+    let app = App::new(service);
+    let resumed = app
+        .service
+        .resume_interrupted()
+        .await
+        .map_err(|err| Failure::Runtime(anyhow!("resuming interrupted runs: {}", err.message)))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let bound = listener.local_addr().context("the listening address")?;
+    tracing::info!(addr = %bound, tokens = ?tokens, resumed, "loom serve is listening");
+    say!("loom serve: listening on http://{bound} (resumed {resumed} interrupted runs)");
+    app.serve(listener, stop_signal())
+        .await
+        .map_err(|err| Failure::Runtime(err.into()))?;
+    say!("loom serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// SIGTERM or SIGINT.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,598 @@
+//! `loom serve` from outside: a real server process on 127.0.0.1, a real
+//! WebSocket client and a real HTTP client, the fake model answering from
+//! directives in each prompt (loom_testkit::PromptModel).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::gateway::{config, http, Gateway, ALICE, BOB};
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::{json, Value};
+
+fn model() -> PromptModel {
+    PromptModel::start(PromptModelOptions::default())
+}
+
+fn gateway(extra: &str, args: &[&str]) -> (tempfile::TempDir, PromptModel, Gateway) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), extra);
+    let gateway = Gateway::start(dir.path(), args);
+    (dir, model, gateway)
+}
+
+fn run_id(accepted: &Value) -> String {
+    accepted["runId"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenarios_multi_step_plain_answer_and_cancel_from_another_connection() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut client = gateway.ws(ALICE).await;
+
+    // A multi-step run: one step.completed per tool turn.
+    let run = run_id(&client.ok("agent.run", json!({"prompt": "look around steps=2"})).await);
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    let names = client.names(&run);
+    assert_eq!(names.first().unwrap(), "lifecycle.start");
+    assert_eq!(names.iter().filter(|n| *n == "step.completed").count(), 2, "{names:?}");
+    assert_eq!(names.last().unwrap(), "lifecycle.end");
+    let seqs = client.seqs(&run);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+
+    // A plain answer: no step.completed.
+    let plain = run_id(&client.ok("agent.run", json!({"prompt": "just answer steps=0"})).await);
+    client.until(&plain, "lifecycle.end").await;
+    assert!(!client.names(&plain).contains(&"step.completed".to_string()));
+
+    // A long run cancelled from a second connection: the answer comes once
+    // it has stopped, with the seq of its last event.
+    let long = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "work steps=50 delay_ms=150"}))
+            .await,
+    );
+    client.until(&long, "step.completed").await;
+    let mut other = gateway.ws(ALICE).await;
+    let cancelled = other.ok("agent.cancel", json!({"runId": long})).await;
+    assert_eq!(cancelled["cancelled"], true);
+    let end = client.until(&long, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "CANCELED");
+    assert_eq!(cancelled["finalSeq"], end["seq"]);
+    let view = other.ok("run.get", json!({"runId": long})).await;
+    assert_eq!(view["status"], "CANCELED");
+    // A finished run cannot be cancelled.
+    assert_eq!(
+        other.error("agent.cancel", json!({"runId": long})).await,
+        "INVALID_STATE"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_code_from_a_real_bad_frame_or_request() {
+    let (_dir, _model, gateway) = gateway("max_frame_bytes = 2048\nmax_queued = 1\nmax_runs_per_token = 1", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let code = |frame: &Value| frame["error"]["code"].as_str().unwrap().to_string();
+
+    client.send_text("{not json".into()).await;
+    let frame = client.frame().await.unwrap();
+    assert_eq!(code(&frame), "PARSE_ERROR");
+    client.send_text(json!({"type": "nonsense"}).to_string()).await;
+    assert_eq!(code(&client.frame().await.unwrap()), "INVALID_REQUEST");
+    assert_eq!(client.error("no.such", json!({})).await, "METHOD_NOT_FOUND");
+    assert_eq!(client.error("agent.run", json!({"prompt": 5})).await, "INVALID_PARAMS");
+    assert_eq!(
+        client.error("agent.run", json!({"prompt": "x", "maxSteps": 0})).await,
+        "INVALID_PARAMS"
+    );
+    assert_eq!(client.error("run.get", json!({"runId": "nope"})).await, "NOT_FOUND");
+    client
+        .send_text(
+            json!({"type": "request", "id": "big", "method": "run.list", "payload": {"x": "y".repeat(5000)}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(code(&client.frame().await.unwrap()), "PAYLOAD_TOO_LARGE");
+    // The connection is still usable.
+    client.ok("run.list", json!({})).await;
+
+    // One run at a time for alice, one waiting: the third is refused.
+    let first = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "slow steps=3 delay_ms=300"}))
+            .await,
+    );
+    let second = client.ok("agent.run", json!({"prompt": "wait steps=0"})).await;
+    assert_eq!(second["status"], "QUEUED");
+    assert_eq!(second["queuePosition"], 1);
+    let response = client.call("agent.run", json!({"prompt": "too many"})).await;
+    assert_eq!(code(&response), "OVERLOADED");
+    assert!(response["error"]["retryAfterMs"].as_u64().unwrap() > 0);
+    let post = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "too many"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 429);
+    assert!(post.headers().get("retry-after").is_some());
+
+    // An idempotency key reused with another payload.
+    let key = json!({"prompt": "keyed steps=0", "idempotencyKey": "k1"});
+    client.ok("agent.cancel", json!({"runId": first})).await;
+    client.until(&run_id(&second), "lifecycle.end").await;
+    let a = client.ok("agent.run", key.clone()).await;
+    let b = client.ok("agent.run", key).await;
+    assert_eq!(a["runId"], b["runId"]);
+    assert_eq!(
+        client
+            .error("agent.run", json!({"prompt": "other", "idempotencyKey": "k1"}))
+            .await,
+        "CONFLICT"
+    );
+    client.until(&run_id(&a), "lifecycle.end").await;
+    assert_eq!(
+        client.error("agent.cancel", json!({"runId": run_id(&a)})).await,
+        "INVALID_STATE"
+    );
+    assert_eq!(
+        client
+            .error(
+                "permission.respond",
+                json!({"runId": run_id(&a), "requestId": "perm_x", "decision": "allow"})
+            )
+            .await,
+        "INVALID_STATE"
+    );
+
+    // No token, a wrong token: 401, on HTTP and on the upgrade.
+    let plain = reqwest::Client::new();
+    assert_eq!(plain.get(gateway.url("/v1/runs")).send().await.unwrap().status(), 401);
+    let wrong = http("wrong-token-0000000000")
+        .get(gateway.url("/v1/runs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    assert_eq!(wrong.json::<Value>().await.unwrap()["error"]["code"], "UNAUTHORIZED");
+    let upgrade = tokio_tungstenite::connect_async(format!("ws://{}/ws", gateway.addr)).await;
+    assert!(upgrade.is_err(), "an upgrade without a token must be refused");
+    assert_eq!(plain.get(gateway.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(plain.get(gateway.url("/readyz")).send().await.unwrap().status(), 200);
+    // HTTP's own codes.
+    let bad = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .body("{oops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.json::<Value>().await.unwrap()["error"]["code"], "PARSE_ERROR");
+    // The log never shows a token.
+    assert!(!gateway.log_text().contains(ALICE), "{}", gateway.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_sees_and_controls_only_its_own_runs() {
+    let (_dir, _model, gateway) = gateway("", &["--ask", "write_file"]);
+    let mut alice = gateway.ws(ALICE).await;
+    let mut bob = gateway.ws(BOB).await;
+    let run = run_id(
+        &alice
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=1 tool=write_file", "sessionId": "s-alice"}),
+            )
+            .await,
+    );
+    let ask = alice.until(&run, "permission.request").await;
+    let request_id = ask["payload"]["requestId"].as_str().unwrap();
+
+    assert_eq!(bob.error("run.get", json!({"runId": run})).await, "NOT_FOUND");
+    assert_eq!(bob.error("run.subscribe", json!({"runId": run})).await, "NOT_FOUND");
+    assert_eq!(bob.error("agent.cancel", json!({"runId": run})).await, "NOT_FOUND");
+    assert_eq!(
+        bob.error("agent.steer", json!({"runId": run, "message": "hi"})).await,
+        "NOT_FOUND"
+    );
+    assert_eq!(
+        bob.error(
+            "permission.respond",
+            json!({"runId": run, "requestId": request_id, "decision": "allow"})
+        )
+        .await,
+        "NOT_FOUND"
+    );
+    assert_eq!(bob.ok("permission.list", json!({})).await["asks"], json!([]));
+    assert_eq!(bob.ok("run.list", json!({})).await["runs"], json!([]));
+    assert_eq!(
+        bob.error("agent.run", json!({"prompt": "x", "sessionId": "s-alice"}))
+            .await,
+        "CONFLICT"
+    );
+    let get = http(BOB)
+        .get(gateway.url(&format!("/v1/runs/{run}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 404);
+    let events = http(BOB)
+        .get(gateway.url(&format!("/v1/runs/{run}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 404);
+
+    // Alice answers over HTTP.
+    let answer = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/permissions/{request_id}")))
+        .json(&json!({"decision": "allow"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let end = alice.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    assert!(gateway.dir.join("out_1.txt").exists());
+    let list = alice.ok("run.list", json!({})).await;
+    assert_eq!(list["runs"][0]["runId"], run.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_waits_through_a_disconnect_and_is_answered_by_the_next_connection() {
+    let (_dir, _model, gateway) = gateway("", &["--ask", "write_file"]);
+    let mut first = gateway.ws(ALICE).await;
+    let run = run_id(
+        &first
+            .ok("agent.run", json!({"prompt": "write steps=1 tool=write_file"}))
+            .await,
+    );
+    let ask = first.until(&run, "permission.request").await;
+    let request_id = ask["payload"]["requestId"].as_str().unwrap().to_string();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut second = gateway.ws(ALICE).await;
+    let view = second.ok("run.get", json!({"runId": run})).await;
+    assert_eq!(view["status"], "WAITING_PERMISSION");
+    assert_eq!(view["pendingAsks"][0]["requestId"], request_id.as_str());
+    let asks = second.ok("permission.list", json!({})).await;
+    assert_eq!(asks["asks"][0]["tool"], "write_file");
+    second
+        .ok("run.subscribe", json!({"runId": run, "afterSeq": ask["seq"]}))
+        .await;
+    second
+        .ok(
+            "permission.respond",
+            json!({"runId": run, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    assert_eq!(
+        second
+            .error(
+                "permission.respond",
+                json!({"runId": run, "requestId": request_id, "decision": "allow"})
+            )
+            .await,
+        "INVALID_STATE"
+    );
+    let end = second.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    assert!(gateway.dir.join("out_1.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_pending_across_a_restart_is_asked_again_and_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), "");
+    let mut gateway = Gateway::start(dir.path(), &["--ask", "write_file"]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "write steps=1 tool=write_file"}))
+            .await,
+    );
+    let ask = client.until(&run, "permission.request").await;
+    let request_id = ask["payload"]["requestId"].as_str().unwrap().to_string();
+    let seen = client.seqs(&run).last().copied().unwrap();
+    assert!(gateway.terminate().success(), "{}", gateway.log_text());
+    // The connection was closed with a reason.
+    while client.frame().await.is_some() {}
+    assert_eq!(client.closed.as_ref().map(|c| c.0), Some(1001), "{:?}", client.closed);
+    drop(gateway);
+
+    let gateway = Gateway::start(dir.path(), &["--ask", "write_file"]);
+    assert!(gateway.log_text().contains("resumed 1"), "{}", gateway.log_text());
+    let mut client = gateway.ws(ALICE).await;
+    let asks = client.ok("permission.list", json!({"runId": run})).await;
+    assert_eq!(asks["asks"][0]["requestId"], request_id.as_str(), "{asks}");
+    client
+        .ok("run.subscribe", json!({"runId": run, "afterSeq": seen}))
+        .await;
+    client
+        .ok(
+            "permission.respond",
+            json!({"runId": run, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    assert_eq!(std::fs::read_to_string(dir.path().join("out_1.txt")).unwrap(), "step 1");
+    // Every event after the one seen before the restart, exactly once.
+    let seqs = client.seqs(&run);
+    assert_eq!(seqs, (seen + 1..=seqs.last().copied().unwrap()).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reattaches_sees_every_event_once_over_websocket_and_sse() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "go steps=6 delay_ms=100"}))
+            .await,
+    );
+    client.until(&run, "step.completed").await;
+    let seen = client.seqs(&run);
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+
+    let mut again = gateway.ws(ALICE).await;
+    let last = *seen.last().unwrap();
+    again.ok("run.subscribe", json!({"runId": run, "afterSeq": last})).await;
+    again.until(&run, "lifecycle.end").await;
+    let mut union = seen.clone();
+    union.extend(again.seqs(&run));
+    let end_seq = *union.last().unwrap();
+    assert_eq!(union, (1..=end_seq).collect::<Vec<_>>(), "no gap, no duplicate");
+
+    // The stored log is the same, for a run that has ended.
+    let mut late = gateway.ws(ALICE).await;
+    late.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
+    late.until(&run, "lifecycle.end").await;
+    assert_eq!(late.seqs(&run), union);
+
+    // SSE, resumed after Last-Event-ID, ends after lifecycle.end.
+    let sse = http(ALICE)
+        .get(gateway.url(&format!("/v1/runs/{run}/events")))
+        .header("Last-Event-ID", "3")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    let text = tokio::time::timeout(Duration::from_secs(10), sse.text())
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<u64> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("id:"))
+        .map(|id| id.trim().parse().unwrap())
+        .collect();
+    assert_eq!(ids, (4..=end_seq).collect::<Vec<_>>());
+    assert!(text.contains("event: lifecycle.end"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_follow_on_busy_and_queues_report_positions() {
+    let (_dir, model, gateway) = gateway("max_runs_per_token = 2", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let live = |session: &str| json!({"prompt": "long steps=4 delay_ms=200", "sessionId": session});
+
+    // enqueue (default): starts after the first, with its conversation.
+    let first = run_id(&client.ok("agent.run", live("s1")).await);
+    let queued = client
+        .ok(
+            "agent.run",
+            json!({"prompt": "then steps=0 answer=second", "sessionId": "s1"}),
+        )
+        .await;
+    assert_eq!(queued["status"], "QUEUED");
+    client.until(&first, "lifecycle.end").await;
+    let end = client.until(&run_id(&queued), "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    let last = model.request_count();
+    assert!(last > 0);
+
+    // reject.
+    let busy = run_id(&client.ok("agent.run", live("s2")).await);
+    assert_eq!(
+        client
+            .error(
+                "agent.run",
+                json!({"prompt": "x", "sessionId": "s2", "onBusy": "reject"})
+            )
+            .await,
+        "CONFLICT"
+    );
+    // steer: the prompt joins the live run.
+    let steered = client
+        .ok(
+            "agent.run",
+            json!({"prompt": "also this", "sessionId": "s2", "onBusy": "steer"}),
+        )
+        .await;
+    assert_eq!(steered["runId"], busy.as_str());
+    assert_eq!(steered["steered"], true);
+    // interrupt: the live run is cancelled, then the new one starts.
+    let next = client
+        .ok(
+            "agent.run",
+            json!({"prompt": "instead steps=0", "sessionId": "s2", "onBusy": "interrupt"}),
+        )
+        .await;
+    let end = client.until(&busy, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "CANCELED");
+    let end = client.until(&run_id(&next), "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+
+    // Per-token cap 2: the third waits, in order.
+    let a = client.ok("agent.run", live("q1")).await;
+    let b = client.ok("agent.run", live("q2")).await;
+    let c = client.ok("agent.run", live("q3")).await;
+    let d = client.ok("agent.run", live("q4")).await;
+    assert_eq!(
+        (a["status"].as_str(), b["status"].as_str()),
+        (Some("RUNNING"), Some("RUNNING"))
+    );
+    assert_eq!(
+        (c["queuePosition"].as_u64(), d["queuePosition"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let view = client.ok("run.get", json!({"runId": run_id(&d)})).await;
+    assert_eq!(view["status"], "QUEUED");
+    // Cancelling a queued run removes it from the queue.
+    let cancelled = client.ok("agent.cancel", json!({"runId": run_id(&d)})).await;
+    assert_eq!(cancelled["finalSeq"], 2);
+    let end = client.until(&run_id(&c), "lifecycle.end").await;
+    assert_eq!(
+        end["payload"]["status"],
+        "DONE",
+        "{:?}",
+        client
+            .events
+            .iter()
+            .filter(|e| e["runId"] == run_id(&c) && (e["event"] == "error" || e["event"] == "warning"))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_subscriber_is_dropped_while_the_run_and_the_others_go_on() {
+    // Pings far apart: the client that stops reading is dropped for
+    // falling behind, not for missing a pong.
+    let (_dir, _model, gateway) = gateway("subscriber_buffer = 1024\nping_interval_secs = 60", &[]);
+    let mut reader = gateway.ws(ALICE).await;
+    // 4000 llm.delta frames (about 1.3 MB), one a millisecond.
+    let run = run_id(
+        &reader
+            .ok(
+                "agent.run",
+                json!({"prompt": "flood long=4000 chunk_ms=1 delay_ms=300"}),
+            )
+            .await,
+    );
+    // A second client subscribes, with a small socket buffer, and does not read.
+    let mut slow = common::gateway::Client::connect_with_buffer(&gateway.addr, ALICE, Some(4096)).await;
+    slow.ok("run.subscribe", json!({"runId": run})).await;
+    let end = reader.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    assert_eq!(
+        reader.seqs(&run).len() as u64,
+        end["seq"].as_u64().unwrap(),
+        "the reader got every event"
+    );
+    // Now the slow one reads: it finds its close frame with a reason.
+    while slow.frame().await.is_some() {}
+    let (code, reason) = slow.closed.clone().expect("a close frame");
+    assert_eq!(code, 1013);
+    assert!(reason.contains("resubscribe"), "{reason}");
+    let seen = slow.seqs(&run);
+    assert!(seen.len() < reader.seqs(&run).len());
+    // It resubscribes after its last seq and gets the rest.
+    let mut again = gateway.ws(ALICE).await;
+    let last = seen.last().copied().unwrap_or(0);
+    again.ok("run.subscribe", json!({"runId": run, "afterSeq": last})).await;
+    again.until(&run, "lifecycle.end").await;
+    let mut union = seen;
+    union.extend(again.seqs(&run));
+    assert_eq!(union, reader.seqs(&run));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_change_as_runs_finish() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let metrics = || async {
+        http(ALICE)
+            .get(gateway.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let value = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.rsplit(' ').next())
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    let before = metrics().await;
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(&client.ok("agent.run", json!({"prompt": "go steps=2"})).await);
+    client.until(&run, "lifecycle.end").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after = metrics().await;
+    let done = "loom_runs_finished_total{status=\"DONE\"}";
+    assert_eq!(value(&after, done), value(&before, done) + 1.0, "{after}");
+    assert!(value(&after, "loom_turns_total") >= value(&before, "loom_turns_total") + 3.0);
+    assert!(
+        after.contains("loom_tool_calls_total{tool=\"list_dir\",status=\"success\"}"),
+        "{after}"
+    );
+    assert!(after.contains("loom_model_duration_seconds_bucket"));
+    assert!(after.contains("loom_store_write_seconds_bucket"));
+    assert_eq!(value(&after, "loom_ws_connections"), 1.0);
+    assert!(after.contains("loom_tokens_total{kind=\"input\"}"));
+    assert_eq!(
+        reqwest::Client::new()
+            .get(gateway.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_run_then_restart_resumes_it_without_repeating_a_side_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), "");
+    let mut gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=3 tool=write_file delay_ms=400"}),
+            )
+            .await,
+    );
+    client.until(&run, "step.completed").await;
+    let seen = client.seqs(&run).last().copied().unwrap();
+    assert!(gateway.terminate().success());
+    drop(gateway);
+
+    let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+    let mut client = gateway.ws(ALICE).await;
+    client
+        .ok("run.subscribe", json!({"runId": run, "afterSeq": seen}))
+        .await;
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    let seqs = client.seqs(&run);
+    assert_eq!(seqs, (seen + 1..=*seqs.last().unwrap()).collect::<Vec<_>>());
+    // Each write ran once: one successful tool.result per call in the log.
+    let mut log = gateway.ws(ALICE).await;
+    log.ok("run.subscribe", json!({"runId": run})).await;
+    log.until(&run, "lifecycle.end").await;
+    let mut writes: Vec<String> = log
+        .events
+        .iter()
+        .filter(|e| e["event"] == "tool.result" && e["payload"]["status"] == "success")
+        .map(|e| e["payload"]["callId"].as_str().unwrap().to_string())
+        .collect();
+    let total = writes.len();
+    writes.dedup();
+    assert_eq!((total, writes.len()), (3, 3), "{:?}", log.names(&run));
+    for step in 1..=3 {
+        assert!(dir.path().join(format!("out_{step}.txt")).exists());
+    }
+}

@@ -1,0 +1,166 @@
+//! `[server]` of loom.toml and the limits the gateway runs with.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::auth::{TokenError, Tokens};
+
+/// `[server]` as written in loom.toml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// `[[server.tokens]]`: who may use the gateway.
+    #[serde(default)]
+    pub tokens: Vec<TokenEntry>,
+    /// Runs executing at once, over all tokens (default 64).
+    pub max_runs: Option<usize>,
+    /// Runs executing at once per token (default 16).
+    pub max_runs_per_token: Option<usize>,
+    /// Runs waiting for a slot, over all tokens, before submissions are
+    /// refused with `OVERLOADED` (default 1024).
+    pub max_queued: Option<usize>,
+    /// Requests per minute per token (WebSocket requests and HTTP calls
+    /// alike) before `RATE_LIMITED` (default 1200).
+    pub requests_per_minute: Option<u32>,
+    /// Largest WebSocket frame or HTTP body in bytes (default 1 MiB).
+    pub max_frame_bytes: Option<usize>,
+    /// Events a subscriber may be behind before it is dropped (default 4096).
+    pub subscriber_buffer: Option<usize>,
+    /// Seconds between WebSocket pings; a connection silent for two of
+    /// them is closed (default 20).
+    pub ping_interval_secs: Option<f64>,
+    /// Seconds a shutdown waits for live runs to checkpoint (default 10).
+    pub shutdown_grace_secs: Option<u64>,
+    /// The largest `maxSteps` a client may ask for (default 100).
+    pub max_steps_limit: Option<u32>,
+    /// Models a client may name in `model`, besides the default one.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Finished runs kept in memory when there is no store (default 1000).
+    pub keep_finished_runs: Option<usize>,
+}
+
+/// One `[[server.tokens]]` entry: a name and the token, or its SHA-256.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEntry {
+    /// Who holds it: runs are recorded under this name.
+    pub name: String,
+    /// The token itself.
+    pub token: Option<String>,
+    /// The token's SHA-256 as 64 hex digits, so the file holds no secret.
+    pub token_sha256: Option<String>,
+}
+
+impl std::fmt::Debug for TokenEntry {
+    // Never print a token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenEntry")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The gateway's settings, with defaults filled in.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Who may use the gateway; empty: anyone who can reach it (loopback only).
+    pub tokens: Tokens,
+    /// Runs executing at once.
+    pub max_runs: usize,
+    /// Runs executing at once per token.
+    pub max_runs_per_token: usize,
+    /// Runs waiting, before `OVERLOADED`.
+    pub max_queued: usize,
+    /// Requests per minute per token.
+    pub requests_per_minute: u32,
+    /// Largest frame or body.
+    pub max_frame_bytes: usize,
+    /// Events a subscriber may be behind.
+    pub subscriber_buffer: usize,
+    /// Between pings.
+    pub ping_interval: Duration,
+    /// How long a shutdown waits for runs to checkpoint.
+    pub shutdown_grace: Duration,
+    /// Largest `maxSteps`.
+    pub max_steps_limit: u32,
+    /// Models a client may name.
+    pub models: Vec<String>,
+    /// Finished runs kept in memory without a store.
+    pub keep_finished_runs: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            tokens: Tokens::default(),
+            max_runs: 64,
+            max_runs_per_token: 16,
+            max_queued: 1024,
+            requests_per_minute: 1200,
+            max_frame_bytes: 1 << 20,
+            subscriber_buffer: 4096,
+            ping_interval: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(10),
+            max_steps_limit: 100,
+            models: Vec::new(),
+            keep_finished_runs: 1000,
+        }
+    }
+}
+
+/// The settings could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A token entry is wrong.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// A limit makes no sense.
+    #[error("[server] {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    /// The settings of loom.toml, plus `LOOM_TOKEN` (named `default`) when given.
+    pub fn from_settings(settings: &ServerSettings, env_token: Option<&str>) -> Result<Self, ConfigError> {
+        let defaults = Self::default();
+        let mut tokens = Tokens::from_entries(&settings.tokens)?;
+        if let Some(token) = env_token.filter(|t| !t.is_empty()) {
+            tokens.add_clear("default", token)?;
+        }
+        let config = Self {
+            tokens,
+            max_runs: settings.max_runs.unwrap_or(defaults.max_runs),
+            max_runs_per_token: settings.max_runs_per_token.unwrap_or(defaults.max_runs_per_token),
+            max_queued: settings.max_queued.unwrap_or(defaults.max_queued),
+            requests_per_minute: settings.requests_per_minute.unwrap_or(defaults.requests_per_minute),
+            max_frame_bytes: settings.max_frame_bytes.unwrap_or(defaults.max_frame_bytes),
+            subscriber_buffer: settings.subscriber_buffer.unwrap_or(defaults.subscriber_buffer),
+            ping_interval: settings
+                .ping_interval_secs
+                .map_or(defaults.ping_interval, Duration::from_secs_f64),
+            shutdown_grace: settings
+                .shutdown_grace_secs
+                .map_or(defaults.shutdown_grace, Duration::from_secs),
+            max_steps_limit: settings.max_steps_limit.unwrap_or(defaults.max_steps_limit),
+            models: settings.models.clone(),
+            keep_finished_runs: settings.keep_finished_runs.unwrap_or(defaults.keep_finished_runs),
+        };
+        for (name, value) in [
+            ("max_runs", config.max_runs),
+            ("max_runs_per_token", config.max_runs_per_token),
+            ("max_frame_bytes", config.max_frame_bytes),
+            ("subscriber_buffer", config.subscriber_buffer),
+            ("requests_per_minute", config.requests_per_minute as usize),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
+            }
+        }
+        if config.ping_interval < Duration::from_millis(10) {
+            return Err(ConfigError::Invalid("ping_interval_secs must be at least 0.01".into()));
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,296 @@
+//! The HTTP API (docs/server.md): the same operations as the WebSocket
+//! methods, errors as `{"error":{"code","message"}}`, and a run's events
+//! as SSE.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next as MiddlewareNext;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::Stream;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::auth::Principal;
+use crate::error::{ApiError, Code};
+use crate::protocol::{DecisionBody, ListParams, StartRun, SteerBody};
+use crate::service::Next;
+use crate::App;
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.code.status();
+        let retry = self.retry_after_ms;
+        let mut response = (status, Json(json!({ "error": self }))).into_response();
+        if let Some(after) = retry {
+            // Whole seconds, rounded up: never earlier than asked.
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            if let Ok(value) = HeaderValue::from_str(&secs.to_string()) {
+                response.headers_mut().insert(RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}
+
+/// The token of a request: `Authorization: Bearer`, else `?token=`.
+fn presented(parts: &Parts) -> Option<String> {
+    if let Some(value) = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        return value.strip_prefix("Bearer ").map(|t| t.trim().to_string());
+    }
+    let query: Query<HashMap<String, String>> = Query::try_from_uri(&parts.uri).ok()?;
+    query.0.get("token").cloned()
+}
+
+impl FromRequestParts<Arc<App>> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
+        let tokens = &app.service.config().tokens;
+        if tokens.is_empty() {
+            return Ok(Principal::local());
+        }
+        presented(parts).and_then(|token| tokens.check(&token)).ok_or_else(|| {
+            ApiError::new(
+                Code::Unauthorized,
+                "a valid token is required (Authorization: Bearer TOKEN)",
+            )
+        })
+    }
+}
+
+/// A JSON body within the size limit, with the protocol's error codes.
+async fn body<T: DeserializeOwned>(app: &App, body: Body) -> Result<T, ApiError> {
+    let limit = app.service.config().max_frame_bytes;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            Code::PayloadTooLarge,
+            format!("the body is over the limit of {limit} bytes"),
+        )
+    })?;
+    let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
+        .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
+    serde_json::from_value(value).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+}
+
+pub(crate) async fn start_run(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    headers: HeaderMap,
+    raw: Body,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let mut params: StartRun = body(&app, raw).await?;
+    if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        params.idempotency_key = Some(key.to_string());
+    }
+    let accepted = app.service.start(&principal, params).await?;
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+}
+
+pub(crate) async fn list_runs(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    query: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let Query(params) = query.map_err(|err| ApiError::new(Code::InvalidParams, err.body_text()))?;
+    Ok(Json(app.service.list(&principal, params).await?).into_response())
+}
+
+pub(crate) async fn get_run(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    Ok(Json(app.service.get(&principal, &run_id).await?).into_response())
+}
+
+pub(crate) async fn cancel_run(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    Ok(Json(app.service.cancel(&principal, &run_id).await?).into_response())
+}
+
+pub(crate) async fn steer_run(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+    raw: Body,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let steer: SteerBody = body(&app, raw).await?;
+    app.service.steer(&principal, &run_id, steer.message).await?;
+    Ok(Json(json!({"runId": run_id, "accepted": true})).into_response())
+}
+
+pub(crate) async fn respond(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Path((run_id, request_id)): Path<(String, String)>,
+    raw: Body,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let answer: DecisionBody = body(&app, raw).await?;
+    app.service
+        .respond(&principal, &run_id, &request_id, answer.decision)
+        .await?;
+    Ok(Json(json!({"runId": run_id, "requestId": request_id, "decision": answer.decision})).into_response())
+}
+
+pub(crate) async fn list_permissions(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let asks = app
+        .service
+        .pending(&principal, query.get("runId").map(String::as_str))
+        .await?;
+    Ok(Json(json!({ "asks": asks })).into_response())
+}
+
+/// `GET /v1/runs/{id}/events`: SSE, `id:` = seq, after `Last-Event-ID`
+/// (or `?afterSeq=`); comment pings; the stream ends after `lifecycle.end`
+/// (or when the subscriber fell behind: the client reconnects with its
+/// last id, as `EventSource` does by itself).
+pub(crate) async fn events(
+    State(app): State<Arc<App>>,
+    principal: Principal,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    app.service.admit_request(&principal)?;
+    let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let after = match last_event_id.or(query.get("afterSeq").map(String::as_str)) {
+        Some(text) => text
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| ApiError::new(Code::InvalidParams, "Last-Event-ID / afterSeq must be a seq number"))?,
+        None => 0,
+    };
+    let subscription = app.service.subscribe(&principal, &run_id, after).await?;
+    let closing = app.closing.clone();
+    let stream = sse_stream(subscription, closing);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("ping"))
+        .into_response())
+}
+
+/// Counts an open SSE stream while it lives.
+struct SseGauge;
+
+impl SseGauge {
+    fn open() -> Self {
+        metrics::gauge!("loom_sse_connections").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for SseGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("loom_sse_connections").decrement(1.0);
+    }
+}
+
+fn sse_stream(
+    subscription: crate::service::Subscription,
+    closing: tokio_util::sync::CancellationToken,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+    let state = (subscription, closing, SseGauge::open(), false);
+    futures_util::stream::unfold(state, |(mut subscription, closing, gauge, ended)| async move {
+        if ended {
+            return None;
+        }
+        let next = tokio::select! {
+            next = subscription.next() => next,
+            _ = closing.cancelled() => Next::End,
+        };
+        match next {
+            Next::Event(event) => {
+                let last = event.kind.name() == "lifecycle.end";
+                let data = serde_json::to_string(&*event).unwrap_or_default();
+                let sse = SseEvent::default()
+                    .id(event.seq.to_string())
+                    .event(event.kind.name())
+                    .data(data);
+                Some((Ok(sse), (subscription, closing, gauge, last)))
+            }
+            Next::Lagged => {
+                metrics::counter!("loom_subscribers_dropped_total").increment(1);
+                let sse = SseEvent::default().comment("dropped: too slow; reconnect with Last-Event-ID");
+                Some((Ok(sse), (subscription, closing, gauge, true)))
+            }
+            Next::End => None,
+        }
+    })
+}
+
+pub(crate) async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Response {
+    match app.service.ready().await {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "reason": why})),
+        )
+            .into_response(),
+    }
+}
+
+pub(crate) async fn metrics(State(app): State<Arc<App>>, principal: Principal) -> Result<Response, ApiError> {
+    let _ = principal;
+    let Some(handle) = &app.metrics else {
+        return Err(ApiError::new(
+            Code::Internal,
+            "metrics are not recorded in this process",
+        ));
+    };
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response())
+}
+
+pub(crate) async fn not_found() -> ApiError {
+    ApiError::new(Code::NotFound, "no such route")
+}
+
+/// One log line per request: method, path (never the query: it may hold a
+/// token), status and latency.
+pub(crate) async fn log_request(request: Request, next: MiddlewareNext) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    tracing::info!(%method, path, status, latency_ms = started.elapsed().as_secs_f64() * 1000.0, "request");
+    let class = match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    metrics::counter!("loom_http_requests_total", "class" => class).increment(1);
+    response
+}

@@ -1,0 +1,138 @@
+//! Loom's gateway (`loom serve`): many clients start, watch, steer,
+//! approve and cancel runs over WebSocket JSON-RPC (`/ws`) and HTTP with
+//! SSE (`/v1/…`), with bearer tokens, Prometheus metrics at `/metrics`,
+//! and runs that survive a restart. docs/server.md is the protocol;
+//! docs/architecture.md shows where this crate sits.
+//!
+//! The protocol code (`ws`, `http`) only calls [`Service`]; the service
+//! keeps live runs in a registry, queues them under caps, and fans their
+//! events out through an [`EventFeed`] — the seams a later step backs with
+//! Redis.
+
+mod agents;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod feed;
+mod http;
+pub mod metrics;
+mod observed_store;
+pub mod protocol;
+mod registry;
+mod service;
+mod ws;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use agents::{AgentFactory, AgentSpec};
+pub use auth::Principal;
+pub use config::{ServerConfig, ServerSettings, TokenEntry};
+pub use error::{ApiError, Code};
+pub use feed::{EventFeed, LocalFeed};
+pub use service::{Next, Service, Subscription};
+
+/// The kernel send buffer of each client connection.
+const SEND_BUFFER: usize = 128 * 1024;
+
+/// What every route shares.
+pub struct App {
+    /// The operations.
+    pub service: Service,
+    /// Renders `/metrics`.
+    metrics: Option<PrometheusHandle>,
+    /// Cancelled at shutdown: WebSocket connections close with a reason,
+    /// SSE streams end.
+    closing: CancellationToken,
+}
+
+/// Why `serve` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A non-loopback address without a token.
+    #[error("refusing to listen on {0} without a token: configure [[server.tokens]] in loom.toml or set LOOM_TOKEN (without tokens only a loopback address such as 127.0.0.1 is allowed)")]
+    OpenToTheNetwork(SocketAddr),
+    /// The socket failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl App {
+    /// The gateway around `service`.
+    pub fn new(service: Service) -> Arc<Self> {
+        Arc::new(Self {
+            service,
+            metrics: metrics::install(),
+            closing: CancellationToken::new(),
+        })
+    }
+
+    /// The routes.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route("/ws", get(ws::upgrade))
+            .route("/v1/runs", post(http::start_run).get(http::list_runs))
+            .route("/v1/runs/{id}", get(http::get_run))
+            .route("/v1/runs/{id}/events", get(http::events))
+            .route("/v1/runs/{id}/cancel", post(http::cancel_run))
+            .route("/v1/runs/{id}/steer", post(http::steer_run))
+            .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
+            .route("/v1/permissions", get(http::list_permissions))
+            .route("/metrics", get(http::metrics))
+            .route("/healthz", get(http::healthz))
+            .route("/readyz", get(http::readyz))
+            .fallback(http::not_found)
+            .layer(axum::middleware::from_fn(http::log_request))
+            .with_state(self.clone())
+    }
+
+    /// Serves on `listener` until `stop` resolves; then shuts down: no new
+    /// runs, live runs interrupted and checkpointed (resumed by the next
+    /// start), connections closed with a reason, all within the shutdown
+    /// grace plus a few seconds.
+    pub async fn serve(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let addr = listener.local_addr()?;
+        if self.service.config().tokens.is_empty() && !addr.ip().is_loopback() {
+            return Err(ServeError::OpenToTheNetwork(addr));
+        }
+        let app = self.clone();
+        let stopping = async move {
+            stop.await;
+            tracing::info!("shutting down: interrupting live runs");
+            app.service.shutdown().await;
+            app.closing.cancel();
+        };
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            // Events are small and must not wait for Nagle; a fixed send
+            // buffer keeps kernel memory per connection bounded (the
+            // default grows to 4 MiB), so a client that stops reading
+            // falls behind soon and is dropped, instead of having
+            // megabytes queued for it.
+            let _ = tcp.set_nodelay(true);
+            let _ = socket2::SockRef::from(&*tcp).set_send_buffer_size(SEND_BUFFER);
+        });
+        let server = axum::serve(listener, self.router()).with_graceful_shutdown(stopping);
+        let closing = self.closing.clone();
+        let grace = self.service.config().shutdown_grace;
+        tokio::select! {
+            served = server => served?,
+            // Connections that do not close after the shutdown are cut.
+            () = async move {
+                closing.cancelled().await;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            } => tracing::warn!("connections still open {grace:?} after the shutdown; closing them"),
+        }
+        Ok(())
+    }
+}

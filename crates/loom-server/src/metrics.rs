@@ -1,0 +1,106 @@
+//! Prometheus metrics: recorded through the `metrics` facade, rendered by
+//! `metrics-exporter-prometheus` from the gateway's own `/metrics` route.
+//! The names are listed in docs/server.md.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use loom_core::{Event, EventKind};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Seconds: model calls, tools and store writes all fall in this range.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process's recorder (once; every gateway in the process
+/// shares it) and returns what renders it. `None` when another recorder
+/// was installed first.
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .map_err(|err| tracing::warn!(error = %err, "histogram buckets"))
+                .ok()?;
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder)
+                .map_err(|err| tracing::warn!(error = %err, "another metrics recorder is installed"))
+                .ok()?;
+            describe();
+            Some(handle)
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!("loom_runs_active", "Runs executing now.");
+    describe_gauge!("loom_runs_queued", "Runs waiting for a slot.");
+    describe_counter!("loom_runs_finished_total", "Runs that ended, by status.");
+    describe_counter!("loom_turns_total", "Turns begun.");
+    describe_counter!("loom_tool_calls_total", "Tool calls, by tool and status.");
+    describe_histogram!(
+        "loom_tool_duration_seconds",
+        Unit::Seconds,
+        "Tool call durations, by tool."
+    );
+    describe_histogram!("loom_model_duration_seconds", Unit::Seconds, "Model call durations.");
+    describe_counter!("loom_tokens_total", "Model tokens, by kind (input, output).");
+    describe_gauge!(
+        "loom_cost_usd_total",
+        "Model cost in US dollars so far (priced models)."
+    );
+    describe_gauge!("loom_permission_pending", "Asks waiting for an answer.");
+    describe_gauge!("loom_ws_connections", "Open WebSocket connections.");
+    describe_gauge!("loom_sse_connections", "Open SSE streams.");
+    describe_counter!(
+        "loom_subscribers_dropped_total",
+        "Subscribers dropped for falling behind."
+    );
+    describe_histogram!(
+        "loom_store_write_seconds",
+        Unit::Seconds,
+        "Store write latency, by operation."
+    );
+    describe_gauge!(
+        "loom_circuit_breaker_state",
+        "Model provider circuit: 0 closed, 1 half-open, 2 open."
+    );
+    describe_counter!("loom_http_requests_total", "HTTP requests, by status class.");
+}
+
+/// Counts what an event says.
+pub(crate) fn observe(event: &Event, model_started: &mut Option<std::time::Instant>) {
+    match &event.kind {
+        EventKind::IterationStart { .. } => metrics::counter!("loom_turns_total").increment(1),
+        EventKind::LlmStart { .. } => *model_started = Some(std::time::Instant::now()),
+        EventKind::LlmFinish { usage, cost_usd, .. } => {
+            if let Some(started) = model_started.take() {
+                metrics::histogram!("loom_model_duration_seconds").record(started.elapsed().as_secs_f64());
+            }
+            if let Some(usage) = usage {
+                metrics::counter!("loom_tokens_total", "kind" => "input").increment(usage.input_tokens);
+                metrics::counter!("loom_tokens_total", "kind" => "output").increment(usage.output_tokens);
+            }
+            if let Some(cost) = cost_usd {
+                metrics::gauge!("loom_cost_usd_total").increment(*cost);
+            }
+        }
+        EventKind::ToolResult {
+            name,
+            status,
+            duration_ms,
+            ..
+        } => {
+            metrics::counter!("loom_tool_calls_total", "tool" => name.clone(), "status" => status.as_str())
+                .increment(1);
+            metrics::histogram!("loom_tool_duration_seconds", "tool" => name.clone())
+                .record(Duration::from_millis(*duration_ms).as_secs_f64());
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,221 @@
+//! The runs the gateway holds: queued and executing runs, their pending
+//! asks, the admission queue with its caps, idempotency keys, and (without
+//! a store) the finished runs kept in memory. Plain data under one lock;
+//! [`crate::service`] does the IO around it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use loom_core::{Agent, Message, PermissionDecision, RunController, RunMetrics, RunRequest, RunStatus};
+use tokio::sync::watch;
+
+use crate::auth::Principal;
+use crate::protocol::{PendingAsk, RunView};
+
+/// A run the gateway holds, queued or executing.
+pub(crate) struct LiveRun {
+    pub(crate) run_id: String,
+    pub(crate) session_id: String,
+    pub(crate) principal: Principal,
+    pub(crate) prompt: String,
+    pub(crate) model: String,
+    pub(crate) status: RunStatus,
+    pub(crate) started_ms: u64,
+    pub(crate) metrics: RunMetrics,
+    pub(crate) content: Option<String>,
+    pub(crate) last_seq: u64,
+    /// What starts it, while queued.
+    pub(crate) start: Option<(Agent, RunRequest)>,
+    /// Its controls, once started.
+    pub(crate) controller: Option<RunController>,
+    /// A cancel that came before the controls did.
+    pub(crate) cancel_requested: bool,
+    pub(crate) pending: Vec<PendingAsk>,
+    /// Answers to asks a resumed run has not asked again yet.
+    pub(crate) early: HashMap<String, PermissionDecision>,
+    /// The pending asks came from the log of a run before its restart.
+    pub(crate) seeded: bool,
+    /// The `seq` of its last event, once it has stopped.
+    pub(crate) done: watch::Sender<Option<u64>>,
+}
+
+impl LiveRun {
+    pub(crate) fn view(&self, queue_position: Option<usize>) -> RunView {
+        RunView {
+            run_id: self.run_id.clone(),
+            session_id: self.session_id.clone(),
+            status: self.status,
+            prompt: self.prompt.clone(),
+            model: self.model.clone(),
+            started_ms: self.started_ms,
+            ended_ms: None,
+            content: self.content.clone(),
+            metrics: self.metrics.clone(),
+            pending_asks: self.pending.clone(),
+            queue_position,
+            last_seq: self.last_seq,
+        }
+    }
+}
+
+/// A run that may start now.
+pub(crate) struct Launch {
+    pub(crate) run_id: String,
+    pub(crate) agent: Agent,
+    pub(crate) request: RunRequest,
+}
+
+/// The caps of [`Registry::schedule`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caps {
+    pub(crate) max_runs: usize,
+    pub(crate) per_token: usize,
+}
+
+/// Every run the gateway holds.
+#[derive(Default)]
+pub(crate) struct Registry {
+    pub(crate) runs: HashMap<String, LiveRun>,
+    /// Queued run ids, oldest first.
+    pub(crate) queue: VecDeque<String>,
+    running: usize,
+    running_by: HashMap<Principal, usize>,
+    /// (principal, key) → (payload digest, run id).
+    idempotency: HashMap<(Principal, String), (u64, String)>,
+    idempotency_order: VecDeque<(Principal, String)>,
+    /// Without a store: finished runs, and each session's conversation.
+    pub(crate) finished: HashMap<String, (Principal, RunView)>,
+    finished_order: VecDeque<String>,
+    pub(crate) histories: HashMap<String, Vec<Message>>,
+}
+
+/// Idempotency keys remembered per gateway.
+const IDEMPOTENCY_KEYS: usize = 100_000;
+
+impl Registry {
+    /// The run, if `principal` may see it.
+    pub(crate) fn run(&self, principal: &Principal, run_id: &str) -> Option<&LiveRun> {
+        self.runs.get(run_id).filter(|run| &run.principal == principal)
+    }
+
+    pub(crate) fn run_mut(&mut self, principal: &Principal, run_id: &str) -> Option<&mut LiveRun> {
+        self.runs.get_mut(run_id).filter(|run| &run.principal == principal)
+    }
+
+    /// 1 for the next run to start.
+    pub(crate) fn queue_position(&self, run_id: &str) -> Option<usize> {
+        self.queue.iter().position(|id| id == run_id).map(|i| i + 1)
+    }
+
+    /// The live runs of a session, oldest first.
+    pub(crate) fn on_session(&self, session_id: &str) -> Vec<&LiveRun> {
+        let mut runs: Vec<&LiveRun> = self.runs.values().filter(|run| run.session_id == session_id).collect();
+        runs.sort_by_key(|run| (run.status == RunStatus::Queued, run.started_ms));
+        runs
+    }
+
+    pub(crate) fn remembered(&self, principal: &Principal, key: &str) -> Option<&(u64, String)> {
+        self.idempotency.get(&(principal.clone(), key.to_string()))
+    }
+
+    pub(crate) fn remember(&mut self, principal: &Principal, key: String, digest: u64, run_id: String) {
+        let entry = (principal.clone(), key);
+        self.idempotency.insert(entry.clone(), (digest, run_id));
+        self.idempotency_order.push_back(entry);
+        while self.idempotency_order.len() > IDEMPOTENCY_KEYS {
+            if let Some(old) = self.idempotency_order.pop_front() {
+                self.idempotency.remove(&old);
+            }
+        }
+    }
+
+    /// Takes the queued runs that may start now, in queue order: within
+    /// the caps overall and per token, and one run per session at a time
+    /// (a session's runs start in the order they came).
+    pub(crate) fn schedule(&mut self, caps: Caps) -> Vec<Launch> {
+        let mut busy: HashSet<String> = self
+            .runs
+            .values()
+            .filter(|run| run.status != RunStatus::Queued)
+            .map(|run| run.session_id.clone())
+            .collect();
+        let mut launches = Vec::new();
+        let mut index = 0;
+        while index < self.queue.len() && self.running < caps.max_runs {
+            let id = self.queue[index].clone();
+            let Some(run) = self.runs.get_mut(&id) else {
+                self.queue.remove(index);
+                continue;
+            };
+            let fresh = busy.insert(run.session_id.clone());
+            let used = self.running_by.get(&run.principal).copied().unwrap_or(0);
+            if !fresh || used >= caps.per_token {
+                index += 1;
+                continue;
+            }
+            self.queue.remove(index);
+            run.status = RunStatus::Running;
+            self.running += 1;
+            *self.running_by.entry(run.principal.clone()).or_default() += 1;
+            if let Some((agent, request)) = run.start.take() {
+                launches.push(Launch {
+                    run_id: id,
+                    agent,
+                    request,
+                });
+            }
+        }
+        launches
+    }
+
+    /// Counts a run that executes without going through the queue (a run
+    /// resumed at start-up).
+    pub(crate) fn count_running(&mut self, principal: &Principal) {
+        self.running += 1;
+        *self.running_by.entry(principal.clone()).or_default() += 1;
+    }
+
+    /// A started run ended: it leaves the registry.
+    pub(crate) fn end(&mut self, run_id: &str) -> Option<LiveRun> {
+        let run = self.runs.remove(run_id)?;
+        if run.status != RunStatus::Queued {
+            self.running = self.running.saturating_sub(1);
+            if let Some(used) = self.running_by.get_mut(&run.principal) {
+                *used = used.saturating_sub(1);
+                if *used == 0 {
+                    self.running_by.remove(&run.principal);
+                }
+            }
+        }
+        Some(run)
+    }
+
+    /// A queued run leaves the queue.
+    pub(crate) fn dequeue(&mut self, run_id: &str) -> Option<LiveRun> {
+        self.queue.retain(|id| id != run_id);
+        let run = self.runs.remove(run_id)?;
+        Some(run)
+    }
+
+    /// Keeps a finished run in memory (without a store), `keep` at most.
+    pub(crate) fn keep_finished(&mut self, principal: Principal, view: RunView, keep: usize) {
+        let id = view.run_id.clone();
+        self.finished.insert(id.clone(), (principal, view));
+        self.finished_order.push_back(id);
+        while self.finished_order.len() > keep {
+            if let Some(old) = self.finished_order.pop_front() {
+                self.finished.remove(&old);
+            }
+        }
+    }
+
+    /// Asks waiting over all runs.
+    pub(crate) fn pending_asks(&self) -> usize {
+        self.runs.values().map(|run| run.pending.len()).sum()
+    }
+
+    pub(crate) fn publish_gauges(&self) {
+        metrics::gauge!("loom_runs_active").set(self.running as f64);
+        metrics::gauge!("loom_runs_queued").set(self.queue.len() as f64);
+        metrics::gauge!("loom_permission_pending").set(self.pending_asks() as f64);
+    }
+}

@@ -1,0 +1,1169 @@
+//! The gateway's operations — start, cancel, steer, answer, look, follow —
+//! one implementation that the WebSocket methods and the HTTP routes both
+//! call, so the two protocols cannot drift apart.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use loom_core::event::{EventEmitter, TurnIds};
+use loom_core::{
+    Event, EventKind, Message, PermissionDecision, RunHandle, RunMetrics, RunOutcome, RunQuery, RunRecord, RunRequest,
+    RunStatus, Store, StoreError,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::agents::{AgentFactory, Agents};
+use crate::auth::Principal;
+use crate::config::ServerConfig;
+use crate::error::{ApiError, Code};
+use crate::feed::{EventFeed, LocalFeed};
+use crate::observed_store::ObservedStore;
+use crate::protocol::{Cancelled, ListParams, OnBusy, PendingAsk, RunAccepted, RunPage, RunView, StartRun};
+use crate::registry::{Caps, Launch, LiveRun, Registry};
+
+/// How long a cancel waits for a run to stop before it answers `INTERNAL`
+/// (the engine stops a run within its tools' cancel grace; this only
+/// guards against a run that never does).
+const CANCEL_WAIT: Duration = Duration::from_secs(60);
+
+/// The gateway's state and operations. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ServerConfig,
+    agents: Agents,
+    store: Option<Arc<dyn Store>>,
+    feed: Arc<dyn EventFeed>,
+    registry: Mutex<Registry>,
+    limiter: Mutex<HashMap<Principal, Bucket>>,
+    shutting_down: AtomicBool,
+    pumps: TaskTracker,
+}
+
+/// A token bucket: `requests_per_minute`, with bursts of a quarter of it.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// One subscriber's events: the stored and buffered ones, then live.
+pub struct Subscription {
+    backlog: VecDeque<Arc<Event>>,
+    live: Option<mpsc::Receiver<Arc<Event>>>,
+    lagged: Arc<AtomicBool>,
+}
+
+/// What a subscription gives next.
+#[derive(Debug)]
+pub enum Next {
+    /// An event.
+    Event(Arc<Event>),
+    /// The run has ended and every event was given.
+    End,
+    /// The subscriber fell too far behind and was dropped: resubscribe
+    /// after the last `seq` received.
+    Lagged,
+}
+
+impl Subscription {
+    /// The next event, or why there is none.
+    pub async fn next(&mut self) -> Next {
+        if let Some(event) = self.backlog.pop_front() {
+            return Next::Event(event);
+        }
+        let Some(live) = &mut self.live else { return Next::End };
+        match live.recv().await {
+            Some(event) => Next::Event(event),
+            None if self.lagged.load(Ordering::SeqCst) => Next::Lagged,
+            None => Next::End,
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn store_error(err: StoreError) -> ApiError {
+    ApiError::internal("the store failed", err)
+}
+
+/// A stable digest of a start request without its key (FNV-1a over its JSON).
+fn digest(params: &StartRun) -> u64 {
+    let mut params = params.clone();
+    params.idempotency_key = None;
+    let text = serde_json::to_string(&params).unwrap_or_default();
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Service {
+    /// A service running agents from `factory`, recording runs in `store`
+    /// (none: runs live in memory, and the newest finished ones are kept).
+    pub fn new(config: ServerConfig, factory: Arc<dyn AgentFactory>, store: Option<Arc<dyn Store>>) -> Self {
+        let feed: Arc<dyn EventFeed> = Arc::new(LocalFeed::new(
+            config.subscriber_buffer,
+            store.is_none().then_some(config.keep_finished_runs),
+        ));
+        let store: Option<Arc<dyn Store>> =
+            store.map(|store| Arc::new(ObservedStore::new(store, feed.clone())) as Arc<dyn Store>);
+        Self {
+            inner: Arc::new(Inner {
+                agents: Agents::new(factory, store.clone()),
+                config,
+                store,
+                feed,
+                registry: Mutex::default(),
+                limiter: Mutex::default(),
+                shutting_down: AtomicBool::new(false),
+                pumps: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_runs: self.inner.config.max_runs,
+            per_token: self.inner.config.max_runs_per_token,
+        }
+    }
+
+    /// Whether the store answers and the gateway is not shutting down.
+    pub async fn ready(&self) -> Result<(), String> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err("shutting down".into());
+        }
+        if let Some(store) = &self.inner.store {
+            store.list_runs(1).await.map_err(|err| format!("store: {err}"))?;
+        }
+        Ok(())
+    }
+
+    /// Counts one request of `principal` against its rate.
+    pub fn admit_request(&self, principal: &Principal) -> Result<(), ApiError> {
+        let per_minute = f64::from(self.inner.config.requests_per_minute);
+        let capacity = (per_minute / 4.0).max(1.0);
+        let per_second = per_minute / 60.0;
+        let mut buckets = self
+            .inner
+            .limiter
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        let bucket = buckets.entry(principal.clone()).or_insert(Bucket {
+            tokens: capacity,
+            at: now,
+        });
+        bucket.tokens = (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * per_second).min(capacity);
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = Duration::from_secs_f64((1.0 - bucket.tokens) / per_second);
+            Err(ApiError::new(Code::RateLimited, "too many requests for this token").retry_after(wait))
+        }
+    }
+
+    // ----- starting runs -------------------------------------------------
+
+    /// `agent.run`.
+    pub async fn start(&self, principal: &Principal, params: StartRun) -> Result<RunAccepted, ApiError> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(
+                ApiError::new(Code::Overloaded, "the server is shutting down").retry_after(Duration::from_secs(5))
+            );
+        }
+        self.validate(&params)?;
+        let digest = digest(&params);
+        if let Some(key) = &params.idempotency_key {
+            if let Some(accepted) = self.idempotent(principal, key, digest).await? {
+                return Ok(accepted);
+            }
+        }
+        if let Some(session) = &params.session_id {
+            self.check_session_owner(principal, session).await?;
+        }
+        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
+        let agent = self
+            .inner
+            .agents
+            .get(model.as_deref(), params.tools.as_deref())
+            .await
+            .map_err(|err| ApiError::new(Code::InvalidParams, err))?;
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let session_id = params.session_id.clone().unwrap_or_else(|| run_id.clone());
+        let on_busy = params.on_busy.unwrap_or_default();
+
+        let (accepted, launches, to_cancel) = {
+            let mut registry = self.registry();
+            // A retry with the same key may have raced this one.
+            if let Some(key) = &params.idempotency_key {
+                if let Some((known, existing)) = registry.remembered(principal, key).cloned() {
+                    if known != digest {
+                        return Err(conflicting_key());
+                    }
+                    let position = registry.queue_position(&existing);
+                    if let Some(run) = registry.run(principal, &existing) {
+                        return Ok(accepted_of(run, position));
+                    }
+                }
+            }
+            let live: Vec<(String, RunStatus)> = registry
+                .on_session(&session_id)
+                .iter()
+                .map(|run| (run.run_id.clone(), run.status))
+                .collect();
+            let mut to_cancel = Vec::new();
+            if let Some((busy_id, busy_status)) = live.first() {
+                match on_busy {
+                    OnBusy::Reject => {
+                        return Err(ApiError::new(
+                            Code::Conflict,
+                            format!("session '{session_id}' has a live run ({busy_id})"),
+                        ))
+                    }
+                    OnBusy::Steer => {
+                        let run = registry.runs.get(busy_id);
+                        let steered = match run.and_then(|run| run.controller.as_ref()) {
+                            Some(controller) if *busy_status != RunStatus::Queued => {
+                                controller.steer(params.prompt.clone()).is_ok()
+                            }
+                            _ => false,
+                        };
+                        if !steered {
+                            return Err(ApiError::new(
+                                Code::Conflict,
+                                format!("the live run {busy_id} of session '{session_id}' cannot take a message now"),
+                            ));
+                        }
+                        let run = registry.runs.get(busy_id).ok_or_else(|| ApiError::no_run(busy_id))?;
+                        let mut accepted = accepted_of(run, None);
+                        accepted.steered = true;
+                        return Ok(accepted);
+                    }
+                    OnBusy::Interrupt => to_cancel = live.iter().map(|(id, _)| id.clone()).collect(),
+                    OnBusy::Enqueue => {}
+                }
+            }
+            let request = RunRequest {
+                prompt: params.prompt.clone(),
+                run_id: Some(run_id.clone()),
+                session_id: Some(session_id.clone()),
+                history: if self.inner.store.is_some() {
+                    None
+                } else {
+                    Some(registry.histories.get(&session_id).cloned().unwrap_or_default())
+                },
+                max_steps: params.max_steps,
+                principal: Some(principal.name().to_string()),
+            };
+            let (done, _) = watch::channel(None);
+            registry.runs.insert(
+                run_id.clone(),
+                LiveRun {
+                    run_id: run_id.clone(),
+                    session_id: session_id.clone(),
+                    principal: principal.clone(),
+                    prompt: params.prompt.clone(),
+                    model: params
+                        .model
+                        .clone()
+                        .unwrap_or_else(|| self.inner.agents.default_model()),
+                    status: RunStatus::Queued,
+                    started_ms: now_ms(),
+                    metrics: RunMetrics::default(),
+                    content: None,
+                    last_seq: 0,
+                    start: Some((agent, request)),
+                    controller: None,
+                    cancel_requested: false,
+                    pending: Vec::new(),
+                    early: HashMap::new(),
+                    seeded: false,
+                    done,
+                },
+            );
+            registry.queue.push_back(run_id.clone());
+            self.inner.feed.open(&run_id, 0);
+            let launches = registry.schedule(self.caps());
+            let still_queued = registry.queue_position(&run_id).is_some();
+            if still_queued && registry.queue.len() > self.inner.config.max_queued {
+                registry.dequeue(&run_id);
+                self.inner.feed.close(&run_id);
+                return Err(
+                    ApiError::new(Code::Overloaded, "too many runs are waiting; try again later")
+                        .retry_after(Duration::from_secs(1)),
+                );
+            }
+            if let Some(key) = &params.idempotency_key {
+                registry.remember(principal, key.clone(), digest, run_id.clone());
+            }
+            registry.publish_gauges();
+            let position = registry.queue_position(&run_id);
+            let run = registry.runs.get(&run_id).ok_or_else(|| ApiError::no_run(&run_id))?;
+            (accepted_of(run, position), launches, to_cancel)
+        };
+        for launch in launches {
+            self.launch(launch);
+        }
+        if !to_cancel.is_empty() {
+            // The new run starts once the session's live runs have stopped.
+            let service = self.clone();
+            let principal = principal.clone();
+            tokio::spawn(async move {
+                for id in to_cancel {
+                    let _ = service
+                        .cancel_with(&principal, &id, "interrupted by a new run of the session")
+                        .await;
+                }
+            });
+        }
+        Ok(accepted)
+    }
+
+    fn validate(&self, params: &StartRun) -> Result<(), ApiError> {
+        if params.prompt.trim().is_empty() {
+            return Err(ApiError::new(Code::InvalidParams, "prompt must not be empty"));
+        }
+        if let Some(steps) = params.max_steps {
+            let limit = self.inner.config.max_steps_limit;
+            if steps == 0 || steps > limit {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    format!("maxSteps must be between 1 and {limit}"),
+                ));
+            }
+        }
+        if let Some(model) = &params.model {
+            if *model != self.inner.agents.default_model() && !self.inner.config.models.contains(model) {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    format!("model '{model}' is not offered by this server"),
+                ));
+            }
+        }
+        if let Some(session) = &params.session_id {
+            let fine = !session.is_empty()
+                && session.len() <= 128
+                && session.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if !fine {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    "sessionId: 1 to 128 characters of A-Z a-z 0-9 - _ . :",
+                ));
+            }
+        }
+        if params
+            .idempotency_key
+            .as_ref()
+            .is_some_and(|key| key.is_empty() || key.len() > 256)
+        {
+            return Err(ApiError::new(
+                Code::InvalidParams,
+                "idempotencyKey: 1 to 256 characters",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The run an earlier request with this key started, if any.
+    async fn idempotent(&self, principal: &Principal, key: &str, digest: u64) -> Result<Option<RunAccepted>, ApiError> {
+        let (known, run_id) = {
+            let registry = self.registry();
+            let Some((known, run_id)) = registry.remembered(principal, key).cloned() else {
+                return Ok(None);
+            };
+            if known != digest {
+                return Err(conflicting_key());
+            }
+            if let Some(run) = registry.run(principal, &run_id) {
+                return Ok(Some(accepted_of(run, registry.queue_position(&run_id))));
+            }
+            (known, run_id)
+        };
+        let _ = known;
+        // It has ended: where it is now.
+        let view = self.get(principal, &run_id).await?;
+        Ok(Some(RunAccepted {
+            run_id: view.run_id,
+            session_id: view.session_id,
+            status: view.status,
+            queue_position: None,
+            steered: false,
+        }))
+    }
+
+    /// A session id belongs to the token that first used it.
+    async fn check_session_owner(&self, principal: &Principal, session: &str) -> Result<(), ApiError> {
+        let taken = {
+            let registry = self.registry();
+            registry
+                .on_session(session)
+                .iter()
+                .any(|run| &run.principal != principal)
+                || registry
+                    .finished
+                    .values()
+                    .any(|(owner, view)| view.session_id == session && owner != principal)
+        };
+        let taken = taken
+            || match &self.inner.store {
+                Some(store) => store
+                    .session_runs(session)
+                    .await
+                    .map_err(store_error)?
+                    .iter()
+                    .any(|run| run.principal.as_deref() != Some(principal.name())),
+                None => false,
+            };
+        if taken {
+            return Err(ApiError::new(
+                Code::Conflict,
+                format!("session '{session}' belongs to another token"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Starts a run the registry let go.
+    fn launch(&self, launch: Launch) {
+        let Launch { run_id, agent, request } = launch;
+        let span = tracing::info_span!("run", run_id = %run_id);
+        let handle = {
+            let _entered = span.enter();
+            agent.run(request)
+        };
+        self.attach(run_id, handle, span);
+    }
+
+    /// Follows a started run: its controls join the registry, and its
+    /// events go to the feed until it ends.
+    fn attach(&self, run_id: String, handle: RunHandle, span: tracing::Span) {
+        let controller = handle.controller();
+        {
+            let mut registry = self.registry();
+            if let Some(run) = registry.runs.get_mut(&run_id) {
+                if run.cancel_requested {
+                    controller.cancel("cancelled by the client");
+                }
+                run.controller = Some(controller);
+            }
+        }
+        tracing::info!(parent: &span, "run started");
+        let service = self.clone();
+        self.inner.pumps.spawn(
+            async move {
+                service.pump(run_id, handle).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    async fn pump(&self, run_id: String, mut handle: RunHandle) {
+        let mut model_started = None;
+        while let Some(event) = handle.next_event().await {
+            crate::metrics::observe(&event, &mut model_started);
+            let event = Arc::new(event);
+            self.on_event(&event);
+            self.inner.feed.publish(event);
+        }
+        let outcome = handle.outcome().await;
+        self.on_end(&run_id, outcome);
+    }
+
+    /// What an event changes in the registry.
+    fn on_event(&self, event: &Event) {
+        let mut registry = self.registry();
+        let Some(run) = registry.runs.get_mut(&*event.run_id) else {
+            return;
+        };
+        run.last_seq = event.seq;
+        let mut asks_changed = false;
+        match &event.kind {
+            EventKind::IterationStart { iteration } => run.metrics.iterations = iteration + 1,
+            EventKind::LlmFinish { usage: Some(usage), .. } => {
+                run.metrics.input_tokens += usage.input_tokens;
+                run.metrics.output_tokens += usage.output_tokens;
+                run.metrics.llm_calls += 1;
+            }
+            EventKind::PermissionRequest {
+                request_id,
+                tool,
+                args,
+                rule,
+            } => {
+                run.pending.retain(|ask| ask.request_id != *request_id);
+                run.pending.push(PendingAsk {
+                    run_id: run.run_id.clone(),
+                    request_id: request_id.clone(),
+                    tool: tool.clone(),
+                    args: args.clone(),
+                    rule: rule.clone(),
+                    seq: event.seq,
+                });
+                run.status = RunStatus::WaitingPermission;
+                if let (Some(decision), Some(controller)) = (run.early.remove(request_id), &run.controller) {
+                    // Answered before the restarted run asked again.
+                    if let Err(err) = controller.respond_permission(request_id, decision) {
+                        tracing::warn!(request_id, error = %err, "an early answer could not be applied");
+                    }
+                }
+                asks_changed = true;
+            }
+            EventKind::PermissionResolved { request_id, .. } => {
+                run.pending.retain(|ask| ask.request_id != *request_id);
+                if run.pending.is_empty() {
+                    run.status = RunStatus::Running;
+                }
+                asks_changed = true;
+            }
+            EventKind::ToolCallsComplete { .. } if run.seeded => {
+                // The batch that asked before the restart is settled.
+                run.seeded = false;
+                run.pending.clear();
+                run.early.clear();
+                run.status = RunStatus::Running;
+                asks_changed = true;
+            }
+            EventKind::AgentFinish { content, metrics, .. } => {
+                run.content = Some(content.clone());
+                run.metrics = metrics.clone();
+            }
+            EventKind::LifecycleEnd {
+                status,
+                content,
+                metrics,
+            } => {
+                run.status = *status;
+                run.content.clone_from(content);
+                run.metrics = metrics.clone();
+            }
+            _ => {}
+        }
+        if asks_changed {
+            registry.publish_gauges();
+        }
+    }
+
+    /// A run stopped: it leaves the registry, the queue moves on.
+    fn on_end(&self, run_id: &str, outcome: RunOutcome) {
+        let (run, launches) = {
+            let mut registry = self.registry();
+            let Some(mut run) = registry.end(run_id) else { return };
+            run.status = outcome.status;
+            run.metrics = outcome.metrics.clone();
+            run.content.clone_from(&outcome.content);
+            if self.inner.store.is_none() && outcome.status != RunStatus::Interrupted {
+                let mut view = run.view(None);
+                view.pending_asks.clear();
+                view.ended_ms = Some(now_ms());
+                registry.keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
+                let mut history = outcome.messages;
+                if matches!(history.first(), Some(Message::System { .. })) {
+                    history.remove(0);
+                }
+                registry.histories.insert(run.session_id.clone(), history);
+                if registry.histories.len() > self.inner.config.keep_finished_runs {
+                    let session = run.session_id.clone();
+                    registry.histories.retain(|id, _| *id == session);
+                }
+            }
+            let launches = if self.inner.shutting_down.load(Ordering::SeqCst) {
+                Vec::new()
+            } else {
+                registry.schedule(self.caps())
+            };
+            registry.publish_gauges();
+            (run, launches)
+        };
+        metrics::counter!("loom_runs_finished_total", "status" => outcome.status.as_str()).increment(1);
+        tracing::info!(
+            run_id,
+            status = outcome.status.as_str(),
+            seq = run.last_seq,
+            "run ended"
+        );
+        self.inner.feed.close(run_id);
+        run.done.send_replace(Some(run.last_seq));
+        for launch in launches {
+            self.launch(launch);
+        }
+    }
+
+    // ----- controls ------------------------------------------------------
+
+    /// `agent.cancel`: answers once the run has stopped.
+    pub async fn cancel(&self, principal: &Principal, run_id: &str) -> Result<Cancelled, ApiError> {
+        self.cancel_with(principal, run_id, "cancelled by the client").await
+    }
+
+    async fn cancel_with(&self, principal: &Principal, run_id: &str, reason: &str) -> Result<Cancelled, ApiError> {
+        enum Found {
+            Queued(Option<LiveRun>),
+            Running(watch::Receiver<Option<u64>>),
+            Ended,
+        }
+        let found = {
+            let mut registry = self.registry();
+            let found = match registry.run_mut(principal, run_id) {
+                Some(run) if run.status == RunStatus::Queued => None,
+                Some(run) => {
+                    let done = run.done.subscribe();
+                    match &run.controller {
+                        Some(controller) => controller.cancel(reason),
+                        None => run.cancel_requested = true,
+                    }
+                    Some(Found::Running(done))
+                }
+                None => Some(Found::Ended),
+            };
+            found.unwrap_or_else(|| {
+                let run = registry.dequeue(run_id);
+                registry.publish_gauges();
+                Found::Queued(run)
+            })
+        };
+        let waiting = match found {
+            Found::Queued(Some(run)) => return self.cancel_queued(run, reason).await,
+            Found::Queued(None) => return Err(ApiError::no_run(run_id)),
+            Found::Running(done) => Some(done),
+            Found::Ended => None,
+        };
+        let Some(mut done) = waiting else {
+            let view = self.get(principal, run_id).await?;
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} has already ended ({})", view.status.as_str()),
+            ));
+        };
+        let stopped = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
+        match stopped {
+            Ok(Ok(seq)) => Ok(Cancelled {
+                run_id: run_id.to_string(),
+                cancelled: true,
+                final_seq: seq.unwrap_or_default(),
+            }),
+            _ => Err(ApiError::internal("the run did not stop in time", run_id)),
+        }
+    }
+
+    /// A queued run never started: its log is just the cancel.
+    async fn cancel_queued(&self, run: LiveRun, reason: &str) -> Result<Cancelled, ApiError> {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let events = EventEmitter::new(run.run_id.as_str().into(), 0, tx).with_log();
+        let turn = TurnIds {
+            turn_id: run.run_id.as_str().into(),
+            parent_turn_id: None,
+        };
+        events.emit(
+            &turn,
+            EventKind::ExecutionCancelled {
+                reason: reason.to_string(),
+            },
+        );
+        events.emit(
+            &turn,
+            EventKind::LifecycleEnd {
+                status: RunStatus::Canceled,
+                content: None,
+                metrics: RunMetrics::default(),
+            },
+        );
+        let log = events.take_log();
+        if let Some(store) = &self.inner.store {
+            let record = RunRecord {
+                run_id: run.run_id.clone(),
+                session_id: run.session_id.clone(),
+                prompt: run.prompt.clone(),
+                model: run.model.clone(),
+                status: RunStatus::Queued,
+                owner: loom_core::owner::this_process(),
+                started_ms: run.started_ms,
+                ended_ms: None,
+                content: None,
+                metrics: RunMetrics::default(),
+                workspace: None,
+                principal: Some(run.principal.name().to_string()),
+            };
+            store.create_run(&record).await.map_err(store_error)?;
+            store
+                .finish_run(&run.run_id, RunStatus::Canceled, None, &RunMetrics::default(), &log)
+                .await
+                .map_err(store_error)?;
+        } else {
+            let mut view = run.view(None);
+            view.status = RunStatus::Canceled;
+            view.ended_ms = Some(now_ms());
+            view.last_seq = log.len() as u64;
+            self.registry()
+                .keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
+        }
+        let final_seq = log.last().map_or(0, |event| event.seq);
+        for event in log {
+            self.inner.feed.publish(Arc::new(event));
+        }
+        self.inner.feed.close(&run.run_id);
+        run.done.send_replace(Some(final_seq));
+        metrics::counter!("loom_runs_finished_total", "status" => RunStatus::Canceled.as_str()).increment(1);
+        Ok(Cancelled {
+            run_id: run.run_id,
+            cancelled: true,
+            final_seq,
+        })
+    }
+
+    /// `agent.steer`.
+    pub async fn steer(&self, principal: &Principal, run_id: &str, message: String) -> Result<(), ApiError> {
+        if message.trim().is_empty() {
+            return Err(ApiError::new(Code::InvalidParams, "message must not be empty"));
+        }
+        let refused = {
+            let registry = self.registry();
+            match registry.run(principal, run_id) {
+                Some(run) => match (&run.controller, run.status) {
+                    (Some(controller), status) if status != RunStatus::Queued => match controller.steer(message) {
+                        Ok(()) => return Ok(()),
+                        Err(err) => err.to_string(),
+                    },
+                    _ => "the run has not started yet".to_string(),
+                },
+                None => String::new(),
+            }
+        };
+        if refused.is_empty() {
+            let view = self.get(principal, run_id).await?;
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} has already ended ({})", view.status.as_str()),
+            ));
+        }
+        Err(ApiError::new(Code::InvalidState, refused))
+    }
+
+    /// `permission.respond`.
+    pub async fn respond(
+        &self,
+        principal: &Principal,
+        run_id: &str,
+        request_id: &str,
+        decision: PermissionDecision,
+    ) -> Result<(), ApiError> {
+        let live = {
+            let mut registry = self.registry();
+            match registry.run_mut(principal, run_id) {
+                Some(run) => {
+                    let pending = run.pending.iter().any(|ask| ask.request_id == request_id);
+                    if !pending {
+                        return Err(ApiError::new(
+                            Code::InvalidState,
+                            format!("no ask '{request_id}' is waiting for an answer"),
+                        ));
+                    }
+                    let delivered = run
+                        .controller
+                        .as_ref()
+                        .is_some_and(|controller| controller.respond_permission(request_id, decision).is_ok());
+                    if !delivered {
+                        if !run.seeded {
+                            return Err(ApiError::new(
+                                Code::InvalidState,
+                                format!("no ask '{request_id}' is waiting for an answer"),
+                            ));
+                        }
+                        // Asked before the restart; the resumed run asks
+                        // again under the same id, and gets this answer.
+                        run.early.insert(request_id.to_string(), decision);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if live {
+            return Ok(());
+        }
+        self.get(principal, run_id).await?;
+        Err(ApiError::new(
+            Code::InvalidState,
+            format!("no ask '{request_id}' is waiting for an answer: the run has ended"),
+        ))
+    }
+
+    /// `permission.list`.
+    pub async fn pending(&self, principal: &Principal, run_id: Option<&str>) -> Result<Vec<PendingAsk>, ApiError> {
+        {
+            let registry = self.registry();
+            match run_id {
+                None => {
+                    let mut asks: Vec<PendingAsk> = registry
+                        .runs
+                        .values()
+                        .filter(|run| &run.principal == principal)
+                        .flat_map(|run| run.pending.iter().cloned())
+                        .collect();
+                    asks.sort_by(|a, b| (&a.run_id, a.seq).cmp(&(&b.run_id, b.seq)));
+                    return Ok(asks);
+                }
+                Some(id) => {
+                    if let Some(run) = registry.run(principal, id) {
+                        return Ok(run.pending.clone());
+                    }
+                }
+            }
+        }
+        // Ended (or unknown: NOT_FOUND).
+        self.get(principal, run_id.unwrap_or_default()).await?;
+        Ok(Vec::new())
+    }
+
+    // ----- looking -------------------------------------------------------
+
+    /// `run.get`.
+    pub async fn get(&self, principal: &Principal, run_id: &str) -> Result<RunView, ApiError> {
+        {
+            let registry = self.registry();
+            if let Some(run) = registry.run(principal, run_id) {
+                return Ok(run.view(registry.queue_position(run_id)));
+            }
+            if let Some((owner, view)) = registry.finished.get(run_id) {
+                return if owner == principal {
+                    Ok(view.clone())
+                } else {
+                    Err(ApiError::no_run(run_id))
+                };
+            }
+        }
+        let Some(store) = &self.inner.store else {
+            return Err(ApiError::no_run(run_id));
+        };
+        let snapshot = match store.load_run(run_id).await {
+            Ok(snapshot) => snapshot,
+            Err(StoreError::NotFound(_)) => return Err(ApiError::no_run(run_id)),
+            Err(err) => return Err(store_error(err)),
+        };
+        if snapshot.run.principal.as_deref() != Some(principal.name()) {
+            return Err(ApiError::no_run(run_id));
+        }
+        Ok(stored_view(snapshot.run, snapshot.last_seq))
+    }
+
+    /// `run.list`: this token's runs, newest first.
+    pub async fn list(&self, principal: &Principal, params: ListParams) -> Result<RunPage, ApiError> {
+        let limit = params.limit.unwrap_or(50).clamp(1, 500);
+        let before = match &params.cursor {
+            Some(cursor) => Some(parse_cursor(cursor)?),
+            None => None,
+        };
+        let query = RunQuery {
+            principal: Some(principal.name().to_string()),
+            status: params.status,
+            session_id: params.session_id.clone(),
+            before: before.clone(),
+            limit: limit + 1,
+        };
+        let mut runs: Vec<RunView> = Vec::new();
+        let mut live_ids = Vec::new();
+        {
+            let registry = self.registry();
+            for run in registry.runs.values().filter(|run| &run.principal == principal) {
+                live_ids.push(run.run_id.clone());
+                let view = run.view(registry.queue_position(&run.run_id));
+                if matches_view(&query, &view) {
+                    runs.push(view);
+                }
+            }
+            if self.inner.store.is_none() {
+                for (owner, view) in registry.finished.values() {
+                    if owner == principal && matches_view(&query, view) {
+                        runs.push(view.clone());
+                    }
+                }
+            }
+        }
+        if let Some(store) = &self.inner.store {
+            // Live runs' stored status may lag: the registry's view wins.
+            for record in store.query_runs(&query).await.map_err(store_error)? {
+                if !live_ids.contains(&record.run_id) {
+                    runs.push(stored_view(record, 0));
+                }
+            }
+        }
+        runs.sort_by(|a, b| (b.started_ms, &b.run_id).cmp(&(a.started_ms, &a.run_id)));
+        runs.dedup_by(|a, b| a.run_id == b.run_id);
+        let next_cursor = (runs.len() > limit).then(|| {
+            let last = &runs[limit - 1];
+            format!("{}:{}", last.started_ms, last.run_id)
+        });
+        runs.truncate(limit);
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    /// `run.subscribe`: the events after `after`, then live ones.
+    pub async fn subscribe(&self, principal: &Principal, run_id: &str, after: u64) -> Result<Subscription, ApiError> {
+        // Whose it is (NOT_FOUND for another token's).
+        let live = self.registry().run(principal, run_id).is_some();
+        if !live {
+            self.get(principal, run_id).await?;
+        }
+        match self.inner.feed.join(run_id, after) {
+            Some(joined) => {
+                let mut backlog: VecDeque<Arc<Event>> = VecDeque::new();
+                if let (Some(until), Some(store)) = (joined.store_until, &self.inner.store) {
+                    for event in store.events(run_id, after).await.map_err(store_error)? {
+                        if event.seq <= until {
+                            backlog.push_back(Arc::new(event));
+                        }
+                    }
+                }
+                backlog.extend(joined.buffered);
+                Ok(Subscription {
+                    backlog,
+                    live: Some(joined.live),
+                    lagged: joined.lagged,
+                })
+            }
+            None => {
+                let backlog = match &self.inner.store {
+                    Some(store) => store
+                        .events(run_id, after)
+                        .await
+                        .map_err(store_error)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect(),
+                    None => VecDeque::new(),
+                };
+                Ok(Subscription {
+                    backlog,
+                    live: None,
+                    lagged: Arc::new(AtomicBool::new(false)),
+                })
+            }
+        }
+    }
+
+    // ----- life of the server -------------------------------------------
+
+    /// Resumes the runs a previous server left `INTERRUPTED` (or whose
+    /// process died), asks pending at the time included. Returns how many.
+    pub async fn resume_interrupted(&self) -> Result<usize, ApiError> {
+        let Some(store) = self.inner.store.clone() else {
+            return Ok(0);
+        };
+        loom_core::recovery::recover_interrupted_runs(store.as_ref())
+            .await
+            .map_err(store_error)?;
+        let interrupted = store
+            .query_runs(&RunQuery {
+                status: Some(RunStatus::Interrupted),
+                limit: usize::MAX,
+                ..RunQuery::default()
+            })
+            .await
+            .map_err(store_error)?;
+        let mut resumed = 0;
+        for record in interrupted.into_iter().rev() {
+            let Some(principal) = record.principal.clone() else {
+                continue;
+            };
+            match self
+                .resume_one(&record, Principal(principal.into()), store.as_ref())
+                .await
+            {
+                Ok(()) => resumed += 1,
+                Err(err) => tracing::error!(run_id = %record.run_id, error = %err, "could not resume the run"),
+            }
+        }
+        Ok(resumed)
+    }
+
+    async fn resume_one(&self, record: &RunRecord, principal: Principal, store: &dyn Store) -> Result<(), String> {
+        let events = store.events(&record.run_id, 0).await.map_err(|err| err.to_string())?;
+        let last_seq = events.last().map_or(0, |event| event.seq);
+        let mut pending: Vec<PendingAsk> = Vec::new();
+        for event in &events {
+            match &event.kind {
+                EventKind::PermissionRequest {
+                    request_id,
+                    tool,
+                    args,
+                    rule,
+                } => pending.push(PendingAsk {
+                    run_id: record.run_id.clone(),
+                    request_id: request_id.clone(),
+                    tool: tool.clone(),
+                    args: args.clone(),
+                    rule: rule.clone(),
+                    seq: event.seq,
+                }),
+                EventKind::PermissionResolved { request_id, .. } => pending.retain(|ask| ask.request_id != *request_id),
+                _ => {}
+            }
+        }
+        let model = (record.model != self.inner.agents.default_model()
+            && self.inner.config.models.contains(&record.model))
+        .then(|| record.model.clone());
+        let agent = self.inner.agents.get(model.as_deref(), None).await?;
+        let (done, _) = watch::channel(None);
+        {
+            let mut registry = self.registry();
+            registry.runs.insert(
+                record.run_id.clone(),
+                LiveRun {
+                    run_id: record.run_id.clone(),
+                    session_id: record.session_id.clone(),
+                    principal: principal.clone(),
+                    prompt: record.prompt.clone(),
+                    model: record.model.clone(),
+                    status: if pending.is_empty() {
+                        RunStatus::Running
+                    } else {
+                        RunStatus::WaitingPermission
+                    },
+                    started_ms: record.started_ms,
+                    metrics: record.metrics.clone(),
+                    content: None,
+                    last_seq,
+                    start: None,
+                    controller: None,
+                    cancel_requested: false,
+                    seeded: !pending.is_empty(),
+                    pending,
+                    early: HashMap::new(),
+                    done,
+                },
+            );
+            registry.count_running(&principal);
+            registry.publish_gauges();
+        }
+        self.inner.feed.open(&record.run_id, last_seq);
+        let span = tracing::info_span!("run", run_id = %record.run_id);
+        match agent.resume(&record.run_id).await {
+            Ok(handle) => {
+                tracing::info!(parent: &span, "resuming the run");
+                self.attach(record.run_id.clone(), handle, span);
+                Ok(())
+            }
+            Err(err) => {
+                let mut registry = self.registry();
+                registry.end(&record.run_id);
+                registry.publish_gauges();
+                drop(registry);
+                self.inner.feed.close(&record.run_id);
+                Err(err.to_string())
+            }
+        }
+    }
+
+    /// Stops taking runs, interrupts the live ones (each checkpoints and
+    /// stays `INTERRUPTED`, for the next start to resume) and waits for
+    /// them, at most the shutdown grace. Queued runs that never started
+    /// are dropped, with a warning.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        let queued = {
+            let mut registry = self.registry();
+            let queued: Vec<String> = registry.queue.drain(..).collect();
+            for id in &queued {
+                registry.runs.remove(id);
+            }
+            for run in registry.runs.values() {
+                if let Some(controller) = &run.controller {
+                    controller.interrupt("the server is shutting down");
+                }
+            }
+            queued
+        };
+        for id in &queued {
+            self.inner.feed.close(id);
+        }
+        if !queued.is_empty() {
+            tracing::warn!(count = queued.len(), "queued runs that never started are dropped");
+        }
+        self.inner.pumps.close();
+        if tokio::time::timeout(self.inner.config.shutdown_grace, self.inner.pumps.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some runs did not stop within the shutdown grace");
+        }
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+fn conflicting_key() -> ApiError {
+    ApiError::new(Code::Conflict, "this idempotency key was used with another payload")
+}
+
+fn accepted_of(run: &LiveRun, queue_position: Option<usize>) -> RunAccepted {
+    RunAccepted {
+        run_id: run.run_id.clone(),
+        session_id: run.session_id.clone(),
+        status: run.status,
+        queue_position,
+        steered: false,
+    }
+}
+
+fn stored_view(record: RunRecord, last_seq: u64) -> RunView {
+    RunView {
+        run_id: record.run_id,
+        session_id: record.session_id,
+        status: record.status,
+        prompt: record.prompt,
+        model: record.model,
+        started_ms: record.started_ms,
+        ended_ms: record.ended_ms,
+        content: record.content,
+        metrics: record.metrics,
+        pending_asks: Vec::new(),
+        queue_position: None,
+        last_seq,
+    }
+}
+
+fn matches_view(query: &RunQuery, view: &RunView) -> bool {
+    query.status.is_none_or(|status| view.status == status)
+        && query
+            .session_id
+            .as_deref()
+            .is_none_or(|session| view.session_id == session)
+        && query
+            .before
+            .as_ref()
+            .is_none_or(|(ms, id)| (view.started_ms, view.run_id.as_str()) < (*ms, id.as_str()))
+}
+
+fn parse_cursor(cursor: &str) -> Result<(u64, String), ApiError> {
+    cursor
+        .split_once(':')
+        .and_then(|(ms, id)| Some((ms.parse().ok()?, id.to_string())))
+        .ok_or_else(|| ApiError::new(Code::InvalidParams, "cursor: pass the nextCursor of the page before"))
+}

@@ -1,0 +1,279 @@
+//! [`PromptModel`]: a fake OpenAI-compatible model server on 127.0.0.1 that
+//! answers from directives in the prompt, so many concurrent runs (the
+//! gateway's tests and its load harness) can each get their own script.
+//!
+//! The prompt's words `key=value` are the directives (the last user
+//! message holding one counts, so a steered or continued conversation
+//! keeps its script):
+//!
+//! - `steps=N` — call a tool in the first N answers, then answer in text
+//!   (default 0: answer at once; a request that offers no tools is
+//!   answered in text, as a final-answer call must be);
+//! - `tool=NAME` — the tool to call (default `list_dir`); `write_file`
+//!   writes `out_K.txt`, every other tool gets `{"path": "."}`;
+//! - `delay_ms=N` — wait before answering (default: the server's delay);
+//! - `chunk_ms=N` — wait before each chunk of the stream (default 0);
+//! - `answer=TEXT` — the final answer (one word; default `done`);
+//! - `long=N` — answer with N text chunks of 64 characters (a flood of
+//!   `llm.delta` events);
+//! - `stamp=1` — each text chunk holds the time it was sent,
+//!   `t=MICROS_SINCE_EPOCH;`, to measure how late a client sees it.
+//!
+//! It runs on its own thread with its own tokio runtime: async and sync
+//! tests can use it, and a load harness can drive tens of thousands of
+//! waiting requests without a thread each.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::Value;
+
+/// How the server answers unless the prompt says otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct PromptModelOptions {
+    /// Wait before every answer.
+    pub delay: Duration,
+    /// Keep every request body for [`PromptModel::bodies`] (off for load:
+    /// bodies grow with each run's history).
+    pub keep_bodies: bool,
+}
+
+/// A running fake model. Dropping it leaves the server running until the
+/// process ends (tests are short; a harness keeps it for its whole life).
+pub struct PromptModel {
+    port: u16,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    requests: AtomicUsize,
+    bodies: Mutex<Vec<Value>>,
+    options: PromptModelOptions,
+}
+
+impl PromptModel {
+    /// Starts the server on 127.0.0.1 with `options`.
+    pub fn start(options: PromptModelOptions) -> Self {
+        let shared = Arc::new(Shared {
+            options,
+            ..Shared::default()
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let port = listener.local_addr().expect("local addr").port();
+        let state = shared.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the fake model's runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                let app = Router::new()
+                    .route("/v1/chat/completions", post(answer))
+                    .route("/chat/completions", post(answer))
+                    .with_state(state);
+                let _ = axum::serve(listener, app).await;
+            });
+        });
+        Self { port, shared }
+    }
+
+    /// The base URL to give Loom (`--base-url`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// How many requests came.
+    pub fn request_count(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// The request bodies, when kept.
+    pub fn bodies(&self) -> Vec<Value> {
+        self.shared.bodies.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+/// The directives of a prompt.
+#[derive(Debug, Clone, PartialEq)]
+struct Directives {
+    steps: usize,
+    tool: String,
+    delay: Option<Duration>,
+    chunk: Duration,
+    answer: String,
+    stamp: bool,
+    long: usize,
+}
+
+impl Directives {
+    fn parse(text: &str) -> Option<Self> {
+        let mut found = false;
+        let mut directives = Self {
+            steps: 0,
+            tool: "list_dir".into(),
+            delay: None,
+            chunk: Duration::ZERO,
+            answer: "done".into(),
+            stamp: false,
+            long: 0,
+        };
+        for word in text.split_whitespace() {
+            let Some((key, value)) = word.split_once('=') else {
+                continue;
+            };
+            let number = value.parse::<u64>().ok();
+            match (key, number) {
+                ("steps", Some(n)) => directives.steps = n as usize,
+                ("tool", _) => directives.tool = value.to_string(),
+                ("delay_ms", Some(n)) => directives.delay = Some(Duration::from_millis(n)),
+                ("chunk_ms", Some(n)) => directives.chunk = Duration::from_millis(n),
+                ("answer", _) => directives.answer = value.to_string(),
+                ("stamp", Some(n)) => directives.stamp = n != 0,
+                ("long", Some(n)) => directives.long = n as usize,
+                _ => continue,
+            }
+            found = true;
+        }
+        found.then_some(directives)
+    }
+}
+
+/// The script of the conversation in `body`, and how many tool results
+/// came after it.
+fn script_of(body: &Value) -> (Option<Directives>, usize) {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    for (index, message) in messages.iter().enumerate().rev() {
+        if message["role"] != "user" {
+            continue;
+        }
+        let text = match &message["content"] {
+            Value::String(text) => text.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(" "),
+            _ => continue,
+        };
+        if let Some(directives) = Directives::parse(&text) {
+            let results = messages[index..].iter().filter(|m| m["role"] == "tool").count();
+            return (Some(directives), results);
+        }
+    }
+    (None, 0)
+}
+
+fn now_micros() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    shared.requests.fetch_add(1, Ordering::SeqCst);
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (directives, done) = script_of(&body);
+    // A request without tools (a final-answer call) gets the answer.
+    let tools_offered = body["tools"].as_array().is_some_and(|tools| !tools.is_empty());
+    if shared.options.keep_bodies {
+        if let Ok(mut bodies) = shared.bodies.lock() {
+            bodies.push(body);
+        }
+    }
+    let directives = directives.unwrap_or_else(|| Directives::parse("steps=0").expect("a directive"));
+    let delay = directives.delay.unwrap_or(shared.options.delay);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let stream = if done < directives.steps && tools_offered {
+        let step = done + 1;
+        let id = format!("call_{step}_{:04x}", fastrand::u16(..));
+        let args = match directives.tool.as_str() {
+            "write_file" => format!(r#"{{"path":"out_{step}.txt","content":"step {step}"}}"#),
+            _ => r#"{"path":"."}"#.to_string(),
+        };
+        crate::openai_tool_calls(&[(id.as_str(), directives.tool.as_str(), args.as_str())])
+    } else if directives.stamp {
+        // Stamped later, chunk by chunk, as it is sent.
+        Vec::new()
+    } else if directives.long > 0 {
+        let filler: String = "lorem ipsum dolor sit amet "
+            .chars()
+            .cycle()
+            .take(directives.long * 64)
+            .collect();
+        crate::openai_text(&filler, 64)
+    } else {
+        crate::openai_text(&directives.answer, 8)
+    };
+    let chunk = directives.chunk;
+    let stamp = directives.stamp && (done >= directives.steps || !tools_offered);
+    let answer_text = directives.answer.clone();
+    let events = futures_stream(stream, chunk, stamp, answer_text);
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// The stream's events one by one, `chunk` apart; stamped text chunks are
+/// written when they are sent.
+fn futures_stream(
+    stream: Vec<u8>,
+    chunk: Duration,
+    stamp: bool,
+    answer: String,
+) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let events: Vec<Option<Vec<u8>>> = if stamp {
+        // Placeholders: each is one stamped text chunk.
+        let mut events: Vec<Option<Vec<u8>>> = vec![None; 4];
+        events.push(Some(crate::openai_text_tail(&answer)));
+        events
+    } else {
+        let text = String::from_utf8_lossy(&stream).into_owned();
+        text.split_inclusive("\n\n")
+            .map(|e| Some(e.as_bytes().to_vec()))
+            .collect()
+    };
+    futures_util::stream::unfold((events.into_iter(), chunk), |(mut rest, chunk)| async move {
+        let next = rest.next()?;
+        if !chunk.is_zero() {
+            tokio::time::sleep(chunk).await;
+        }
+        let bytes = next.unwrap_or_else(|| crate::openai_text_piece(&format!("t={};", now_micros())));
+        Some((Ok(Bytes::from(bytes)), (rest, chunk)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directives_come_from_the_last_user_message_that_has_them() {
+        let body = serde_json::json!({"messages": [
+            {"role": "system", "content": "x"},
+            {"role": "user", "content": "do it steps=2 tool=write_file delay_ms=5"},
+            {"role": "assistant", "content": null},
+            {"role": "tool", "content": "ok"},
+            {"role": "user", "content": "a steer without directives"},
+        ]});
+        let (directives, done) = script_of(&body);
+        let directives = directives.unwrap();
+        assert_eq!((directives.steps, directives.tool.as_str(), done), (2, "write_file", 1));
+        assert_eq!(directives.delay, Some(Duration::from_millis(5)));
+        assert_eq!(Directives::parse("no directives here"), None);
+    }
+}
