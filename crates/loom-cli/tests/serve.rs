@@ -350,9 +350,19 @@ async fn a_client_that_reattaches_sees_every_event_once_over_websocket_and_sse()
     let end_seq = *union.last().unwrap();
     assert_eq!(union, (1..=end_seq).collect::<Vec<_>>(), "no gap, no duplicate");
 
-    // The stored log is the same, for a run that has ended.
+    // The stored log is the same, for a run that has ended; the answer to
+    // the subscribe comes before its first event.
     let mut late = gateway.ws(ALICE).await;
-    late.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
+    late.send_text(
+        json!({"type": "request", "id": "s1", "method": "run.subscribe", "payload": {"runId": run}}).to_string(),
+    )
+    .await;
+    let first = late.frame().await.unwrap();
+    assert_eq!(
+        (first["type"].as_str(), first["id"].as_str()),
+        (Some("response"), Some("s1")),
+        "{first}"
+    );
     late.until(&run, "lifecycle.end").await;
     assert_eq!(late.seqs(&run), union);
 
@@ -595,4 +605,21 @@ async fn sigterm_during_a_run_then_restart_resumes_it_without_repeating_a_side_e
     for step in 1..=3 {
         assert!(dir.path().join(format!("out_{step}.txt")).exists());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_stops_answering_pings_is_closed() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut silent = gateway.ws(ALICE).await;
+    let mut other = gateway.ws(ALICE).await;
+    // Pings every second; a client that does not read (so never answers)
+    // is closed after two intervals. The other connection keeps answering.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        other.ok("run.list", json!({})).await;
+    }
+    while silent.frame().await.is_some() {}
+    let (code, reason) = silent.closed.clone().expect("a close frame");
+    assert_eq!((code, reason.as_str()), (1008, "no answer to ping"));
+    other.ok("run.list", json!({})).await;
 }

@@ -203,6 +203,15 @@ pub trait Store: Send + Sync {
     /// A run's events with `seq` greater than `after_seq`.
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError>;
 
+    /// At most `limit` of a run's events with `seq` greater than
+    /// `after_seq`, in order: a long log read page by page. The default
+    /// reads the whole log and keeps the page.
+    async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let mut events = self.events(run_id, after_seq).await?;
+        events.truncate(limit);
+        Ok(events)
+    }
+
     /// Runs that claim to be executing or about to (`QUEUED`, `RUNNING`,
     /// `WAITING_PERMISSION`): each names the process that owns it.
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;

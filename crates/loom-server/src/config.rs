@@ -137,9 +137,11 @@ impl ServerConfig {
             requests_per_minute: settings.requests_per_minute.unwrap_or(defaults.requests_per_minute),
             max_frame_bytes: settings.max_frame_bytes.unwrap_or(defaults.max_frame_bytes),
             subscriber_buffer: settings.subscriber_buffer.unwrap_or(defaults.subscriber_buffer),
-            ping_interval: settings
-                .ping_interval_secs
-                .map_or(defaults.ping_interval, Duration::from_secs_f64),
+            ping_interval: match settings.ping_interval_secs {
+                Some(secs) => Duration::try_from_secs_f64(secs)
+                    .map_err(|_| ConfigError::Invalid("ping_interval_secs must be a positive number".into()))?,
+                None => defaults.ping_interval,
+            },
             shutdown_grace: settings
                 .shutdown_grace_secs
                 .map_or(defaults.shutdown_grace, Duration::from_secs),

@@ -40,6 +40,9 @@ pub trait EventFeed: Send + Sync {
     /// The run ended (its store holds all its events, when it has a store):
     /// subscribers' streams end after what they have.
     fn close(&self, run_id: &str);
+    /// The run never started (refused, or dropped from the queue): its
+    /// entry goes without taking a finished run's place.
+    fn forget(&self, run_id: &str);
     /// Joins a run after `after`; `None` when the feed does not hold it (a
     /// finished run: read the store).
     fn join(&self, run_id: &str, after: u64) -> Option<Joined>;
@@ -149,6 +152,10 @@ impl EventFeed for LocalFeed {
                 }
             }
         }
+    }
+
+    fn forget(&self, run_id: &str) {
+        self.runs().remove(run_id);
     }
 
     fn join(&self, run_id: &str, after: u64) -> Option<Joined> {

@@ -38,6 +38,9 @@ pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
 pub use service::{Next, Service, Subscription};
 
+/// How long connections get to close after a shutdown.
+const CLOSE_GRACE: Duration = Duration::from_secs(3);
+
 /// The kernel send buffer of each client connection.
 const SEND_BUFFER: usize = 128 * 1024;
 
@@ -50,6 +53,9 @@ pub struct App {
     /// Cancelled at shutdown: WebSocket connections close with a reason,
     /// SSE streams end.
     closing: CancellationToken,
+    /// The WebSocket connections (axum does not wait for upgraded
+    /// connections at shutdown; the server waits for these to say goodbye).
+    connections: tokio_util::task::TaskTracker,
 }
 
 /// Why `serve` could not run.
@@ -70,6 +76,7 @@ impl App {
             service,
             metrics: metrics::install(),
             closing: CancellationToken::new(),
+            connections: tokio_util::task::TaskTracker::new(),
         })
     }
 
@@ -124,14 +131,22 @@ impl App {
         });
         let server = axum::serve(listener, self.router()).with_graceful_shutdown(stopping);
         let closing = self.closing.clone();
-        let grace = self.service.config().shutdown_grace;
         tokio::select! {
             served = server => served?,
-            // Connections that do not close after the shutdown are cut.
+            // HTTP connections that do not close after the shutdown are cut.
             () = async move {
                 closing.cancelled().await;
-                tokio::time::sleep(Duration::from_secs(3)).await;
-            } => tracing::warn!("connections still open {grace:?} after the shutdown; closing them"),
+                tokio::time::sleep(CLOSE_GRACE).await;
+            } => tracing::warn!("HTTP connections still open {CLOSE_GRACE:?} after the shutdown; closing them"),
+        }
+        // WebSocket connections send their close frame and wait a moment
+        // for the client's answer.
+        self.connections.close();
+        if tokio::time::timeout(CLOSE_GRACE, self.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("WebSocket connections still open {CLOSE_GRACE:?} after the shutdown; closing them");
         }
         Ok(())
     }

@@ -92,6 +92,10 @@ impl Store for ObservedStore {
         self.inner.events(run_id, after_seq).await
     }
 
+    async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        self.inner.events_page(run_id, after_seq, limit).await
+    }
+
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.active_runs().await
     }

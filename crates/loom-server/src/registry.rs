@@ -35,7 +35,7 @@ pub(crate) struct LiveRun {
     /// The pending asks came from the log of a run before its restart.
     pub(crate) seeded: bool,
     /// The `seq` of its last event, once it has stopped.
-    pub(crate) done: watch::Sender<Option<u64>>,
+    pub(crate) done: watch::Sender<Option<(u64, RunStatus)>>,
 }
 
 impl LiveRun {
@@ -79,6 +79,10 @@ pub(crate) struct Registry {
     pub(crate) queue: VecDeque<String>,
     running: usize,
     running_by: HashMap<Principal, usize>,
+    /// Sessions with a run executing (a session runs one at a time).
+    running_sessions: HashSet<String>,
+    /// The live runs of each session.
+    by_session: HashMap<String, Vec<String>>,
     /// (principal, key) → (payload digest, run id).
     idempotency: HashMap<(Principal, String), (u64, String)>,
     idempotency_order: VecDeque<(Principal, String)>,
@@ -86,6 +90,7 @@ pub(crate) struct Registry {
     pub(crate) finished: HashMap<String, (Principal, RunView)>,
     finished_order: VecDeque<String>,
     pub(crate) histories: HashMap<String, Vec<Message>>,
+    histories_order: VecDeque<String>,
 }
 
 /// Idempotency keys remembered per gateway.
@@ -106,9 +111,31 @@ impl Registry {
         self.queue.iter().position(|id| id == run_id).map(|i| i + 1)
     }
 
-    /// The live runs of a session, oldest first.
+    /// Takes a run in.
+    pub(crate) fn add(&mut self, run: LiveRun) {
+        self.by_session
+            .entry(run.session_id.clone())
+            .or_default()
+            .push(run.run_id.clone());
+        self.runs.insert(run.run_id.clone(), run);
+    }
+
+    /// Lets a run go.
+    fn remove(&mut self, run_id: &str) -> Option<LiveRun> {
+        let run = self.runs.remove(run_id)?;
+        if let Some(ids) = self.by_session.get_mut(&run.session_id) {
+            ids.retain(|id| id != run_id);
+            if ids.is_empty() {
+                self.by_session.remove(&run.session_id);
+            }
+        }
+        Some(run)
+    }
+
+    /// The live runs of a session, executing first, then queued.
     pub(crate) fn on_session(&self, session_id: &str) -> Vec<&LiveRun> {
-        let mut runs: Vec<&LiveRun> = self.runs.values().filter(|run| run.session_id == session_id).collect();
+        let ids = self.by_session.get(session_id).map(Vec::as_slice).unwrap_or_default();
+        let mut runs: Vec<&LiveRun> = ids.iter().filter_map(|id| self.runs.get(id)).collect();
         runs.sort_by_key(|run| (run.status == RunStatus::Queued, run.started_ms));
         runs
     }
@@ -132,12 +159,8 @@ impl Registry {
     /// the caps overall and per token, and one run per session at a time
     /// (a session's runs start in the order they came).
     pub(crate) fn schedule(&mut self, caps: Caps) -> Vec<Launch> {
-        let mut busy: HashSet<String> = self
-            .runs
-            .values()
-            .filter(|run| run.status != RunStatus::Queued)
-            .map(|run| run.session_id.clone())
-            .collect();
+        // Sessions met earlier in this scan: their later runs wait.
+        let mut passed: HashSet<String> = HashSet::new();
         let mut launches = Vec::new();
         let mut index = 0;
         while index < self.queue.len() && self.running < caps.max_runs {
@@ -146,7 +169,7 @@ impl Registry {
                 self.queue.remove(index);
                 continue;
             };
-            let fresh = busy.insert(run.session_id.clone());
+            let fresh = !self.running_sessions.contains(&run.session_id) && passed.insert(run.session_id.clone());
             let used = self.running_by.get(&run.principal).copied().unwrap_or(0);
             if !fresh || used >= caps.per_token {
                 index += 1;
@@ -154,6 +177,7 @@ impl Registry {
             }
             self.queue.remove(index);
             run.status = RunStatus::Running;
+            self.running_sessions.insert(run.session_id.clone());
             self.running += 1;
             *self.running_by.entry(run.principal.clone()).or_default() += 1;
             if let Some((agent, request)) = run.start.take() {
@@ -169,15 +193,17 @@ impl Registry {
 
     /// Counts a run that executes without going through the queue (a run
     /// resumed at start-up).
-    pub(crate) fn count_running(&mut self, principal: &Principal) {
+    pub(crate) fn count_running(&mut self, principal: &Principal, session_id: &str) {
+        self.running_sessions.insert(session_id.to_string());
         self.running += 1;
         *self.running_by.entry(principal.clone()).or_default() += 1;
     }
 
     /// A started run ended: it leaves the registry.
     pub(crate) fn end(&mut self, run_id: &str) -> Option<LiveRun> {
-        let run = self.runs.remove(run_id)?;
+        let run = self.remove(run_id)?;
         if run.status != RunStatus::Queued {
+            self.running_sessions.remove(&run.session_id);
             self.running = self.running.saturating_sub(1);
             if let Some(used) = self.running_by.get_mut(&run.principal) {
                 *used = used.saturating_sub(1);
@@ -192,7 +218,7 @@ impl Registry {
     /// A queued run leaves the queue.
     pub(crate) fn dequeue(&mut self, run_id: &str) -> Option<LiveRun> {
         self.queue.retain(|id| id != run_id);
-        let run = self.runs.remove(run_id)?;
+        let run = self.remove(run_id)?;
         Some(run)
     }
 
@@ -204,6 +230,20 @@ impl Registry {
         while self.finished_order.len() > keep {
             if let Some(old) = self.finished_order.pop_front() {
                 self.finished.remove(&old);
+            }
+        }
+    }
+
+    /// Keeps a session's conversation (without a store), for the
+    /// `keep` most recently continued sessions.
+    pub(crate) fn remember_history(&mut self, key: String, history: Vec<Message>, keep: usize) {
+        if self.histories.insert(key.clone(), history).is_some() {
+            self.histories_order.retain(|known| *known != key);
+        }
+        self.histories_order.push_back(key);
+        while self.histories_order.len() > keep {
+            if let Some(old) = self.histories_order.pop_front() {
+                self.histories.remove(&old);
             }
         }
     }

@@ -53,12 +53,27 @@ struct Bucket {
     at: Instant,
 }
 
-/// One subscriber's events: the stored and buffered ones, then live.
+/// One subscriber's events: the stored ones (read page by page), the
+/// buffered ones, then live.
 pub struct Subscription {
-    backlog: VecDeque<Arc<Event>>,
+    stored: Option<StoredPages>,
+    page: VecDeque<Arc<Event>>,
+    buffered: VecDeque<Arc<Event>>,
     live: Option<mpsc::Receiver<Arc<Event>>>,
     lagged: Arc<AtomicBool>,
 }
+
+/// The part of a run's log still to be read from the store.
+struct StoredPages {
+    store: Arc<dyn Store>,
+    run_id: String,
+    after: u64,
+    /// The last seq to read there (`None`: to the end of the log).
+    until: Option<u64>,
+}
+
+/// Events read from the store at once: a long log never sits in memory whole.
+const PAGE: usize = 256;
 
 /// What a subscription gives next.
 #[derive(Debug)]
@@ -75,7 +90,35 @@ pub enum Next {
 impl Subscription {
     /// The next event, or why there is none.
     pub async fn next(&mut self) -> Next {
-        if let Some(event) = self.backlog.pop_front() {
+        loop {
+            if let Some(event) = self.page.pop_front() {
+                return Next::Event(event);
+            }
+            let Some(stored) = &mut self.stored else { break };
+            match stored.store.events_page(&stored.run_id, stored.after, PAGE).await {
+                Ok(events) => {
+                    let full = events.len() == PAGE;
+                    let until = stored.until.unwrap_or(u64::MAX);
+                    let mut reached = !full;
+                    for event in events {
+                        if event.seq > until {
+                            reached = true;
+                            break;
+                        }
+                        stored.after = event.seq;
+                        self.page.push_back(Arc::new(event));
+                    }
+                    if reached || stored.after >= until {
+                        self.stored = None;
+                    }
+                }
+                Err(err) => {
+                    tracing::error!(run_id = %stored.run_id, error = %err, "reading the run's events failed");
+                    return Next::End;
+                }
+            }
+        }
+        if let Some(event) = self.buffered.pop_front() {
             return Next::Event(event);
         }
         let Some(live) = &mut self.live else { return Next::End };
@@ -231,6 +274,15 @@ impl Service {
                     }
                 }
             }
+            // Checked again under the lock: two tokens naming one new
+            // session at once must not share it.
+            if registry
+                .on_session(&session_id)
+                .iter()
+                .any(|run| &run.principal != principal)
+            {
+                return Err(session_taken(&session_id));
+            }
             let live: Vec<(String, RunStatus)> = registry
                 .on_session(&session_id)
                 .iter()
@@ -275,37 +327,40 @@ impl Service {
                 history: if self.inner.store.is_some() {
                     None
                 } else {
-                    Some(registry.histories.get(&session_id).cloned().unwrap_or_default())
+                    Some(
+                        registry
+                            .histories
+                            .get(&history_key(principal, &session_id))
+                            .cloned()
+                            .unwrap_or_default(),
+                    )
                 },
                 max_steps: params.max_steps,
                 principal: Some(principal.name().to_string()),
             };
             let (done, _) = watch::channel(None);
-            registry.runs.insert(
-                run_id.clone(),
-                LiveRun {
-                    run_id: run_id.clone(),
-                    session_id: session_id.clone(),
-                    principal: principal.clone(),
-                    prompt: params.prompt.clone(),
-                    model: params
-                        .model
-                        .clone()
-                        .unwrap_or_else(|| self.inner.agents.default_model()),
-                    status: RunStatus::Queued,
-                    started_ms: now_ms(),
-                    metrics: RunMetrics::default(),
-                    content: None,
-                    last_seq: 0,
-                    start: Some((agent, request)),
-                    controller: None,
-                    cancel_requested: false,
-                    pending: Vec::new(),
-                    early: HashMap::new(),
-                    seeded: false,
-                    done,
-                },
-            );
+            registry.add(LiveRun {
+                run_id: run_id.clone(),
+                session_id,
+                principal: principal.clone(),
+                prompt: params.prompt.clone(),
+                model: params
+                    .model
+                    .clone()
+                    .unwrap_or_else(|| self.inner.agents.default_model()),
+                status: RunStatus::Queued,
+                started_ms: now_ms(),
+                metrics: RunMetrics::default(),
+                content: None,
+                last_seq: 0,
+                start: Some((agent, request)),
+                controller: None,
+                cancel_requested: false,
+                pending: Vec::new(),
+                early: HashMap::new(),
+                seeded: false,
+                done,
+            });
             registry.queue.push_back(run_id.clone());
             self.inner.feed.open(&run_id, 0);
             let launches = registry.schedule(self.caps());
@@ -440,10 +495,7 @@ impl Service {
                 None => false,
             };
         if taken {
-            return Err(ApiError::new(
-                Code::Conflict,
-                format!("session '{session}' belongs to another token"),
-            ));
+            return Err(session_taken(session));
         }
         Ok(())
     }
@@ -585,10 +637,9 @@ impl Service {
                 if matches!(history.first(), Some(Message::System { .. })) {
                     history.remove(0);
                 }
-                registry.histories.insert(run.session_id.clone(), history);
-                if registry.histories.len() > self.inner.config.keep_finished_runs {
-                    let session = run.session_id.clone();
-                    registry.histories.retain(|id, _| *id == session);
+                if !history.is_empty() {
+                    let key = history_key(&run.principal, &run.session_id);
+                    registry.remember_history(key, history, self.inner.config.keep_finished_runs);
                 }
             }
             let launches = if self.inner.shutting_down.load(Ordering::SeqCst) {
@@ -607,7 +658,7 @@ impl Service {
             "run ended"
         );
         self.inner.feed.close(run_id);
-        run.done.send_replace(Some(run.last_seq));
+        run.done.send_replace(Some((run.last_seq, outcome.status)));
         for launch in launches {
             self.launch(launch);
         }
@@ -622,14 +673,16 @@ impl Service {
 
     async fn cancel_with(&self, principal: &Principal, run_id: &str, reason: &str) -> Result<Cancelled, ApiError> {
         enum Found {
-            Queued(Option<LiveRun>),
-            Running(watch::Receiver<Option<u64>>),
+            Queued(Option<Box<LiveRun>>),
+            Running(watch::Receiver<Option<(u64, RunStatus)>>),
             Ended,
         }
         let found = {
             let mut registry = self.registry();
             let found = match registry.run_mut(principal, run_id) {
                 Some(run) if run.status == RunStatus::Queued => None,
+                // Its lifecycle.end is out: it ended before this cancel.
+                Some(run) if run.status.is_terminal() => Some(Found::Ended),
                 Some(run) => {
                     let done = run.done.subscribe();
                     match &run.controller {
@@ -643,11 +696,11 @@ impl Service {
             found.unwrap_or_else(|| {
                 let run = registry.dequeue(run_id);
                 registry.publish_gauges();
-                Found::Queued(run)
+                Found::Queued(run.map(Box::new))
             })
         };
         let waiting = match found {
-            Found::Queued(Some(run)) => return self.cancel_queued(run, reason).await,
+            Found::Queued(Some(run)) => return self.cancel_queued(*run, reason).await,
             Found::Queued(None) => return Err(ApiError::no_run(run_id)),
             Found::Running(done) => Some(done),
             Found::Ended => None,
@@ -661,11 +714,24 @@ impl Service {
         };
         let stopped = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
         match stopped {
-            Ok(Ok(seq)) => Ok(Cancelled {
-                run_id: run_id.to_string(),
-                cancelled: true,
-                final_seq: seq.unwrap_or_default(),
-            }),
+            Ok(Ok(ended)) => match *ended {
+                Some((final_seq, RunStatus::Canceled)) => Ok(Cancelled {
+                    run_id: run_id.to_string(),
+                    cancelled: true,
+                    final_seq,
+                }),
+                Some((_, RunStatus::Interrupted)) => Err(ApiError::new(
+                    Code::InvalidState,
+                    format!(
+                        "run {run_id} was interrupted by a server shutdown; it resumes when the server starts again"
+                    ),
+                )),
+                Some((_, status)) => Err(ApiError::new(
+                    Code::InvalidState,
+                    format!("run {run_id} ended ({}) before it could be cancelled", status.as_str()),
+                )),
+                None => Err(ApiError::internal("the run did not stop in time", run_id)),
+            },
             _ => Err(ApiError::internal("the run did not stop in time", run_id)),
         }
     }
@@ -726,7 +792,7 @@ impl Service {
             self.inner.feed.publish(Arc::new(event));
         }
         self.inner.feed.close(&run.run_id);
-        run.done.send_replace(Some(final_seq));
+        run.done.send_replace(Some((final_seq, RunStatus::Canceled)));
         metrics::counter!("loom_runs_finished_total", "status" => RunStatus::Canceled.as_str()).increment(1);
         Ok(Cancelled {
             run_id: run.run_id,
@@ -928,41 +994,31 @@ impl Service {
         if !live {
             self.get(principal, run_id).await?;
         }
-        match self.inner.feed.join(run_id, after) {
-            Some(joined) => {
-                let mut backlog: VecDeque<Arc<Event>> = VecDeque::new();
-                if let (Some(until), Some(store)) = (joined.store_until, &self.inner.store) {
-                    for event in store.events(run_id, after).await.map_err(store_error)? {
-                        if event.seq <= until {
-                            backlog.push_back(Arc::new(event));
-                        }
-                    }
-                }
-                backlog.extend(joined.buffered);
-                Ok(Subscription {
-                    backlog,
-                    live: Some(joined.live),
-                    lagged: joined.lagged,
-                })
-            }
-            None => {
-                let backlog = match &self.inner.store {
-                    Some(store) => store
-                        .events(run_id, after)
-                        .await
-                        .map_err(store_error)?
-                        .into_iter()
-                        .map(Arc::new)
-                        .collect(),
-                    None => VecDeque::new(),
-                };
-                Ok(Subscription {
-                    backlog,
-                    live: None,
-                    lagged: Arc::new(AtomicBool::new(false)),
-                })
-            }
-        }
+        let pages = |until: Option<u64>| {
+            self.inner.store.clone().map(|store| StoredPages {
+                store,
+                run_id: run_id.to_string(),
+                after,
+                until,
+            })
+        };
+        Ok(match self.inner.feed.join(run_id, after) {
+            Some(joined) => Subscription {
+                stored: joined.store_until.and_then(|until| pages(Some(until))),
+                page: VecDeque::new(),
+                buffered: joined.buffered.into(),
+                live: Some(joined.live),
+                lagged: joined.lagged,
+            },
+            // Ended: its whole log is in the store.
+            None => Subscription {
+                stored: pages(None),
+                page: VecDeque::new(),
+                buffered: VecDeque::new(),
+                live: None,
+                lagged: Arc::new(AtomicBool::new(false)),
+            },
+        })
     }
 
     // ----- life of the server -------------------------------------------
@@ -1030,33 +1086,30 @@ impl Service {
         let (done, _) = watch::channel(None);
         {
             let mut registry = self.registry();
-            registry.runs.insert(
-                record.run_id.clone(),
-                LiveRun {
-                    run_id: record.run_id.clone(),
-                    session_id: record.session_id.clone(),
-                    principal: principal.clone(),
-                    prompt: record.prompt.clone(),
-                    model: record.model.clone(),
-                    status: if pending.is_empty() {
-                        RunStatus::Running
-                    } else {
-                        RunStatus::WaitingPermission
-                    },
-                    started_ms: record.started_ms,
-                    metrics: record.metrics.clone(),
-                    content: None,
-                    last_seq,
-                    start: None,
-                    controller: None,
-                    cancel_requested: false,
-                    seeded: !pending.is_empty(),
-                    pending,
-                    early: HashMap::new(),
-                    done,
+            registry.add(LiveRun {
+                run_id: record.run_id.clone(),
+                session_id: record.session_id.clone(),
+                principal: principal.clone(),
+                prompt: record.prompt.clone(),
+                model: record.model.clone(),
+                status: if pending.is_empty() {
+                    RunStatus::Running
+                } else {
+                    RunStatus::WaitingPermission
                 },
-            );
-            registry.count_running(&principal);
+                started_ms: record.started_ms,
+                metrics: record.metrics.clone(),
+                content: None,
+                last_seq,
+                start: None,
+                controller: None,
+                cancel_requested: false,
+                seeded: !pending.is_empty(),
+                pending,
+                early: HashMap::new(),
+                done,
+            });
+            registry.count_running(&principal, &record.session_id);
             registry.publish_gauges();
         }
         self.inner.feed.open(&record.run_id, last_seq);
@@ -1086,9 +1139,9 @@ impl Service {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let queued = {
             let mut registry = self.registry();
-            let queued: Vec<String> = registry.queue.drain(..).collect();
+            let queued: Vec<String> = registry.queue.iter().cloned().collect();
             for id in &queued {
-                registry.runs.remove(id);
+                registry.dequeue(id);
             }
             for run in registry.runs.values() {
                 if let Some(controller) = &run.controller {
@@ -1098,7 +1151,7 @@ impl Service {
             queued
         };
         for id in &queued {
-            self.inner.feed.close(id);
+            self.inner.feed.forget(id);
         }
         if !queued.is_empty() {
             tracing::warn!(count = queued.len(), "queued runs that never started are dropped");
@@ -1116,6 +1169,16 @@ impl Service {
     pub fn shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::SeqCst)
     }
+}
+
+fn session_taken(session: &str) -> ApiError {
+    ApiError::new(Code::Conflict, format!("session '{session}' belongs to another token"))
+}
+
+/// Without a store, a session's conversation is kept under its token too,
+/// so a session id can never lead to another token's messages.
+fn history_key(principal: &Principal, session: &str) -> String {
+    format!("{}\u{0}{session}", principal.name())
 }
 
 fn conflicting_key() -> ApiError {

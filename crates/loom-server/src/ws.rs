@@ -21,8 +21,10 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Principal;
 use crate::error::{ApiError, Code};
 use crate::protocol::{PermissionListParams, RespondParams, RunIdParams, StartRun, SteerParams, SubscribeParams};
-use crate::service::Next;
+use crate::service::{Next, Subscription};
 use crate::App;
+use loom_core::Event;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Frames queued for the writer of one connection.
 const OUTBOUND: usize = 256;
@@ -48,7 +50,10 @@ pub(crate) async fn upgrade(State(app): State<Arc<App>>, principal: Principal, w
         .max_write_buffer_size(4 * 1024 * 1024)
         .max_message_size(limit.saturating_mul(4))
         .max_frame_size(limit.saturating_mul(4))
-        .on_upgrade(move |socket| connection(app, principal, socket))
+        .on_upgrade(move |socket| {
+            let tracker = app.connections.clone();
+            tracker.track_future(connection(app, principal, socket))
+        })
 }
 
 /// One connection's shared parts.
@@ -77,8 +82,8 @@ impl Conn {
 
 async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
     metrics::gauge!("loom_ws_connections").increment(1.0);
-    let (mut sink, mut stream) = socket.split();
-    let (out, mut outbound) = mpsc::channel::<String>(OUTBOUND);
+    let (sink, mut stream) = socket.split();
+    let (out, outbound) = mpsc::channel::<String>(OUTBOUND);
     let closed = CancellationToken::new();
     let conn = Conn {
         app: app.clone(),
@@ -88,64 +93,18 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
         close_with: Arc::default(),
     };
     let ping_every = app.service.config().ping_interval;
-
-    let writer_conn = conn.clone();
-    let shutdown = app.closing.clone();
-    let writer = tokio::spawn(async move {
-        let mut ping = tokio::time::interval(ping_every);
-        ping.tick().await;
-        loop {
-            let message = tokio::select! {
-                biased;
-                _ = writer_conn.closed.cancelled() => break,
-                _ = shutdown.cancelled() => {
-                    writer_conn.close(GOING_AWAY, "the server is shutting down; reconnect and resubscribe after your last seq".into());
-                    break;
-                }
-                _ = ping.tick() => Message::Ping(Default::default()),
-                out = outbound.recv() => match out {
-                    Some(text) => Message::Text(Utf8Bytes::from(text)),
-                    None => break,
-                },
-            };
-            match tokio::time::timeout(WRITE_TIMEOUT, sink.send(message)).await {
-                Ok(Ok(())) => {}
-                _ => {
-                    writer_conn.closed.cancel();
-                    return;
-                }
-            }
-        }
-        let reason = writer_conn.close_with.lock().ok().and_then(|mut slot| slot.take());
-        if let Some((code, reason)) = reason {
-            // A client that fell behind reads its backlog first: the close
-            // waits for it as long as any frame would.
-            let _ = tokio::time::timeout(WRITE_TIMEOUT, sink.send(close(code, reason))).await;
-        }
-        let _ = sink.close().await;
-    });
+    let mut writer = tokio::spawn(write_frames(conn.clone(), sink, outbound, ping_every));
 
     let requests = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut subscriptions: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let (sub_tx, mut sub_rx) = mpsc::unbounded_channel::<(String, Option<JoinHandle<()>>)>();
+    let mut subscriptions = Subscriptions::default();
+    let (sub_tx, mut sub_rx) = mpsc::unbounded_channel::<SubChange>();
     loop {
         // A connection silent for two ping intervals is gone.
         let frame = tokio::select! {
             frame = tokio::time::timeout(ping_every * 2, stream.next()) => frame,
             change = sub_rx.recv() => {
-                if let Some((run_id, task)) = change {
-                    match task {
-                        Some(task) => {
-                            if let Some(old) = subscriptions.insert(run_id, task) {
-                                old.abort();
-                            }
-                        }
-                        None => {
-                            if let Some(old) = subscriptions.remove(&run_id) {
-                                old.abort();
-                            }
-                        }
-                    }
+                if let Some(change) = change {
+                    subscriptions.apply(change);
                 }
                 continue;
             }
@@ -162,14 +121,9 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
         match message {
             Message::Text(text) => {
                 let Ok(permit) = requests.clone().try_acquire_owned() else {
-                    conn.respond(
-                        Value::Null,
-                        Err(
-                            ApiError::new(Code::Overloaded, "too many requests in progress on this connection")
-                                .retry_after(Duration::from_millis(100)),
-                        ),
-                    )
-                    .await;
+                    let busy = ApiError::new(Code::Overloaded, "too many requests in progress on this connection")
+                        .retry_after(Duration::from_millis(100));
+                    conn.respond(Value::Null, Err(busy)).await;
                     continue;
                 };
                 let conn = conn.clone();
@@ -191,9 +145,7 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
         }
     }
     conn.closed.cancel();
-    for (_, task) in subscriptions {
-        task.abort();
-    }
+    subscriptions.abort_all();
     // Keep reading until the client answers the close (or leaves): a
     // socket closed with unread input is reset, and the reset would destroy
     // the frames the client has not read yet — the close frame among them.
@@ -204,11 +156,123 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
             }
         }
     };
-    let _ = tokio::time::timeout(WRITE_TIMEOUT + Duration::from_secs(5), async {
-        let (_, ()) = tokio::join!(writer, drain);
+    let patience = if app.closing.is_cancelled() {
+        Duration::from_secs(2)
+    } else {
+        WRITE_TIMEOUT + Duration::from_secs(5)
+    };
+    let finished = tokio::time::timeout(patience, async {
+        let (_, ()) = tokio::join!(&mut writer, drain);
     })
     .await;
+    if finished.is_err() {
+        writer.abort();
+    }
     metrics::gauge!("loom_ws_connections").decrement(1.0);
+}
+
+/// The writer: the only owner of the socket's sending half. Frames that
+/// are ready together go out in one write; pings keep the connection
+/// checked; the close frame, when the server ends the connection, goes
+/// out ahead of anything still queued.
+async fn write_frames(
+    conn: Conn,
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut outbound: mpsc::Receiver<String>,
+    ping_every: Duration,
+) {
+    let mut ping = tokio::time::interval(ping_every);
+    ping.tick().await;
+    let shutdown = conn.app.closing.clone();
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = conn.closed.cancelled() => break,
+            _ = shutdown.cancelled() => {
+                conn.close(GOING_AWAY, "the server is shutting down; reconnect and resubscribe after your last seq".into());
+                break;
+            }
+            _ = ping.tick() => Message::Ping(Default::default()),
+            out = outbound.recv() => match out {
+                Some(text) => Message::Text(Utf8Bytes::from(text)),
+                None => break,
+            },
+        };
+        let written = tokio::time::timeout(WRITE_TIMEOUT, async {
+            sink.feed(first).await?;
+            // Whatever else is ready joins the same write.
+            for _ in 0..OUTBOUND {
+                match outbound.try_recv() {
+                    Ok(text) => sink.feed(Message::Text(Utf8Bytes::from(text))).await?,
+                    Err(_) => break,
+                }
+            }
+            sink.flush().await
+        })
+        .await;
+        if !matches!(written, Ok(Ok(()))) {
+            conn.closed.cancel();
+            return;
+        }
+    }
+    let reason = conn.close_with.lock().ok().and_then(|mut slot| slot.take());
+    if let Some((code, reason)) = reason {
+        // A client that fell behind reads its backlog first: the close
+        // waits for it as long as any frame would.
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, sink.send(close(code, reason))).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+}
+
+/// A change to a connection's subscriptions: a forwarder started, or one
+/// ended (by itself, or by `run.unsubscribe`).
+enum SubChange {
+    Started {
+        run_id: String,
+        generation: u64,
+        task: JoinHandle<()>,
+    },
+    Ended {
+        run_id: String,
+        generation: Option<u64>,
+    },
+}
+
+/// The forwarders of one connection, one per run; a newer subscription to
+/// a run replaces the older.
+#[derive(Default)]
+struct Subscriptions {
+    running: HashMap<String, (u64, JoinHandle<()>)>,
+}
+
+impl Subscriptions {
+    fn apply(&mut self, change: SubChange) {
+        match change {
+            SubChange::Started {
+                run_id,
+                generation,
+                task,
+            } => {
+                if let Some((_, old)) = self.running.insert(run_id, (generation, task)) {
+                    old.abort();
+                }
+            }
+            SubChange::Ended { run_id, generation } => {
+                let current = self.running.get(&run_id).map(|(known, _)| *known);
+                if current.is_some() && (generation.is_none() || generation == current) {
+                    if let Some((_, task)) = self.running.remove(&run_id) {
+                        task.abort();
+                    }
+                }
+            }
+        }
+    }
+
+    fn abort_all(&mut self) {
+        for (_, (_, task)) in self.running.drain() {
+            task.abort();
+        }
+    }
 }
 
 fn close(code: u16, reason: String) -> Message {
@@ -223,7 +287,7 @@ fn params<T: DeserializeOwned>(payload: Value) -> Result<T, ApiError> {
     serde_json::from_value(payload).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
 }
 
-type SubChanges = mpsc::UnboundedSender<(String, Option<JoinHandle<()>>)>;
+type SubChanges = mpsc::UnboundedSender<SubChange>;
 
 impl Conn {
     async fn respond(&self, id: Value, result: Result<Value, ApiError>) {
@@ -271,29 +335,43 @@ impl Conn {
             return self.respond(id, Err(error)).await;
         }
         let payload = frame.get("payload").cloned().unwrap_or(Value::Null);
-        let method = method.to_string();
-        let result = self.call(&method, payload, subs).await;
-        let subscribe_to = match (&method[..], &result) {
-            ("agent.run", Ok(accepted)) if accepted.get("steered").is_none() => {
-                accepted.get("runId").and_then(Value::as_str).map(str::to_string)
-            }
-            _ => None,
+        let (result, follow) = match self.call(method, payload).await {
+            Ok((value, follow)) => (Ok(value), follow),
+            Err(error) => (Err(error), None),
         };
-        self.respond(id, result).await;
-        // The run's events follow its answer on this connection.
-        if let Some(run_id) = subscribe_to {
-            if let Ok(subscription) = self.app.service.subscribe(&self.principal, &run_id, 0).await {
-                self.follow(run_id, subscription, subs);
+        if let (Ok(answer), "run.unsubscribe") = (&result, method) {
+            if let Some(run_id) = answer["runId"].as_str() {
+                let _ = subs.send(SubChange::Ended {
+                    run_id: run_id.to_string(),
+                    generation: None,
+                });
             }
+        }
+        // The answer first, then the events it promised.
+        self.respond(id, result).await;
+        if let Some((run_id, subscription)) = follow {
+            self.follow(run_id, subscription, subs);
         }
     }
 
-    /// Runs a method; `run.subscribe` also starts the forwarding.
-    async fn call(&self, method: &str, payload: Value, subs: &SubChanges) -> Result<Value, ApiError> {
+    /// Runs a method. `agent.run` and `run.subscribe` also return the
+    /// subscription to follow once the answer is out.
+    async fn call(&self, method: &str, payload: Value) -> Result<(Value, Option<(String, Subscription)>), ApiError> {
         let service = &self.app.service;
         let who = &self.principal;
         let value = match method {
-            "agent.run" => to_value(service.start(who, params::<StartRun>(payload)?).await?),
+            "agent.run" => {
+                let accepted = service.start(who, params::<StartRun>(payload)?).await?;
+                // The run's events follow on this connection (not for a
+                // prompt that joined another run).
+                let follow = if accepted.steered {
+                    None
+                } else {
+                    let subscription = service.subscribe(who, &accepted.run_id, 0).await?;
+                    Some((accepted.run_id.clone(), subscription))
+                };
+                return Ok((to_value(accepted), follow));
+            }
             "agent.cancel" => {
                 let p: RunIdParams = params(payload)?;
                 to_value(service.cancel(who, &p.run_id).await?)
@@ -320,25 +398,27 @@ impl Conn {
             "run.subscribe" => {
                 let p: SubscribeParams = params(payload)?;
                 let subscription = service.subscribe(who, &p.run_id, p.after_seq).await?;
-                self.follow(p.run_id.clone(), subscription, subs);
-                json!({"runId": p.run_id, "afterSeq": p.after_seq})
+                let answer = json!({"runId": p.run_id, "afterSeq": p.after_seq});
+                return Ok((answer, Some((p.run_id, subscription))));
             }
             "run.unsubscribe" => {
                 let p: RunIdParams = params(payload)?;
-                let _ = subs.send((p.run_id.clone(), None));
                 json!({"runId": p.run_id, "unsubscribed": true})
             }
             other => return Err(ApiError::new(Code::MethodNotFound, format!("no method '{other}'"))),
         };
-        Ok(value)
+        Ok((value, None))
     }
 
     /// Forwards a subscription's events to this connection until the run
     /// ends; a subscriber that fell behind closes the connection with a
     /// reason (the client resubscribes after its last seq).
-    fn follow(&self, run_id: String, mut subscription: crate::service::Subscription, subs: &SubChanges) {
+    fn follow(&self, run_id: String, mut subscription: Subscription, subs: &SubChanges) {
+        static GENERATION: AtomicU64 = AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let conn = self.clone();
         let id = run_id.clone();
+        let ended = subs.clone();
         let task = tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -347,30 +427,42 @@ impl Conn {
                 };
                 match next {
                     Next::Event(event) => {
-                        let frame = json!({
-                            "type": "event",
-                            "event": event.kind.name(),
-                            "runId": &*event.run_id,
-                            "seq": event.seq,
-                            "payload": &*event,
-                        });
-                        if conn.out.send(frame.to_string()).await.is_err() {
+                        if conn.out.send(event_frame(&event)).await.is_err() {
                             return;
                         }
                     }
-                    Next::End => return,
+                    Next::End => break,
                     Next::Lagged => {
                         metrics::counter!("loom_subscribers_dropped_total").increment(1);
                         let reason = format!("too slow for run {id}: resubscribe after your last seq");
-                        // The queue is full: this close jumps it.
                         conn.close(TRY_AGAIN_LATER, reason);
                         return;
                     }
                 }
             }
+            let _ = ended.send(SubChange::Ended {
+                run_id: id,
+                generation: Some(generation),
+            });
         });
-        let _ = subs.send((run_id, Some(task)));
+        let _ = subs.send(SubChange::Started {
+            run_id,
+            generation,
+            task,
+        });
     }
+}
+
+/// `{"type":"event","event":NAME,"runId":…,"seq":N,"payload":EVENT}`,
+/// written directly (the event is serialized once, not through a `Value`).
+fn event_frame(event: &Event) -> String {
+    let payload = serde_json::to_string(event).unwrap_or_else(|_| "null".into());
+    let run_id = serde_json::to_string(&*event.run_id).unwrap_or_else(|_| "null".into());
+    format!(
+        r#"{{"type":"event","event":"{}","runId":{run_id},"seq":{},"payload":{payload}}}"#,
+        event.kind.name(),
+        event.seq
+    )
 }
 
 fn to_value(value: impl serde::Serialize) -> Value {

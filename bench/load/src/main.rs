@@ -1,0 +1,371 @@
+//! The load harness of `loom serve` (bench/README.md): N concurrent runs,
+//! each three tool turns against a fake model that answers after 200 ms,
+//! driven over WebSockets or over HTTP + SSE; it prints wall time, runs per
+//! second, the server's peak memory and memory per run, event latency
+//! (model chunk → client) and runs lost.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+const TOKEN: &str = "load-harness-token-0123456789";
+/// Three tool turns, then an answer whose chunks carry the time they were sent.
+const PROMPT: &str = "load steps=3 stamp=1";
+
+struct Options {
+    runs: usize,
+    store: String,
+    transport: String,
+    connections: usize,
+    loom: PathBuf,
+    delay_ms: u64,
+}
+
+fn options() -> Result<Options> {
+    let mut options = Options {
+        runs: 1000,
+        store: "sqlite".into(),
+        transport: "ws".into(),
+        connections: 100,
+        loom: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/loom"),
+        delay_ms: 200,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or_else(|| anyhow!("{flag} needs a value"));
+        match flag.as_str() {
+            "--runs" => options.runs = value()?.parse()?,
+            "--store" => options.store = value()?,
+            "--transport" => options.transport = value()?,
+            "--connections" => options.connections = value()?.parse()?,
+            "--loom" => options.loom = PathBuf::from(value()?),
+            "--delay-ms" => options.delay_ms = value()?.parse()?,
+            "--help" | "-h" => {
+                println!("loom-load [--runs N] [--store sqlite|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS]");
+                std::process::exit(0);
+            }
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    if !["sqlite", "none"].contains(&options.store.as_str()) || !["ws", "sse"].contains(&options.transport.as_str()) {
+        bail!("--store sqlite|none, --transport ws|sse");
+    }
+    options.connections = options.connections.clamp(1, options.runs.max(1));
+    Ok(options)
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// `VmHWM` / `VmRSS` of a process, in KiB.
+fn memory_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with(field))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(options: &Options, model_url: &str) -> Result<Server> {
+    let dir = tempfile::tempdir()?;
+    let store = if options.store == "none" {
+        "store = \"none\"\n"
+    } else {
+        ""
+    };
+    let n = options.runs.max(1);
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        format!(
+            r#"model = "openai:fake"
+{store}
+[provider]
+base_url = "{model_url}"
+max_attempts = 1
+
+[feedback]
+monitor = false
+
+[server]
+max_runs = {n}
+max_runs_per_token = {n}
+max_queued = {n}
+requests_per_minute = 100000000
+keep_finished_runs = {n}
+
+[[server.tokens]]
+name = "load"
+token = "{TOKEN}"
+"#
+        ),
+    )?;
+    let mut child = Command::new(&options.loom)
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("loom.toml"))
+        .arg("--workspace")
+        .arg(dir.path())
+        .env("OPENAI_API_KEY", "load")
+        .env("LOOM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| {
+            format!(
+                "cannot start {} (build it: cargo build --release -p loom-cli)",
+                options.loom.display()
+            )
+        })?;
+    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            } else if line.contains("ERROR") || line.contains("error") {
+                eprintln!("server: {line}");
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .context("loom serve did not start")?;
+    Ok(Server { child, addr, _dir: dir })
+}
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    done: AtomicUsize,
+    latencies_us: Mutex<Vec<u64>>,
+    last_end: Mutex<Option<Instant>>,
+}
+
+impl Tally {
+    fn event(&self, event: &Value) -> bool {
+        let name = event["type"].as_str().unwrap_or_default();
+        if name == "llm.delta" {
+            let received = now_micros();
+            if let Some(sent) = event["text"]
+                .as_str()
+                .and_then(|text| text.strip_prefix("t="))
+                .and_then(|rest| rest.trim_end_matches(';').parse::<u64>().ok())
+            {
+                if let Ok(mut latencies) = self.latencies_us.lock() {
+                    latencies.push(received.saturating_sub(sent));
+                }
+            }
+        }
+        if name == "lifecycle.end" {
+            if event["status"] == "DONE" {
+                self.done.fetch_add(1, Ordering::SeqCst);
+            }
+            if let Ok(mut last) = self.last_end.lock() {
+                *last = Some(Instant::now());
+            }
+            return true;
+        }
+        false
+    }
+}
+
+/// One WebSocket connection that starts `runs` runs and reads their events.
+async fn ws_client(addr: String, runs: usize, tally: Arc<Tally>) -> Result<()> {
+    let mut request = format!("ws://{addr}/ws").into_client_request()?;
+    request
+        .headers_mut()
+        .insert("Authorization", format!("Bearer {TOKEN}").parse()?);
+    let (socket, _) = tokio_tungstenite::connect_async(request).await?;
+    let (mut sink, mut stream) = socket.split();
+    let sender = tokio::spawn(async move {
+        for i in 0..runs {
+            let frame = json!({"type": "request", "id": i, "method": "agent.run", "payload": {"prompt": PROMPT}});
+            if sink.send(Message::text(frame.to_string())).await.is_err() {
+                break;
+            }
+        }
+        sink
+    });
+    let mut ended = 0;
+    let mut refused = 0;
+    while ended + refused < runs {
+        let Some(message) = stream.next().await else { break };
+        let Message::Text(text) = message? else { continue };
+        let frame: Value = serde_json::from_str(text.as_str())?;
+        match frame["type"].as_str() {
+            Some("event") => {
+                if tally.event(&frame["payload"]) {
+                    ended += 1;
+                }
+            }
+            Some("response") if frame["ok"] == false => {
+                eprintln!("refused: {}", frame["error"]);
+                refused += 1;
+            }
+            _ => {}
+        }
+    }
+    let _ = sender.await;
+    Ok(())
+}
+
+/// One run over HTTP: POST, then its SSE stream to the end.
+async fn sse_run(client: reqwest::Client, addr: String, tally: Arc<Tally>) -> Result<()> {
+    let accepted: Value = client
+        .post(format!("http://{addr}/v1/runs"))
+        .json(&json!({"prompt": PROMPT}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let run_id = accepted["runId"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no runId: {accepted}"))?;
+    let mut stream = client
+        .get(format!("http://{addr}/v1/runs/{run_id}/events"))
+        .send()
+        .await?
+        .error_for_status()?
+        .bytes_stream();
+    let mut buffer = String::new();
+    while let Some(chunk) = stream.next().await {
+        buffer.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            for line in block.lines() {
+                if let Some(data) = line.strip_prefix("data:") {
+                    let event: Value = serde_json::from_str(data.trim())?;
+                    if tally.event(&event) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index] as f64 / 1000.0
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let options = options()?;
+    let model = PromptModel::start(PromptModelOptions {
+        delay: Duration::from_millis(options.delay_ms),
+        keep_bodies: false,
+    });
+    let server = start_server(&options, &model.url())?;
+    let pid = server.child.id();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let baseline_kib = memory_kib(pid, "VmRSS:");
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    if options.transport == "ws" {
+        let per = options.runs / options.connections;
+        let extra = options.runs % options.connections;
+        for c in 0..options.connections {
+            let runs = per + usize::from(c < extra);
+            tasks.push(tokio::spawn(ws_client(server.addr.clone(), runs, tally.clone())));
+        }
+    } else {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("Authorization", format!("Bearer {TOKEN}").parse()?);
+        let client = reqwest::Client::builder()
+            .default_headers(headers)
+            .pool_max_idle_per_host(options.runs)
+            .build()?;
+        for _ in 0..options.runs {
+            tasks.push(tokio::spawn(sse_run(
+                client.clone(),
+                server.addr.clone(),
+                tally.clone(),
+            )));
+        }
+    }
+    let deadline = Duration::from_secs(300);
+    for task in tasks {
+        match tokio::time::timeout(deadline, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => eprintln!("client: {err:#}"),
+            Ok(Err(err)) => eprintln!("client task: {err}"),
+            Err(_) => eprintln!("client: timed out"),
+        }
+    }
+    let wall = tally
+        .last_end
+        .lock()
+        .ok()
+        .and_then(|last| *last)
+        .map_or(started.elapsed(), |last| last - started);
+    let peak_kib = memory_kib(pid, "VmHWM:");
+    let done = tally.done.load(Ordering::SeqCst);
+    let mut latencies = tally.latencies_us.lock().map(|l| l.clone()).unwrap_or_default();
+    latencies.sort_unstable();
+    let per_run_kib = peak_kib.saturating_sub(baseline_kib) as f64 / options.runs.max(1) as f64;
+    println!(
+        "runs={} transport={} store={} connections={} model_delay_ms={}",
+        options.runs, options.transport, options.store, options.connections, options.delay_ms
+    );
+    println!(
+        "wall_time_s={:.3} (ideal {:.1})",
+        wall.as_secs_f64(),
+        4.0 * options.delay_ms as f64 / 1000.0
+    );
+    println!("runs_per_s={:.0}", options.runs as f64 / wall.as_secs_f64());
+    println!(
+        "server_peak_rss_mb={:.1} baseline_rss_mb={:.1} memory_per_run_kb={:.1}",
+        peak_kib as f64 / 1024.0,
+        baseline_kib as f64 / 1024.0,
+        per_run_kib * 1.024
+    );
+    println!(
+        "event_latency_ms p50={:.2} p99={:.2} (n={})",
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies.len()
+    );
+    println!("model_requests={}", model.request_count());
+    println!("runs_lost={}", options.runs - done);
+    if done != options.runs {
+        bail!("{} runs did not end DONE", options.runs - done);
+    }
+    Ok(())
+}
