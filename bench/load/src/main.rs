@@ -21,6 +21,8 @@ use tokio_tungstenite::tungstenite::Message;
 const TOKEN: &str = "load-harness-token-0123456789";
 /// Three tool turns, then an answer whose chunks carry the time they were sent.
 const PROMPT: &str = "load steps=3 stamp=1";
+/// Submissions a connection has unanswered at once.
+const IN_FLIGHT: usize = 32;
 
 struct Options {
     runs: usize,
@@ -82,6 +84,22 @@ fn memory_kib(pid: u32, field: &str) -> u64 {
                 .and_then(|kib| kib.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// User + system CPU seconds of a process (from `/proc/PID/stat`).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
 }
 
 struct Server {
@@ -207,8 +225,14 @@ async fn ws_client(addr: String, runs: usize, tally: Arc<Tally>) -> Result<()> {
         .insert("Authorization", format!("Bearer {TOKEN}").parse()?);
     let (socket, _) = tokio_tungstenite::connect_async(request).await?;
     let (mut sink, mut stream) = socket.split();
+    // At most IN_FLIGHT submissions unanswered per connection (the server
+    // answers more with OVERLOADED).
+    let window = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let answered = window.clone();
     let sender = tokio::spawn(async move {
         for i in 0..runs {
+            let Ok(permit) = window.acquire().await else { break };
+            permit.forget();
             let frame = json!({"type": "request", "id": i, "method": "agent.run", "payload": {"prompt": PROMPT}});
             if sink.send(Message::text(frame.to_string())).await.is_err() {
                 break;
@@ -223,14 +247,13 @@ async fn ws_client(addr: String, runs: usize, tally: Arc<Tally>) -> Result<()> {
         let Message::Text(text) = message? else { continue };
         let frame: Value = serde_json::from_str(text.as_str())?;
         match frame["type"].as_str() {
-            Some("event") => {
-                if tally.event(&frame["payload"]) {
-                    ended += 1;
+            Some("event") if tally.event(&frame["payload"]) => ended += 1,
+            Some("response") => {
+                answered.add_permits(1);
+                if frame["ok"] == false {
+                    eprintln!("refused: {}", frame["error"]);
+                    refused += 1;
                 }
-            }
-            Some("response") if frame["ok"] == false => {
-                eprintln!("refused: {}", frame["error"]);
-                refused += 1;
             }
             _ => {}
         }
@@ -295,6 +318,7 @@ async fn main() -> Result<()> {
     let pid = server.child.id();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let baseline_kib = memory_kib(pid, "VmRSS:");
+    let baseline_cpu = cpu_seconds(pid);
     let tally = Arc::new(Tally::default());
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -336,6 +360,7 @@ async fn main() -> Result<()> {
         .and_then(|last| *last)
         .map_or(started.elapsed(), |last| last - started);
     let peak_kib = memory_kib(pid, "VmHWM:");
+    let server_cpu = cpu_seconds(pid) - baseline_cpu;
     let done = tally.done.load(Ordering::SeqCst);
     let mut latencies = tally.latencies_us.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_unstable();
@@ -362,6 +387,7 @@ async fn main() -> Result<()> {
         percentile(&latencies, 0.99),
         latencies.len()
     );
+    println!("server_cpu_s={server_cpu:.2}");
     println!("model_requests={}", model.request_count());
     println!("runs_lost={}", options.runs - done);
     if done != options.runs {

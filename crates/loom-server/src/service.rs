@@ -25,6 +25,16 @@ use crate::observed_store::ObservedStore;
 use crate::protocol::{Cancelled, ListParams, OnBusy, PendingAsk, RunAccepted, RunPage, RunView, StartRun};
 use crate::registry::{Caps, Launch, LiveRun, Registry};
 
+/// What `admit` did with a start request.
+enum Admitted {
+    /// Started, queued, or joined (steer) a run — or found the live run of
+    /// the same idempotency key.
+    Run(RunAccepted),
+    /// The run of the same idempotency key ended while this request was
+    /// being checked: answer with where it is now.
+    EndedMeanwhile,
+}
+
 /// How long a cancel waits for a run to stop before it answers `INTERNAL`
 /// (the engine stops a run within its tools' cancel grace; this only
 /// guards against a run that never does).
@@ -234,6 +244,23 @@ impl Service {
 
     /// `agent.run`.
     pub async fn start(&self, principal: &Principal, params: StartRun) -> Result<RunAccepted, ApiError> {
+        let key = params.idempotency_key.clone();
+        let digest = digest(&params);
+        match self.admit(principal, params).await? {
+            Admitted::Run(accepted) => Ok(accepted),
+            // A request with the same key started a run that ended while
+            // this one was being checked: answer with that run.
+            Admitted::EndedMeanwhile => match key {
+                Some(key) => self
+                    .idempotent(principal, &key, digest)
+                    .await?
+                    .ok_or_else(|| ApiError::internal("an idempotency key lost its run", key)),
+                None => Err(ApiError::internal("an idempotency key lost its run", "no key")),
+            },
+        }
+    }
+
+    async fn admit(&self, principal: &Principal, params: StartRun) -> Result<Admitted, ApiError> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
             return Err(
                 ApiError::new(Code::Overloaded, "the server is shutting down").retry_after(Duration::from_secs(5))
@@ -243,7 +270,7 @@ impl Service {
         let digest = digest(&params);
         if let Some(key) = &params.idempotency_key {
             if let Some(accepted) = self.idempotent(principal, key, digest).await? {
-                return Ok(accepted);
+                return Ok(Admitted::Run(accepted));
             }
         }
         if let Some(session) = &params.session_id {
@@ -269,9 +296,11 @@ impl Service {
                         return Err(conflicting_key());
                     }
                     let position = registry.queue_position(&existing);
-                    if let Some(run) = registry.run(principal, &existing) {
-                        return Ok(accepted_of(run, position));
-                    }
+                    return match registry.run(principal, &existing) {
+                        Some(run) => Ok(Admitted::Run(accepted_of(run, position))),
+                        // It ended meanwhile: where it is now.
+                        None => Ok(Admitted::EndedMeanwhile),
+                    };
                 }
             }
             // Checked again under the lock: two tokens naming one new
@@ -314,7 +343,11 @@ impl Service {
                         let run = registry.runs.get(busy_id).ok_or_else(|| ApiError::no_run(busy_id))?;
                         let mut accepted = accepted_of(run, None);
                         accepted.steered = true;
-                        return Ok(accepted);
+                        // A retry of this request must not steer twice.
+                        if let Some(key) = &params.idempotency_key {
+                            registry.remember(principal, key.clone(), digest, busy_id.clone());
+                        }
+                        return Ok(Admitted::Run(accepted));
                     }
                     OnBusy::Interrupt => to_cancel = live.iter().map(|(id, _)| id.clone()).collect(),
                     OnBusy::Enqueue => {}
@@ -396,7 +429,7 @@ impl Service {
                 }
             });
         }
-        Ok(accepted)
+        Ok(Admitted::Run(accepted))
     }
 
     fn validate(&self, params: &StartRun) -> Result<(), ApiError> {
