@@ -92,10 +92,14 @@ fn main() -> ExitCode {
 fn init_logging(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOOM_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // A log line that cannot be written is dropped: tracing's own report of
+    // that failure would go through `eprintln!`, which panics on a closed
+    // stderr (`loom serve 2>&1 | head` must not break requests).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false);
+        .with_target(false)
+        .log_internal_errors(false);
     let _ = if json {
         builder.json().try_init()
     } else {

@@ -623,3 +623,96 @@ async fn a_connection_that_stops_answering_pings_is_closed() {
     assert_eq!((code, reason.as_str()), (1008, "no answer to ping"));
     other.ok("run.list", json!({})).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_rate_are_refused_and_writes_are_denied_unless_configured() {
+    // 8 a minute: a burst of 2, then one every 7.5 s.
+    let (_dir, _model, gateway) = gateway("requests_per_minute = 8", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "write steps=1 tool=write_file"}))
+            .await,
+    );
+    let response = client.call("run.list", json!({})).await;
+    assert_eq!(response["ok"], true, "{response}");
+    let response = client.call("run.list", json!({})).await;
+    assert_eq!(response["error"]["code"], "RATE_LIMITED", "{response}");
+    assert!(response["error"]["retryAfterMs"].as_u64().unwrap() > 1000);
+    // Another token has its own rate.
+    let mut bob = gateway.ws(BOB).await;
+    bob.ok("run.list", json!({})).await;
+    let http_limited = http(ALICE).get(gateway.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(http_limited.status(), 429);
+    assert!(http_limited.headers().get("retry-after").is_some());
+
+    // Server mode: write_file is denied without a rule that allows or asks.
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "denied", "{result}");
+    client.until(&run, "lifecycle.end").await;
+    assert!(!gateway.dir.join("out_1.txt").exists());
+}
+
+#[test]
+fn serve_refuses_a_public_address_without_a_token_and_takes_loom_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        format!("model = \"openai:fake\"\n[provider]\nbase_url = \"{}\"\n", model.url()),
+    )
+    .unwrap();
+    let output = common::loom_in(dir.path())
+        .args(["serve", "--addr", "0.0.0.0:0", "--workspace"])
+        .arg(dir.path())
+        .env("OPENAI_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{stderr}"
+    );
+
+    // With LOOM_TOKEN it listens, and that token is the one it accepts. Its
+    // stderr is closed after the first line: the server goes on.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(
+        common::loom_in(dir.path())
+            .args(["serve", "--addr", "127.0.0.1:0", "--workspace"])
+            .arg(dir.path())
+            .env("OPENAI_API_KEY", "test-key")
+            .env("LOOM_TOKEN", "env-token-0123456789abc")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let addr = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.split("listening on http://")
+                .nth(1)
+                .map(|rest| rest.split_whitespace().next().unwrap().to_string())
+        })
+        .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let ok = http("env-token-0123456789abc")
+            .get(format!("http://{addr}/v1/runs"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+        let wrong = http(ALICE).get(format!("http://{addr}/v1/runs")).send().await.unwrap();
+        assert_eq!(wrong.status(), 401);
+    });
+}
