@@ -299,6 +299,52 @@ async fn sse_run(client: reqwest::Client, addr: String, tally: Arc<Tally>) -> Re
     Ok(())
 }
 
+/// Where the store's time went: writes per operation and their mean
+/// latency, from the server's `/metrics`.
+async fn store_writes(addr: &str) -> Option<String> {
+    let text = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut sums: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        for (suffix, slot) in [("_sum{", 0), ("_count{", 1)] {
+            let Some(rest) = line.strip_prefix(&format!("loom_store_write_seconds{suffix}")) else {
+                continue;
+            };
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let op = labels.trim_start_matches("op=\"").trim_end_matches('"').to_string();
+            let entry = sums.entry(op).or_default();
+            let value: f64 = value.trim().parse().unwrap_or(0.0);
+            if slot == 0 {
+                entry.0 = value;
+            } else {
+                entry.1 = value;
+            }
+        }
+    }
+    if sums.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = sums
+        .iter()
+        .map(|(op, (sum, count))| {
+            format!(
+                "{op}: {count:.0} × {:.3} ms = {sum:.2} s",
+                sum / count.max(1.0) * 1000.0
+            )
+        })
+        .collect();
+    Some(format!("store_writes {}", parts.join(", ")))
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -388,6 +434,9 @@ async fn main() -> Result<()> {
         latencies.len()
     );
     println!("server_cpu_s={server_cpu:.2}");
+    if let Some(line) = store_writes(&server.addr).await {
+        println!("{line}");
+    }
     println!("model_requests={}", model.request_count());
     println!("runs_lost={}", options.runs - done);
     if done != options.runs {

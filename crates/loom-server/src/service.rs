@@ -1166,28 +1166,35 @@ impl Service {
 
     /// Stops taking runs, interrupts the live ones (each checkpoints and
     /// stays `INTERRUPTED`, for the next start to resume) and waits for
-    /// them, at most the shutdown grace. Queued runs that never started
-    /// are dropped, with a warning.
+    /// them, at most the shutdown grace. Queued runs that never started end
+    /// `CANCELED` (recorded, with a reason).
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
-        let queued = {
+        let queued: Vec<LiveRun> = {
             let mut registry = self.registry();
-            let queued: Vec<String> = registry.queue.iter().cloned().collect();
-            for id in &queued {
-                registry.dequeue(id);
-            }
+            let ids: Vec<String> = registry.queue.iter().cloned().collect();
+            let queued = ids.iter().filter_map(|id| registry.dequeue(id)).collect();
             for run in registry.runs.values() {
                 if let Some(controller) = &run.controller {
                     controller.interrupt("the server is shutting down");
                 }
             }
+            registry.publish_gauges();
             queued
         };
-        for id in &queued {
-            self.inner.feed.forget(id);
-        }
+        // Runs that never started end CANCELED, recorded with their log,
+        // so their ids still answer (and say why) after the restart.
         if !queued.is_empty() {
-            tracing::warn!(count = queued.len(), "queued runs that never started are dropped");
+            tracing::warn!(count = queued.len(), "queued runs that never started are cancelled");
+        }
+        for run in queued {
+            let run_id = run.run_id.clone();
+            if let Err(err) = self
+                .cancel_queued(run, "the server shut down before the run started")
+                .await
+            {
+                tracing::error!(run_id, error = %err, "could not record a cancelled queued run");
+            }
         }
         self.inner.pumps.close();
         if tokio::time::timeout(self.inner.config.shutdown_grace, self.inner.pumps.wait())

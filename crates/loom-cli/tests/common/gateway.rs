@@ -102,10 +102,16 @@ impl Gateway {
         let lines = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-                }
+                // Logged before the address is handed over, so the log a
+                // test reads holds the line that announced it.
+                let addr = line
+                    .split("listening on http://")
+                    .nth(1)
+                    .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_string());
                 lines.lock().unwrap().push(line);
+                if let Some(addr) = addr {
+                    let _ = tx.send(addr);
+                }
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(30)) {
