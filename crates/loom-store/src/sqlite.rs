@@ -551,27 +551,7 @@ impl Store for SqliteStore {
     }
 
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
-        let run_id = run_id.to_string();
-        let fail = self.fail();
-        self.with(move |conn| {
-            let exists: Option<i64> = conn
-                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![run_id], |row| row.get(0))
-                .optional()
-                .map_err(&fail)?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound(run_id));
-            }
-            let mut select = conn
-                .prepare_cached("SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq")
-                .map_err(&fail)?;
-            let bodies = select
-                .query_map(params![run_id, after_seq as i64], |row| row.get::<_, String>(0))
-                .map_err(&fail)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(&fail)?;
-            bodies.iter().map(|body| parse(body)).collect()
-        })
-        .await
+        self.events_page(run_id, after_seq, usize::MAX).await
     }
 
     async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
