@@ -109,7 +109,18 @@ struct Server {
 }
 
 impl Drop for Server {
+    /// SIGTERM first (the server shuts down cleanly, so a profiler around
+    /// it can write its report), then SIGKILL after 30 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..300 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
