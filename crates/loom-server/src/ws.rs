@@ -45,8 +45,11 @@ pub(crate) async fn upgrade(State(app): State<Arc<App>>, principal: Principal, w
     // defaults allocate about 128 KiB for each. Frames up to four times
     // the limit are read, so that one over it gets PAYLOAD_TOO_LARGE and
     // the connection stays usable; beyond that the transport closes it.
+    // The write buffer gathers the frames the writer feeds together into
+    // one write (events are a few hundred bytes); 8 KiB keeps it small
+    // for connections that are busy only now and then.
     ws.read_buffer_size(4 * 1024)
-        .write_buffer_size(0)
+        .write_buffer_size(8 * 1024)
         .max_write_buffer_size(4 * 1024 * 1024)
         .max_message_size(limit.saturating_mul(4))
         .max_frame_size(limit.saturating_mul(4))
