@@ -2,8 +2,9 @@
 //! process died, the conversation a session continues from, and cancelling
 //! a run no process executes. See docs/architecture.md.
 
-use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::event::{Event, EventEmitter, EventKind, TurnIds};
 use crate::message::Message;
+use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
 use crate::store::{Store, StoreError};
 use crate::turn_state::TurnState;
@@ -53,33 +54,40 @@ pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<
 pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<(), StoreError> {
     let snapshot = store.load_run(run_id).await?;
     let state = snapshot.next_turn().cloned().unwrap_or_else(|| TurnState::initial(1));
+    let log = cancelled_log(
+        run_id,
+        snapshot.last_seq,
+        &TurnIds::of(&state),
+        reason,
+        &snapshot.run.metrics,
+    );
+    store
+        .finish_run(run_id, RunStatus::Canceled, None, &snapshot.run.metrics, &log)
+        .await
+}
+
+/// The end of the log of a run cancelled while no process executes it:
+/// `execution.cancelled` with `reason`, then `lifecycle.end` (`CANCELED`),
+/// numbered after `last_seq` — so its log ends like every other run's.
+pub fn cancelled_log(run_id: &str, last_seq: u64, turn: &TurnIds, reason: &str, metrics: &RunMetrics) -> Vec<Event> {
     // Nobody listens: the events only go to the log.
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let events = EventEmitter::new(run_id.into(), 0, tx)
-        .continuing_after(snapshot.last_seq)
+        .continuing_after(last_seq)
         .with_log();
-    let turn = TurnIds::of(&state);
     events.emit(
-        &turn,
+        turn,
         EventKind::ExecutionCancelled {
             reason: reason.to_string(),
         },
     );
     events.emit(
-        &turn,
+        turn,
         EventKind::LifecycleEnd {
             status: RunStatus::Canceled,
             content: None,
-            metrics: snapshot.run.metrics.clone(),
+            metrics: metrics.clone(),
         },
     );
-    store
-        .finish_run(
-            run_id,
-            RunStatus::Canceled,
-            None,
-            &snapshot.run.metrics,
-            &events.take_log(),
-        )
-        .await
+    events.take_log()
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use loom_core::event::{EventEmitter, TurnIds};
+use loom_core::event::TurnIds;
 use loom_core::{
     Event, EventKind, Message, PermissionDecision, RunHandle, RunMetrics, RunOutcome, RunQuery, RunRecord, RunRequest,
     RunStatus, Store, StoreError,
@@ -771,27 +771,11 @@ impl Service {
 
     /// A queued run never started: its log is just the cancel.
     async fn cancel_queued(&self, run: LiveRun, reason: &str) -> Result<Cancelled, ApiError> {
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let events = EventEmitter::new(run.run_id.as_str().into(), 0, tx).with_log();
         let turn = TurnIds {
             turn_id: run.run_id.as_str().into(),
             parent_turn_id: None,
         };
-        events.emit(
-            &turn,
-            EventKind::ExecutionCancelled {
-                reason: reason.to_string(),
-            },
-        );
-        events.emit(
-            &turn,
-            EventKind::LifecycleEnd {
-                status: RunStatus::Canceled,
-                content: None,
-                metrics: RunMetrics::default(),
-            },
-        );
-        let log = events.take_log();
+        let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
         if let Some(store) = &self.inner.store {
             let record = RunRecord {
                 run_id: run.run_id.clone(),
