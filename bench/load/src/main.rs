@@ -196,6 +196,7 @@ token = "{TOKEN}"
 #[derive(Default)]
 struct Tally {
     done: AtomicUsize,
+    events: AtomicUsize,
     latencies_us: Mutex<Vec<u64>>,
     last_end: Mutex<Option<Instant>>,
 }
@@ -203,6 +204,7 @@ struct Tally {
 impl Tally {
     fn event(&self, event: &Value) -> bool {
         let name = event["type"].as_str().unwrap_or_default();
+        self.events.fetch_add(1, Ordering::Relaxed);
         if name == "llm.delta" {
             let received = now_micros();
             if let Some(sent) = event["text"]
@@ -226,6 +228,18 @@ impl Tally {
         }
         false
     }
+}
+
+/// Whether a frame is one the tally reads (a response, an `llm.delta`,
+/// a `lifecycle.end`); the others are only counted.
+fn needs_reading(frame: &str) -> bool {
+    [
+        "\"type\":\"response\"",
+        "\"type\":\"llm.delta\"",
+        "\"type\":\"lifecycle.end\"",
+    ]
+    .iter()
+    .any(|marker| frame.contains(marker))
 }
 
 /// One WebSocket connection that starts `runs` runs and reads their events.
@@ -256,6 +270,11 @@ async fn ws_client(addr: String, runs: usize, tally: Arc<Tally>) -> Result<()> {
     while ended + refused < runs {
         let Some(message) = stream.next().await else { break };
         let Message::Text(text) = message? else { continue };
+        if !needs_reading(text.as_str()) {
+            // Counted, not parsed: the clients must not be the bottleneck.
+            tally.events.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let frame: Value = serde_json::from_str(text.as_str())?;
         match frame["type"].as_str() {
             Some("event") if tally.event(&frame["payload"]) => ended += 1,
@@ -299,6 +318,10 @@ async fn sse_run(client: reqwest::Client, addr: String, tally: Arc<Tally>) -> Re
             let block: String = buffer.drain(..end + 2).collect();
             for line in block.lines() {
                 if let Some(data) = line.strip_prefix("data:") {
+                    if !needs_reading(data) {
+                        tally.events.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     let event: Value = serde_json::from_str(data.trim())?;
                     if tally.event(&event) {
                         return Ok(());
@@ -376,6 +399,7 @@ async fn main() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let baseline_kib = memory_kib(pid, "VmRSS:");
     let baseline_cpu = cpu_seconds(pid);
+    let harness_baseline_cpu = cpu_seconds(std::process::id());
     let tally = Arc::new(Tally::default());
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -418,6 +442,7 @@ async fn main() -> Result<()> {
         .map_or(started.elapsed(), |last| last - started);
     let peak_kib = memory_kib(pid, "VmHWM:");
     let server_cpu = cpu_seconds(pid) - baseline_cpu;
+    let harness_cpu = cpu_seconds(std::process::id()) - harness_baseline_cpu;
     let done = tally.done.load(Ordering::SeqCst);
     let mut latencies = tally.latencies_us.lock().map(|l| l.clone()).unwrap_or_default();
     latencies.sort_unstable();
@@ -444,7 +469,14 @@ async fn main() -> Result<()> {
         percentile(&latencies, 0.99),
         latencies.len()
     );
-    println!("server_cpu_s={server_cpu:.2}");
+    println!(
+        "server_cpu_s={server_cpu:.2} ({:.2} ms/run) harness_cpu_s={harness_cpu:.2} (fake model + clients)",
+        server_cpu * 1000.0 / options.runs.max(1) as f64
+    );
+    println!(
+        "events_per_run={:.1}",
+        tally.events.load(Ordering::Relaxed) as f64 / options.runs.max(1) as f64
+    );
     if let Some(line) = store_writes(&server.addr).await {
         println!("{line}");
     }

@@ -700,7 +700,7 @@ impl Agent {
 
 /// A handle whose run is not spawned yet.
 struct PreparedHandle {
-    events: mpsc::UnboundedReceiver<crate::event::Event>,
+    events: mpsc::UnboundedReceiver<Box<crate::event::Event>>,
     controller: RunController,
 }
 

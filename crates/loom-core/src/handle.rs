@@ -106,7 +106,7 @@ impl RunController {
 /// does not stop the run; call [`RunHandle::cancel`] for that.
 #[derive(Debug)]
 pub struct RunHandle {
-    pub(crate) events: mpsc::UnboundedReceiver<Event>,
+    pub(crate) events: mpsc::UnboundedReceiver<Box<Event>>,
     pub(crate) controller: RunController,
     pub(crate) task: JoinHandle<RunOutcome>,
 }
@@ -154,7 +154,7 @@ impl RunHandle {
 
     /// The next event, or `None` after `lifecycle.end`.
     pub async fn next_event(&mut self) -> Option<Event> {
-        self.events.recv().await
+        self.events.recv().await.map(|event| *event)
     }
 
     /// Waits for the run to end, dropping events not yet read.
@@ -181,7 +181,7 @@ impl RunHandle {
     pub async fn collect(mut self) -> (Vec<Event>, RunOutcome) {
         let mut events = Vec::new();
         while let Some(event) = self.events.recv().await {
-            events.push(event);
+            events.push(*event);
         }
         let outcome = self.outcome().await;
         (events, outcome)
@@ -192,6 +192,6 @@ impl Stream for RunHandle {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.events.poll_recv(cx)
+        self.events.poll_recv(cx).map(|event| event.map(|event| *event))
     }
 }

@@ -78,6 +78,8 @@ pub(crate) struct Registry {
     /// Queued run ids, oldest first.
     pub(crate) queue: VecDeque<String>,
     running: usize,
+    /// Asks pending over all runs (kept up to date, so the gauge is O(1)).
+    pending_total: usize,
     running_by: HashMap<Principal, usize>,
     /// Sessions with a run executing (a session runs one at a time).
     running_sessions: HashSet<String>,
@@ -117,12 +119,14 @@ impl Registry {
             .entry(run.session_id.clone())
             .or_default()
             .push(run.run_id.clone());
+        self.pending_total += run.pending.len();
         self.runs.insert(run.run_id.clone(), run);
     }
 
     /// Lets a run go.
     fn remove(&mut self, run_id: &str) -> Option<LiveRun> {
         let run = self.runs.remove(run_id)?;
+        self.pending_total = self.pending_total.saturating_sub(run.pending.len());
         if let Some(ids) = self.by_session.get_mut(&run.session_id) {
             ids.retain(|id| id != run_id);
             if ids.is_empty() {
@@ -249,13 +253,15 @@ impl Registry {
     }
 
     /// Asks waiting over all runs.
-    pub(crate) fn pending_asks(&self) -> usize {
-        self.runs.values().map(|run| run.pending.len()).sum()
+    /// `run_id`'s pending asks changed from `before` to what it holds now.
+    pub(crate) fn pending_changed(&mut self, run_id: &str, before: usize) {
+        let now = self.runs.get(run_id).map_or(0, |run| run.pending.len());
+        self.pending_total = (self.pending_total + now).saturating_sub(before);
     }
 
     pub(crate) fn publish_gauges(&self) {
         metrics::gauge!("loom_runs_active").set(self.running as f64);
         metrics::gauge!("loom_runs_queued").set(self.queue.len() as f64);
-        metrics::gauge!("loom_permission_pending").set(self.pending_asks() as f64);
+        metrics::gauge!("loom_permission_pending").set(self.pending_total as f64);
     }
 }

@@ -586,6 +586,7 @@ impl Service {
             return;
         };
         run.last_seq = event.seq;
+        let asks_before = run.pending.len();
         let mut asks_changed = false;
         match &event.kind {
             EventKind::IterationStart { iteration } => run.metrics.iterations = iteration + 1,
@@ -649,6 +650,7 @@ impl Service {
             _ => {}
         }
         if asks_changed {
+            registry.pending_changed(&event.run_id, asks_before);
             registry.publish_gauges();
         }
     }

@@ -23,6 +23,7 @@
 //! tests can use it, and a load harness can drive tens of thousands of
 //! waiting requests without a thread each.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,6 +34,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 use serde_json::Value;
 
 /// How the server answers unless the prompt says otherwise.
@@ -148,29 +151,53 @@ impl Directives {
     }
 }
 
-/// The script of the conversation in `body`, and how many tool results
-/// came after it.
-fn script_of(body: &Value) -> (Option<Directives>, usize) {
-    let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    for (index, message) in messages.iter().enumerate().rev() {
-        if message["role"] != "user" {
-            continue;
-        }
-        let text = match &message["content"] {
-            Value::String(text) => text.clone(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
-            _ => continue,
-        };
-        if let Some(directives) = Directives::parse(&text) {
-            let results = messages[index..].iter().filter(|m| m["role"] == "tool").count();
-            return (Some(directives), results);
-        }
+/// The parts of a chat request the fake reads. Typed and borrowing, so a
+/// load of tens of thousands of requests does not build a map of every
+/// tool schema and message (the fake must never be the bottleneck).
+#[derive(Deserialize)]
+struct ChatRequest<'a> {
+    #[serde(default, borrow)]
+    messages: Vec<ChatMessage<'a>>,
+    #[serde(default)]
+    tools: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default)]
+    content: Value,
+}
+
+impl ChatRequest<'_> {
+    fn offers_tools(&self) -> bool {
+        self.tools.as_ref().is_some_and(|tools| !tools.is_empty())
     }
-    (None, 0)
+
+    /// The script of the conversation, and how many tool results came
+    /// after it.
+    fn script(&self) -> (Option<Directives>, usize) {
+        for (index, message) in self.messages.iter().enumerate().rev() {
+            if message.role != "user" {
+                continue;
+            }
+            let text = match &message.content {
+                Value::String(text) => text.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ => continue,
+            };
+            if let Some(directives) = Directives::parse(&text) {
+                let results = self.messages[index..].iter().filter(|m| m.role == "tool").count();
+                return (Some(directives), results);
+            }
+        }
+        (None, 0)
+    }
 }
 
 fn now_micros() -> u128 {
@@ -181,13 +208,16 @@ fn now_micros() -> u128 {
 
 async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (directives, done) = script_of(&body);
+    let request: ChatRequest<'_> = serde_json::from_slice(&body).unwrap_or(ChatRequest {
+        messages: Vec::new(),
+        tools: None,
+    });
+    let (directives, done) = request.script();
     // A request without tools (a final-answer call) gets the answer.
-    let tools_offered = body["tools"].as_array().is_some_and(|tools| !tools.is_empty());
+    let tools_offered = request.offers_tools();
     if shared.options.keep_bodies {
         if let Ok(mut bodies) = shared.bodies.lock() {
-            bodies.push(body);
+            bodies.push(serde_json::from_slice(&body).unwrap_or(Value::Null));
         }
     }
     let directives = directives.unwrap_or_else(|| Directives::parse("steps=0").expect("a directive"));
@@ -266,11 +296,14 @@ mod tests {
         let body = serde_json::json!({"messages": [
             {"role": "system", "content": "x"},
             {"role": "user", "content": "do it steps=2 tool=write_file delay_ms=5"},
-            {"role": "assistant", "content": null},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]},
             {"role": "tool", "content": "ok"},
             {"role": "user", "content": "a steer without directives"},
-        ]});
-        let (directives, done) = script_of(&body);
+        ], "tools": [{"type": "function"}]})
+        .to_string();
+        let request: ChatRequest<'_> = serde_json::from_str(&body).unwrap();
+        assert!(request.offers_tools());
+        let (directives, done) = request.script();
         let directives = directives.unwrap();
         assert_eq!((directives.steps, directives.tool.as_str(), done), (2, "write_file", 1));
         assert_eq!(directives.delay, Some(Duration::from_millis(5)));
