@@ -716,3 +716,72 @@ fn serve_refuses_a_public_address_without_a_token_and_takes_loom_token() {
         assert_eq!(wrong.status(), 401);
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_outlives_a_restart_and_a_broken_store_answers_internal() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), "");
+    let mut gateway = Gateway::start(dir.path(), &[]);
+    let post = |gateway: &Gateway, prompt: &str| {
+        http(ALICE)
+            .post(gateway.url("/v1/runs"))
+            .header("Idempotency-Key", "order-42")
+            .json(&json!({"prompt": prompt}))
+            .send()
+    };
+    let first: Value = post(&gateway, "keyed steps=0").await.unwrap().json().await.unwrap();
+    let run = run_id(&first);
+    let mut client = gateway.ws(ALICE).await;
+    client.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
+    client.until(&run, "lifecycle.end").await;
+    assert!(gateway.terminate().success(), "{}", gateway.log_text());
+    drop(gateway);
+
+    // After the restart the key still names the run (and its payload).
+    let gateway = Gateway::start(dir.path(), &[]);
+    let again = post(&gateway, "keyed steps=0").await.unwrap();
+    assert_eq!(again.status(), 202);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["runId"], run.as_str(), "{again}");
+    assert_eq!(again["status"], "DONE");
+    let other = post(&gateway, "another payload").await.unwrap();
+    assert_eq!(other.status(), 409);
+    assert_eq!(other.json::<Value>().await.unwrap()["error"]["code"], "CONFLICT");
+    // Keys are per token: bob's same key is a new run.
+    let bobs: Value = http(BOB)
+        .post(gateway.url("/v1/runs"))
+        .header("Idempotency-Key", "order-42")
+        .json(&json!({"prompt": "keyed steps=0"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(bobs["runId"], run.as_str());
+
+    // The database breaks under the server (its runs table is gone): what
+    // needs the store answers INTERNAL, and the server is no longer ready.
+    let db = rusqlite::Connection::open(dir.path().join(".loom").join("loom.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    db.execute_batch("ALTER TABLE runs RENAME TO runs_gone").unwrap();
+    let mut client = gateway.ws(ALICE).await;
+    assert_eq!(client.error("run.list", json!({})).await, "INTERNAL");
+    let listed = http(ALICE).get(gateway.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(listed.status(), 500);
+    let body: Value = listed.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "INTERNAL");
+    // The message says what failed without the backend's details.
+    assert!(!body.to_string().contains("runs_gone"), "{body}");
+    let ready = reqwest::Client::new().get(gateway.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    // The connection stays usable, and the store comes back with its table.
+    db.execute_batch("ALTER TABLE runs_gone RENAME TO runs").unwrap();
+    let page = client.ok("run.list", json!({})).await;
+    assert!(page["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["runId"] == run.as_str()));
+}

@@ -64,7 +64,7 @@ pub use permission::{Decision, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
-pub use store::{Checkpoint, JournalEntry, RunQuery, RunRecord, RunSnapshot, Store, StoreError};
+pub use store::{Checkpoint, JournalEntry, KeyedRequest, RunQuery, RunRecord, RunSnapshot, Store, StoreError};
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};

@@ -56,6 +56,18 @@ pub struct RunRecord {
     pub principal: Option<String>,
 }
 
+/// What a request carrying an idempotency key led to
+/// ([`Store::remember_request`]): a retry with the same key and payload gets
+/// the same run, also from another process or after a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyedRequest {
+    /// A digest of the request's payload, without the key: the same key with
+    /// another payload is a conflict, not a retry.
+    pub digest: u64,
+    /// The run the request started (or joined).
+    pub run_id: String,
+}
+
 /// Which runs to list ([`Store::query_runs`]), newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunQuery {
@@ -226,6 +238,14 @@ pub trait Store: Send + Sync {
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// Remembers what `owner`'s request with idempotency `key` led to. The
+    /// first answer for a key stays: remembering it again changes nothing.
+    /// A store may forget keys after a day.
+    async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError>;
+
+    /// What [`Store::remember_request`] kept for `owner`'s `key`.
+    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError>;
+
     /// The runs `query` asks for, newest first (by start time, then id
     /// descending). The default filters [`Store::list_runs`]; a store with
     /// an index does better.
@@ -332,5 +352,13 @@ impl Store for NoStore {
 
     async fn session_runs(&self, _session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn remember_request(&self, _owner: &str, _key: &str, _request: &KeyedRequest) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn remembered_request(&self, _owner: &str, _key: &str) -> Result<Option<KeyedRequest>, StoreError> {
+        Ok(None)
     }
 }

@@ -5,9 +5,9 @@
 //! docs/architecture.md shows where this crate sits.
 //!
 //! The protocol code (`ws`, `http`) only calls [`Service`]; the service
-//! keeps live runs in a registry, queues them under caps, and fans their
-//! events out through an [`EventFeed`] — the seams a later step backs with
-//! Redis.
+//! keeps live runs in a registry, admits them through a [`RunQueue`], and
+//! fans their events out through an [`EventFeed`] — the seams a later step
+//! backs with Redis ([`Service::with_seams`]).
 
 mod agents;
 pub mod auth;
@@ -18,6 +18,7 @@ mod http;
 pub mod metrics;
 mod observed_store;
 pub mod protocol;
+pub mod queue;
 mod registry;
 mod service;
 mod ws;
@@ -36,6 +37,7 @@ pub use auth::Principal;
 pub use config::{ServerConfig, ServerSettings, TokenEntry};
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
+pub use queue::{LocalQueue, RunQueue};
 pub use service::{Next, Service, Subscription};
 
 /// How long connections get to close after a shutdown.

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use loom_core::async_trait;
 use loom_core::{
-    Checkpoint, Event, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    Checkpoint, Event, KeyedRequest, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus, Store, StoreError,
+    ToolCall, ToolResult,
 };
 
 use crate::feed::EventFeed;
@@ -110,6 +111,14 @@ impl Store for ObservedStore {
 
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.session_runs(session_id).await
+    }
+
+    async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
+        timed("remember_request", self.inner.remember_request(owner, key, request)).await
+    }
+
+    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
+        self.inner.remembered_request(owner, key).await
     }
 
     fn files(&self) -> Vec<std::path::PathBuf> {

@@ -1,15 +1,17 @@
-//! The runs the gateway holds: queued and executing runs, their pending
-//! asks, the admission queue with its caps, idempotency keys, and (without
-//! a store) the finished runs kept in memory. Plain data under one lock;
-//! [`crate::service`] does the IO around it.
+//! The runs this gateway holds: queued and executing runs with their
+//! controls and pending asks, idempotency keys, and (without a store) the
+//! finished runs kept in memory. Plain data under one lock;
+//! [`crate::service`] does the IO around it, and [`crate::queue`] decides
+//! which runs execute.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use loom_core::{Agent, Message, PermissionDecision, RunController, RunMetrics, RunRequest, RunStatus};
 use tokio::sync::watch;
 
 use crate::auth::Principal;
 use crate::protocol::{PendingAsk, RunView};
+use crate::queue::Ticket;
 
 /// A run the gateway holds, queued or executing.
 pub(crate) struct LiveRun {
@@ -64,25 +66,12 @@ pub(crate) struct Launch {
     pub(crate) request: RunRequest,
 }
 
-/// The caps of [`Registry::schedule`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Caps {
-    pub(crate) max_runs: usize,
-    pub(crate) per_token: usize,
-}
-
 /// Every run the gateway holds.
 #[derive(Default)]
 pub(crate) struct Registry {
     pub(crate) runs: HashMap<String, LiveRun>,
-    /// Queued run ids, oldest first.
-    pub(crate) queue: VecDeque<String>,
-    running: usize,
     /// Asks pending over all runs (kept up to date, so the gauge is O(1)).
     pending_total: usize,
-    running_by: HashMap<Principal, usize>,
-    /// Sessions with a run executing (a session runs one at a time).
-    running_sessions: HashSet<String>,
     /// The live runs of each session.
     by_session: HashMap<String, Vec<String>>,
     /// (principal, key) → (payload digest, run id).
@@ -108,11 +97,6 @@ impl Registry {
         self.runs.get_mut(run_id).filter(|run| &run.principal == principal)
     }
 
-    /// 1 for the next run to start.
-    pub(crate) fn queue_position(&self, run_id: &str) -> Option<usize> {
-        self.queue.iter().position(|id| id == run_id).map(|i| i + 1)
-    }
-
     /// Takes a run in.
     pub(crate) fn add(&mut self, run: LiveRun) {
         self.by_session
@@ -121,19 +105,6 @@ impl Registry {
             .push(run.run_id.clone());
         self.pending_total += run.pending.len();
         self.runs.insert(run.run_id.clone(), run);
-    }
-
-    /// Lets a run go.
-    fn remove(&mut self, run_id: &str) -> Option<LiveRun> {
-        let run = self.runs.remove(run_id)?;
-        self.pending_total = self.pending_total.saturating_sub(run.pending.len());
-        if let Some(ids) = self.by_session.get_mut(&run.session_id) {
-            ids.retain(|id| id != run_id);
-            if ids.is_empty() {
-                self.by_session.remove(&run.session_id);
-            }
-        }
-        Some(run)
     }
 
     /// The live runs of a session, executing first, then queued.
@@ -159,34 +130,17 @@ impl Registry {
         }
     }
 
-    /// Takes the queued runs that may start now, in queue order: within
-    /// the caps overall and per token, and one run per session at a time
-    /// (a session's runs start in the order they came).
-    pub(crate) fn schedule(&mut self, caps: Caps) -> Vec<Launch> {
-        // Sessions met earlier in this scan: their later runs wait.
-        let mut passed: HashSet<String> = HashSet::new();
+    /// The queue let these runs start: they are executing from now on.
+    pub(crate) fn starting(&mut self, tickets: Vec<Ticket>) -> Vec<Launch> {
         let mut launches = Vec::new();
-        let mut index = 0;
-        while index < self.queue.len() && self.running < caps.max_runs {
-            let id = self.queue[index].clone();
-            let Some(run) = self.runs.get_mut(&id) else {
-                self.queue.remove(index);
+        for ticket in tickets {
+            let Some(run) = self.runs.get_mut(&ticket.run_id) else {
                 continue;
             };
-            let fresh = !self.running_sessions.contains(&run.session_id) && passed.insert(run.session_id.clone());
-            let used = self.running_by.get(&run.principal).copied().unwrap_or(0);
-            if !fresh || used >= caps.per_token {
-                index += 1;
-                continue;
-            }
-            self.queue.remove(index);
             run.status = RunStatus::Running;
-            self.running_sessions.insert(run.session_id.clone());
-            self.running += 1;
-            *self.running_by.entry(run.principal.clone()).or_default() += 1;
             if let Some((agent, request)) = run.start.take() {
                 launches.push(Launch {
-                    run_id: id,
+                    run_id: ticket.run_id,
                     agent,
                     request,
                 });
@@ -195,34 +149,16 @@ impl Registry {
         launches
     }
 
-    /// Counts a run that executes without going through the queue (a run
-    /// resumed at start-up).
-    pub(crate) fn count_running(&mut self, principal: &Principal, session_id: &str) {
-        self.running_sessions.insert(session_id.to_string());
-        self.running += 1;
-        *self.running_by.entry(principal.clone()).or_default() += 1;
-    }
-
-    /// A started run ended: it leaves the registry.
-    pub(crate) fn end(&mut self, run_id: &str) -> Option<LiveRun> {
-        let run = self.remove(run_id)?;
-        if run.status != RunStatus::Queued {
-            self.running_sessions.remove(&run.session_id);
-            self.running = self.running.saturating_sub(1);
-            if let Some(used) = self.running_by.get_mut(&run.principal) {
-                *used = used.saturating_sub(1);
-                if *used == 0 {
-                    self.running_by.remove(&run.principal);
-                }
+    /// A run leaves the registry (it ended, or left the queue).
+    pub(crate) fn remove(&mut self, run_id: &str) -> Option<LiveRun> {
+        let run = self.runs.remove(run_id)?;
+        self.pending_total = self.pending_total.saturating_sub(run.pending.len());
+        if let Some(ids) = self.by_session.get_mut(&run.session_id) {
+            ids.retain(|id| id != run_id);
+            if ids.is_empty() {
+                self.by_session.remove(&run.session_id);
             }
         }
-        Some(run)
-    }
-
-    /// A queued run leaves the queue.
-    pub(crate) fn dequeue(&mut self, run_id: &str) -> Option<LiveRun> {
-        self.queue.retain(|id| id != run_id);
-        let run = self.remove(run_id)?;
         Some(run)
     }
 
@@ -252,16 +188,14 @@ impl Registry {
         }
     }
 
-    /// Asks waiting over all runs.
     /// `run_id`'s pending asks changed from `before` to what it holds now.
     pub(crate) fn pending_changed(&mut self, run_id: &str, before: usize) {
         let now = self.runs.get(run_id).map_or(0, |run| run.pending.len());
         self.pending_total = (self.pending_total + now).saturating_sub(before);
     }
 
-    pub(crate) fn publish_gauges(&self) {
-        metrics::gauge!("loom_runs_active").set(self.running as f64);
-        metrics::gauge!("loom_runs_queued").set(self.queue.len() as f64);
-        metrics::gauge!("loom_permission_pending").set(self.pending_total as f64);
+    /// Asks waiting over all runs.
+    pub(crate) fn pending_total(&self) -> usize {
+        self.pending_total
     }
 }

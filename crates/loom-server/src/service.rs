@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use loom_core::event::TurnIds;
 use loom_core::{
-    Event, EventKind, Message, PermissionDecision, RunHandle, RunMetrics, RunOutcome, RunQuery, RunRecord, RunRequest,
-    RunStatus, Store, StoreError,
+    Event, EventKind, KeyedRequest, Message, PermissionDecision, RunHandle, RunMetrics, RunOutcome, RunQuery,
+    RunRecord, RunRequest, RunStatus, Store, StoreError,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
@@ -23,7 +23,8 @@ use crate::error::{ApiError, Code};
 use crate::feed::{EventFeed, LocalFeed};
 use crate::observed_store::ObservedStore;
 use crate::protocol::{Cancelled, ListParams, OnBusy, PendingAsk, RunAccepted, RunPage, RunView, StartRun};
-use crate::registry::{Caps, Launch, LiveRun, Registry};
+use crate::queue::{Caps, LocalQueue, QueueFull, RunQueue, Ticket};
+use crate::registry::{Launch, LiveRun, Registry};
 
 /// What `admit` did with a start request.
 enum Admitted {
@@ -51,6 +52,8 @@ struct Inner {
     agents: Agents,
     store: Option<Arc<dyn Store>>,
     feed: Arc<dyn EventFeed>,
+    /// Which runs execute and which wait. Locked after `registry`, never before.
+    queue: Arc<dyn RunQueue>,
     registry: Mutex<Registry>,
     limiter: Mutex<HashMap<Principal, Bucket>>,
     shutting_down: AtomicBool,
@@ -168,6 +171,23 @@ impl Service {
             config.subscriber_buffer,
             store.is_none().then_some(config.keep_finished_runs),
         ));
+        let queue: Arc<dyn RunQueue> = Arc::new(LocalQueue::new(Caps {
+            max_runs: config.max_runs,
+            per_token: config.max_runs_per_token,
+            max_queued: config.max_queued,
+        }));
+        Self::with_seams(config, factory, store, queue, feed)
+    }
+
+    /// A service whose admission queue and event fan-out are given: the
+    /// seams a gateway shared by many processes fills with its own.
+    pub fn with_seams(
+        config: ServerConfig,
+        factory: Arc<dyn AgentFactory>,
+        store: Option<Arc<dyn Store>>,
+        queue: Arc<dyn RunQueue>,
+        feed: Arc<dyn EventFeed>,
+    ) -> Self {
         let store: Option<Arc<dyn Store>> =
             store.map(|store| Arc::new(ObservedStore::new(store, feed.clone())) as Arc<dyn Store>);
         Self {
@@ -176,6 +196,7 @@ impl Service {
                 config,
                 store,
                 feed,
+                queue,
                 registry: Mutex::default(),
                 limiter: Mutex::default(),
                 shutting_down: AtomicBool::new(false),
@@ -196,11 +217,13 @@ impl Service {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn caps(&self) -> Caps {
-        Caps {
-            max_runs: self.inner.config.max_runs,
-            per_token: self.inner.config.max_runs_per_token,
-        }
+    /// Sets the gauges of runs and asks; call with the registry locked, so
+    /// that two updates cannot publish out of order.
+    fn publish_gauges(&self, registry: &Registry) {
+        let counts = self.inner.queue.counts();
+        metrics::gauge!("loom_runs_active").set(counts.executing as f64);
+        metrics::gauge!("loom_runs_queued").set(counts.waiting as f64);
+        metrics::gauge!("loom_permission_pending").set(registry.pending_total() as f64);
     }
 
     /// Whether the store answers and the gateway is not shutting down.
@@ -247,7 +270,12 @@ impl Service {
         let key = params.idempotency_key.clone();
         let digest = digest(&params);
         match self.admit(principal, params).await? {
-            Admitted::Run(accepted) => Ok(accepted),
+            Admitted::Run(accepted) => {
+                if let Some(key) = &key {
+                    self.persist_key(principal, key, digest, &accepted.run_id).await;
+                }
+                Ok(accepted)
+            }
             // A request with the same key started a run that ended while
             // this one was being checked: answer with that run.
             Admitted::EndedMeanwhile => match key {
@@ -295,7 +323,7 @@ impl Service {
                     if known != digest {
                         return Err(conflicting_key());
                     }
-                    let position = registry.queue_position(&existing);
+                    let position = self.inner.queue.position(&existing);
                     return match registry.run(principal, &existing) {
                         Some(run) => Ok(Admitted::Run(accepted_of(run, position))),
                         // It ended meanwhile: where it is now.
@@ -374,7 +402,7 @@ impl Service {
             let (done, _) = watch::channel(None);
             registry.add(LiveRun {
                 run_id: run_id.clone(),
-                session_id,
+                session_id: session_id.clone(),
                 principal: principal.clone(),
                 prompt: params.prompt.clone(),
                 model: params
@@ -394,23 +422,28 @@ impl Service {
                 seeded: false,
                 done,
             });
-            registry.queue.push_back(run_id.clone());
             self.inner.feed.open(&run_id, 0);
-            let launches = registry.schedule(self.caps());
-            let still_queued = registry.queue_position(&run_id).is_some();
-            if still_queued && registry.queue.len() > self.inner.config.max_queued {
-                registry.dequeue(&run_id);
-                self.inner.feed.close(&run_id);
-                return Err(
-                    ApiError::new(Code::Overloaded, "too many runs are waiting; try again later")
-                        .retry_after(Duration::from_secs(1)),
-                );
-            }
+            let ticket = Ticket {
+                run_id: run_id.clone(),
+                principal: principal.clone(),
+                session_id,
+            };
+            let launches = match self.inner.queue.push(ticket) {
+                Ok(started) => registry.starting(started),
+                Err(QueueFull) => {
+                    registry.remove(&run_id);
+                    self.inner.feed.forget(&run_id);
+                    return Err(
+                        ApiError::new(Code::Overloaded, "too many runs are waiting; try again later")
+                            .retry_after(Duration::from_secs(1)),
+                    );
+                }
+            };
             if let Some(key) = &params.idempotency_key {
                 registry.remember(principal, key.clone(), digest, run_id.clone());
             }
-            registry.publish_gauges();
-            let position = registry.queue_position(&run_id);
+            self.publish_gauges(&registry);
+            let position = self.inner.queue.position(&run_id);
             let run = registry.runs.get(&run_id).ok_or_else(|| ApiError::no_run(&run_id))?;
             (accepted_of(run, position), launches, to_cancel)
         };
@@ -477,22 +510,51 @@ impl Service {
         Ok(())
     }
 
-    /// The run an earlier request with this key started, if any.
-    async fn idempotent(&self, principal: &Principal, key: &str, digest: u64) -> Result<Option<RunAccepted>, ApiError> {
-        let (known, run_id) = {
-            let registry = self.registry();
-            let Some((known, run_id)) = registry.remembered(principal, key).cloned() else {
-                return Ok(None);
-            };
-            if known != digest {
-                return Err(conflicting_key());
-            }
-            if let Some(run) = registry.run(principal, &run_id) {
-                return Ok(Some(accepted_of(run, registry.queue_position(&run_id))));
-            }
-            (known, run_id)
+    /// Makes an idempotency key outlive this process: a retry after a
+    /// restart gets the same run. Before the answer, so a client that got
+    /// one can count on it; a store that fails here costs only that.
+    async fn persist_key(&self, principal: &Principal, key: &str, digest: u64, run_id: &str) {
+        let Some(store) = &self.inner.store else { return };
+        let request = KeyedRequest {
+            digest,
+            run_id: run_id.to_string(),
         };
-        let _ = known;
+        if let Err(err) = store.remember_request(principal.name(), key, &request).await {
+            tracing::warn!(run_id, error = %err, "an idempotency key could not be stored; it holds until a restart");
+        }
+    }
+
+    /// The run an earlier request with this key started, if any: one this
+    /// process remembers, or one the store does (from before a restart).
+    async fn idempotent(&self, principal: &Principal, key: &str, digest: u64) -> Result<Option<RunAccepted>, ApiError> {
+        let remembered = self.registry().remembered(principal, key).cloned();
+        let (known, run_id) = match remembered {
+            Some(found) => found,
+            None => {
+                let Some(store) = &self.inner.store else {
+                    return Ok(None);
+                };
+                let Some(found) = store
+                    .remembered_request(principal.name(), key)
+                    .await
+                    .map_err(store_error)?
+                else {
+                    return Ok(None);
+                };
+                self.registry()
+                    .remember(principal, key.to_string(), found.digest, found.run_id.clone());
+                (found.digest, found.run_id)
+            }
+        };
+        if known != digest {
+            return Err(conflicting_key());
+        }
+        {
+            let registry = self.registry();
+            if let Some(run) = registry.run(principal, &run_id) {
+                return Ok(Some(accepted_of(run, self.inner.queue.position(&run_id))));
+            }
+        }
         // It has ended: where it is now.
         let view = self.get(principal, &run_id).await?;
         Ok(Some(RunAccepted {
@@ -651,7 +713,7 @@ impl Service {
         }
         if asks_changed {
             registry.pending_changed(&event.run_id, asks_before);
-            registry.publish_gauges();
+            self.publish_gauges(&registry);
         }
     }
 
@@ -659,7 +721,7 @@ impl Service {
     fn on_end(&self, run_id: &str, outcome: RunOutcome) {
         let (run, launches) = {
             let mut registry = self.registry();
-            let Some(mut run) = registry.end(run_id) else { return };
+            let Some(mut run) = registry.remove(run_id) else { return };
             run.status = outcome.status;
             run.metrics = outcome.metrics.clone();
             run.content.clone_from(&outcome.content);
@@ -677,12 +739,10 @@ impl Service {
                     registry.remember_history(key, history, self.inner.config.keep_finished_runs);
                 }
             }
-            let launches = if self.inner.shutting_down.load(Ordering::SeqCst) {
-                Vec::new()
-            } else {
-                registry.schedule(self.caps())
-            };
-            registry.publish_gauges();
+            let start_more = !self.inner.shutting_down.load(Ordering::SeqCst);
+            let started = self.inner.queue.finished(run_id, start_more);
+            let launches = registry.starting(started);
+            self.publish_gauges(&registry);
             (run, launches)
         };
         metrics::counter!("loom_runs_finished_total", "status" => outcome.status.as_str()).increment(1);
@@ -729,8 +789,11 @@ impl Service {
                 None => Some(Found::Ended),
             };
             found.unwrap_or_else(|| {
-                let run = registry.dequeue(run_id);
-                registry.publish_gauges();
+                // Queued in the registry, so waiting in the queue: nothing
+                // starts a run without the registry's lock.
+                self.inner.queue.withdraw(run_id);
+                let run = registry.remove(run_id);
+                self.publish_gauges(&registry);
                 Found::Queued(run.map(Box::new))
             })
         };
@@ -931,7 +994,7 @@ impl Service {
         {
             let registry = self.registry();
             if let Some(run) = registry.run(principal, run_id) {
-                return Ok(run.view(registry.queue_position(run_id)));
+                return Ok(run.view(self.inner.queue.position(run_id)));
             }
             if let Some((owner, view)) = registry.finished.get(run_id) {
                 return if owner == principal {
@@ -975,7 +1038,7 @@ impl Service {
             let registry = self.registry();
             for run in registry.runs.values().filter(|run| &run.principal == principal) {
                 live_ids.push(run.run_id.clone());
-                let view = run.view(registry.queue_position(&run.run_id));
+                let view = run.view(self.inner.queue.position(&run.run_id));
                 if matches_view(&query, &view) {
                     runs.push(view);
                 }
@@ -1128,8 +1191,12 @@ impl Service {
                 early: HashMap::new(),
                 done,
             });
-            registry.count_running(&principal, &record.session_id);
-            registry.publish_gauges();
+            self.inner.queue.executing(Ticket {
+                run_id: record.run_id.clone(),
+                principal: principal.clone(),
+                session_id: record.session_id.clone(),
+            });
+            self.publish_gauges(&registry);
         }
         self.inner.feed.open(&record.run_id, last_seq);
         let span = tracing::info_span!("run", run_id = %record.run_id);
@@ -1140,10 +1207,16 @@ impl Service {
                 Ok(())
             }
             Err(err) => {
-                let mut registry = self.registry();
-                registry.end(&record.run_id);
-                registry.publish_gauges();
-                drop(registry);
+                let launches = {
+                    let mut registry = self.registry();
+                    registry.remove(&record.run_id);
+                    let started = self.inner.queue.finished(&record.run_id, !self.shutting_down());
+                    self.publish_gauges(&registry);
+                    registry.starting(started)
+                };
+                for launch in launches {
+                    self.launch(launch);
+                }
                 self.inner.feed.close(&record.run_id);
                 Err(err.to_string())
             }
@@ -1158,14 +1231,19 @@ impl Service {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let queued: Vec<LiveRun> = {
             let mut registry = self.registry();
-            let ids: Vec<String> = registry.queue.iter().cloned().collect();
-            let queued = ids.iter().filter_map(|id| registry.dequeue(id)).collect();
+            let queued = self
+                .inner
+                .queue
+                .drain()
+                .iter()
+                .filter_map(|ticket| registry.remove(&ticket.run_id))
+                .collect();
             for run in registry.runs.values() {
                 if let Some(controller) = &run.controller {
                     controller.interrupt("the server is shutting down");
                 }
             }
-            registry.publish_gauges();
+            self.publish_gauges(&registry);
             queued
         };
         // Runs that never started end CANCELED, recorded with their log,

@@ -55,4 +55,15 @@ pub const MIGRATIONS: &[&str] = &[
     // token's runs. NULL for runs of the command line and the library.
     "ALTER TABLE runs ADD COLUMN principal TEXT;
      CREATE INDEX runs_by_principal ON runs(principal, started_ms DESC);",
+    // 4: what requests with an idempotency key led to, per owner (a server
+    // token's name), so a retry after a restart gets the same run.
+    "CREATE TABLE request_keys (
+        owner TEXT NOT NULL,
+        key TEXT NOT NULL,
+        digest INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        PRIMARY KEY (owner, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX request_keys_by_age ON request_keys(created_ms);",
 ];

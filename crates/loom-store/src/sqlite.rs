@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, Message, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store,
-    StoreError, ToolCall, ToolResult,
+    Checkpoint, Event, JournalEntry, KeyedRequest, Message, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState,
+    RunStatus, Store, StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -16,6 +16,10 @@ use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 /// The columns [`row_to_record`] reads, in its order.
 const RUN_COLUMNS: &str =
     "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal";
+
+/// How long idempotency keys are kept (Stripe's choice, and long enough
+/// for any client's retries).
+const REQUEST_KEY_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// How long a write waits for another process's lock.
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -658,6 +662,53 @@ impl Store for SqliteStore {
             format!("SELECT {RUN_COLUMNS} FROM runs WHERE session_id = ?1 ORDER BY started_ms, rowid"),
             Some(session_id.to_string()),
         )
+        .await
+    }
+
+    async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
+        let (owner, key, run_id) = (owner.to_string(), key.to_string(), request.run_id.clone());
+        // Stored as the same 64 bits, signed: SQLite integers are.
+        let digest = request.digest as i64;
+        let fail = self.fail();
+        self.with(move |conn| {
+            let now = now_ms();
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            tx.execute(
+                "DELETE FROM request_keys WHERE created_ms < ?1",
+                params![now.saturating_sub(REQUEST_KEY_RETENTION_MS) as i64],
+            )
+            .map_err(&fail)?;
+            tx.execute(
+                "INSERT INTO request_keys (owner, key, digest, run_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (owner, key) DO NOTHING",
+                params![owner, key, digest, run_id, now as i64],
+            )
+            .map_err(&fail)?;
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
+        let (owner, key) = (owner.to_string(), key.to_string());
+        let fail = self.fail();
+        self.with(move |conn| {
+            let oldest = now_ms().saturating_sub(REQUEST_KEY_RETENTION_MS) as i64;
+            conn.query_row(
+                "SELECT digest, run_id FROM request_keys WHERE owner = ?1 AND key = ?2 AND created_ms >= ?3",
+                params![owner, key, oldest],
+                |row| {
+                    Ok(KeyedRequest {
+                        digest: row.get::<_, i64>(0)? as u64,
+                        run_id: row.get(1)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(&fail)
+        })
         .await
     }
 }

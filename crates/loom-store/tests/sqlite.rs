@@ -517,3 +517,27 @@ mod while_a_tool_runs {
         assert_eq!(snapshot.journal[0].result.as_ref().unwrap().content, "deployed");
     }
 }
+
+#[tokio::test]
+async fn request_keys_survive_reopening_and_keep_their_first_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loom.db");
+    let first = loom_core::KeyedRequest {
+        digest: u64::MAX - 7, // the high bit set: stored signed, read back the same
+        run_id: "run-1".into(),
+    };
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.remembered_request("alice", "k").await.unwrap(), None);
+        store.remember_request("alice", "k", &first).await.unwrap();
+        let later = loom_core::KeyedRequest {
+            digest: 1,
+            run_id: "run-2".into(),
+        };
+        store.remember_request("alice", "k", &later).await.unwrap();
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.remembered_request("alice", "k").await.unwrap(), Some(first));
+    // Keys are per owner.
+    assert_eq!(store.remembered_request("bob", "k").await.unwrap(), None);
+}
