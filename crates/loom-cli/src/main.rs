@@ -42,6 +42,14 @@ use clap::Parser;
 use cli::{Cli, Command};
 use run::{exit, Failure};
 
+/// Threads for the gateway's blocking work (file tools, store calls,
+/// project instructions). Tokio's default, 512, is what thousands of runs
+/// calling tools at once grow the pool to: every new thread brings its own
+/// stack and, past a few, shares malloc arenas whose locks the threads then
+/// fight over. The store has one connection and file work is short, so a
+/// few dozen threads keep the disk busy; more only cost memory and CPU.
+const GATEWAY_BLOCKING_THREADS: usize = 32;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_));
@@ -51,7 +59,10 @@ fn main() -> ExitCode {
     }
     // The gateway uses every core; a single run needs one thread.
     let runtime = if serving {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .max_blocking_threads(GATEWAY_BLOCKING_THREADS)
+            .enable_all()
+            .build()
     } else {
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     };
