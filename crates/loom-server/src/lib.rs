@@ -12,6 +12,7 @@
 mod agents;
 pub mod auth;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod feed;
 mod http;
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 pub use agents::{AgentFactory, AgentSpec};
 pub use auth::Principal;
 pub use config::{ServerConfig, ServerSettings, TokenEntry};
+pub use control::RunControl;
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
 pub use queue::{LocalQueue, RunQueue};

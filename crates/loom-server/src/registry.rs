@@ -5,11 +5,13 @@
 //! which runs execute.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
-use loom_core::{Agent, Message, PermissionDecision, RunController, RunMetrics, RunRequest, RunStatus};
+use loom_core::{Agent, Message, PermissionDecision, RunMetrics, RunRequest, RunStatus};
 use tokio::sync::watch;
 
 use crate::auth::Principal;
+use crate::control::RunControl;
 use crate::protocol::{PendingAsk, RunView};
 use crate::queue::Ticket;
 
@@ -28,7 +30,7 @@ pub(crate) struct LiveRun {
     /// What starts it, while queued.
     pub(crate) start: Option<(Agent, RunRequest)>,
     /// Its controls, once started.
-    pub(crate) controller: Option<RunController>,
+    pub(crate) controller: Option<Arc<dyn RunControl>>,
     /// A cancel that came before the controls did.
     pub(crate) cancel_requested: bool,
     pub(crate) pending: Vec<PendingAsk>,

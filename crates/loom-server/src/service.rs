@@ -19,6 +19,7 @@ use tracing::Instrument;
 use crate::agents::{AgentFactory, Agents};
 use crate::auth::Principal;
 use crate::config::ServerConfig;
+use crate::control::RunControl;
 use crate::error::{ApiError, Code};
 use crate::feed::{EventFeed, LocalFeed};
 use crate::observed_store::ObservedStore;
@@ -609,7 +610,7 @@ impl Service {
     /// Follows a started run: its controls join the registry, and its
     /// events go to the feed until it ends.
     fn attach(&self, run_id: String, handle: RunHandle, span: tracing::Span) {
-        let controller = handle.controller();
+        let controller: Arc<dyn RunControl> = Arc::new(handle.controller());
         {
             let mut registry = self.registry();
             if let Some(run) = registry.runs.get_mut(&run_id) {
