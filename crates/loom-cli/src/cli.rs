@@ -126,7 +126,7 @@ pub(crate) enum RunsCommand {
         /// The run id.
         id: String,
         #[command(flatten)]
-        agent: AgentArgs,
+        agent: Box<AgentArgs>,
     },
     /// Cancel a run: a live one is stopped by its process, an interrupted or queued one is closed.
     Cancel {
@@ -211,6 +211,14 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
 
+    /// Tokens (prompt and completion, over all model calls) the run may spend; then it stops (BUDGET_EXHAUSTED).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+
+    /// US dollars the run may spend at the model's prices ([prices] in loom.toml); then it stops (BUDGET_EXHAUSTED).
+    #[arg(long, value_name = "USD", value_parser = positive_dollars)]
+    pub max_cost: Option<f64>,
+
     /// Allow a tool (or a rule such as 'write_file(path=docs/**)') without asking. Repeatable.
     #[arg(long, value_name = "TOOL")]
     pub allow: Vec<String>,
@@ -234,4 +242,12 @@ pub(crate) struct AgentArgs {
     /// Configuration file (default: ./loom.toml, then the user's config directory).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+}
+
+/// A budget in dollars: a finite number above zero.
+fn positive_dollars(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(dollars) if dollars.is_finite() && dollars > 0.0 => Ok(dollars),
+        _ => Err(format!("'{text}' is not an amount of dollars above zero (e.g. 0.50)")),
+    }
 }

@@ -16,6 +16,10 @@ pub(crate) struct FileConfig {
     /// `sqlite:PATH` (relative to this file) or `none`.
     pub store: Option<String>,
     pub max_steps: Option<u32>,
+    /// Tokens a run may spend (prompt and completion, over all model calls).
+    pub max_tokens: Option<u64>,
+    /// US dollars a run may spend, at the model's `[prices]`.
+    pub max_cost_usd: Option<f64>,
     pub run_timeout_secs: Option<u64>,
     pub step_timeout_secs: Option<u64>,
     /// How long a permission question waits for an answer (0: as long as the run).

@@ -248,6 +248,12 @@ pub(crate) async fn configure_agent(
     if let Some(steps) = args.max_steps.or(file.max_steps) {
         builder = builder.max_steps(steps);
     }
+    if let Some(tokens) = args.max_tokens.or(file.max_tokens) {
+        builder = builder.max_tokens(tokens);
+    }
+    if let Some(dollars) = args.max_cost.or(file.max_cost_usd) {
+        builder = builder.max_cost_usd(dollars);
+    }
     if let Some(secs) = args.timeout.or(file.run_timeout_secs) {
         builder = builder.run_timeout(seconds(secs));
     }

@@ -65,6 +65,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         record: None,
         max_steps: args.max_steps,
         timeout: args.timeout,
+        // Budgets of served runs come from loom.toml.
+        max_tokens: None,
+        max_cost: None,
         allow: args.allow,
         ask: args.ask,
         deny: args.deny,

@@ -335,3 +335,66 @@ fn wait_with_deadline(child: &mut std::process::Child, limit: Duration) -> Optio
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn a_run_stops_at_its_token_budget_from_the_flag_or_loom_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    // Tool turns of 200 tokens each (different directories: the monitor
+    // would stop a repeated call).
+    let turns: Vec<Value> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|sub| {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+            serde_json::json!({
+                "tool_calls": [{"name": "list_dir", "arguments": {"path": sub}}],
+                "usage": {"input_tokens": 150, "output_tokens": 50}
+            })
+        })
+        .collect();
+    let model = common::script_at(dir.path(), "budget.json", &Value::Array(turns));
+    let output = common::loom_in(dir.path())
+        .args(["run", "--model", &model, "--max-tokens", "500", "--json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events = common::json_lines(&output.stdout);
+    let notable: Vec<String> = events
+        .iter()
+        .filter(|e| ["warning", "error"].contains(&e["type"].as_str().unwrap_or_default()))
+        .map(|e| format!("{} {}", e["type"].as_str().unwrap(), e["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(notable, ["warning BUDGET_LOW", "error BUDGET_EXHAUSTED"]);
+    let end = events.last().unwrap();
+    assert_eq!(end["type"], "lifecycle.end");
+    assert_eq!(end["status"], "ERROR");
+    assert_eq!(end["metrics"]["inputTokens"], 450);
+
+    // From loom.toml; the flag wins over it.
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        format!("model = \"{model}\"\nmax_tokens = 300\n"),
+    )
+    .unwrap();
+    let (code, stderr) = exit_of(&["run", "x"], dir.path());
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("BUDGET_EXHAUSTED"), "{stderr}");
+    assert!(stderr.contains("400 of 300 tokens"), "{stderr}");
+    let (_, stderr) = exit_of(&["run", "--max-tokens", "100000", "x"], dir.path());
+    assert!(
+        stderr.contains("SCRIPT_EXHAUSTED"),
+        "ran until the script ended: {stderr}"
+    );
+
+    // Bad budgets are usage errors; a cost budget needs the model's prices.
+    let (code, stderr) = exit_of(&["run", "--max-cost", "0", "x"], dir.path());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("above zero"), "{stderr}");
+    let (code, stderr) = exit_of(&["run", "--max-cost", "0.5", "x"], dir.path());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("prices"), "{stderr}");
+}

@@ -324,6 +324,21 @@ impl AgentBuilder {
         self
     }
 
+    /// Tokens (prompt and completion, over all model calls) a run may
+    /// spend; a run that has used them stops `BUDGET_EXHAUSTED`, after a
+    /// `warning` (`BUDGET_LOW`) at 80 %. Default: no limit.
+    pub fn max_tokens(mut self, tokens: u64) -> Self {
+        self.limits.budget.max_tokens = Some(tokens);
+        self
+    }
+
+    /// US dollars a run may spend at the model's prices ([`AgentBuilder::pricing`]
+    /// must be set); like [`AgentBuilder::max_tokens`]. Default: no limit.
+    pub fn max_cost_usd(mut self, dollars: f64) -> Self {
+        self.limits.budget.max_cost_usd = Some(dollars);
+        self
+    }
+
     /// How long a cancelled tool may take to return before it is dropped (default 250 ms).
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
         self.limits.cancel_grace = grace;
@@ -362,6 +377,19 @@ impl AgentBuilder {
             .map_err(|err| BuildError::InvalidLimit(format!("monitor: {err}")))?;
         if self.limits.max_steps == 0 {
             return Err(BuildError::InvalidLimit("max_steps must be at least 1".into()));
+        }
+        if self.limits.budget.max_tokens == Some(0) {
+            return Err(BuildError::InvalidLimit("max_tokens must be at least 1".into()));
+        }
+        if let Some(dollars) = self.limits.budget.max_cost_usd {
+            if !(dollars.is_finite() && dollars > 0.0) {
+                return Err(BuildError::InvalidLimit("max_cost_usd must be more than zero".into()));
+            }
+            if self.pricing.is_none() {
+                return Err(BuildError::InvalidLimit(format!(
+                    "max_cost_usd needs the prices of {llm_name} (set them with .pricing(...), or [prices] in loom.toml)"
+                )));
+            }
         }
         for (name, limit) in [
             ("run timeout", self.limits.run_timeout),
@@ -687,6 +715,7 @@ impl Agent {
             },
             gate,
             caches: Caches::default(),
+            budget_warned: Vec::new(),
         };
         (
             driver,

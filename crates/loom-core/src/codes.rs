@@ -46,6 +46,8 @@ wire_enum! {
         ScriptExhausted = "SCRIPT_EXHAUSTED",
         /// The request could not be built.
         LlmInvalidRequest = "LLM_INVALID_REQUEST",
+        /// The run used up its token or cost budget.
+        BudgetExhausted = "BUDGET_EXHAUSTED",
     }
 }
 
@@ -60,6 +62,8 @@ wire_enum! {
         MonitorStop = "MONITOR_STOP",
         /// The run stopped and can be resumed.
         Interrupted = "INTERRUPTED",
+        /// A token or cost budget is 80 % used.
+        BudgetLow = "BUDGET_LOW",
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::Budget;
+
 /// Limits of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
@@ -18,6 +20,8 @@ pub struct Limits {
     pub step_timeout: Option<Duration>,
     /// How long a cancelled tool may take to notice its token before its future is dropped.
     pub cancel_grace: Duration,
+    /// The tokens and money the run may spend.
+    pub budget: Budget,
 }
 
 impl Default for Limits {
@@ -27,6 +31,7 @@ impl Default for Limits {
             run_timeout: Some(Duration::from_secs(300)),
             step_timeout: Some(Duration::from_secs(120)),
             cancel_grace: Duration::from_millis(250),
+            budget: Budget::default(),
         }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod agent;
 pub mod assembly;
+pub mod budget;
 pub mod codes;
 pub mod context;
 pub mod control;
@@ -47,6 +48,7 @@ mod wire;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumeError, RunRequest, DEFAULT_SYSTEM_PROMPT};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
+pub use budget::{Budget, BudgetKind, Spending};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
 pub use control::{Control, PermissionDecision};
 pub use event::{CallSummary, Event, EventKind, Phase};

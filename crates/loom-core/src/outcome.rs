@@ -1,5 +1,6 @@
 //! How a run ends: its outcome, and why it stopped.
 
+use crate::budget::BudgetKind;
 pub use crate::codes::{ErrorCode, WarningCode};
 use crate::feedback::Stop;
 use crate::message::Message;
@@ -29,6 +30,8 @@ pub enum StopReason {
     /// The recursion monitor ended the tool phase (repetition, a loop, too
     /// many errors) and the final call gave no answer either.
     Monitor(Stop),
+    /// A budget was used up (`BUDGET_EXHAUSTED`).
+    BudgetExhausted(BudgetKind),
     /// The process is going away (SIGTERM, SIGHUP, its output closed): the
     /// run stopped and stays resumable (`INTERRUPTED`).
     Interrupted(String),
@@ -56,7 +59,9 @@ impl StopReason {
             Self::Cancelled(_) => RunStatus::Canceled,
             Self::Timeout(_) => RunStatus::Timeout,
             Self::Interrupted(_) => RunStatus::Interrupted,
-            Self::MaxStepsWithoutAnswer | Self::Monitor(_) | Self::Error { .. } => RunStatus::Error,
+            Self::MaxStepsWithoutAnswer | Self::Monitor(_) | Self::BudgetExhausted(_) | Self::Error { .. } => {
+                RunStatus::Error
+            }
         }
     }
 }

@@ -668,3 +668,120 @@ async fn a_continued_answer_is_stored_once_or_not_at_all() {
     let roles: Vec<&str> = outcome.messages.iter().map(|m| m.role()).collect();
     assert_eq!(roles, ["system", "user"]);
 }
+
+// ---- budgets ----
+
+fn costing(mut turn: loom::models::ScriptTurn, input: u64, output: u64) -> loom::models::ScriptTurn {
+    turn.usage = Some(loom::models::ScriptUsage {
+        input_tokens: input,
+        output_tokens: output,
+    });
+    turn
+}
+
+fn warnings_and_errors(events: &[loom::Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Warning { code, .. } => Some(format!("warning {code}")),
+            EventKind::Error { code, .. } => Some(format!("error {code}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_stops_when_its_token_budget_is_used_up_after_a_warning_at_80_percent() {
+    // 300 tokens a turn against a budget of 1 000: warned before the
+    // fourth call (900 used), stopped before the fifth (1 200 used).
+    let turns = (0..6)
+        .map(|i| costing(call("echo", json!({"text": format!("t{i}")})), 250, 50))
+        .collect();
+    let model = scripted(turns);
+    let (events, outcome) = agent(&model, 10)
+        .tool(Echo::default())
+        .max_tokens(1000)
+        .build()
+        .unwrap()
+        .run("go")
+        .collect()
+        .await;
+    assert_contract(&events);
+    assert_eq!(outcome.status, RunStatus::Error);
+    assert_eq!(
+        outcome.stop_reason,
+        Some(StopReason::BudgetExhausted(loom::BudgetKind::Tokens))
+    );
+    assert_eq!(model.played(), 4, "no model call once the budget is used up");
+    assert_eq!(outcome.metrics.input_tokens + outcome.metrics.output_tokens, 1200);
+    assert_eq!(
+        warnings_and_errors(&events),
+        ["warning BUDGET_LOW", "error BUDGET_EXHAUSTED"]
+    );
+    let message = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            EventKind::Error { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(message.contains("1200 of 1000 tokens"), "{message}");
+    // Every call that ran has its result: the history stays valid.
+    validate_history(&outcome.messages, false).unwrap();
+}
+
+#[tokio::test]
+async fn a_cost_budget_counts_at_the_model_prices_and_needs_them() {
+    // $1 per million tokens both ways: 1 000 tokens a turn = $0.001.
+    let turns = (0..4)
+        .map(|i| costing(call("echo", json!({"text": format!("t{i}")})), 500, 500))
+        .collect();
+    let model = scripted(turns);
+    let (events, outcome) = agent(&model, 10)
+        .tool(Echo::default())
+        .pricing(loom::Pricing {
+            input_per_mtok: 1.0,
+            output_per_mtok: 1.0,
+        })
+        .max_cost_usd(0.0024)
+        .build()
+        .unwrap()
+        .run("go")
+        .collect()
+        .await;
+    assert_eq!(
+        outcome.stop_reason,
+        Some(StopReason::BudgetExhausted(loom::BudgetKind::Cost))
+    );
+    assert_eq!(model.played(), 3);
+    assert_eq!(
+        warnings_and_errors(&events),
+        ["warning BUDGET_LOW", "error BUDGET_EXHAUSTED"]
+    );
+
+    // Without prices a cost budget cannot be kept: refused when built.
+    let refused = agent(&scripted(vec![]), 10).max_cost_usd(1.0).build();
+    assert!(matches!(refused, Err(loom::BuildError::InvalidLimit(why)) if why.contains("prices")));
+    assert!(agent(&scripted(vec![]), 10).max_tokens(0).build().is_err());
+}
+
+#[tokio::test]
+async fn an_answer_within_the_budget_finishes_even_past_80_percent() {
+    let model = scripted(vec![
+        costing(call("echo", json!({"text": "x"})), 400, 50),
+        costing(answer("done"), 400, 50),
+    ]);
+    let (events, outcome) = agent(&model, 10)
+        .tool(Echo::default())
+        .max_tokens(1000)
+        .build()
+        .unwrap()
+        .run("go")
+        .collect()
+        .await;
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert!(
+        warnings_and_errors(&events).is_empty(),
+        "450 of 1 000 before the last call"
+    );
+}

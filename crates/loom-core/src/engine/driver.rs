@@ -2,13 +2,14 @@
 //! reports back, until the run is over; then the final events and the
 //! store's record of the end. New and resumed runs take the same loop.
 
+use crate::budget::WARN_AT;
 use crate::context::{Deadline, RunContext, StopCause};
 use crate::event::{EventKind, Phase, TurnIds};
 use crate::machine::{Ending, Next, RunState, TurnEnd, TurnMachine, TurnPhase};
 use crate::memory::{Memory, Unsaved};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
-use crate::outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind};
+use crate::outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
 use crate::status::RunStatus;
 use crate::store::{Checkpoint, RunRecord, RunSnapshot};
 use crate::turn_state::TurnState;
@@ -128,7 +129,7 @@ impl Driver {
                     };
                     machine.saved(written);
                 }
-                Next::BeginTurn => match self.may_begin().await {
+                Next::BeginTurn => match self.within_budget(machine).and(self.may_begin().await) {
                     Ok(run) => {
                         machine.begin_turn();
                         // The step deadline covers the turn's model calls and
@@ -172,6 +173,32 @@ impl Driver {
             return Err(self.stop_reason().unwrap_or_else(cancelled));
         }
         Ok(run_deadline)
+    }
+
+    /// Whether the run may spend more: warns once a budget is 80 % used
+    /// (each budget once), and stops the run once one is used up.
+    fn within_budget(&mut self, machine: &TurnMachine) -> Result<(), StopReason> {
+        let budget = self.ctx.limits().budget;
+        if !budget.is_limited() {
+            return Ok(());
+        }
+        let turn = machine.ids().clone();
+        for spent in budget.spending(machine.state().metrics()) {
+            if spent.share() >= WARN_AT && !self.budget_warned.contains(&spent.kind) {
+                self.budget_warned.push(spent.kind);
+                self.events.emit(
+                    &turn,
+                    EventKind::Warning {
+                        code: WarningCode::BudgetLow,
+                        message: format!("{} used; the run stops once its budget is used up", spent.describe()),
+                    },
+                );
+            }
+        }
+        match budget.exhausted(machine.state().metrics()) {
+            Some(spent) => Err(StopReason::BudgetExhausted(spent.kind)),
+            None => Ok(()),
+        }
     }
 
     /// What the machine needs to end a turn: a stop (after tools only: an
@@ -307,7 +334,7 @@ impl Driver {
                 (RunStatus::Done, Some(content), None)
             }
             Ending::Stopped(reason) => {
-                self.report_stop(&turn, &reason, steps);
+                self.report_stop(&turn, &reason, steps, &metrics);
                 (reason.status(), None, Some(reason))
             }
         };
@@ -370,7 +397,7 @@ impl Driver {
     }
 
     /// Emits the events that explain a stop.
-    fn report_stop(&self, turn: &TurnIds, reason: &StopReason, steps: u32) {
+    fn report_stop(&self, turn: &TurnIds, reason: &StopReason, steps: u32, metrics: &RunMetrics) {
         let (code, message) = match reason {
             StopReason::Cancelled(why) => {
                 self.events
@@ -389,6 +416,20 @@ impl Driver {
                 ErrorCode::MaxStepsNoAnswer,
                 "the step limit was reached and the model gave no final answer".to_string(),
             ),
+            StopReason::BudgetExhausted(kind) => {
+                let budget = self.ctx.limits().budget;
+                let spent = budget
+                    .spending(metrics)
+                    .into_iter()
+                    .find(|spent| spent.kind == *kind);
+                (
+                    ErrorCode::BudgetExhausted,
+                    match spent {
+                        Some(spent) => format!("{} used: the run's budget is used up", spent.describe()),
+                        None => "the run used up its budget and was stopped".to_string(),
+                    },
+                )
+            }
             StopReason::Monitor(verdict) => (
                 ErrorCode::MonitorStopped,
                 format!(

@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::budget::BudgetKind;
 use crate::context::RunContext;
 use crate::event::EventEmitter;
 use crate::llm::Llm;
@@ -72,6 +73,8 @@ pub(crate) struct Driver {
     pub controls: Controls,
     pub gate: PermissionGate,
     pub caches: Caches,
+    /// The budgets this run was warned about (each once).
+    pub budget_warned: Vec<BudgetKind>,
 }
 
 /// What the driver works out once and reuses.
