@@ -8,10 +8,12 @@ use loom::{Decision, PermissionDecision, PermissionPolicy};
 
 use crate::cli::AgentArgs;
 
-/// Tools that only read: allowed unless a rule says otherwise.
-const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
+/// Tools allowed unless a rule says otherwise: those that only read, and
+/// `task`, which only delegates (every call its sub-agent makes is checked
+/// by the same rules).
+const ALLOWED_BY_DEFAULT: &[&str] = &["read_file", "list_dir", "glob", "grep", "task"];
 
-/// The policy: read-only tools allowed, everything else asks (in
+/// The policy: read-only tools and `task` allowed, everything else asks (in
 /// `loom serve`: is denied); then the `[permissions]` of loom.toml; then
 /// `--allow/--ask/--deny`, which come first.
 pub(crate) fn policy(
@@ -20,7 +22,7 @@ pub(crate) fn policy(
     server: bool,
 ) -> Result<PermissionPolicy> {
     let mut policy = PermissionPolicy::new(if server { Decision::Deny } else { Decision::Ask });
-    for tool in READ_ONLY_TOOLS {
+    for tool in ALLOWED_BY_DEFAULT {
         policy.add_rule(tool, Decision::Allow)?;
     }
     for (pattern, decision) in file.into_iter().flatten() {

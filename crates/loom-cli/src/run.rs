@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -210,6 +211,7 @@ pub(crate) async fn configure_agent(
     }
 
     let mut tools = file_tools();
+    tools.push(Arc::new(loom::tools::Task));
     if let Some(wanted) = server.as_ref().and_then(|s| s.tools.as_ref()) {
         if let Some(unknown) = wanted
             .iter()

@@ -8,8 +8,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::BudgetNode;
 use crate::context::{Limits, RunContext};
-use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, Start};
+use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, Start, SubAgentSettings};
 use crate::event::EventEmitter;
 use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
@@ -64,6 +65,7 @@ pub struct AgentBuilder {
     pipeline: PipelineConfig,
     redactor: Option<Redactor>,
     pricing: Option<Pricing>,
+    sub_agents: SubAgentSettings,
     system_prompt: Option<String>,
     limits: Limits,
     workspace: Option<PathBuf>,
@@ -94,6 +96,7 @@ impl Default for AgentBuilder {
             pipeline: PipelineConfig::default(),
             redactor: None,
             pricing: None,
+            sub_agents: SubAgentSettings::default(),
             system_prompt: None,
             limits: Limits::default(),
             workspace: None,
@@ -324,6 +327,13 @@ impl AgentBuilder {
         self
     }
 
+    /// How runs start sub-agents through a `task` tool: the nesting limit,
+    /// how many run at once, their default step limit.
+    pub fn sub_agents(mut self, settings: SubAgentSettings) -> Self {
+        self.sub_agents = settings;
+        self
+    }
+
     /// Tokens (prompt and completion, over all model calls) a run may
     /// spend; a run that has used them stops `BUDGET_EXHAUSTED`, after a
     /// `warning` (`BUDGET_LOW`) at 80 %. Default: no limit.
@@ -423,16 +433,17 @@ impl AgentBuilder {
         }
         let mut hooks = self.hooks;
         hooks.push(Arc::new(PermissionHook::new(self.policy)));
-        let pipeline = ToolPipeline::new(
+        let pipeline = Arc::new(ToolPipeline::new(
             Arc::new(registry),
             hooks,
             self.pipeline,
             self.redactor.unwrap_or_else(Redactor::from_env),
-        );
+        ));
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
                 pipeline,
+                sub_agents: self.sub_agents,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
                 store: self.store,
@@ -674,6 +685,7 @@ impl Agent {
         limits: Limits,
     ) -> (Driver, PreparedHandle) {
         let cancel = CancellationToken::new();
+        let budget = BudgetNode::root(limits.budget);
         let ctx = RunContext::new(run_id, session_id, self.workspace.to_path_buf(), limits, cancel);
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let (steer_tx, steer_rx) = mpsc::unbounded_channel();
@@ -716,6 +728,11 @@ impl Agent {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
+            tools: self.engine.pipeline.clone(),
+            child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
+            budget,
+            parent: None,
+            children: tokio_util::task::TaskTracker::new(),
         };
         (
             driver,

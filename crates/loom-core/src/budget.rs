@@ -131,3 +131,147 @@ mod tests {
         assert_eq!(budget.exhausted(&used(u64::MAX, Some(1e9))), None);
     }
 }
+
+/// Tokens and money spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Spent {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_usd: f64,
+}
+
+impl Spent {
+    fn add(&mut self, other: Spent) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_usd += other.cost_usd;
+    }
+
+    fn as_metrics(self) -> RunMetrics {
+        RunMetrics {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cost_usd: (self.cost_usd > 0.0).then_some(self.cost_usd),
+            ..RunMetrics::default()
+        }
+    }
+}
+
+/// One run's place in its run tree's budgets: its own limits, what it and
+/// its descendants spent (charged as each model call returns, so a child
+/// that is aborted has already counted), and its parent's node. A run may
+/// spend while neither its budget nor any ancestor's is used up.
+#[derive(Debug)]
+pub(crate) struct BudgetNode {
+    budget: Budget,
+    parent: Option<std::sync::Arc<BudgetNode>>,
+    spent: std::sync::Mutex<Ledger>,
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    /// This run and its descendants.
+    total: Spent,
+    /// Its descendants only.
+    descendants: Spent,
+    /// The part of `descendants` already added to the run's metrics.
+    folded: Spent,
+}
+
+impl BudgetNode {
+    /// The node of a top-level run.
+    pub(crate) fn root(budget: Budget) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            budget,
+            parent: None,
+            spent: std::sync::Mutex::default(),
+        })
+    }
+
+    /// The node of a child run with its own `budget` (the parent's remain
+    /// in force above it).
+    pub(crate) fn child(self: &std::sync::Arc<Self>, budget: Budget) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            budget,
+            parent: Some(self.clone()),
+            spent: std::sync::Mutex::default(),
+        })
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.spent.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A resumed run's spending so far: its stored metrics (which hold what
+    /// its sub-agents spent, too).
+    pub(crate) fn seed(&self, metrics: &RunMetrics) {
+        self.ledger().total = Spent {
+            input_tokens: metrics.input_tokens,
+            output_tokens: metrics.output_tokens,
+            cost_usd: metrics.cost_usd.unwrap_or(0.0),
+        };
+    }
+
+    /// One model call of this run: counted here and in every ancestor.
+    pub(crate) fn charge(&self, input_tokens: u64, output_tokens: u64, cost_usd: f64) {
+        let spent = Spent {
+            input_tokens,
+            output_tokens,
+            cost_usd,
+        };
+        self.ledger().total.add(spent);
+        let mut ancestor = self.parent.as_deref();
+        while let Some(node) = ancestor {
+            let mut ledger = node.ledger();
+            ledger.total.add(spent);
+            ledger.descendants.add(spent);
+            drop(ledger);
+            ancestor = node.parent.as_deref();
+        }
+    }
+
+    /// What the run's descendants spent since the last call: to be added
+    /// to the run's own metrics, so they show the whole subtree.
+    pub(crate) fn take_descendants(&self) -> RunMetrics {
+        let mut ledger = self.ledger();
+        let delta = Spent {
+            input_tokens: ledger.descendants.input_tokens - ledger.folded.input_tokens,
+            output_tokens: ledger.descendants.output_tokens - ledger.folded.output_tokens,
+            cost_usd: ledger.descendants.cost_usd - ledger.folded.cost_usd,
+        };
+        ledger.folded = ledger.descendants;
+        delta.as_metrics()
+    }
+
+    /// How much of each budget is used, for this run and each ancestor
+    /// (this run's first).
+    pub(crate) fn spending(&self) -> Vec<Spending> {
+        let mut spending = Vec::new();
+        let mut node = Some(self);
+        while let Some(current) = node {
+            let total = current.ledger().total.as_metrics();
+            spending.extend(current.budget.spending(&total));
+            node = current.parent.as_deref();
+        }
+        spending
+    }
+
+    /// What a new child may spend at most: what is left of this run's
+    /// budgets and its ancestors', the tightest of each kind.
+    pub(crate) fn remaining(&self) -> Budget {
+        let mut left = Budget::default();
+        for spent in self.spending() {
+            let rest = (spent.limit - spent.spent).max(0.0);
+            match spent.kind {
+                BudgetKind::Tokens => {
+                    let rest = rest as u64;
+                    left.max_tokens = Some(left.max_tokens.map_or(rest, |known| known.min(rest)));
+                }
+                BudgetKind::Cost => {
+                    left.max_cost_usd = Some(left.max_cost_usd.map_or(rest, |known| known.min(rest)));
+                }
+            }
+        }
+        left
+    }
+}

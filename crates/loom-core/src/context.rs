@@ -187,6 +187,14 @@ impl RunContext {
         }
     }
 
+    /// The same context at `depth` (a sub-agent's), before it is shared.
+    pub(crate) fn at_depth(mut self, depth: u32) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.depth = depth;
+        }
+        self
+    }
+
     /// The run's id.
     pub fn run_id(&self) -> &str {
         &self.inner.run_id

@@ -29,6 +29,10 @@ pub struct Event {
     pub parent_turn_id: Option<Arc<str>>,
     /// 0 for the top-level run, 1 for its sub-agents, and so on.
     pub depth: u32,
+    /// The run that started this one (a sub-agent's parent); absent for a
+    /// top-level run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<Arc<str>>,
     /// Strictly increasing within a run, starting at 1.
     pub seq: u64,
     /// RFC 3339 time with milliseconds, UTC.
@@ -369,6 +373,7 @@ impl TurnIds {
 pub struct EventEmitter {
     run_id: Arc<str>,
     depth: u32,
+    parent_run_id: Option<Arc<str>>,
     // The lock makes "take the next seq" and "send" one step, so events
     // emitted from parallel tools still reach the stream in `seq` order.
     seq: Mutex<u64>,
@@ -386,6 +391,7 @@ impl EventEmitter {
         Self {
             run_id,
             depth,
+            parent_run_id: None,
             seq: Mutex::new(0),
             tx,
             log: None,
@@ -396,6 +402,12 @@ impl EventEmitter {
     /// stored event log).
     pub fn continuing_after(self, last_seq: u64) -> Self {
         *self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = last_seq;
+        self
+    }
+
+    /// Stamps every event with the run that started this one (a sub-agent's).
+    pub fn with_parent_run(mut self, parent_run_id: Arc<str>) -> Self {
+        self.parent_run_id = Some(parent_run_id);
         self
     }
 
@@ -430,6 +442,16 @@ impl EventEmitter {
         self.stamp_locked(&mut seq, turn, kind)
     }
 
+    /// The run's stream, for a sub-agent's events to join it.
+    pub(crate) fn sender(&self) -> mpsc::UnboundedSender<Box<Event>> {
+        self.tx.clone()
+    }
+
+    /// The run's depth.
+    pub(crate) fn depth(&self) -> u32 {
+        self.depth
+    }
+
     /// Sends an event made by [`EventEmitter::stamp`].
     pub fn send(&self, event: Event) {
         let _ = self.tx.send(Box::new(event));
@@ -442,6 +464,7 @@ impl EventEmitter {
             turn_id: turn.turn_id.clone(),
             parent_turn_id: turn.parent_turn_id.clone(),
             depth: self.depth,
+            parent_run_id: self.parent_run_id.clone(),
             seq: *seq,
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             kind,

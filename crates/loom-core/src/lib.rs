@@ -19,6 +19,7 @@ pub mod budget;
 pub mod codes;
 pub mod context;
 pub mod control;
+pub mod delegate;
 mod engine;
 pub mod event;
 pub mod feedback;
@@ -51,6 +52,8 @@ pub use assembly::{ContextAssembler, ContextComponent, Priority};
 pub use budget::{Budget, BudgetKind, Spending};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
 pub use control::{Control, PermissionDecision};
+pub use delegate::{ChildEnd, ChildReport, ChildRequest, DelegateError, SubAgents};
+pub use engine::SubAgentSettings;
 pub use event::{CallSummary, Event, EventKind, Phase};
 pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
 pub use handle::{ControlError, RunController, RunHandle};
@@ -66,7 +69,9 @@ pub use permission::{Decision, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
-pub use store::{Checkpoint, JournalEntry, KeyedRequest, RunQuery, RunRecord, RunSnapshot, Store, StoreError};
+pub use store::{
+    Checkpoint, JournalEntry, KeyedRequest, ParentLink, RunQuery, RunRecord, RunSnapshot, Store, StoreError,
+};
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};

@@ -54,6 +54,20 @@ pub struct RunRecord {
     /// it (none for runs started from the command line or the library).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub principal: Option<String>,
+    /// The run that started this one as a sub-agent (its `task` call), and
+    /// the turn that called it; absent for a top-level run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+}
+
+/// Where a sub-agent's run hangs in its run tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentLink {
+    /// The parent run.
+    pub run_id: String,
+    /// The parent's turn whose `task` call started this run.
+    pub turn_id: String,
 }
 
 /// What a request carrying an idempotency key led to

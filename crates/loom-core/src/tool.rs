@@ -30,6 +30,9 @@ pub struct ToolContext {
     /// wherever it lives — as canonical paths: tools must neither read nor
     /// change anything at or under them.
     pub protected: Arc<[std::path::PathBuf]>,
+    /// Starts sub-agents of the calling run (the `task` tool); `None`
+    /// outside a run, or where the nesting limit allows no more.
+    pub sub_agents: Option<Arc<dyn crate::delegate::SubAgents>>,
 }
 
 impl ToolContext {
@@ -41,6 +44,7 @@ impl ToolContext {
             workspace,
             cancel,
             protected: Arc::from(Vec::new()),
+            sub_agents: None,
         }
     }
 
@@ -247,7 +251,7 @@ impl std::fmt::Debug for RegisteredTool {
 /// The tools of an agent, by name, in registration order.
 #[derive(Debug, Default)]
 pub struct ToolRegistry {
-    tools: Vec<RegisteredTool>,
+    tools: Vec<Arc<RegisteredTool>>,
     by_name: HashMap<String, usize>,
     specs: Vec<ToolSpec>,
 }
@@ -282,13 +286,24 @@ impl ToolRegistry {
         };
         self.by_name.insert(name, self.tools.len());
         self.specs.push(spec.clone());
-        self.tools.push(RegisteredTool { tool, spec, validator });
+        self.tools.push(Arc::new(RegisteredTool { tool, spec, validator }));
         Ok(())
+    }
+
+    /// The tools `keep` accepts, in the same order (nothing is compiled again).
+    pub fn subset(&self, mut keep: impl FnMut(&RegisteredTool) -> bool) -> ToolRegistry {
+        let mut subset = ToolRegistry::new();
+        for registered in self.tools.iter().filter(|registered| keep(registered)) {
+            subset.by_name.insert(registered.spec.name.clone(), subset.tools.len());
+            subset.specs.push(registered.spec.clone());
+            subset.tools.push(registered.clone());
+        }
+        subset
     }
 
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&RegisteredTool> {
-        self.by_name.get(name).map(|&index| &self.tools[index])
+        self.by_name.get(name).map(|&index| &*self.tools[index])
     }
 
     /// Every tool as offered to the model.

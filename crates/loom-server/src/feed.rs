@@ -200,6 +200,7 @@ mod tests {
             turn_id: "t".into(),
             parent_turn_id: None,
             depth: 0,
+            parent_run_id: None,
             seq,
             ts: String::new(),
             kind: EventKind::IterationStart { iteration: seq as u32 },

@@ -856,6 +856,7 @@ impl Service {
                 metrics: RunMetrics::default(),
                 workspace: None,
                 principal: Some(run.principal.name().to_string()),
+                parent: None,
             };
             store.create_run(&record).await.map_err(store_error)?;
             store

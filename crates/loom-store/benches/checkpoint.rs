@@ -48,6 +48,7 @@ fn turn_events(turn: usize) -> Vec<Event> {
             turn_id: format!("turn-{turn}").into(),
             parent_turn_id: None,
             depth: 0,
+            parent_run_id: None,
             seq: (turn * 15 + i + 1) as u64,
             ts: "2026-11-22T05:00:00.000Z".into(),
             kind: EventKind::PhaseStart { phase: Phase::Llm },
@@ -125,6 +126,7 @@ fn main() {
                 metrics: RunMetrics::default(),
                 workspace: None,
                 principal: None,
+                parent: None,
             })
             .await
             .expect("run");

@@ -66,4 +66,8 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (owner, key)
     ) WITHOUT ROWID;
     CREATE INDEX request_keys_by_age ON request_keys(created_ms);",
+    // 5: sub-agents: the run that started a run, and the calling turn.
+    "ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
+     ALTER TABLE runs ADD COLUMN parent_turn_id TEXT;
+     CREATE INDEX runs_by_parent ON runs(parent_run_id);",
 ];

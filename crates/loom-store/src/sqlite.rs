@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, KeyedRequest, Message, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState,
-    RunStatus, Store, StoreError, ToolCall, ToolResult,
+    Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, RunMetrics, RunQuery, RunRecord, RunSnapshot,
+    RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -15,7 +15,7 @@ use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 
 /// The columns [`row_to_record`] reads, in its order.
 const RUN_COLUMNS: &str =
-    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal";
+    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal, parent_run_id, parent_turn_id";
 
 /// How long idempotency keys are kept (Stripe's choice, and long enough
 /// for any client's retries).
@@ -216,6 +216,8 @@ struct RawRun {
     metrics: String,
     workspace: Option<String>,
     principal: Option<String>,
+    parent_run_id: Option<String>,
+    parent_turn_id: Option<String>,
 }
 
 /// Reads a row selected with [`RUN_COLUMNS`].
@@ -233,6 +235,8 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> Result<RawRun, rusqlite::Error> {
         metrics: row.get(9)?,
         workspace: row.get(10)?,
         principal: row.get(11)?,
+        parent_run_id: row.get(12)?,
+        parent_turn_id: row.get(13)?,
     })
 }
 
@@ -250,6 +254,10 @@ fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
         metrics: parse::<RunMetrics>(&raw.metrics)?,
         workspace: raw.workspace,
         principal: raw.principal,
+        parent: match (raw.parent_run_id, raw.parent_turn_id) {
+            (Some(run_id), Some(turn_id)) => Some(ParentLink { run_id, turn_id }),
+            _ => None,
+        },
     })
 }
 
@@ -269,8 +277,9 @@ impl Store for SqliteStore {
             )
             .map_err(&fail)?;
             tx.execute(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal,
+                                   parent_run_id, parent_turn_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     run.run_id,
                     run.session_id,
@@ -281,7 +290,9 @@ impl Store for SqliteStore {
                     run.started_ms as i64,
                     metrics,
                     run.workspace,
-                    run.principal
+                    run.principal,
+                    run.parent.as_ref().map(|parent| parent.run_id.as_str()),
+                    run.parent.as_ref().map(|parent| parent.turn_id.as_str())
                 ],
             )
             .map_err(&fail)?;

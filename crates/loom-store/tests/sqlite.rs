@@ -26,6 +26,7 @@ fn record(run_id: &str) -> RunRecord {
         metrics: RunMetrics::default(),
         workspace: None,
         principal: None,
+        parent: None,
     }
 }
 
@@ -35,6 +36,7 @@ fn event(seq: u64) -> Event {
         turn_id: "t".into(),
         parent_turn_id: None,
         depth: 0,
+        parent_run_id: None,
         seq,
         ts: "2026-11-22T00:00:00.000Z".into(),
         kind: EventKind::IterationStart { iteration: seq as u32 },

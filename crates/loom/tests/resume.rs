@@ -127,6 +127,7 @@ fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
         metrics: Default::default(),
         workspace: None,
         principal: None,
+        parent: None,
     }
 }
 

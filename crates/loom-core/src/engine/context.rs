@@ -120,6 +120,7 @@ impl Driver {
         }
         if let Some(usage) = &done.usage {
             metrics.add_usage(usage);
+            self.budget.charge(usage.input_tokens, usage.output_tokens, 0.0);
         }
         if let Some(code) = &done.failure {
             metrics.record_error(code);
@@ -199,7 +200,8 @@ impl Driver {
             }
         }
 
-        let specs = engine.pipeline.registry().specs();
+        let tools = self.tools.clone();
+        let specs = tools.registry().specs();
         if !specs.is_empty() {
             let mut list = String::from("# Tools\n");
             for spec in specs {

@@ -31,6 +31,9 @@ pub(crate) enum Start {
     Resumed(Box<RunSnapshot>),
 }
 
+/// How long a run that ends waits for its sub-agents to stop.
+const CHILDREN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The deadlines of the current turn.
 #[derive(Default)]
 struct Deadlines {
@@ -58,7 +61,12 @@ impl Driver {
 
     /// A new run: its record, its history, its first turn.
     async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>, principal: Option<String>) -> TurnMachine {
-        let state = RunState::new(TurnState::initial(self.ctx.limits().max_steps), prompt.clone());
+        let max_steps = self.ctx.limits().max_steps;
+        let first = match &self.parent {
+            Some(parent) => TurnState::initial_child(max_steps, parent.turn_id.clone()),
+            None => TurnState::initial(max_steps),
+        };
+        let state = RunState::new(first, prompt.clone());
         self.emit_start(&state, &prompt, false);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {
@@ -83,6 +91,7 @@ impl Driver {
         } = snapshot;
         let mut state = state.unwrap_or_else(|| RunState::new(TurnState::initial(self.ctx.limits().max_steps), ""));
         state.task.clone_from(&run.prompt);
+        self.budget.seed(&run.metrics);
         let state = state.with_metrics(run.metrics);
         self.emit_start(&state, &run.prompt, true);
         self.caches.journal = journal;
@@ -177,13 +186,14 @@ impl Driver {
 
     /// Whether the run may spend more: warns once a budget is 80 % used
     /// (each budget once), and stops the run once one is used up.
-    fn within_budget(&mut self, machine: &TurnMachine) -> Result<(), StopReason> {
-        let budget = self.ctx.limits().budget;
-        if !budget.is_limited() {
+    fn within_budget(&mut self, machine: &mut TurnMachine) -> Result<(), StopReason> {
+        self.fold_children_usage(machine);
+        let spending = self.budget.spending();
+        if spending.is_empty() {
             return Ok(());
         }
         let turn = machine.ids().clone();
-        for spent in budget.spending(machine.state().metrics()) {
+        for spent in &spending {
             if spent.share() >= WARN_AT && !self.budget_warned.contains(&spent.kind) {
                 self.budget_warned.push(spent.kind);
                 self.events.emit(
@@ -195,9 +205,24 @@ impl Driver {
                 );
             }
         }
-        match budget.exhausted(machine.state().metrics()) {
+        match spending.iter().find(|spent| spent.share() >= 1.0) {
             Some(spent) => Err(StopReason::BudgetExhausted(spent.kind)),
             None => Ok(()),
+        }
+    }
+
+    /// Adds what the run's sub-agents spent since the last time to its
+    /// metrics: a run's metrics show its whole subtree.
+    pub(super) fn fold_children_usage(&self, machine: &mut TurnMachine) {
+        let spent = self.budget.take_descendants();
+        if spent.input_tokens == 0 && spent.output_tokens == 0 && spent.cost_usd.is_none() {
+            return;
+        }
+        let metrics = machine.metrics_mut();
+        metrics.input_tokens = metrics.input_tokens.saturating_add(spent.input_tokens);
+        metrics.output_tokens = metrics.output_tokens.saturating_add(spent.output_tokens);
+        if let Some(cost) = spent.cost_usd {
+            *metrics.cost_usd.get_or_insert(0.0) += cost;
         }
     }
 
@@ -268,6 +293,7 @@ impl Driver {
             metrics: RunMetrics::default(),
             workspace: Some(self.workspace.display().to_string()),
             principal,
+            parent: self.parent.clone(),
         };
         self.store
             .create_run(&record)
@@ -311,7 +337,20 @@ impl Driver {
     }
 
     /// Emits the final events, records the end and builds the outcome.
-    async fn close(self, machine: TurnMachine, ending: Ending) -> RunOutcome {
+    async fn close(self, mut machine: TurnMachine, ending: Ending) -> RunOutcome {
+        // Sub-agents still stopping (a cancel reached them with the run's)
+        // finish first, so their usage is in this run's metrics.
+        self.children.close();
+        if tokio::time::timeout(CHILDREN_GRACE, self.children.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                run_id = self.ctx.run_id(),
+                "sub-agents did not stop within {CHILDREN_GRACE:?}"
+            );
+        }
+        self.fold_children_usage(&mut machine);
         let (state, memory) = machine.into_parts();
         let turn = TurnIds::of(state.turn());
         let turns = state.turn().turn_counter() + 1;
@@ -334,7 +373,7 @@ impl Driver {
                 (RunStatus::Done, Some(content), None)
             }
             Ending::Stopped(reason) => {
-                self.report_stop(&turn, &reason, steps, &metrics);
+                self.report_stop(&turn, &reason, steps);
                 (reason.status(), None, Some(reason))
             }
         };
@@ -397,7 +436,7 @@ impl Driver {
     }
 
     /// Emits the events that explain a stop.
-    fn report_stop(&self, turn: &TurnIds, reason: &StopReason, steps: u32, metrics: &RunMetrics) {
+    fn report_stop(&self, turn: &TurnIds, reason: &StopReason, steps: u32) {
         let (code, message) = match reason {
             StopReason::Cancelled(why) => {
                 self.events
@@ -417,11 +456,11 @@ impl Driver {
                 "the step limit was reached and the model gave no final answer".to_string(),
             ),
             StopReason::BudgetExhausted(kind) => {
-                let budget = self.ctx.limits().budget;
-                let spent = budget
-                    .spending(metrics)
+                let spent = self
+                    .budget
+                    .spending()
                     .into_iter()
-                    .find(|spent| spent.kind == *kind);
+                    .find(|spent| spent.kind == *kind && spent.share() >= 1.0);
                 (
                     ErrorCode::BudgetExhausted,
                     match spent {

@@ -4,6 +4,7 @@
 //! the model, the tool pipeline, the event stream and the store, and
 //! reports the result back. See docs/architecture.md.
 
+mod children;
 mod context;
 mod controls;
 mod driver;
@@ -14,7 +15,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::budget::BudgetKind;
+use crate::budget::{BudgetKind, BudgetNode};
 use crate::context::RunContext;
 use crate::event::EventEmitter;
 use crate::llm::Llm;
@@ -24,8 +25,9 @@ use crate::metrics::Pricing;
 use crate::permission::PermissionGate;
 use crate::pipeline::ToolPipeline;
 use crate::retrieval::Retriever;
-use crate::store::{JournalEntry, Store};
+use crate::store::{JournalEntry, ParentLink, Store};
 use crate::tokens::TokenCounter;
+use tokio_util::task::TaskTracker;
 
 pub(crate) use controls::Controls;
 pub(crate) use driver::Start;
@@ -33,7 +35,10 @@ pub(crate) use driver::Start;
 /// What every run of one agent shares.
 pub(crate) struct Engine {
     pub llm: Arc<dyn Llm>,
-    pub pipeline: ToolPipeline,
+    /// The agent's tools; a sub-agent's run gets a subset.
+    pub pipeline: Arc<ToolPipeline>,
+    /// How runs start sub-agents.
+    pub sub_agents: SubAgentSettings,
     pub system_prompt: String,
     pub pricing: Option<Pricing>,
     pub context: ContextSettings,
@@ -45,6 +50,28 @@ pub(crate) struct Engine {
     pub machine: machine::Settings,
     /// Loom's own state, which tools must not touch.
     pub protected: Arc<[std::path::PathBuf]>,
+}
+
+/// How the runs of an agent start sub-agents (the `task` tool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubAgentSettings {
+    /// Levels of sub-agents below a top-level run: a run at this depth is
+    /// not offered the `task` tool (default 2).
+    pub max_depth: u32,
+    /// Sub-agents of one run running at once; more wait (default 4).
+    pub max_running: usize,
+    /// A sub-agent's step limit when its caller gives none (default 10).
+    pub default_steps: u32,
+}
+
+impl Default for SubAgentSettings {
+    fn default() -> Self {
+        Self {
+            max_depth: 2,
+            max_running: 4,
+            default_steps: 10,
+        }
+    }
 }
 
 /// Context machinery of an agent: memory, compression, retrieval, assembly.
@@ -75,6 +102,16 @@ pub(crate) struct Driver {
     pub caches: Caches,
     /// The budgets this run was warned about (each once).
     pub budget_warned: Vec<BudgetKind>,
+    /// The tools this run offers and runs (the agent's, or a sub-agent's subset).
+    pub tools: Arc<ToolPipeline>,
+    /// Sub-agents running at once (shared by the calls of this run).
+    pub child_slots: Arc<tokio::sync::Semaphore>,
+    /// This run's budgets in its run tree.
+    pub budget: Arc<BudgetNode>,
+    /// Where this run hangs in its run tree, if it is a sub-agent.
+    pub parent: Option<ParentLink>,
+    /// Its sub-agents' tasks: a run ends only after they have.
+    pub children: TaskTracker,
 }
 
 /// What the driver works out once and reuses.

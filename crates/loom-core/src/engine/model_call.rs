@@ -50,11 +50,8 @@ impl Driver {
     /// machine. A "context length exceeded" answer compresses and retries once.
     pub(super) async fn call_model(&mut self, machine: &mut TurnMachine, call: ModelCall) {
         let engine = self.engine.clone();
-        let tools = if call.tools {
-            engine.pipeline.registry().specs()
-        } else {
-            &[]
-        };
+        let offered = self.tools.clone();
+        let tools = if call.tools { offered.registry().specs() } else { &[] };
         let turn = machine.ids().clone();
         self.prepare_context(machine, tools, false).await;
         let guidance = guidance_block(&call.guidance);
@@ -84,6 +81,11 @@ impl Driver {
                         if let Some(cost) = response.cost_usd {
                             *metrics.cost_usd.get_or_insert(0.0) += cost;
                         }
+                        self.budget.charge(
+                            usage.input_tokens,
+                            usage.output_tokens,
+                            response.cost_usd.unwrap_or(0.0),
+                        );
                         let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
                         let memory = machine.memory_mut();
                         memory.record_reported(memory.messages().len(), usize::try_from(tokens).unwrap_or(usize::MAX));

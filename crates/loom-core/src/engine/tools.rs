@@ -72,6 +72,8 @@ impl Driver {
     /// Runs `calls` through the pipeline.
     async fn pipeline(&mut self, machine: &mut TurnMachine, calls: &[ToolCall], turn: &TurnIds) -> Vec<ToolResult> {
         let engine = self.engine.clone();
+        let tools = self.tools.clone();
+        let sub_agents = self.sub_agents(machine, turn);
         let env = BatchEnv {
             ctx: &self.ctx,
             workspace: &self.workspace,
@@ -80,8 +82,9 @@ impl Driver {
             gate: &self.gate,
             store: &self.store,
             protected: &engine.protected,
+            sub_agents,
         };
-        let results = engine.pipeline.run_batch(calls, &env).await;
+        let results = tools.run_batch(calls, &env).await;
         for result in &results {
             record_tool_metrics(machine, result);
         }

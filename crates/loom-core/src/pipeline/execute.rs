@@ -42,6 +42,7 @@ pub(crate) async fn execute(
         workspace: env.workspace.clone(),
         cancel: token.clone(),
         protected: env.protected.clone(),
+        sub_agents: env.sub_agents.clone(),
     };
     let running = AssertUnwindSafe(registered.tool.call_json(args, ctx)).catch_unwind();
     tokio::pin!(running);

@@ -96,6 +96,8 @@ pub(crate) struct BatchEnv<'a> {
     pub store: &'a Arc<dyn crate::store::Store>,
     /// Paths tools must not touch (see [`crate::tool::ToolContext::protected`]).
     pub protected: &'a Arc<[std::path::PathBuf]>,
+    /// Given to each call (see [`crate::tool::ToolContext::sub_agents`]).
+    pub sub_agents: Option<Arc<dyn crate::delegate::SubAgents>>,
 }
 
 /// A call after the first four stages.
@@ -118,6 +120,16 @@ pub(crate) enum Prepared<'a> {
 }
 
 impl ToolPipeline {
+    /// The same pipeline (hooks, permissions, limits) over other tools.
+    pub(crate) fn with_tools(&self, registry: ToolRegistry) -> Self {
+        Self {
+            registry: Arc::new(registry),
+            hooks: self.hooks.clone(),
+            config: self.config.clone(),
+            redactor: self.redactor.clone(),
+        }
+    }
+
     /// A pipeline over `registry` with `hooks` (the permission hook last).
     pub fn new(
         registry: Arc<ToolRegistry>,

@@ -1,0 +1,91 @@
+//! What a tool may ask of the run that calls it: to hand part of the task
+//! to a sub-agent (the `task` tool). The engine implements [`SubAgents`];
+//! a tool sees it in [`crate::tool::ToolContext::sub_agents`].
+
+use crate::metrics::RunMetrics;
+
+/// A sub-agent to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildRequest {
+    /// The calling tool call (the child's run id is derived from it, so a
+    /// resumed parent finds the same child).
+    pub call_id: String,
+    /// A few words on what the child does (for people).
+    pub description: String,
+    /// The child's task: the first message of its fresh conversation.
+    pub prompt: String,
+    /// Tools the child may use (each also the parent's); `None`: the
+    /// parent's read-only tools.
+    pub tools: Option<Vec<String>>,
+    /// The child's step limit (default 10; never more than the parent has left).
+    pub max_steps: Option<u32>,
+}
+
+/// How a sub-agent ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildEnd {
+    /// It answered.
+    Completed,
+    /// It was cancelled (its parent was, or a person cancelled it).
+    Cancelled,
+    /// A budget of its own or of an ancestor was used up.
+    BudgetExhausted,
+    /// It stopped without an answer for any other reason (an error, a
+    /// timeout, its step limit).
+    Failed,
+}
+
+impl ChildEnd {
+    /// The word the tool result uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Cancelled => "cancelled",
+            Self::BudgetExhausted => "budget exhausted",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// What a sub-agent did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildReport {
+    /// The child's run.
+    pub run_id: String,
+    /// How it ended; never `Completed` for a child that stopped early.
+    pub end: ChildEnd,
+    /// Its answer, when it gave one.
+    pub answer: Option<String>,
+    /// Why it stopped, when it did not answer.
+    pub reason: Option<String>,
+    /// What it (and its own sub-agents) used.
+    pub metrics: RunMetrics,
+}
+
+/// Why no sub-agent could be started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DelegateError {
+    /// A requested tool is not the parent's, or is not allowed in a child.
+    #[error("{0}")]
+    Tools(String),
+    /// The parent stopped before the child could start.
+    #[error("cancelled before the sub-agent started")]
+    Cancelled,
+    /// The parent has no steps, tokens or money left for a child.
+    #[error("{0}")]
+    NothingLeft(String),
+}
+
+/// Starts sub-agents of the calling run.
+#[async_trait::async_trait]
+pub trait SubAgents: Send + Sync + std::fmt::Debug {
+    /// Runs a child to its end and reports how it went. `cancel` is the
+    /// call's: cancelling it (or the calling run) cancels the child, and
+    /// the calling run does not end before the child has.
+    async fn run_child(
+        &self,
+        request: ChildRequest,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<ChildReport, DelegateError>;
+}

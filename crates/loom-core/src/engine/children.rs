@@ -1,0 +1,291 @@
+//! Sub-agents: a run's `task` calls start child runs of their own — own run
+//! id (recorded with the parent's), fresh conversation, a subset of the
+//! parent's tools under the parent's permissions, a step limit and budgets
+//! no larger than what the parent has left, a cancel token under the
+//! parent's. A child's events join the parent's stream as they happen
+//! (the stream is unbounded: a child never waits for a reader), with the
+//! child's own `runId`, `parentRunId` and `depth`.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::{Budget, BudgetNode};
+use crate::context::RunContext;
+use crate::delegate::{ChildEnd, ChildReport, ChildRequest, DelegateError, SubAgents};
+use crate::event::{EventEmitter, TurnIds};
+use crate::machine::TurnMachine;
+use crate::outcome::{RunOutcome, StopReason};
+use crate::permission::PermissionGate;
+use crate::status::RunStatus;
+use crate::store::{ParentLink, Store};
+
+use super::{Caches, Controls, Driver, Engine, Start};
+
+/// The name of the tool that starts sub-agents: removed from a child at
+/// the nesting limit.
+pub(crate) const TASK_TOOL: &str = "task";
+
+/// What a `task` call needs of the run that makes it.
+pub(crate) struct Children {
+    engine: Arc<Engine>,
+    parent: RunContext,
+    turn: TurnIds,
+    depth: u32,
+    tools: Arc<crate::pipeline::ToolPipeline>,
+    stream: mpsc::UnboundedSender<Box<crate::event::Event>>,
+    gate: PermissionGate,
+    pause_rx: watch::Receiver<bool>,
+    store: Arc<dyn Store>,
+    workspace: Arc<Path>,
+    budget: Arc<BudgetNode>,
+    steps_left: u32,
+    slots: Arc<tokio::sync::Semaphore>,
+    tracker: tokio_util::task::TaskTracker,
+}
+
+impl std::fmt::Debug for Children {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Children")
+            .field("parent", &self.parent.run_id())
+            .field("depth", &self.depth)
+            .finish()
+    }
+}
+
+impl Driver {
+    /// What this turn's `task` calls may start: `None` when this run may
+    /// not have sub-agents (its depth is at the limit).
+    pub(super) fn sub_agents(&self, machine: &TurnMachine, turn: &TurnIds) -> Option<Arc<dyn SubAgents>> {
+        let depth = self.events.depth();
+        if depth >= self.engine.sub_agents.max_depth {
+            return None;
+        }
+        let steps_left = self.ctx.limits().max_steps.saturating_sub(machine.state().steps());
+        Some(Arc::new(Children {
+            engine: self.engine.clone(),
+            parent: self.ctx.clone(),
+            turn: turn.clone(),
+            depth,
+            tools: self.tools.clone(),
+            stream: self.events.sender(),
+            gate: self.gate.clone(),
+            pause_rx: self.controls.pause_rx.clone(),
+            store: self.store.clone(),
+            workspace: self.workspace.clone(),
+            budget: self.budget.clone(),
+            steps_left,
+            slots: self.child_slots.clone(),
+            tracker: self.children.clone(),
+        }))
+    }
+}
+
+impl Children {
+    /// The child's tools: the requested ones (each the parent's), or the
+    /// parent's read-only ones; never `task` at the nesting limit.
+    fn tools_for(&self, requested: Option<&[String]>) -> Result<crate::tool::ToolRegistry, DelegateError> {
+        let registry = self.tools.registry();
+        let child_depth = self.depth + 1;
+        let nested_allowed = child_depth < self.engine.sub_agents.max_depth;
+        match requested {
+            Some(names) => {
+                let unknown: Vec<&str> = names
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|name| registry.get(name).is_none())
+                    .collect();
+                if !unknown.is_empty() {
+                    let offered: Vec<&str> = registry.names().collect();
+                    return Err(DelegateError::Tools(format!(
+                        "the sub-agent cannot have {}: not a tool of this run (it has: {})",
+                        unknown.join(", "),
+                        offered.join(", ")
+                    )));
+                }
+                if !nested_allowed && names.iter().any(|name| name == TASK_TOOL) {
+                    return Err(DelegateError::Tools(format!(
+                        "a sub-agent at depth {child_depth} cannot start sub-agents of its own (the limit is {} levels)",
+                        self.engine.sub_agents.max_depth
+                    )));
+                }
+                let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
+                Ok(registry.subset(|tool| wanted.contains(tool.spec.name.as_str())))
+            }
+            None => Ok(registry.subset(|tool| tool.tool.read_only() && tool.spec.name != TASK_TOOL)),
+        }
+    }
+
+    /// The child's driver, ready to run.
+    fn child_driver(&self, request: &ChildRequest, cancel: CancellationToken) -> Result<Driver, DelegateError> {
+        let registry = self.tools_for(request.tools.as_deref())?;
+        if self.steps_left == 0 {
+            return Err(DelegateError::NothingLeft(
+                "this run has no steps left for a sub-agent".to_string(),
+            ));
+        }
+        let remaining = self.budget.remaining();
+        if remaining.max_tokens == Some(0) || remaining.max_cost_usd.is_some_and(|left| left <= 0.0) {
+            return Err(DelegateError::NothingLeft(
+                "this run's budget is used up: no sub-agent can start".to_string(),
+            ));
+        }
+        let mut limits = self.parent.limits().clone();
+        let wanted = request.max_steps.unwrap_or(self.engine.sub_agents.default_steps).max(1);
+        limits.max_steps = wanted.min(self.steps_left);
+        // A child has at most the time its parent has left.
+        if let Some(at) = self.parent.run_deadline().and_then(|deadline| deadline.at()) {
+            let left = at
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            limits.run_timeout = Some(limits.run_timeout.map_or(left, |own| own.min(left)));
+        }
+        // Its own budget is what the parent has left; the parent's (and
+        // every ancestor's) stay in force above it as both spend.
+        limits.budget = Budget::default();
+        let depth = self.depth + 1;
+        let run_id = child_run_id(self.parent.run_id(), &request.call_id);
+        let ctx = RunContext::new(
+            Some(run_id),
+            Some(self.parent.session_id().to_string()),
+            self.workspace.to_path_buf(),
+            limits,
+            cancel,
+        )
+        .at_depth(depth);
+        let events = {
+            let emitter = EventEmitter::new(ctx.run_id_arc(), depth, self.stream.clone())
+                .with_parent_run(self.parent.run_id_arc());
+            if self.store.keeps_anything() {
+                emitter.with_log()
+            } else {
+                emitter
+            }
+        };
+        let (_steer_tx, steer_rx) = mpsc::unbounded_channel();
+        let status_tx = Arc::new(watch::channel(RunStatus::Queued).0);
+        // Asks go to the same person as the parent's: the parent's
+        // controller answers them (request ids differ by run).
+        let gate = PermissionGate {
+            status_tx: status_tx.clone(),
+            store: self
+                .gate
+                .store
+                .as_ref()
+                .map(|(store, _)| (store.clone(), ctx.run_id_arc())),
+            ..self.gate.clone()
+        };
+        Ok(Driver {
+            engine: self.engine.clone(),
+            tools: Arc::new(self.tools.with_tools(registry)),
+            child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
+            budget: self.budget.child(remaining),
+            parent: Some(ParentLink {
+                run_id: self.parent.run_id().to_string(),
+                turn_id: self.turn.turn_id.to_string(),
+            }),
+            children: tokio_util::task::TaskTracker::new(),
+            ctx,
+            workspace: self.workspace.clone(),
+            store: self.store.clone(),
+            events,
+            controls: Controls {
+                steer_rx,
+                pause_rx: self.pause_rx.clone(),
+                status_tx,
+            },
+            gate,
+            caches: Caches::default(),
+            budget_warned: Vec::new(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl SubAgents for Children {
+    async fn run_child(&self, request: ChildRequest, cancel: CancellationToken) -> Result<ChildReport, DelegateError> {
+        // A place among the children running at once.
+        let slot = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(DelegateError::Cancelled),
+            slot = self.slots.clone().acquire_owned() => slot.map_err(|_| DelegateError::Cancelled)?,
+        };
+        let child_cancel = cancel.child_token();
+        let driver = self.child_driver(&request, child_cancel.clone())?;
+        let run_id = driver.ctx.run_id().to_string();
+        let start = Start::New {
+            prompt: request.prompt.clone(),
+            history: Some(Vec::new()),
+            principal: None,
+        };
+        // The child runs as a task of its own, tracked by the parent: if
+        // this call is dropped (its grace after a cancel ran out), the
+        // child still stops in order and the parent waits for it.
+        let child = self.tracker.spawn(async move {
+            let outcome = driver.drive(start).await;
+            drop(slot);
+            outcome
+        });
+        // Dropping this future (the call given up) must stop the child.
+        let _stop_on_drop = child_cancel.drop_guard();
+        match child.await {
+            Ok(outcome) => Ok(report(outcome)),
+            Err(err) => Ok(ChildReport {
+                run_id,
+                end: ChildEnd::Failed,
+                answer: None,
+                reason: Some(format!("the sub-agent's task failed: {err}")),
+                metrics: crate::metrics::RunMetrics::default(),
+            }),
+        }
+    }
+}
+
+/// How a child ended, in the words of its result: only an answer is
+/// "completed".
+fn report(outcome: RunOutcome) -> ChildReport {
+    let end = match (&outcome.status, &outcome.stop_reason) {
+        (RunStatus::Done, _) => ChildEnd::Completed,
+        (RunStatus::Canceled, _) | (_, Some(StopReason::Cancelled(_))) => ChildEnd::Cancelled,
+        (_, Some(StopReason::BudgetExhausted(_))) => ChildEnd::BudgetExhausted,
+        _ => ChildEnd::Failed,
+    };
+    let reason = match (&end, &outcome.stop_reason) {
+        (ChildEnd::Completed, _) => None,
+        (_, Some(reason)) => Some(describe(reason)),
+        (_, None) => Some(format!("it ended {}", outcome.status.as_str())),
+    };
+    ChildReport {
+        run_id: outcome.run_id,
+        end,
+        answer: outcome.content.filter(|_| end == ChildEnd::Completed),
+        reason,
+        metrics: outcome.metrics,
+    }
+}
+
+fn describe(reason: &StopReason) -> String {
+    match reason {
+        StopReason::Cancelled(why) => format!("cancelled: {why}"),
+        StopReason::Timeout(kind) => format!("its time limit passed ({kind:?})").to_lowercase(),
+        StopReason::MaxStepsWithoutAnswer => "it reached its step limit without an answer".to_string(),
+        StopReason::Monitor(verdict) => format!("the recursion monitor stopped it: {}", verdict.detail),
+        StopReason::BudgetExhausted(kind) => format!("its {kind:?} budget was used up").to_lowercase(),
+        StopReason::Interrupted(why) => format!("interrupted: {why}"),
+        StopReason::Error { code, message } => format!("{code}: {message}"),
+    }
+}
+
+/// A child's run id: the same for the same parent and call, so a resumed
+/// parent finds the child its crash left behind.
+fn child_run_id(parent_run_id: &str, call_id: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in parent_run_id.bytes().chain([0]).chain(call_id.bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{parent_run_id}.{hash:016x}")
+}
