@@ -48,7 +48,11 @@ impl Questions {
             EventKind::PermissionRequest {
                 request_id, tool, args, ..
             } => {
-                let shown = format!("{tool}({})", summarize_args(args));
+                let mut shown = format!("{tool}({})", summarize_args(args));
+                if event.depth > 0 {
+                    // A sub-agent asks: the same person answers, told who asks.
+                    shown = format!("{shown} for a sub-agent (depth {})", event.depth);
+                }
                 if self.yes {
                     say!("  ? {shown}: allowed by --yes");
                     let _ = controller.respond_permission(request_id, PermissionDecision::Allow);

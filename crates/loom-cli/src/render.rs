@@ -48,6 +48,9 @@ const ARGS_SHOWN: usize = 80;
 
 impl Renderer for Human {
     fn event(&mut self, event: &Event) -> io::Result<()> {
+        if event.depth > 0 {
+            return self.sub_agent_event(event);
+        }
         match &event.kind {
             EventKind::LlmDelta { text } => {
                 let mut out = io::stdout().lock();
@@ -129,6 +132,57 @@ impl Renderer for Human {
 }
 
 impl Human {
+    /// A sub-agent's activity, on stderr and indented by its depth; its
+    /// text never reaches stdout (its answer comes back as the result of
+    /// the `task` call that started it).
+    fn sub_agent_event(&mut self, event: &Event) -> io::Result<()> {
+        let indent = "  ".repeat(event.depth as usize + 1);
+        let who = short_run_id(&event.run_id);
+        match &event.kind {
+            EventKind::LifecycleStart { prompt, .. } => {
+                self.end_line()?;
+                say!("{indent}↳ sub-agent {who}: {}", clip(prompt, 100));
+            }
+            EventKind::ToolCallsStart { calls } => {
+                for call in calls {
+                    self.args.insert(call.call_id.clone(), summarize_args(&call.args));
+                }
+            }
+            EventKind::ToolResult {
+                call_id,
+                name,
+                status,
+                content,
+                duration_ms,
+                ..
+            } => {
+                let args = self.args.remove(call_id).unwrap_or_default();
+                let mark = if status.is_failure() { "✗" } else { "✓" };
+                let mut line = format!("{indent}{mark} {name}({args}) {duration_ms} ms");
+                if status.as_str() != "success" {
+                    let first = content.lines().next().unwrap_or_default();
+                    line.push_str(&format!(" — {}: {}", status.as_str(), clip(first, 160)));
+                }
+                self.end_line()?;
+                say!("{line}");
+            }
+            EventKind::Error { code, message, .. } => {
+                self.end_line()?;
+                say!("{indent}sub-agent {who}: error [{code}]: {message}");
+            }
+            EventKind::Warning { code, message } => {
+                self.end_line()?;
+                say!("{indent}sub-agent {who}: warning [{code}]: {message}");
+            }
+            EventKind::LifecycleEnd { status, .. } => {
+                self.end_line()?;
+                say!("{indent}↳ sub-agent {who}: {}", status.as_str());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn end_line(&mut self) -> io::Result<()> {
         if self.open_line {
             let mut out = io::stdout().lock();
@@ -206,4 +260,9 @@ pub(crate) fn summary(outcome: &loom::RunOutcome) -> String {
         out.push_str(&format!("suggestion: {suggestion}\n"));
     }
     out
+}
+
+/// The part of a sub-agent's run id that tells it from its siblings.
+fn short_run_id(run_id: &str) -> &str {
+    run_id.rsplit('.').next().unwrap_or(run_id)
 }

@@ -67,9 +67,11 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         }
         RunsCommand::Show { id } => {
             let snapshot = store.load_run(&id).await.map_err(usage_if_unknown)?;
+            let tree = run_tree(&store, &id).await?;
             if args.json {
                 let value = serde_json::json!({
                     "run": snapshot.run,
+                    "children": tree.iter().map(|(depth, run)| serde_json::json!({"depth": depth, "run": run})).collect::<Vec<_>>(),
                     "messages": snapshot.messages,
                     "nextTurn": snapshot.next_turn().map(|t| t.turn_counter()),
                     "journal": snapshot.journal,
@@ -81,6 +83,9 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                     "{}",
                     show(&snapshot.run, snapshot.messages.len(), snapshot.journal.len())
                 );
+                if !tree.is_empty() {
+                    print!("{}", tree_lines(&tree));
+                }
             }
         }
         RunsCommand::Events { id, after } => {
@@ -93,6 +98,51 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The sub-agents below `run_id`, depth first, each with its depth (1 for
+/// a child). Bounded: a tree deeper than any nesting limit is cut.
+async fn run_tree(store: &SqliteStore, run_id: &str) -> Result<Vec<(u32, RunRecord)>, Failure> {
+    const DEEPEST: u32 = 16;
+    let mut tree = Vec::new();
+    let mut pending = vec![(1_u32, run_id.to_string())];
+    while let Some((depth, parent)) = pending.pop() {
+        if depth > DEEPEST {
+            continue;
+        }
+        let children = store
+            .child_runs(&parent)
+            .await
+            .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
+        // Depth first, oldest child first: the place to insert is right
+        // after the parent, in reverse so the oldest ends up first.
+        let at = tree
+            .iter()
+            .position(|(_, run): &(u32, RunRecord)| run.run_id == parent)
+            .map_or(tree.len(), |index| index + 1);
+        for child in children.into_iter().rev() {
+            pending.push((depth + 1, child.run_id.clone()));
+            tree.insert(at, (depth, child));
+        }
+    }
+    Ok(tree)
+}
+
+/// `runs show`'s tree of sub-agents.
+fn tree_lines(tree: &[(u32, RunRecord)]) -> String {
+    let mut out = String::from("\nsub-agents\n");
+    for (depth, run) in tree {
+        let indent = "   ".repeat(*depth as usize - 1);
+        let tokens = run.metrics.input_tokens + run.metrics.output_tokens;
+        out.push_str(&format!(
+            "  {indent}└─ {}  {}  {} turns  {tokens} tokens  {}\n",
+            run.run_id,
+            run.status.as_str(),
+            run.metrics.iterations,
+            clip(&run.prompt, 60)
+        ));
+    }
+    out
 }
 
 fn table(runs: &[RunRecord]) -> String {

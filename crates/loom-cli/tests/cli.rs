@@ -398,3 +398,61 @@ fn a_run_stops_at_its_token_budget_from_the_flag_or_loom_toml() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("prices"), "{stderr}");
 }
+
+#[test]
+fn a_sub_agent_reports_on_stderr_and_appears_in_the_run_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::script_at(
+        dir.path(),
+        "delegate.json",
+        &serde_json::json!([
+            {"tool_calls": [{"name": "task", "arguments": {
+                "description": "look", "prompt": "List the workspace.", "tools": ["list_dir"]}}]},
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}]},
+            {"content": "The child's own words."},
+            {"content": "The parent's answer."}
+        ]),
+    );
+    let output = common::loom_in(dir.path())
+        .args(["run", "--model", &model, "go"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    // Only the parent's answer is the answer; the child shows on stderr.
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "The parent's answer.");
+    assert!(stderr.contains("↳ sub-agent"), "{stderr}");
+    assert!(
+        stderr.contains("    ✓ list_dir()"),
+        "the child's call, indented: {stderr}"
+    );
+
+    let runs = common::loom_in(dir.path())
+        .args(["runs", "list", "--json"])
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    let child = runs.iter().find(|run| run.get("parent").is_some()).unwrap();
+    let parent = runs.iter().find(|run| run.get("parent").is_none()).unwrap();
+    assert_eq!(child["parent"]["runId"], parent["runId"]);
+    let parent_id = parent["runId"].as_str().unwrap();
+    let show = common::loom_in(dir.path())
+        .args(["runs", "show", parent_id])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&show.stdout);
+    assert!(shown.contains("sub-agents\n  └─ "), "{shown}");
+    assert!(shown.contains(child["runId"].as_str().unwrap()), "{shown}");
+    // The child's events are its own log.
+    let events = common::loom_in(dir.path())
+        .args(["runs", "events", child["runId"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    let events = common::json_lines(&events.stdout);
+    assert_eq!(events[0]["type"], "lifecycle.start");
+    assert!(events
+        .iter()
+        .all(|e| e["depth"] == 1 && e["parentRunId"] == parent["runId"]));
+}

@@ -252,6 +252,19 @@ pub trait Store: Send + Sync {
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
 
+    /// The runs started as sub-agents of `parent_run_id`, oldest first. The
+    /// default filters [`Store::list_runs`]; a store with an index does better.
+    async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        let mut runs: Vec<RunRecord> = self
+            .list_runs(usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|run| run.parent.as_ref().is_some_and(|parent| parent.run_id == parent_run_id))
+            .collect();
+        runs.sort_by(|a, b| (a.started_ms, &a.run_id).cmp(&(b.started_ms, &b.run_id)));
+        Ok(runs)
+    }
+
     /// Remembers what `owner`'s request with idempotency `key` led to. The
     /// first answer for a key stays: remembering it again changes nothing.
     /// A store may forget keys after a day.

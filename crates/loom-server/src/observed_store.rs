@@ -113,6 +113,10 @@ impl Store for ObservedStore {
         self.inner.session_runs(session_id).await
     }
 
+    async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.child_runs(parent_run_id).await
+    }
+
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
         timed("remember_request", self.inner.remember_request(owner, key, request)).await
     }

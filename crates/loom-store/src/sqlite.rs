@@ -676,6 +676,14 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        self.select_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE parent_run_id = ?1 ORDER BY started_ms, id"),
+            Some(parent_run_id.to_string()),
+        )
+        .await
+    }
+
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
         let (owner, key, run_id) = (owner.to_string(), key.to_string(), request.run_id.clone());
         // Stored as the same 64 bits, signed: SQLite integers are.
