@@ -394,3 +394,114 @@ fn resume_from_elsewhere_works_in_the_recorded_workspace() {
         .collect();
     assert!(left.is_empty(), "nothing written where resume was started: {left:?}");
 }
+
+#[test]
+fn sigkill_while_a_sub_agent_runs_then_resume_continues_the_child_and_finishes_the_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let first = dir.path().join("first.json");
+    std::fs::write(
+        &first,
+        json!([
+            {"tool_calls": [{"name": "task", "arguments": {
+                "description": "look", "prompt": "List the workspace.", "tools": ["list_dir"]}}]},
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}]},
+            // The child's second call: the process is killed while it waits.
+            {"content": "never", "delay_ms": 60000}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let mut child = loom_in(dir.path())
+        .args(["run", "--json", "--workspace", "ws", "--model"])
+        .arg(format!("scripted:{}", first.display()))
+        .arg("go")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut parent_id = None;
+    let mut sub_agent = None;
+    let mut seen_llm_starts = 0;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        parent_id.get_or_insert_with(|| event["runId"].as_str().unwrap().to_string());
+        if event["depth"] == 1 && event["type"] == "llm.start" {
+            sub_agent = Some(event["runId"].as_str().unwrap().to_string());
+            seen_llm_starts += 1;
+            // Its second call began: its first turn is checkpointed.
+            if seen_llm_starts == 2 {
+                break;
+            }
+        }
+    }
+    let _ = child.kill(); // SIGKILL
+    let _ = child.wait();
+    let (parent_id, sub_agent) = (parent_id.unwrap(), sub_agent.unwrap());
+
+    // The scripted model of the resumed process skips as many turns as the
+    // first request it sees has answers in its history (the child's one
+    // turn): the placeholder stands for it.
+    let rest = dir.path().join("rest.json");
+    std::fs::write(
+        &rest,
+        json!([
+            {"content": "placeholder for the child's first turn"},
+            {"content": "The child finished after the resume."},
+            {"content": "The parent is done."}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let resumed = loom_in(dir.path())
+        .args(["runs", "resume", &parent_id, "--json", "--workspace", "ws", "--model"])
+        .arg(format!("scripted:{}", rest.display()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let events = common::json_lines(&resumed.stdout);
+    let child_start = events
+        .iter()
+        .find(|e| e["type"] == "lifecycle.start" && e["depth"] == 1)
+        .unwrap();
+    assert_eq!(
+        child_start["resumed"], true,
+        "the child continues, it does not start over"
+    );
+    assert_eq!(child_start["runId"], sub_agent.as_str());
+    let end = events.last().unwrap();
+    assert_eq!(end["runId"], parent_id.as_str());
+    assert_eq!(end["status"], "DONE");
+    assert_eq!(end["content"], "The parent is done.");
+
+    // The child's whole log: its one list_dir ran once, its seq has no gap,
+    // and it answered.
+    let log = loom_in(dir.path())
+        .args(["runs", "events", &sub_agent, "--workspace", "ws"])
+        .output()
+        .unwrap();
+    let log = common::json_lines(&log.stdout);
+    let seqs: Vec<u64> = log.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(log.iter().filter(|e| e["type"] == "tool.result").count(), 1);
+    let child_end = log.last().unwrap();
+    assert_eq!(child_end["status"], "DONE");
+    assert_eq!(child_end["content"], "The child finished after the resume.");
+    // The parent's task call got the child's answer.
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "tool.result" && e["depth"] == 0)
+        .unwrap();
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap()
+            .contains("completed\nanswer:\nThe child finished after the resume."),
+        "{result}"
+    );
+}

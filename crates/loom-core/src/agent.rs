@@ -21,6 +21,7 @@ use crate::memory::MemoryConfig;
 use crate::metrics::Pricing;
 use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
+pub use crate::recovery::ResumeError;
 use crate::retrieval::Retriever;
 use crate::status::RunStatus;
 use crate::store::{NoStore, Store};
@@ -527,35 +528,6 @@ pub struct RunRequest {
     pub principal: Option<String>,
 }
 
-/// Why a stored run could not be resumed.
-#[derive(Debug, thiserror::Error)]
-pub enum ResumeError {
-    /// The agent has no store to resume from.
-    #[error("this agent has no store: build it with .store(...) to resume runs")]
-    NoStore,
-    /// The run's owner still runs it (or may: it is on another host).
-    #[error("run {run_id} is {status} and its owner ({owner}) may still be running it")]
-    StillRunning {
-        /// The run.
-        run_id: String,
-        /// Its status.
-        status: &'static str,
-        /// Its owner.
-        owner: String,
-    },
-    /// The run ended already, or is not in a resumable state.
-    #[error("run {run_id} is {status}: only an interrupted run can be resumed")]
-    NotResumable {
-        /// The run.
-        run_id: String,
-        /// Its status.
-        status: &'static str,
-    },
-    /// The store failed (including an unknown run id).
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-}
-
 impl From<&str> for RunRequest {
     fn from(prompt: &str) -> Self {
         Self {
@@ -644,29 +616,7 @@ impl Agent {
     /// See [`crate::resume`] for how calls cut short by the crash are settled.
     pub async fn resume(&self, run_id: &str) -> Result<RunHandle, ResumeError> {
         let store = self.engine.store.clone().ok_or(ResumeError::NoStore)?;
-        let record = store.load_run(run_id).await?.run;
-        match record.status {
-            RunStatus::Interrupted => {}
-            RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission => {
-                let dead = crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead;
-                if !(dead && store.mark_interrupted(run_id, &record.owner).await?) {
-                    return Err(ResumeError::StillRunning {
-                        run_id: run_id.to_string(),
-                        status: record.status.as_str(),
-                        owner: record.owner,
-                    });
-                }
-            }
-            status => {
-                return Err(ResumeError::NotResumable {
-                    run_id: run_id.to_string(),
-                    status: status.as_str(),
-                })
-            }
-        }
-        // Taking the run over is atomic: of two resumers, one gets it.
-        store.reclaim_run(run_id, &self.engine.owner).await?;
-        let snapshot = store.load_run(run_id).await?;
+        let snapshot = crate::recovery::take_over(store.as_ref(), run_id, &self.engine.owner).await?;
         let (driver, handle) = self.prepare(
             Some(snapshot.run.run_id.clone()),
             Some(snapshot.run.session_id.clone()),

@@ -230,6 +230,24 @@ impl BudgetNode {
         }
     }
 
+    /// Counts a descendant's earlier spending (a sub-agent resumed after a
+    /// crash, or found ended) for this run and its ancestors.
+    pub(crate) fn charge_descendant(&self, metrics: &RunMetrics) {
+        let spent = Spent {
+            input_tokens: metrics.input_tokens,
+            output_tokens: metrics.output_tokens,
+            cost_usd: metrics.cost_usd.unwrap_or(0.0),
+        };
+        let mut node = Some(self);
+        while let Some(current) = node {
+            let mut ledger = current.ledger();
+            ledger.total.add(spent);
+            ledger.descendants.add(spent);
+            drop(ledger);
+            node = current.parent.as_deref();
+        }
+    }
+
     /// What the run's descendants spent since the last call: to be added
     /// to the run's own metrics, so they show the whole subtree.
     pub(crate) fn take_descendants(&self) -> RunMetrics {

@@ -75,6 +75,9 @@ pub enum DelegateError {
     /// The parent has no steps, tokens or money left for a child.
     #[error("{0}")]
     NothingLeft(String),
+    /// The child a crash left behind could not be looked up or taken over.
+    #[error("{0}")]
+    Resume(String),
 }
 
 /// Starts sub-agents of the calling run.

@@ -47,7 +47,7 @@ pub mod tool_result;
 pub mod turn_state;
 mod wire;
 
-pub use agent::{Agent, AgentBuilder, BuildError, ResumeError, RunRequest, DEFAULT_SYSTEM_PROMPT};
+pub use agent::{Agent, AgentBuilder, BuildError, RunRequest, DEFAULT_SYSTEM_PROMPT};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
 pub use budget::{Budget, BudgetKind, Spending};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
@@ -67,6 +67,7 @@ pub use metrics::{Pricing, RunMetrics, ToolStats};
 pub use outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
 pub use permission::{Decision, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
+pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{

@@ -6,7 +6,7 @@ use crate::event::{Event, EventEmitter, EventKind, TurnIds};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
-use crate::store::{Store, StoreError};
+use crate::store::{RunSnapshot, Store, StoreError};
 use crate::turn_state::TurnState;
 
 /// Marks every active run whose owner process is known to be dead as
@@ -90,4 +90,61 @@ pub fn cancelled_log(run_id: &str, last_seq: u64, turn: &TurnIds, reason: &str, 
         },
     );
     events.take_log()
+}
+
+/// Why a stored run could not be resumed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The agent has no store to resume from.
+    #[error("this agent has no store: build it with .store(...) to resume runs")]
+    NoStore,
+    /// The run's owner still runs it (or may: it is on another host).
+    #[error("run {run_id} is {status} and its owner ({owner}) may still be running it")]
+    StillRunning {
+        /// The run.
+        run_id: String,
+        /// Its status.
+        status: &'static str,
+        /// Its owner.
+        owner: String,
+    },
+    /// The run ended already, or is not in a resumable state.
+    #[error("run {run_id} is {status}: only an interrupted run can be resumed")]
+    NotResumable {
+        /// The run.
+        run_id: String,
+        /// Its status.
+        status: &'static str,
+    },
+    /// The store failed (including an unknown run id).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Takes a stored run over to resume it in this process (`owner`): an
+/// `INTERRUPTED` run, or an active one whose owner is dead. Of two
+/// processes taking the same run, one gets it.
+pub async fn take_over(store: &dyn Store, run_id: &str, owner: &str) -> Result<RunSnapshot, ResumeError> {
+    let record = store.load_run(run_id).await?.run;
+    match record.status {
+        RunStatus::Interrupted => {}
+        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission => {
+            let dead = crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead;
+            if !(dead && store.mark_interrupted(run_id, &record.owner).await?) {
+                return Err(ResumeError::StillRunning {
+                    run_id: run_id.to_string(),
+                    status: record.status.as_str(),
+                    owner: record.owner,
+                });
+            }
+        }
+        status => {
+            return Err(ResumeError::NotResumable {
+                run_id: run_id.to_string(),
+                status: status.as_str(),
+            })
+        }
+    }
+    store.reclaim_run(run_id, owner).await?;
+    Ok(store.load_run(run_id).await?)
 }

@@ -37,6 +37,17 @@ pub enum CallRepair {
 
 /// How each of `calls` is settled, in call order.
 pub fn plan(calls: &[ToolCall], journal: &[JournalEntry]) -> Vec<CallRepair> {
+    plan_resuming(calls, journal, |_| false)
+}
+
+/// Like [`plan`], where a call that started without a recorded result is
+/// run again when `resumable` says its tool continues its own work (see
+/// [`crate::tool::Tool::resumable`]).
+pub fn plan_resuming(
+    calls: &[ToolCall],
+    journal: &[JournalEntry],
+    resumable: impl Fn(&ToolCall) -> bool,
+) -> Vec<CallRepair> {
     calls
         .iter()
         .map(|call| match journal.iter().find(|entry| entry.call.id == call.id) {
@@ -50,6 +61,7 @@ pub fn plan(calls: &[ToolCall], journal: &[JournalEntry]) -> Vec<CallRepair> {
             Some(JournalEntry {
                 result: Some(result), ..
             }) => CallRepair::Recorded(result.clone()),
+            Some(JournalEntry { result: None, .. }) if resumable(call) => CallRepair::Rerun(call.clone()),
             Some(JournalEntry { result: None, .. }) => CallRepair::Interrupted(interrupted_result(call)),
             None => CallRepair::Rerun(call.clone()),
         })
@@ -147,6 +159,21 @@ mod tests {
         assert_eq!(interrupted.metadata.error_kind.as_deref(), Some(INTERRUPTED));
         assert!(interrupted.content.contains("may or may not have taken effect"));
         assert_eq!(repairs[2], CallRepair::Rerun(calls[2].clone()));
+    }
+
+    #[test]
+    fn a_started_call_of_a_resumable_tool_runs_again_and_others_stay_interrupted() {
+        let calls = vec![call("a", "task"), call("b", "write_file")];
+        let journal: Vec<JournalEntry> = calls
+            .iter()
+            .map(|call| JournalEntry {
+                call: call.clone(),
+                result: None,
+            })
+            .collect();
+        let repairs = plan_resuming(&calls, &journal, |call| call.name == "task");
+        assert_eq!(repairs[0], CallRepair::Rerun(calls[0].clone()));
+        assert!(matches!(repairs[1], CallRepair::Interrupted(_)));
     }
 
     #[test]

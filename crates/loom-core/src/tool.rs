@@ -144,6 +144,15 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// Whether a call that a crash cut short (journaled, no result) may be
+    /// made again with the same call id after a resume, because the tool
+    /// then continues the work it began instead of repeating it (the `task`
+    /// tool resumes its sub-agent). Default false: such a call gets an
+    /// "interrupted, effect unknown" result.
+    fn resumable(&self) -> bool {
+        false
+    }
+
     /// Whether the tool can be used now; `Err` says why not.
     fn check_available(&self) -> Result<(), String> {
         Ok(())
@@ -169,6 +178,10 @@ pub trait DynTool: Send + Sync + 'static {
     fn read_only(&self) -> bool;
     /// See [`Tool::check_available`].
     fn check_available(&self) -> Result<(), String>;
+    /// See [`Tool::resumable`].
+    fn resumable(&self) -> bool {
+        false
+    }
     /// Runs the tool with arguments already validated against the schema.
     fn call_json(&self, args: Value, ctx: ToolContext) -> BoxFuture<'_, Result<ToolOutput, ToolError>>;
 }
@@ -198,6 +211,10 @@ impl<T: Tool> DynTool for T {
 
     fn read_only(&self) -> bool {
         Tool::read_only(self)
+    }
+
+    fn resumable(&self) -> bool {
+        Tool::resumable(self)
     }
 
     fn check_available(&self) -> Result<(), String> {

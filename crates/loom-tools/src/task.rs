@@ -48,6 +48,13 @@ impl Tool for Task {
         true
     }
 
+    /// Made again after a crash, the call finds its sub-agent (the child's
+    /// run id comes from the call's) and resumes it from its checkpoint, or
+    /// reports how it ended.
+    fn resumable(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: TaskArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         if args.prompt.trim().is_empty() {
             return Err(ToolError::InvalidArguments("prompt must not be empty".into()));

@@ -22,7 +22,7 @@ use crate::machine::TurnMachine;
 use crate::outcome::{RunOutcome, StopReason};
 use crate::permission::PermissionGate;
 use crate::status::RunStatus;
-use crate::store::{ParentLink, Store};
+use crate::store::{ParentLink, RunRecord, Store, StoreError};
 
 use super::{Caches, Controls, Driver, Engine, Start};
 
@@ -120,8 +120,15 @@ impl Children {
         }
     }
 
-    /// The child's driver, ready to run.
-    fn child_driver(&self, request: &ChildRequest, cancel: CancellationToken) -> Result<Driver, DelegateError> {
+    /// The child's driver, ready to run: a new child (`last_seq` 0) or one
+    /// resumed after its stored events.
+    fn child_driver(
+        &self,
+        request: &ChildRequest,
+        cancel: CancellationToken,
+        run_id: String,
+        last_seq: u64,
+    ) -> Result<Driver, DelegateError> {
         let registry = self.tools_for(request.tools.as_deref())?;
         if self.steps_left == 0 {
             return Err(DelegateError::NothingLeft(
@@ -148,7 +155,6 @@ impl Children {
         // every ancestor's) stay in force above it as both spend.
         limits.budget = Budget::default();
         let depth = self.depth + 1;
-        let run_id = child_run_id(self.parent.run_id(), &request.call_id);
         let ctx = RunContext::new(
             Some(run_id),
             Some(self.parent.session_id().to_string()),
@@ -159,7 +165,8 @@ impl Children {
         .at_depth(depth);
         let events = {
             let emitter = EventEmitter::new(ctx.run_id_arc(), depth, self.stream.clone())
-                .with_parent_run(self.parent.run_id_arc());
+                .with_parent_run(self.parent.run_id_arc())
+                .continuing_after(last_seq);
             if self.store.keeps_anything() {
                 emitter.with_log()
             } else {
@@ -215,13 +222,38 @@ impl SubAgents for Children {
             slot = self.slots.clone().acquire_owned() => slot.map_err(|_| DelegateError::Cancelled)?,
         };
         let child_cancel = cancel.child_token();
-        let driver = self.child_driver(&request, child_cancel.clone())?;
-        let run_id = driver.ctx.run_id().to_string();
-        let start = Start::New {
-            prompt: request.prompt.clone(),
-            history: Some(Vec::new()),
-            principal: None,
+        let run_id = child_run_id(self.parent.run_id(), &request.call_id);
+        // The same call made again after a crash finds the child it began.
+        let (start, last_seq) = match self.store.load_run(&run_id).await {
+            Err(StoreError::NotFound(_)) => (
+                Start::New {
+                    prompt: request.prompt.clone(),
+                    history: Some(Vec::new()),
+                    principal: None,
+                },
+                0,
+            ),
+            Ok(found) if found.run.status.is_terminal() => {
+                // It ended before the crash; its result was not recorded.
+                self.budget.charge_descendant(&found.run.metrics);
+                return Ok(report_stored(found.run));
+            }
+            Ok(_) => {
+                let snapshot = crate::recovery::take_over(self.store.as_ref(), &run_id, &self.engine.owner)
+                    .await
+                    .map_err(|err| DelegateError::Resume(format!("the sub-agent {run_id} cannot be resumed: {err}")))?;
+                // What it spent before the crash counts for its ancestors again.
+                self.budget.charge_descendant(&snapshot.run.metrics);
+                let last_seq = snapshot.last_seq;
+                (Start::Resumed(Box::new(snapshot)), last_seq)
+            }
+            Err(err) => {
+                return Err(DelegateError::Resume(format!(
+                    "the sub-agent {run_id} cannot be looked up: {err}"
+                )))
+            }
         };
+        let driver = self.child_driver(&request, child_cancel.clone(), run_id.clone(), last_seq)?;
         // The child runs as a task of its own, tracked by the parent: if
         // this call is dropped (its grace after a cancel ran out), the
         // child still stops in order and the parent waits for it.
@@ -265,6 +297,23 @@ fn report(outcome: RunOutcome) -> ChildReport {
         answer: outcome.content.filter(|_| end == ChildEnd::Completed),
         reason,
         metrics: outcome.metrics,
+    }
+}
+
+/// How a child that ended before a crash ended, from its record (which
+/// keeps its status, not why it stopped).
+fn report_stored(run: RunRecord) -> ChildReport {
+    let end = match run.status {
+        RunStatus::Done => ChildEnd::Completed,
+        RunStatus::Canceled => ChildEnd::Cancelled,
+        _ => ChildEnd::Failed,
+    };
+    ChildReport {
+        reason: (end != ChildEnd::Completed).then(|| format!("it ended {}", run.status.as_str())),
+        answer: run.content.filter(|_| end == ChildEnd::Completed),
+        run_id: run.run_id,
+        end,
+        metrics: run.metrics,
     }
 }
 

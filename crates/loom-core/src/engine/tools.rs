@@ -41,7 +41,14 @@ impl Driver {
         journal: &[crate::store::JournalEntry],
         turn: &TurnIds,
     ) -> Vec<ToolResult> {
-        let repairs = crate::resume::plan(calls, journal);
+        let tools = self.tools.clone();
+        let resumable = |call: &ToolCall| {
+            tools
+                .registry()
+                .get(&call.name)
+                .is_some_and(|registered| registered.tool.resumable())
+        };
+        let repairs = crate::resume::plan_resuming(calls, journal, resumable);
         let rerun: Vec<ToolCall> = repairs
             .iter()
             .filter_map(|repair| match repair {
