@@ -438,6 +438,15 @@ fn sigkill_while_a_sub_agent_runs_then_resume_continues_the_child_and_finishes_t
     let _ = child.kill(); // SIGKILL
     let _ = child.wait();
     let (parent_id, sub_agent) = (parent_id.unwrap(), sub_agent.unwrap());
+    // A sub-agent resumes with its parent (which knows its tools and
+    // budgets), not on its own.
+    let alone = loom_in(dir.path())
+        .args(["runs", "resume", &sub_agent, "--workspace", "ws", "--model"])
+        .arg(format!("scripted:{}", first.display()))
+        .output()
+        .unwrap();
+    assert_eq!(alone.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&alone.stderr).contains(&format!("is a sub-agent of run {parent_id}")));
 
     // The scripted model of the resumed process skips as many turns as the
     // first request it sees has answers in its history (the child's one

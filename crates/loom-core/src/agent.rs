@@ -389,6 +389,11 @@ impl AgentBuilder {
         if self.limits.max_steps == 0 {
             return Err(BuildError::InvalidLimit("max_steps must be at least 1".into()));
         }
+        if self.sub_agents.max_running == 0 {
+            return Err(BuildError::InvalidLimit(
+                "sub-agents' max_running must be at least 1".into(),
+            ));
+        }
         if self.limits.budget.max_tokens == Some(0) {
             return Err(BuildError::InvalidLimit("max_tokens must be at least 1".into()));
         }
@@ -616,6 +621,12 @@ impl Agent {
     /// See [`crate::resume`] for how calls cut short by the crash are settled.
     pub async fn resume(&self, run_id: &str) -> Result<RunHandle, ResumeError> {
         let store = self.engine.store.clone().ok_or(ResumeError::NoStore)?;
+        if let Some(parent) = store.load_run(run_id).await?.run.parent {
+            return Err(ResumeError::SubAgent {
+                run_id: run_id.to_string(),
+                parent: parent.run_id,
+            });
+        }
         let snapshot = crate::recovery::take_over(store.as_ref(), run_id, &self.engine.owner).await?;
         let (driver, handle) = self.prepare(
             Some(snapshot.run.run_id.clone()),
@@ -683,6 +694,7 @@ impl Agent {
             budget,
             parent: None,
             children: tokio_util::task::TaskTracker::new(),
+            step_deadline: None,
         };
         (
             driver,

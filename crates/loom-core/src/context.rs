@@ -66,6 +66,9 @@ struct Inner {
     workspace: PathBuf,
     limits: Limits,
     depth: u32,
+    /// The run that started this one as a sub-agent: a person it waits
+    /// for stops that run's clocks too.
+    parent: Option<RunContext>,
     cancel: CancellationToken,
     stop_cause: OnceLock<StopCause>,
     /// Time spent waiting for a person, which the run's clocks do not count.
@@ -145,6 +148,9 @@ impl Deadline {
 #[derive(Debug)]
 pub struct PersonWait {
     ctx: RunContext,
+    /// The same wait for the run's parent (a sub-agent's person is its
+    /// parent's person: no clock of the tree runs while they are asked).
+    _parent: Option<Box<PersonWait>>,
 }
 
 impl Drop for PersonWait {
@@ -180,6 +186,7 @@ impl RunContext {
                 workspace,
                 limits,
                 depth: 0,
+                parent: None,
                 cancel,
                 stop_cause: OnceLock::new(),
                 person: watch::Sender::new(PersonClock::default()),
@@ -187,10 +194,12 @@ impl RunContext {
         }
     }
 
-    /// The same context at `depth` (a sub-agent's), before it is shared.
-    pub(crate) fn at_depth(mut self, depth: u32) -> Self {
+    /// The same context as a sub-agent of `parent` (one level deeper),
+    /// before it is shared.
+    pub(crate) fn under(mut self, parent: &RunContext) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.depth = depth;
+            inner.depth = parent.depth() + 1;
+            inner.parent = Some(parent.clone());
         }
         self
     }
@@ -280,7 +289,14 @@ impl RunContext {
             }
             clock.waiting += 1;
         });
-        PersonWait { ctx: self.clone() }
+        PersonWait {
+            ctx: self.clone(),
+            _parent: self
+                .inner
+                .parent
+                .as_ref()
+                .map(|parent| Box::new(parent.wait_for_person())),
+        }
     }
 
     /// Records why the run is stopping (the first cause wins) and cancels it.

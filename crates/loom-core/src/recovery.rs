@@ -116,6 +116,15 @@ pub enum ResumeError {
         /// Its status.
         status: &'static str,
     },
+    /// The run is a sub-agent's: it resumes with its parent, which knows
+    /// its tools and budgets.
+    #[error("run {run_id} is a sub-agent of run {parent}: resume {parent}, which resumes it")]
+    SubAgent {
+        /// The run.
+        run_id: String,
+        /// Its parent.
+        parent: String,
+    },
     /// The store failed (including an unknown run id).
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),

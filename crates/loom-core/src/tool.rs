@@ -153,6 +153,14 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// Whether the tool bounds its own time (a sub-agent runs under its own
+    /// time limit, never more than its parent has left): the default
+    /// per-call timeout does not apply to it; a timeout set for the tool by
+    /// name still does. Default false.
+    fn bounds_own_time(&self) -> bool {
+        false
+    }
+
     /// Whether the tool can be used now; `Err` says why not.
     fn check_available(&self) -> Result<(), String> {
         Ok(())
@@ -180,6 +188,10 @@ pub trait DynTool: Send + Sync + 'static {
     fn check_available(&self) -> Result<(), String>;
     /// See [`Tool::resumable`].
     fn resumable(&self) -> bool {
+        false
+    }
+    /// See [`Tool::bounds_own_time`].
+    fn bounds_own_time(&self) -> bool {
         false
     }
     /// Runs the tool with arguments already validated against the schema.
@@ -215,6 +227,10 @@ impl<T: Tool> DynTool for T {
 
     fn resumable(&self) -> bool {
         Tool::resumable(self)
+    }
+
+    fn bounds_own_time(&self) -> bool {
+        Tool::bounds_own_time(self)
     }
 
     fn check_available(&self) -> Result<(), String> {

@@ -55,6 +55,12 @@ impl Tool for Task {
         true
     }
 
+    /// The sub-agent runs under its own time limit (no more than this run
+    /// has left), not the default timeout of one tool call.
+    fn bounds_own_time(&self) -> bool {
+        true
+    }
+
     async fn call(&self, args: TaskArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         if args.prompt.trim().is_empty() {
             return Err(ToolError::InvalidArguments("prompt must not be empty".into()));

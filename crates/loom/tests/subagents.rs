@@ -294,3 +294,104 @@ async fn the_nesting_limit_takes_task_away() {
     assert_eq!(outcome.status, RunStatus::Done);
     assert_eq!(events.iter().map(|e| e.depth).max(), Some(2));
 }
+
+#[tokio::test]
+async fn a_child_that_uses_the_steps_its_parent_had_left_reports_budget_exhausted() {
+    let dir = tempfile::tempdir().unwrap();
+    // The parent may take 2 steps; its child asks for 5 and gets 2.
+    let model = scripted(vec![
+        call(
+            "task",
+            json!({"description": "long", "prompt": "keep looking", "tools": ["list_dir"], "max_steps": 5}),
+        ),
+        call("list_dir", json!({"path": "."})),
+        call("list_dir", json!({"path": "./"})),
+        answer(""),
+        answer("done"),
+    ]);
+    let (events, outcome) = agent(&model, dir.path())
+        .max_steps(2)
+        .build()
+        .unwrap()
+        .run("go")
+        .collect()
+        .await;
+    assert_eq!(outcome.status, RunStatus::Done);
+    let (_, status, content) = &tool_results(&by_run(&events)[&outcome.run_id])[0];
+    assert_eq!(status, "error");
+    assert!(content.contains(": budget exhausted\n"), "{content}");
+    assert!(content.contains("the 2 steps its parent had left"), "{content}");
+    let child = &children(&events, &outcome.run_id)[0];
+    assert!(matches!(&child[0].kind, EventKind::LifecycleStart { max_steps: 2, .. }));
+}
+
+#[tokio::test]
+async fn a_childs_ask_goes_to_whoever_answers_the_parents_labelled_with_its_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = scripted(vec![
+        call("task", task("write it", Some(&["write_file"]))),
+        call("write_file", json!({"path": "x.txt", "content": "from the child"})),
+        answer("written"),
+        answer("done"),
+    ]);
+    let mut policy = PermissionPolicy::new(Decision::Deny);
+    policy.add_rule("task", Decision::Allow).unwrap();
+    policy.add_rule("write_file", Decision::Ask).unwrap();
+    let mut run = agent(&model, dir.path()).permissions(policy).build().unwrap().run("go");
+    let controller = run.controller();
+    let mut asked = Vec::new();
+    while let Some(event) = run.next_event().await {
+        if let EventKind::PermissionRequest { request_id, tool, .. } = &event.kind {
+            asked.push((tool.clone(), event.depth, event.parent_run_id.is_some()));
+            controller
+                .respond_permission(request_id, loom::PermissionDecision::Allow)
+                .unwrap();
+        }
+    }
+    let outcome = run.outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert_eq!(asked, [("write_file".to_string(), 1, true)]);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("x.txt")).unwrap(),
+        "from the child"
+    );
+}
+
+#[tokio::test]
+async fn a_person_answering_a_child_stops_the_parents_clocks_and_task_has_no_call_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = scripted(vec![
+        call("task", task("write it", Some(&["write_file"]))),
+        call("write_file", json!({"path": "x.txt", "content": "late"})),
+        answer("written"),
+        answer("done"),
+    ]);
+    let mut policy = PermissionPolicy::new(Decision::Deny);
+    policy.add_rule("task", Decision::Allow).unwrap();
+    policy.add_rule("write_file", Decision::Ask).unwrap();
+    // The person takes longer than a turn may, and longer than a tool call
+    // may: neither limit counts their time, and `task` is bounded by its
+    // sub-agent's own limits, not by the per-call timeout.
+    let mut run = agent(&model, dir.path())
+        .permissions(policy)
+        .step_timeout(Some(Duration::from_millis(800)))
+        .tool_timeout(Some(Duration::from_millis(800)))
+        .build()
+        .unwrap()
+        .run("go");
+    let controller = run.controller();
+    while let Some(event) = run.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            let (controller, request_id) = (controller.clone(), request_id.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                controller
+                    .respond_permission(&request_id, loom::PermissionDecision::Allow)
+                    .unwrap();
+            });
+        }
+    }
+    let outcome = run.outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(std::fs::read_to_string(dir.path().join("x.txt")).unwrap(), "late");
+}

@@ -44,6 +44,8 @@ pub(crate) struct Children {
     workspace: Arc<Path>,
     budget: Arc<BudgetNode>,
     steps_left: u32,
+    /// The calling turn's time limit.
+    step_deadline: Option<crate::context::Deadline>,
     slots: Arc<tokio::sync::Semaphore>,
     tracker: tokio_util::task::TaskTracker,
 }
@@ -79,6 +81,7 @@ impl Driver {
             workspace: self.workspace.clone(),
             budget: self.budget.clone(),
             steps_left,
+            step_deadline: self.step_deadline.clone(),
             slots: self.child_slots.clone(),
             tracker: self.children.clone(),
         }))
@@ -120,15 +123,10 @@ impl Children {
         }
     }
 
-    /// The child's driver, ready to run: a new child (`last_seq` 0) or one
-    /// resumed after its stored events.
-    fn child_driver(
-        &self,
-        request: &ChildRequest,
-        cancel: CancellationToken,
-        run_id: String,
-        last_seq: u64,
-    ) -> Result<Driver, DelegateError> {
+    /// What can refuse a child, checked before anything is started or
+    /// taken over: its tools, and whether the parent has steps and budget
+    /// left. Returns the child's tools and budget.
+    fn preflight(&self, request: &ChildRequest) -> Result<(crate::tool::ToolRegistry, Budget), DelegateError> {
         let registry = self.tools_for(request.tools.as_deref())?;
         if self.steps_left == 0 {
             return Err(DelegateError::NothingLeft(
@@ -141,14 +139,39 @@ impl Children {
                 "this run's budget is used up: no sub-agent can start".to_string(),
             ));
         }
+        Ok((registry, remaining))
+    }
+
+    /// The child's driver, ready to run: a new child (`last_seq` 0) or one
+    /// resumed after its stored events, with `registry` and `remaining`
+    /// from [`Children::preflight`].
+    fn child_driver(
+        &self,
+        request: &ChildRequest,
+        (registry, remaining): (crate::tool::ToolRegistry, Budget),
+        cancel: CancellationToken,
+        run_id: String,
+        last_seq: u64,
+    ) -> (Driver, Inherited) {
         let mut limits = self.parent.limits().clone();
         let wanted = request.max_steps.unwrap_or(self.engine.sub_agents.default_steps).max(1);
         limits.max_steps = wanted.min(self.steps_left);
-        // A child has at most the time its parent has left.
-        if let Some(at) = self.parent.run_deadline().and_then(|deadline| deadline.at()) {
+        let mut inherited = Inherited {
+            steps: (wanted > self.steps_left).then_some(self.steps_left),
+            time: false,
+        };
+        // A child has at most the time its parent has left: of its run, and
+        // of the turn that calls it.
+        let parent_ends = [self.parent.run_deadline(), self.step_deadline.clone()]
+            .into_iter()
+            .flatten()
+            .filter_map(|deadline| deadline.at())
+            .min();
+        if let Some(at) = parent_ends {
             let left = at
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
+            inherited.time = limits.run_timeout.is_none_or(|own| left < own);
             limits.run_timeout = Some(limits.run_timeout.map_or(left, |own| own.min(left)));
         }
         // Its own budget is what the parent has left; the parent's (and
@@ -162,7 +185,7 @@ impl Children {
             limits,
             cancel,
         )
-        .at_depth(depth);
+        .under(&self.parent);
         let events = {
             let emitter = EventEmitter::new(ctx.run_id_arc(), depth, self.stream.clone())
                 .with_parent_run(self.parent.run_id_arc())
@@ -186,7 +209,7 @@ impl Children {
                 .map(|(store, _)| (store.clone(), ctx.run_id_arc())),
             ..self.gate.clone()
         };
-        Ok(Driver {
+        let driver = Driver {
             engine: self.engine.clone(),
             tools: Arc::new(self.tools.with_tools(registry)),
             child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
@@ -208,8 +231,20 @@ impl Children {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
-        })
+            step_deadline: None,
+        };
+        (driver, inherited)
     }
+}
+
+/// The limits a child got from what its parent had left rather than from
+/// its own request: reaching one of them is running out of budget.
+#[derive(Debug, Clone, Copy)]
+struct Inherited {
+    /// The parent's steps left, when fewer than the child asked for.
+    steps: Option<u32>,
+    /// Its time limit is the parent's time left.
+    time: bool,
 }
 
 #[async_trait::async_trait]
@@ -223,7 +258,9 @@ impl SubAgents for Children {
         };
         let child_cancel = cancel.child_token();
         let run_id = child_run_id(self.parent.run_id(), &request.call_id);
+        let allowed = self.preflight(&request)?;
         // The same call made again after a crash finds the child it began.
+        let mut spent_before = None;
         let (start, last_seq) = match self.store.load_run(&run_id).await {
             Err(StoreError::NotFound(_)) => (
                 Start::New {
@@ -242,8 +279,7 @@ impl SubAgents for Children {
                 let snapshot = crate::recovery::take_over(self.store.as_ref(), &run_id, &self.engine.owner)
                     .await
                     .map_err(|err| DelegateError::Resume(format!("the sub-agent {run_id} cannot be resumed: {err}")))?;
-                // What it spent before the crash counts for its ancestors again.
-                self.budget.charge_descendant(&snapshot.run.metrics);
+                spent_before = Some(snapshot.run.metrics.clone());
                 let last_seq = snapshot.last_seq;
                 (Start::Resumed(Box::new(snapshot)), last_seq)
             }
@@ -253,7 +289,13 @@ impl SubAgents for Children {
                 )))
             }
         };
-        let driver = self.child_driver(&request, child_cancel.clone(), run_id.clone(), last_seq)?;
+        let (driver, inherited) = self.child_driver(&request, allowed, child_cancel.clone(), run_id.clone(), last_seq);
+        // What a resumed child spent before the crash counts for its
+        // ancestors again (its own node is seeded with it when it resumes;
+        // the budget it was given is what was left before counting it).
+        if let Some(spent) = &spent_before {
+            self.budget.charge_descendant(spent);
+        }
         // The child runs as a task of its own, tracked by the parent: if
         // this call is dropped (its grace after a cancel ran out), the
         // child still stops in order and the parent waits for it.
@@ -265,7 +307,7 @@ impl SubAgents for Children {
         // Dropping this future (the call given up) must stop the child.
         let _stop_on_drop = child_cancel.drop_guard();
         match child.await {
-            Ok(outcome) => Ok(report(outcome)),
+            Ok(outcome) => Ok(report(outcome, inherited)),
             Err(err) => Ok(ChildReport {
                 run_id,
                 end: ChildEnd::Failed,
@@ -278,16 +320,28 @@ impl SubAgents for Children {
 }
 
 /// How a child ended, in the words of its result: only an answer is
-/// "completed".
-fn report(outcome: RunOutcome) -> ChildReport {
+/// "completed"; a child that reached a limit its parent's budget set
+/// (tokens, cost, steps or time it inherited) ran out of budget.
+fn report(outcome: RunOutcome, inherited: Inherited) -> ChildReport {
+    let out_of_parents = match &outcome.stop_reason {
+        Some(StopReason::MaxStepsWithoutAnswer) => inherited
+            .steps
+            .map(|steps| format!("it used the {steps} steps its parent had left without an answer")),
+        Some(StopReason::Timeout(crate::outcome::TimeoutKind::Run)) if inherited.time => {
+            Some("it used the time its parent had left".to_string())
+        }
+        _ => None,
+    };
     let end = match (&outcome.status, &outcome.stop_reason) {
         (RunStatus::Done, _) => ChildEnd::Completed,
         (RunStatus::Canceled, _) | (_, Some(StopReason::Cancelled(_))) => ChildEnd::Cancelled,
         (_, Some(StopReason::BudgetExhausted(_))) => ChildEnd::BudgetExhausted,
+        _ if out_of_parents.is_some() => ChildEnd::BudgetExhausted,
         _ => ChildEnd::Failed,
     };
     let reason = match (&end, &outcome.stop_reason) {
         (ChildEnd::Completed, _) => None,
+        _ if out_of_parents.is_some() => out_of_parents,
         (_, Some(reason)) => Some(describe(reason)),
         (_, None) => Some(format!("it ended {}", outcome.status.as_str())),
     };

@@ -148,6 +148,7 @@ impl Driver {
                             run,
                             step: ctx.step_deadline(),
                         };
+                        self.step_deadline = deadlines.step.clone();
                     }
                     Err(reason) => machine.stop(reason),
                 },

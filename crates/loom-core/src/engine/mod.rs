@@ -112,6 +112,8 @@ pub(crate) struct Driver {
     pub parent: Option<ParentLink>,
     /// Its sub-agents' tasks: a run ends only after they have.
     pub children: TaskTracker,
+    /// The current turn's time limit (a sub-agent gets no more).
+    pub step_deadline: Option<crate::context::Deadline>,
 }
 
 /// What the driver works out once and reuses.

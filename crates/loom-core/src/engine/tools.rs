@@ -27,6 +27,8 @@ impl Driver {
         self.phase(&turn, Phase::Tools, false);
         self.events
             .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
+        // The turn's checkpoint then holds what its sub-agents spent.
+        self.fold_children_usage(machine);
         let end = self.turn_end(true);
         machine.tools_returned(&calls, results, end);
     }

@@ -61,8 +61,11 @@ impl Default for PipelineConfig {
 }
 
 impl PipelineConfig {
-    fn timeout_for(&self, tool: &str) -> Option<Duration> {
-        self.tool_timeouts.get(tool).copied().or(self.tool_timeout)
+    /// A tool's timeout: the one set for it by name, else the default —
+    /// unless the tool bounds its own time (a sub-agent has its run's).
+    fn timeout_for(&self, tool: &str, bounds_own_time: bool) -> Option<Duration> {
+        let default = if bounds_own_time { None } else { self.tool_timeout };
+        self.tool_timeouts.get(tool).copied().or(default)
     }
 }
 

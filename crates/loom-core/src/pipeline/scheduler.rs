@@ -76,7 +76,14 @@ async fn run_group(
                     }
                 }
                 let t = Instant::now();
-                let result = execute(call, tool, args, pipeline.config.timeout_for(&call.name), env).await;
+                let result = execute(
+                    call,
+                    tool,
+                    args,
+                    pipeline.config.timeout_for(&call.name, tool.tool.bounds_own_time()),
+                    env,
+                )
+                .await;
                 stages.execute_us = micros(t);
                 let result = pipeline.finish(call, result, stages, started, env).await;
                 if let Some(store) = journal {
