@@ -64,26 +64,8 @@ impl Renderer for Human {
                     self.args.insert(call.call_id.clone(), summarize_args(&call.args));
                 }
             }
-            EventKind::ToolResult {
-                call_id,
-                name,
-                status,
-                content,
-                duration_ms,
-                ..
-            } => {
-                let args = self.args.remove(call_id).unwrap_or_default();
-                let mark = if status.is_failure() { "✗" } else { "✓" };
-                let took = if *duration_ms == 0 {
-                    "<1".to_string()
-                } else {
-                    duration_ms.to_string()
-                };
-                let mut line = format!("  {mark} {name}({args}) {took} ms");
-                if status.as_str() != "success" {
-                    let first = content.lines().next().unwrap_or_default();
-                    line.push_str(&format!(" — {}: {}", status.as_str(), clip(first, 160)));
-                }
+            EventKind::ToolResult { .. } => {
+                let line = self.tool_line(event);
                 say!("{line}");
             }
             EventKind::MaxIterationsReached { max_iterations, .. } => {
@@ -148,21 +130,8 @@ impl Human {
                     self.args.insert(call.call_id.clone(), summarize_args(&call.args));
                 }
             }
-            EventKind::ToolResult {
-                call_id,
-                name,
-                status,
-                content,
-                duration_ms,
-                ..
-            } => {
-                let args = self.args.remove(call_id).unwrap_or_default();
-                let mark = if status.is_failure() { "✗" } else { "✓" };
-                let mut line = format!("{indent}{mark} {name}({args}) {duration_ms} ms");
-                if status.as_str() != "success" {
-                    let first = content.lines().next().unwrap_or_default();
-                    line.push_str(&format!(" — {}: {}", status.as_str(), clip(first, 160)));
-                }
+            EventKind::ToolResult { .. } => {
+                let line = self.tool_line(event);
                 self.end_line()?;
                 say!("{line}");
             }
@@ -181,6 +150,35 @@ impl Human {
             _ => {}
         }
         Ok(())
+    }
+
+    /// One tool call's line, indented by the depth of its run.
+    fn tool_line(&mut self, event: &Event) -> String {
+        let EventKind::ToolResult {
+            call_id,
+            name,
+            status,
+            content,
+            duration_ms,
+            ..
+        } = &event.kind
+        else {
+            return String::new();
+        };
+        let indent = "  ".repeat(event.depth as usize + 1);
+        let args = self.args.remove(call_id).unwrap_or_default();
+        let mark = if status.is_failure() { "✗" } else { "✓" };
+        let took = if *duration_ms == 0 {
+            "<1".to_string()
+        } else {
+            duration_ms.to_string()
+        };
+        let mut line = format!("{indent}{mark} {name}({args}) {took} ms");
+        if status.as_str() != "success" {
+            let first = content.lines().next().unwrap_or_default();
+            line.push_str(&format!(" — {}: {}", status.as_str(), clip(first, 160)));
+        }
+        line
     }
 
     fn end_line(&mut self) -> io::Result<()> {

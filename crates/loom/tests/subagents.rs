@@ -33,6 +33,14 @@ fn agent(model: &Arc<ScriptedModel>, dir: &std::path::Path) -> loom::AgentBuilde
         .workspace(dir)
 }
 
+/// `task` allowed, `write_file` asked, the rest denied.
+fn asking_for_writes() -> PermissionPolicy {
+    let mut policy = PermissionPolicy::new(Decision::Deny);
+    policy.add_rule("task", Decision::Allow).unwrap();
+    policy.add_rule("write_file", Decision::Ask).unwrap();
+    policy
+}
+
 fn task(prompt: &str, tools: Option<&[&str]>) -> serde_json::Value {
     match tools {
         Some(tools) => json!({"description": "part", "prompt": prompt, "tools": tools}),
@@ -334,10 +342,11 @@ async fn a_childs_ask_goes_to_whoever_answers_the_parents_labelled_with_its_dept
         answer("written"),
         answer("done"),
     ]);
-    let mut policy = PermissionPolicy::new(Decision::Deny);
-    policy.add_rule("task", Decision::Allow).unwrap();
-    policy.add_rule("write_file", Decision::Ask).unwrap();
-    let mut run = agent(&model, dir.path()).permissions(policy).build().unwrap().run("go");
+    let mut run = agent(&model, dir.path())
+        .permissions(asking_for_writes())
+        .build()
+        .unwrap()
+        .run("go");
     let controller = run.controller();
     let mut asked = Vec::new();
     while let Some(event) = run.next_event().await {
@@ -366,14 +375,11 @@ async fn a_person_answering_a_child_stops_the_parents_clocks_and_task_has_no_cal
         answer("written"),
         answer("done"),
     ]);
-    let mut policy = PermissionPolicy::new(Decision::Deny);
-    policy.add_rule("task", Decision::Allow).unwrap();
-    policy.add_rule("write_file", Decision::Ask).unwrap();
     // The person takes longer than a turn may, and longer than a tool call
     // may: neither limit counts their time, and `task` is bounded by its
     // sub-agent's own limits, not by the per-call timeout.
     let mut run = agent(&model, dir.path())
-        .permissions(policy)
+        .permissions(asking_for_writes())
         .step_timeout(Some(Duration::from_millis(800)))
         .tool_timeout(Some(Duration::from_millis(800)))
         .build()
