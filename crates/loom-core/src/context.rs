@@ -305,9 +305,14 @@ impl RunContext {
         self.inner.cancel.cancel();
     }
 
-    /// Why the run was stopped, if it was.
+    /// Why the run was stopped, if it was: its own cause, else (for a
+    /// sub-agent stopped with its parent) its parent's — a child of an
+    /// interrupted run is interrupted too, and resumes with it.
     pub fn stop_cause(&self) -> Option<&StopCause> {
-        self.inner.stop_cause.get()
+        self.inner
+            .stop_cause
+            .get()
+            .or_else(|| self.inner.parent.as_ref().and_then(RunContext::stop_cause))
     }
 
     /// Whether the run has been cancelled or stopped.

@@ -401,3 +401,51 @@ async fn a_person_answering_a_child_stops_the_parents_clocks_and_task_has_no_cal
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
     assert_eq!(std::fs::read_to_string(dir.path().join("x.txt")).unwrap(), "late");
 }
+
+#[tokio::test]
+async fn an_interrupted_parent_leaves_its_child_resumable_and_resuming_the_parent_finishes_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn loom::Store> = Arc::new(loom::stores::SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let first = scripted(vec![
+        call("task", task("look", Some(&["list_dir"]))),
+        delayed(answer("never"), 30_000),
+    ]);
+    let mut run = agent(&first, dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap()
+        .run("go");
+    let parent_id = run.run_id().to_string();
+    while let Some(event) = run.next_event().await {
+        if event.depth == 1 && event.kind.name() == "llm.start" {
+            run.controller().interrupt("the process is stopping");
+        }
+    }
+    assert_eq!(run.outcome().await.status, RunStatus::Interrupted);
+    let children = store.child_runs(&parent_id).await.unwrap();
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].status, RunStatus::Interrupted, "the child stays resumable");
+
+    let rest = scripted(vec![answer("the child's answer"), answer("the parent's answer")]);
+    let resumed = agent(&rest, dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap()
+        .resume(&parent_id)
+        .await
+        .unwrap();
+    let (events, outcome) = resumed.collect().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("the parent's answer"));
+    let child_start = events
+        .iter()
+        .find(|e| e.depth == 1 && e.kind.name() == "lifecycle.start")
+        .unwrap();
+    assert!(matches!(
+        child_start.kind,
+        EventKind::LifecycleStart { resumed: true, .. }
+    ));
+    let child = store.load_run(&children[0].run_id).await.unwrap().run;
+    assert_eq!(child.status, RunStatus::Done);
+    assert_eq!(child.content.as_deref(), Some("the child's answer"));
+}
