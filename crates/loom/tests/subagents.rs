@@ -449,3 +449,56 @@ async fn an_interrupted_parent_leaves_its_child_resumable_and_resuming_the_paren
     assert_eq!(child.status, RunStatus::Done);
     assert_eq!(child.content.as_deref(), Some("the child's answer"));
 }
+
+#[tokio::test]
+async fn after_an_interrupt_the_parent_counts_a_finished_and_a_resumed_child_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn loom::Store> = Arc::new(loom::stores::SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    // Two children: whichever takes the first answer finishes at once (100
+    // tokens), the other waits on the second until the interrupt.
+    let first = scripted(vec![
+        costing(calls(&[("task", task("a", None)), ("task", task("b", None))]), 10),
+        costing(answer("fast"), 100),
+        delayed(answer("never"), 30_000),
+    ]);
+    let mut run = agent(&first, dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap()
+        .run("go");
+    let parent_id = run.run_id().to_string();
+    let mut finished_children = 0;
+    let mut waiting = 0;
+    while let Some(event) = run.next_event().await {
+        if event.depth == 1 && event.kind.name() == "lifecycle.end" {
+            finished_children += 1;
+        }
+        if event.depth == 1 && event.kind.name() == "llm.start" {
+            waiting += 1;
+        }
+        if finished_children == 1 && waiting == 2 {
+            run.controller().interrupt("the process is stopping");
+            waiting = 0;
+        }
+    }
+    assert_eq!(run.outcome().await.status, RunStatus::Interrupted);
+
+    let rest = scripted(vec![
+        costing(answer("slow, but done"), 50),
+        costing(answer("both done"), 10),
+    ]);
+    let (_, outcome) = agent(&rest, dir.path())
+        .store(store.clone())
+        .build()
+        .unwrap()
+        .resume(&parent_id)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    // The parent's two calls, the fast child's 100 and the resumed one's 50.
+    assert_eq!(outcome.metrics.input_tokens, 170);
+    let stored = store.load_run(&parent_id).await.unwrap().run;
+    assert_eq!(stored.metrics.input_tokens, 170);
+}

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{Budget, BudgetNode};
 use crate::context::RunContext;
 use crate::delegate::{ChildEnd, ChildReport, ChildRequest, DelegateError, SubAgents};
-use crate::event::{EventEmitter, TurnIds};
+use crate::event::{EventEmitter, EventKind, TurnIds};
 use crate::machine::TurnMachine;
-use crate::outcome::{RunOutcome, StopReason};
+use crate::outcome::{ErrorCode, RunOutcome, StopReason};
 use crate::permission::PermissionGate;
 use crate::status::RunStatus;
 use crate::store::{ParentLink, RunRecord, Store, StoreError};
@@ -85,6 +85,17 @@ impl Driver {
             slots: self.child_slots.clone(),
             tracker: self.children.clone(),
         }))
+    }
+}
+
+impl Driver {
+    /// Counts the spending of the sub-agent that the call `call_id` started
+    /// and that ended before a crash (its result comes from the journal).
+    pub(super) async fn account_recorded_child(&self, call_id: &str) {
+        let child = child_run_id(self.ctx.run_id(), call_id);
+        if let Ok(found) = self.store.load_run(&child).await {
+            self.budget.charge_descendant(&found.run.metrics);
+        }
     }
 }
 
@@ -273,7 +284,16 @@ impl SubAgents for Children {
             Ok(found) if found.run.status.is_terminal() => {
                 // It ended before the crash; its result was not recorded.
                 self.budget.charge_descendant(&found.run.metrics);
-                return Ok(report_stored(found.run));
+                // Its record keeps its status; its last events say why.
+                let last = self
+                    .store
+                    .events_page(&run_id, found.last_seq.saturating_sub(4), 8)
+                    .await
+                    .unwrap_or_default();
+                let ran_out = last.iter().any(
+                    |event| matches!(&event.kind, EventKind::Error { code, .. } if *code == ErrorCode::BudgetExhausted),
+                );
+                return Ok(report_stored(found.run, ran_out));
             }
             Ok(_) => {
                 let snapshot = crate::recovery::take_over(self.store.as_ref(), &run_id, &self.engine.owner)
@@ -354,12 +374,13 @@ fn report(outcome: RunOutcome, inherited: Inherited) -> ChildReport {
     }
 }
 
-/// How a child that ended before a crash ended, from its record (which
-/// keeps its status, not why it stopped).
-fn report_stored(run: RunRecord) -> ChildReport {
+/// How a child that ended before a crash ended, from its record and
+/// whether its last events say it ran out of budget.
+fn report_stored(run: RunRecord, ran_out_of_budget: bool) -> ChildReport {
     let end = match run.status {
         RunStatus::Done => ChildEnd::Completed,
         RunStatus::Canceled => ChildEnd::Cancelled,
+        _ if ran_out_of_budget => ChildEnd::BudgetExhausted,
         _ => ChildEnd::Failed,
     };
     ChildReport {

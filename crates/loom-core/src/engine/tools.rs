@@ -27,8 +27,13 @@ impl Driver {
         self.phase(&turn, Phase::Tools, false);
         self.events
             .emit(&turn, EventKind::ToolCallsComplete { count: results.len() });
-        // The turn's checkpoint then holds what its sub-agents spent.
-        self.fold_children_usage(machine);
+        // The turn's checkpoint then holds what its sub-agents spent — unless
+        // the run is being interrupted: then the checkpoint is the one from
+        // before the calls, and the resumed run counts its sub-agents'
+        // spending when it settles the calls (see `account_recorded_child`).
+        if !matches!(self.ctx.stop_cause(), Some(crate::context::StopCause::Interrupted(_))) {
+            self.fold_children_usage(machine);
+        }
         let end = self.turn_end(true);
         machine.tools_returned(&calls, results, end);
     }
@@ -51,6 +56,11 @@ impl Driver {
                 .is_some_and(|registered| registered.tool.resumable())
         };
         let repairs = crate::resume::plan_resuming(calls, journal, resumable);
+        let resumable_names: Vec<String> = calls
+            .iter()
+            .filter(|call| resumable(call))
+            .map(|call| call.name.clone())
+            .collect();
         let rerun: Vec<ToolCall> = repairs
             .iter()
             .filter_map(|repair| match repair {
@@ -67,6 +77,14 @@ impl Driver {
                 CallRepair::Rerun(call) => rerun_results
                     .next()
                     .unwrap_or_else(|| crate::resume::not_run_result(&call)),
+                CallRepair::Recorded(result) if resumable_names.contains(&result.name) => {
+                    // A sub-agent that ended before the crash: its spending
+                    // is not in the checkpoint this run resumed from.
+                    self.account_recorded_child(&result.call_id).await;
+                    record_tool_metrics(machine, &result);
+                    self.events.emit(turn, EventKind::tool_result(&result));
+                    result
+                }
                 CallRepair::Recorded(result) | CallRepair::Interrupted(result) => {
                     record_tool_metrics(machine, &result);
                     self.events.emit(turn, EventKind::tool_result(&result));
