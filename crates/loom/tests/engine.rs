@@ -679,6 +679,13 @@ fn costing(mut turn: loom::models::ScriptTurn, input: u64, output: u64) -> loom:
     turn
 }
 
+/// `count` turns that each call `echo` (with different text) and report usage.
+fn echo_turns(count: usize, input: u64, output: u64) -> Vec<loom::models::ScriptTurn> {
+    (0..count)
+        .map(|i| costing(call("echo", json!({"text": format!("t{i}")})), input, output))
+        .collect()
+}
+
 fn warnings_and_errors(events: &[loom::Event]) -> Vec<String> {
     events
         .iter()
@@ -694,10 +701,7 @@ fn warnings_and_errors(events: &[loom::Event]) -> Vec<String> {
 async fn a_run_stops_when_its_token_budget_is_used_up_after_a_warning_at_80_percent() {
     // 300 tokens a turn against a budget of 1 000: warned before the
     // fourth call (900 used), stopped before the fifth (1 200 used).
-    let turns = (0..6)
-        .map(|i| costing(call("echo", json!({"text": format!("t{i}")})), 250, 50))
-        .collect();
-    let model = scripted(turns);
+    let model = scripted(echo_turns(6, 250, 50));
     let (events, outcome) = agent(&model, 10)
         .tool(Echo::default())
         .max_tokens(1000)
@@ -733,10 +737,7 @@ async fn a_run_stops_when_its_token_budget_is_used_up_after_a_warning_at_80_perc
 #[tokio::test]
 async fn a_cost_budget_counts_at_the_model_prices_and_needs_them() {
     // $1 per million tokens both ways: 1 000 tokens a turn = $0.001.
-    let turns = (0..4)
-        .map(|i| costing(call("echo", json!({"text": format!("t{i}")})), 500, 500))
-        .collect();
-    let model = scripted(turns);
+    let model = scripted(echo_turns(4, 500, 500));
     let (events, outcome) = agent(&model, 10)
         .tool(Echo::default())
         .pricing(loom::Pricing {

@@ -41,6 +41,16 @@ fn asking_for_writes() -> PermissionPolicy {
     policy
 }
 
+/// A parent whose child writes `content` to x.txt, then both answer.
+fn writing_child(content: &str) -> Arc<ScriptedModel> {
+    scripted(vec![
+        call("task", task("write it", Some(&["write_file"]))),
+        call("write_file", json!({"path": "x.txt", "content": content})),
+        answer("written"),
+        answer("done"),
+    ])
+}
+
 fn task(prompt: &str, tools: Option<&[&str]>) -> serde_json::Value {
     match tools {
         Some(tools) => json!({"description": "part", "prompt": prompt, "tools": tools}),
@@ -336,12 +346,7 @@ async fn a_child_that_uses_the_steps_its_parent_had_left_reports_budget_exhauste
 #[tokio::test]
 async fn a_childs_ask_goes_to_whoever_answers_the_parents_labelled_with_its_depth() {
     let dir = tempfile::tempdir().unwrap();
-    let model = scripted(vec![
-        call("task", task("write it", Some(&["write_file"]))),
-        call("write_file", json!({"path": "x.txt", "content": "from the child"})),
-        answer("written"),
-        answer("done"),
-    ]);
+    let model = writing_child("from the child");
     let mut run = agent(&model, dir.path())
         .permissions(asking_for_writes())
         .build()
@@ -369,12 +374,7 @@ async fn a_childs_ask_goes_to_whoever_answers_the_parents_labelled_with_its_dept
 #[tokio::test]
 async fn a_person_answering_a_child_stops_the_parents_clocks_and_task_has_no_call_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let model = scripted(vec![
-        call("task", task("write it", Some(&["write_file"]))),
-        call("write_file", json!({"path": "x.txt", "content": "late"})),
-        answer("written"),
-        answer("done"),
-    ]);
+    let model = writing_child("late");
     // The person takes longer than a turn may, and longer than a tool call
     // may: neither limit counts their time, and `task` is bounded by its
     // sub-agent's own limits, not by the per-call timeout.
