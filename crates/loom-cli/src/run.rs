@@ -211,11 +211,7 @@ pub(crate) async fn configure_agent(
     }
 
     let mut tools = file_tools();
-    // The gateway does not carry a sub-agent's events and asks to its
-    // clients yet (docs/subagents.md): it does not offer `task` until it does.
-    if server.is_none() {
-        tools.push(Arc::new(loom::tools::Task));
-    }
+    tools.push(Arc::new(loom::tools::Task));
     if let Some(wanted) = server.as_ref().and_then(|s| s.tools.as_ref()) {
         if let Some(unknown) = wanted
             .iter()

@@ -785,3 +785,97 @@ async fn an_idempotency_key_outlives_a_restart_and_a_broken_store_answers_intern
         .iter()
         .any(|r| r["runId"] == run.as_str()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_events_and_ask_reach_the_parents_subscribers() {
+    let (_dir, _model, gateway) = gateway("", &["--ask", "write_file"]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "delegate steps=1 tool=task child=steps:1+tool:write_file"}),
+            )
+            .await,
+    );
+    // The child's ask arrives on the parent's subscription, as the child's.
+    let ask = client.until_any("permission.request").await;
+    let child = ask["runId"].as_str().unwrap().to_string();
+    assert_ne!(child, run);
+    assert_eq!(ask["payload"]["parentRunId"], run.as_str());
+    assert_eq!(ask["payload"]["depth"], 1);
+    let request_id = ask["payload"]["requestId"].as_str().unwrap().to_string();
+    let listed = client.ok("permission.list", json!({"runId": run})).await;
+    assert_eq!(listed["asks"][0]["runId"], child.as_str(), "{listed}");
+    let listed = client.ok("permission.list", json!({"runId": child})).await;
+    assert_eq!(listed["asks"][0]["requestId"], request_id.as_str(), "{listed}");
+    // Another token sees neither the child nor its ask.
+    let mut bob = gateway.ws(BOB).await;
+    assert_eq!(bob.error("run.get", json!({"runId": child})).await, "NOT_FOUND");
+    assert_eq!(
+        bob.error(
+            "permission.respond",
+            json!({"runId": child, "requestId": request_id, "decision": "allow"})
+        )
+        .await,
+        "NOT_FOUND"
+    );
+    // A live sub-agent is controlled through its parent.
+    assert_eq!(
+        client.error("agent.cancel", json!({"runId": child})).await,
+        "INVALID_STATE"
+    );
+    client
+        .ok(
+            "permission.respond",
+            json!({"runId": child, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
+    assert!(gateway.dir.join("out_1.txt").exists());
+    // The child's events came with their own seq, and ended before the parent.
+    let names = client.names(&child);
+    assert_eq!(names.first().unwrap(), "lifecycle.start", "{names:?}");
+    assert_eq!(names.last().unwrap(), "lifecycle.end");
+    // Its whole log is its own, the same token's: replayed from the store.
+    let mut again = gateway.ws(ALICE).await;
+    again.ok("run.subscribe", json!({"runId": child, "afterSeq": 0})).await;
+    let child_end = again.until(&child, "lifecycle.end").await;
+    assert_eq!(child_end["payload"]["status"], "DONE");
+    let seqs = again.seqs(&child);
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(again.names(&child)[0], "lifecycle.start");
+
+    // Over SSE: the child's events come without `id:` (the cursor is the
+    // parent's seq), and only the parent's own end closes the stream.
+    let started: Value = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "again steps=1 tool=task delay_ms=300 child=steps:1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let parent = run_id(&started);
+    let sse = http(ALICE)
+        .get(gateway.url(&format!("/v1/runs/{parent}/events")))
+        .send()
+        .await
+        .unwrap();
+    let text = tokio::time::timeout(Duration::from_secs(20), sse.text())
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<u64> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("id:"))
+        .map(|id| id.trim().parse().unwrap())
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
+    assert!(text.contains("\"depth\":1"), "the child's events: {text}");
+    assert_eq!(text.matches("event: lifecycle.end").count(), 2, "{text}");
+    let last_data = text.lines().rev().find(|line| line.starts_with("data:")).unwrap();
+    assert!(last_data.contains(&format!("\"runId\":\"{parent}\"")), "{last_data}");
+}

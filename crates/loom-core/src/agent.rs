@@ -695,6 +695,7 @@ impl Agent {
             parent: None,
             children: tokio_util::task::TaskTracker::new(),
             step_deadline: None,
+            principal: None,
         };
         (
             driver,

@@ -33,6 +33,10 @@ pub struct Joined {
 pub trait EventFeed: Send + Sync {
     /// A run starts (or is queued): its events will be numbered after `last_seq`.
     fn open(&self, run_id: &str, last_seq: u64);
+    /// A sub-agent of `parent_run_id` starts (or resumes): like
+    /// [`EventFeed::open`], and its events also reach the subscribers of
+    /// its parent and every ancestor, live.
+    fn open_under(&self, run_id: &str, parent_run_id: &str, last_seq: u64);
     /// One event of a live run, in `seq` order.
     fn publish(&self, event: Arc<Event>);
     /// The store holds the run's events up to `seq`: they may leave memory.
@@ -62,6 +66,21 @@ struct RunFeed {
     last_seq: u64,
     subscribers: Vec<Subscriber>,
     closed: bool,
+    /// The run that started this one, for a sub-agent.
+    parent: Option<String>,
+}
+
+/// Offers `event` to `subscribers`; one that cannot take it is dropped as
+/// lagging (it resubscribes from the last seq it has), never buffered for.
+fn deliver(subscribers: &mut Vec<Subscriber>, event: &Arc<Event>) {
+    subscribers.retain(|subscriber| match subscriber.tx.try_send(event.clone()) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            subscriber.lagged.store(true, Ordering::SeqCst);
+            false
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    });
 }
 
 /// The in-process feed.
@@ -100,24 +119,30 @@ impl EventFeed for LocalFeed {
         });
     }
 
+    fn open_under(&self, run_id: &str, parent_run_id: &str, last_seq: u64) {
+        let mut runs = self.runs();
+        let run = runs.entry(run_id.to_string()).or_default();
+        run.last_seq = last_seq;
+        run.closed = false;
+        run.parent = Some(parent_run_id.to_string());
+    }
+
     fn publish(&self, event: Arc<Event>) {
         let mut runs = self.runs();
         let Some(run) = runs.get_mut(&*event.run_id) else {
             return;
         };
         run.last_seq = event.seq;
-        run.subscribers
-            .retain(|subscriber| match subscriber.tx.try_send(event.clone()) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    // Never buffer without bound: the subscriber resubscribes
-                    // from the last seq it has.
-                    subscriber.lagged.store(true, Ordering::SeqCst);
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
-        run.tail.push_back(event);
+        deliver(&mut run.subscribers, &event);
+        let mut ancestor = run.parent.clone();
+        run.tail.push_back(event.clone());
+        // A sub-agent's events reach its ancestors' subscribers live, with
+        // their own run id and seq (each run's own cursor resumes it).
+        while let Some(id) = ancestor {
+            let Some(run) = runs.get_mut(&id) else { break };
+            deliver(&mut run.subscribers, &event);
+            ancestor = run.parent.clone();
+        }
     }
 
     fn persisted(&self, run_id: &str, seq: u64) {

@@ -186,7 +186,7 @@ pub(crate) async fn events(
     };
     let subscription = app.service.subscribe(&principal, &run_id, after).await?;
     let closing = app.closing.clone();
-    let stream = sse_stream(subscription, closing);
+    let stream = sse_stream(subscription, closing, run_id.as_str().into());
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("ping"))
         .into_response())
@@ -208,37 +208,50 @@ impl Drop for SseGauge {
     }
 }
 
+/// The subscribed run's events (and, live, its sub-agents'); `subscribed`
+/// is its id.
 fn sse_stream(
     subscription: crate::service::Subscription,
     closing: tokio_util::sync::CancellationToken,
+    subscribed: Arc<str>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-    let state = (subscription, closing, SseGauge::open(), false);
-    futures_util::stream::unfold(state, |(mut subscription, closing, gauge, ended)| async move {
-        if ended {
-            return None;
-        }
-        let next = tokio::select! {
-            next = subscription.next() => next,
-            _ = closing.cancelled() => Next::End,
-        };
-        match next {
-            Next::Event(event) => {
-                let last = event.kind.name() == "lifecycle.end";
-                let data = serde_json::to_string(&*event).unwrap_or_default();
-                let sse = SseEvent::default()
-                    .id(event.seq.to_string())
-                    .event(event.kind.name())
-                    .data(data);
-                Some((Ok(sse), (subscription, closing, gauge, last)))
+    let state = (subscription, closing, SseGauge::open(), false, subscribed);
+    futures_util::stream::unfold(
+        state,
+        |(mut subscription, closing, gauge, ended, subscribed)| async move {
+            if ended {
+                return None;
             }
-            Next::Lagged => {
-                metrics::counter!("loom_subscribers_dropped_total").increment(1);
-                let sse = SseEvent::default().comment("dropped: too slow; reconnect with Last-Event-ID");
-                Some((Ok(sse), (subscription, closing, gauge, true)))
+            let next = tokio::select! {
+                next = subscription.next() => next,
+                _ = closing.cancelled() => Next::End,
+            };
+            match next {
+                Next::Event(event) => {
+                    let last = event.kind.name() == "lifecycle.end";
+                    let data = serde_json::to_string(&*event).unwrap_or_default();
+                    // A sub-agent's event carries no `id:`: the stream's cursor
+                    // is the subscribed run's seq (the sub-agent has its own).
+                    let own = event.run_id == subscribed;
+                    let sse = if own {
+                        SseEvent::default().id(event.seq.to_string())
+                    } else {
+                        SseEvent::default()
+                    };
+                    let sse = sse.event(event.kind.name()).data(data);
+                    // Only the subscribed run's own end closes the stream.
+                    let last = last && own;
+                    Some((Ok(sse), (subscription, closing, gauge, last, subscribed)))
+                }
+                Next::Lagged => {
+                    metrics::counter!("loom_subscribers_dropped_total").increment(1);
+                    let sse = SseEvent::default().comment("dropped: too slow; reconnect with Last-Event-ID");
+                    Some((Ok(sse), (subscription, closing, gauge, true, subscribed)))
+                }
+                Next::End => None,
             }
-            Next::End => None,
-        }
-    })
+        },
+    )
 }
 
 pub(crate) async fn healthz() -> Response {

@@ -74,6 +74,9 @@ pub(crate) struct Registry {
     pub(crate) runs: HashMap<String, LiveRun>,
     /// Asks pending over all runs (kept up to date, so the gauge is O(1)).
     pending_total: usize,
+    /// Sub-agents of live runs, by id: the run whose stream carries them
+    /// (the root of their run tree), which answers their asks.
+    pub(crate) sub_agents: HashMap<String, String>,
     /// The live runs of each session.
     by_session: HashMap<String, Vec<String>>,
     /// (principal, key) → (payload digest, run id).

@@ -635,11 +635,56 @@ impl Service {
         while let Some(event) = handle.next_event().await {
             crate::metrics::observe(&event, &mut model_started);
             let event = Arc::new(event);
-            self.on_event(&event);
-            self.inner.feed.publish(event);
+            if *event.run_id == *run_id {
+                self.on_event(&event);
+                self.inner.feed.publish(event);
+            } else {
+                self.on_sub_agent_event(&run_id, event);
+            }
         }
         let outcome = handle.outcome().await;
         self.on_end(&run_id, outcome);
+    }
+
+    /// An event of a sub-agent, from its root run's stream: it gets a feed
+    /// of its own (joined under its parent's, so the root's subscribers see
+    /// it live), and its asks are the root's to answer.
+    fn on_sub_agent_event(&self, root: &str, event: Arc<Event>) {
+        let child = event.run_id.to_string();
+        if matches!(event.kind, EventKind::LifecycleStart { .. }) {
+            let parent = event.parent_run_id.as_deref().unwrap_or(root);
+            self.inner.feed.open_under(&child, parent, event.seq.saturating_sub(1));
+            self.registry().sub_agents.insert(child.clone(), root.to_string());
+        }
+        if let EventKind::PermissionRequest { .. } | EventKind::PermissionResolved { .. } = &event.kind {
+            let mut registry = self.registry();
+            if let Some(run) = registry.runs.get_mut(root) {
+                let before = run.pending.len();
+                match pending_ask(&event) {
+                    Some(ask) => {
+                        run.pending.retain(|known| known.request_id != ask.request_id);
+                        run.pending.push(ask);
+                        run.status = RunStatus::WaitingPermission;
+                    }
+                    None => {
+                        if let EventKind::PermissionResolved { request_id, .. } = &event.kind {
+                            run.pending.retain(|known| known.request_id != *request_id);
+                            if run.pending.is_empty() {
+                                run.status = RunStatus::Running;
+                            }
+                        }
+                    }
+                }
+                registry.pending_changed(root, before);
+                self.publish_gauges(&registry);
+            }
+        }
+        let ended = matches!(event.kind, EventKind::LifecycleEnd { .. });
+        self.inner.feed.publish(event);
+        if ended {
+            self.inner.feed.close(&child);
+            self.registry().sub_agents.remove(&child);
+        }
     }
 
     /// What an event changes in the registry.
@@ -658,21 +703,9 @@ impl Service {
                 run.metrics.output_tokens += usage.output_tokens;
                 run.metrics.llm_calls += 1;
             }
-            EventKind::PermissionRequest {
-                request_id,
-                tool,
-                args,
-                rule,
-            } => {
+            EventKind::PermissionRequest { request_id, .. } => {
                 run.pending.retain(|ask| ask.request_id != *request_id);
-                run.pending.push(PendingAsk {
-                    run_id: run.run_id.clone(),
-                    request_id: request_id.clone(),
-                    tool: tool.clone(),
-                    args: args.clone(),
-                    rule: rule.clone(),
-                    seq: event.seq,
-                });
+                run.pending.extend(pending_ask(event));
                 run.status = RunStatus::WaitingPermission;
                 if let (Some(decision), Some(controller)) = (run.early.remove(request_id), &run.controller) {
                     // Answered before the restarted run asked again.
@@ -753,6 +786,23 @@ impl Service {
             seq = run.last_seq,
             "run ended"
         );
+        // Sub-agents an interrupt left open end with their root's stream.
+        let orphans: Vec<String> = {
+            let mut registry = self.registry();
+            let ids: Vec<String> = registry
+                .sub_agents
+                .iter()
+                .filter(|(_, root)| root.as_str() == run_id)
+                .map(|(child, _)| child.clone())
+                .collect();
+            for id in &ids {
+                registry.sub_agents.remove(id);
+            }
+            ids
+        };
+        for child in orphans {
+            self.inner.feed.close(&child);
+        }
         self.inner.feed.close(run_id);
         run.done.send_replace(Some((run.last_seq, outcome.status)));
         for launch in launches {
@@ -768,6 +818,7 @@ impl Service {
     }
 
     async fn cancel_with(&self, principal: &Principal, run_id: &str, reason: &str) -> Result<Cancelled, ApiError> {
+        self.refuse_sub_agent(principal, run_id, "cancel")?;
         enum Found {
             Queued(Option<Box<LiveRun>>),
             Running(watch::Receiver<Option<(u64, RunStatus)>>),
@@ -890,6 +941,7 @@ impl Service {
         if message.trim().is_empty() {
             return Err(ApiError::new(Code::InvalidParams, "message must not be empty"));
         }
+        self.refuse_sub_agent(principal, run_id, "steer")?;
         let refused = {
             let registry = self.registry();
             match registry.run(principal, run_id) {
@@ -913,6 +965,18 @@ impl Service {
         Err(ApiError::new(Code::InvalidState, refused))
     }
 
+    /// A live sub-agent is controlled through the run that started it.
+    fn refuse_sub_agent(&self, principal: &Principal, run_id: &str, what: &str) -> Result<(), ApiError> {
+        let registry = self.registry();
+        match registry.sub_agents.get(run_id) {
+            Some(root) if registry.run(principal, root).is_some() => Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} is a sub-agent of run {root}: {what} {root} instead"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `permission.respond`.
     pub async fn respond(
         &self,
@@ -923,7 +987,13 @@ impl Service {
     ) -> Result<(), ApiError> {
         let live = {
             let mut registry = self.registry();
-            match registry.run_mut(principal, run_id) {
+            // A sub-agent's ask is answered by the run whose stream carries it.
+            let answering = registry
+                .sub_agents
+                .get(run_id)
+                .cloned()
+                .unwrap_or_else(|| run_id.to_string());
+            match registry.run_mut(principal, &answering) {
                 Some(run) => {
                     let pending = run.pending.iter().any(|ask| ask.request_id == request_id);
                     if !pending {
@@ -980,6 +1050,13 @@ impl Service {
                 Some(id) => {
                     if let Some(run) = registry.run(principal, id) {
                         return Ok(run.pending.clone());
+                    }
+                    let root = registry
+                        .sub_agents
+                        .get(id)
+                        .and_then(|root| registry.run(principal, root));
+                    if let Some(run) = root {
+                        return Ok(run.pending.iter().filter(|ask| ask.run_id == id).cloned().collect());
                     }
                 }
             }
@@ -1275,6 +1352,28 @@ impl Service {
     pub fn shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::SeqCst)
     }
+}
+
+/// The ask a `permission.request` event makes (of its own run, which may
+/// be a sub-agent of the run that answers it).
+fn pending_ask(event: &Event) -> Option<PendingAsk> {
+    let EventKind::PermissionRequest {
+        request_id,
+        tool,
+        args,
+        rule,
+    } = &event.kind
+    else {
+        return None;
+    };
+    Some(PendingAsk {
+        run_id: event.run_id.to_string(),
+        request_id: request_id.clone(),
+        tool: tool.clone(),
+        args: args.clone(),
+        rule: rule.clone(),
+        seq: event.seq,
+    })
 }
 
 fn session_taken(session: &str) -> ApiError {

@@ -10,7 +10,10 @@
 //!   (default 0: answer at once; a request that offers no tools is
 //!   answered in text, as a final-answer call must be);
 //! - `tool=NAME` — the tool to call (default `list_dir`); `write_file`
-//!   writes `out_K.txt`, every other tool gets `{"path": "."}`;
+//!   writes `out_K.txt`, `task` starts a sub-agent whose prompt is
+//!   `child=…` with `:` read as `=` and `+` as a space (`child=steps:1+tool:write_file`
+//!   gives the child `steps=1 tool=write_file`) and whose tools are that
+//!   tool, every other tool gets `{"path": "."}`;
 //! - `delay_ms=N` — wait before answering (default: the server's delay);
 //! - `chunk_ms=N` — wait before each chunk of the stream (default 0);
 //! - `answer=TEXT` — the final answer (one word; default `done`);
@@ -116,6 +119,8 @@ struct Directives {
     answer: String,
     stamp: bool,
     long: usize,
+    /// A sub-agent's directives (`tool=task`).
+    child: String,
 }
 
 impl Directives {
@@ -129,6 +134,7 @@ impl Directives {
             answer: "done".into(),
             stamp: false,
             long: 0,
+            child: "steps=0".into(),
         };
         for word in text.split_whitespace() {
             let Some((key, value)) = word.split_once('=') else {
@@ -143,6 +149,7 @@ impl Directives {
                 ("answer", _) => directives.answer = value.to_string(),
                 ("stamp", Some(n)) => directives.stamp = n != 0,
                 ("long", Some(n)) => directives.long = n as usize,
+                ("child", _) => directives.child = value.replace(':', "=").replace('+', " "),
                 _ => continue,
             }
             found = true;
@@ -230,6 +237,16 @@ async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
         let id = format!("call_{step}_{:04x}", fastrand::u16(..));
         let args = match directives.tool.as_str() {
             "write_file" => format!(r#"{{"path":"out_{step}.txt","content":"step {step}"}}"#),
+            "task" => {
+                let child = Directives::parse(&directives.child);
+                let tools = child.map_or_else(|| "list_dir".to_string(), |child| child.tool);
+                serde_json::json!({
+                    "description": format!("part {step}"),
+                    "prompt": format!("sub-task {}", directives.child),
+                    "tools": [tools],
+                })
+                .to_string()
+            }
             _ => r#"{"path":"."}"#.to_string(),
         };
         crate::openai_tool_calls(&[(id.as_str(), directives.tool.as_str(), args.as_str())])

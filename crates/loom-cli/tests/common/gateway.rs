@@ -281,6 +281,19 @@ impl Client {
         }
     }
 
+    /// Reads until an event `name` of any run arrives; returns it.
+    pub(crate) async fn until_any(&mut self, name: &str) -> Value {
+        if let Some(found) = self.events.iter().find(|e| e["event"] == name) {
+            return found.clone();
+        }
+        loop {
+            let frame = self.frame().await.unwrap_or_else(|| panic!("closed before {name}"));
+            if frame["type"] == "event" && frame["event"] == name {
+                return frame;
+            }
+        }
+    }
+
     /// The seqs of the events received for `run_id`.
     pub(crate) fn seqs(&self, run_id: &str) -> Vec<u64> {
         self.events

@@ -46,6 +46,8 @@ pub(crate) struct Children {
     steps_left: u32,
     /// The calling turn's time limit.
     step_deadline: Option<crate::context::Deadline>,
+    /// Whose the parent is: its children are the same token's.
+    principal: Option<String>,
     slots: Arc<tokio::sync::Semaphore>,
     tracker: tokio_util::task::TaskTracker,
 }
@@ -82,6 +84,7 @@ impl Driver {
             budget: self.budget.clone(),
             steps_left,
             step_deadline: self.step_deadline.clone(),
+            principal: self.principal.clone(),
             slots: self.child_slots.clone(),
             tracker: self.children.clone(),
         }))
@@ -243,6 +246,7 @@ impl Children {
             caches: Caches::default(),
             budget_warned: Vec::new(),
             step_deadline: None,
+            principal: self.principal.clone(),
         };
         (driver, inherited)
     }
@@ -277,7 +281,7 @@ impl SubAgents for Children {
                 Start::New {
                     prompt: request.prompt.clone(),
                     history: Some(Vec::new()),
-                    principal: None,
+                    principal: self.principal.clone(),
                 },
                 0,
             ),

@@ -61,6 +61,7 @@ impl Driver {
 
     /// A new run: its record, its history, its first turn.
     async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>, principal: Option<String>) -> TurnMachine {
+        self.principal.clone_from(&principal);
         let max_steps = self.ctx.limits().max_steps;
         let first = match &self.parent {
             Some(parent) => TurnState::initial_child(max_steps, parent.turn_id.clone()),
@@ -92,6 +93,7 @@ impl Driver {
         let mut state = state.unwrap_or_else(|| RunState::new(TurnState::initial(self.ctx.limits().max_steps), ""));
         state.task.clone_from(&run.prompt);
         self.budget.seed(&run.metrics);
+        self.principal.clone_from(&run.principal);
         let state = state.with_metrics(run.metrics);
         self.emit_start(&state, &run.prompt, true);
         self.caches.journal = journal;

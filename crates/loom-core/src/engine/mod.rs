@@ -114,6 +114,8 @@ pub(crate) struct Driver {
     pub children: TaskTracker,
     /// The current turn's time limit (a sub-agent gets no more).
     pub step_deadline: Option<crate::context::Deadline>,
+    /// Who the run belongs to (a server token's name); its sub-agents too.
+    pub principal: Option<String>,
 }
 
 /// What the driver works out once and reuses.
