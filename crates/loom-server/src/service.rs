@@ -1206,6 +1206,11 @@ impl Service {
             let Some(principal) = record.principal.clone() else {
                 continue;
             };
+            // A sub-agent resumes with its parent (its `task` call is made
+            // again and finds it).
+            if record.parent.is_some() {
+                continue;
+            }
             match self
                 .resume_one(&record, Principal(principal.into()), store.as_ref())
                 .await
