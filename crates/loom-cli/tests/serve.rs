@@ -24,6 +24,22 @@ fn gateway(extra: &str, args: &[&str]) -> (tempfile::TempDir, PromptModel, Gatew
     (dir, model, gateway)
 }
 
+/// A whole SSE response (the stream ends after the run's `lifecycle.end`).
+async fn sse_text(response: reqwest::Response) -> String {
+    tokio::time::timeout(Duration::from_secs(20), response.text())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// The `id:` lines of an SSE text, as seqs.
+fn sse_ids(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("id:"))
+        .map(|id| id.trim().parse().unwrap())
+        .collect()
+}
+
 fn run_id(accepted: &Value) -> String {
     accepted["runId"].as_str().unwrap().to_string()
 }
@@ -374,15 +390,8 @@ async fn a_client_that_reattaches_sees_every_event_once_over_websocket_and_sse()
         .await
         .unwrap();
     assert_eq!(sse.status(), 200);
-    let text = tokio::time::timeout(Duration::from_secs(10), sse.text())
-        .await
-        .unwrap()
-        .unwrap();
-    let ids: Vec<u64> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("id:"))
-        .map(|id| id.trim().parse().unwrap())
-        .collect();
+    let text = sse_text(sse).await;
+    let ids = sse_ids(&text);
     assert_eq!(ids, (4..=end_seq).collect::<Vec<_>>());
     assert!(text.contains("event: lifecycle.end"));
 }
@@ -864,15 +873,8 @@ async fn a_sub_agents_events_and_ask_reach_the_parents_subscribers() {
         .send()
         .await
         .unwrap();
-    let text = tokio::time::timeout(Duration::from_secs(20), sse.text())
-        .await
-        .unwrap()
-        .unwrap();
-    let ids: Vec<u64> = text
-        .lines()
-        .filter_map(|line| line.strip_prefix("id:"))
-        .map(|id| id.trim().parse().unwrap())
-        .collect();
+    let text = sse_text(sse).await;
+    let ids = sse_ids(&text);
     assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
     assert!(text.contains("\"depth\":1"), "the child's events: {text}");
     assert_eq!(text.matches("event: lifecycle.end").count(), 2, "{text}");
