@@ -68,6 +68,10 @@ impl Renderer for Human {
                 let line = self.tool_line(event);
                 say!("{line}");
             }
+            EventKind::ToolOutput { text, .. } => {
+                self.end_line()?;
+                say_output(text, "  ");
+            }
             EventKind::MaxIterationsReached { max_iterations, .. } => {
                 self.end_line()?;
                 say!("loom: step limit ({max_iterations}) reached; asking the model for its final answer");
@@ -134,6 +138,10 @@ impl Human {
                 let line = self.tool_line(event);
                 self.end_line()?;
                 say!("{line}");
+            }
+            EventKind::ToolOutput { text, .. } => {
+                self.end_line()?;
+                say_output(text, &indent);
             }
             EventKind::Error { code, message, .. } => {
                 self.end_line()?;
@@ -263,4 +271,19 @@ pub(crate) fn summary(outcome: &loom::RunOutcome) -> String {
 /// The part of a sub-agent's run id that tells it from its siblings.
 fn short_run_id(run_id: &str) -> &str {
     run_id.rsplit('.').next().unwrap_or(run_id)
+}
+
+/// A streaming tool's output (the shell's), on stderr under a bar so it
+/// reads as the tool's and not the model's.
+fn say_output(text: &str, indent: &str) {
+    let mut shown = String::with_capacity(text.len() + 16);
+    for line in text.lines() {
+        shown.push_str(indent);
+        shown.push_str("│ ");
+        shown.push_str(line);
+        shown.push('\n');
+    }
+    // One write, so a permission question never lands inside the output.
+    let mut err = io::stderr().lock();
+    let _ = err.write_all(shown.as_bytes());
 }

@@ -60,6 +60,7 @@ says what to fix; fix it and try again. Use paths relative to the workspace root
 pub struct AgentBuilder {
     llm: Option<Arc<dyn Llm>>,
     tools: Vec<Arc<dyn DynTool>>,
+    tool_sources: Vec<Arc<dyn crate::tool_source::ToolSource>>,
     hooks: Vec<Arc<dyn ToolHook>>,
     policy: PermissionPolicy,
     permission_timeout: Option<Duration>,
@@ -91,6 +92,7 @@ impl Default for AgentBuilder {
         Self {
             llm: None,
             tools: Vec::new(),
+            tool_sources: Vec::new(),
             hooks: Vec::new(),
             policy: PermissionPolicy::default(),
             permission_timeout: Some(Duration::from_secs(300)),
@@ -141,6 +143,14 @@ impl AgentBuilder {
     /// Adds tools that are already shared.
     pub fn tools(mut self, tools: impl IntoIterator<Item = Arc<dyn DynTool>>) -> Self {
         self.tools.extend(tools);
+        self
+    }
+
+    /// Adds tools that may change between turns (an MCP server's): a
+    /// top-level run offers the source's tools as they are before each
+    /// model call.
+    pub fn tool_source(mut self, source: Arc<dyn crate::tool_source::ToolSource>) -> Self {
+        self.tool_sources.push(source);
         self
     }
 
@@ -448,7 +458,7 @@ impl AgentBuilder {
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
-                pipeline,
+                tools: crate::tool_source::ToolSet::new(pipeline, self.tool_sources),
                 sub_agents: self.sub_agents,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
@@ -689,7 +699,7 @@ impl Agent {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
-            tools: self.engine.pipeline.clone(),
+            tools: self.engine.tools.current(),
             child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
             budget,
             parent: None,

@@ -225,6 +225,17 @@ pub enum EventKind {
         /// Microseconds per pipeline stage.
         stages: StageTimings,
     },
+    /// A streaming tool (the shell) produced output while its call runs.
+    /// Whole lines where possible, secrets redacted; the result still
+    /// carries the (capped) output for the model.
+    "tool.output" => ToolOutput {
+        /// The call id.
+        call_id: String,
+        /// `stdout` or `stderr`.
+        stream: crate::tool::OutputStream,
+        /// The text.
+        text: String,
+    },
     /// A call needs a person's permission; answer through the `RunHandle`.
     "permission.request" => PermissionRequest {
         /// Quote it in the reply.

@@ -44,6 +44,7 @@ pub mod store;
 pub mod tokens;
 pub mod tool;
 pub mod tool_result;
+pub mod tool_source;
 pub mod turn_state;
 mod wire;
 
@@ -74,7 +75,8 @@ pub use store::{
     Checkpoint, JournalEntry, KeyedRequest, ParentLink, RunQuery, RunRecord, RunSnapshot, Store, StoreError,
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
-pub use tool::{DynTool, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use tool::{DynTool, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use tool_source::ToolSource;
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};
 pub use turn_state::TurnState;
 

@@ -33,6 +33,9 @@ pub struct ToolContext {
     /// Starts sub-agents of the calling run (the `task` tool); `None`
     /// outside a run, or where the nesting limit allows no more.
     pub sub_agents: Option<Arc<dyn crate::delegate::SubAgents>>,
+    /// Where a tool streams output while it runs (`tool.output` events);
+    /// `None` outside a run.
+    pub output: Option<OutputSink>,
 }
 
 impl ToolContext {
@@ -45,6 +48,15 @@ impl ToolContext {
             cancel,
             protected: Arc::from(Vec::new()),
             sub_agents: None,
+            output: None,
+        }
+    }
+
+    /// Streams `text` from `stream` as a `tool.output` event, when the call
+    /// runs inside a run.
+    pub fn stream_output(&self, stream: OutputStream, text: impl Into<String>) {
+        if let Some(sink) = &self.output {
+            sink.send(stream, text.into());
         }
     }
 
@@ -57,6 +69,64 @@ impl ToolContext {
 /// Whether `path` (canonical) is, or is under, one of `protected`.
 pub fn is_protected(protected: &[std::path::PathBuf], path: &Path) -> bool {
     protected.iter().any(|protected| path.starts_with(protected))
+}
+
+crate::wire::wire_enum! {
+    /// Which of a process's output streams a `tool.output` event carries.
+    pub enum OutputStream {
+        /// Standard output.
+        Stdout = "stdout",
+        /// Standard error.
+        Stderr = "stderr",
+    }
+}
+
+/// Output a call streams while it runs; the pipeline turns each piece into
+/// a `tool.output` event (redacted) before the call's `tool.result`.
+///
+/// Streaming is for the person watching, so it is capped: after
+/// [`OutputSink::MAX_BYTES`] of one call a single notice says the rest is
+/// not streamed (the tool's result is unaffected).
+#[derive(Debug, Clone)]
+pub struct OutputSink {
+    tx: tokio::sync::mpsc::UnboundedSender<(OutputStream, String)>,
+    sent: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl OutputSink {
+    /// Bytes of one call streamed at most.
+    pub const MAX_BYTES: usize = 1 << 20;
+
+    /// A sink and the receiver the pipeline drains.
+    pub fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<(OutputStream, String)>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink = Self {
+            tx,
+            sent: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        };
+        (sink, rx)
+    }
+
+    /// Streams one piece of output (dropped once the cap is reached).
+    pub fn send(&self, stream: OutputStream, text: String) {
+        use std::sync::atomic::Ordering;
+        if text.is_empty() {
+            return;
+        }
+        let len = text.len();
+        let before = self.sent.fetch_add(len, Ordering::Relaxed);
+        if before >= Self::MAX_BYTES {
+            return;
+        }
+        let _ = self.tx.send((stream, text));
+        if before + len >= Self::MAX_BYTES {
+            let notice = format!(
+                "\n[loom: output past {} KiB is not streamed; the result keeps its head and tail]\n",
+                Self::MAX_BYTES / 1024
+            );
+            let _ = self.tx.send((stream, notice));
+        }
+    }
 }
 
 /// A tool's successful output.

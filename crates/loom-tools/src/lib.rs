@@ -10,6 +10,7 @@
 pub mod files;
 pub mod jail;
 pub mod retrieval;
+pub mod shell;
 pub mod task;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use loom_core::DynTool;
 pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 pub use jail::{Jail, PathError};
 pub use retrieval::FolderRetriever;
+pub use shell::{Bash, BashSettings, SandboxMode};
 pub use task::Task;
 
 /// Every file tool, ready for `AgentBuilder::tools`.

@@ -35,8 +35,9 @@ pub(crate) use driver::Start;
 /// What every run of one agent shares.
 pub(crate) struct Engine {
     pub llm: Arc<dyn Llm>,
-    /// The agent's tools; a sub-agent's run gets a subset.
-    pub pipeline: Arc<ToolPipeline>,
+    /// The agent's tools (fixed and from sources); a sub-agent's run gets
+    /// a subset.
+    pub tools: crate::tool_source::ToolSet,
     /// How runs start sub-agents.
     pub sub_agents: SubAgentSettings,
     pub system_prompt: String,

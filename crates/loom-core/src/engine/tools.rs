@@ -127,3 +127,21 @@ fn record_tool_metrics(machine: &mut TurnMachine, result: &ToolResult) {
         result.metadata.duration_ms,
     );
 }
+
+impl Driver {
+    /// Takes up a change in the agent's tool sources (an MCP server's
+    /// `list_changed`) between turns. A sub-agent keeps the subset it was
+    /// given.
+    pub(super) fn refresh_tools(&mut self) {
+        if self.parent.is_some() {
+            return;
+        }
+        let latest = self.engine.tools.current();
+        if !std::sync::Arc::ptr_eq(&latest, &self.tools) {
+            self.tools = latest;
+            // The definitions changed, so their token count did too.
+            self.caches.tools_tokens = None;
+            self.caches.tools_bound = None;
+        }
+    }
+}

@@ -7,12 +7,13 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use serde_json::Value;
 
+use crate::event::EventKind;
 use crate::message::ToolCall;
-use crate::tool::{RegisteredTool, ToolContext, ToolError, ToolOutput};
+use crate::tool::{OutputSink, OutputStream, RegisteredTool, ToolContext, ToolError, ToolOutput};
 use crate::tool_result::{ToolResult, ToolStatus};
 
 use super::stages::error;
-use super::BatchEnv;
+use super::{BatchEnv, Redactor};
 
 enum Failure {
     Tool(ToolError),
@@ -27,6 +28,7 @@ pub(crate) async fn execute(
     registered: &RegisteredTool,
     args: Value,
     timeout: Option<Duration>,
+    redactor: &Redactor,
     env: &BatchEnv<'_>,
 ) -> ToolResult {
     let cancel = env.ctx.cancel_token();
@@ -36,6 +38,7 @@ pub(crate) async fn execute(
     // A child token: cancelling the call never cancels the run, and
     // cancelling the run always reaches the call.
     let token = cancel.child_token();
+    let (sink, mut output) = OutputSink::channel();
     let ctx = ToolContext {
         call_id: call.id.clone(),
         run_id: env.ctx.run_id_arc(),
@@ -43,8 +46,39 @@ pub(crate) async fn execute(
         cancel: token.clone(),
         protected: env.protected.clone(),
         sub_agents: env.sub_agents.clone(),
+        output: Some(sink),
     };
-    let running = AssertUnwindSafe(registered.tool.call_json(args, ctx)).catch_unwind();
+    // Streamed output becomes events while the call runs, and all of it
+    // before the call's result (the sink is dropped with the call).
+    let announce = |stream: OutputStream, text: String| {
+        let text = redactor.redact(&text).into_owned();
+        env.events.emit(
+            env.turn,
+            EventKind::ToolOutput {
+                call_id: call.id.clone(),
+                stream,
+                text,
+            },
+        );
+    };
+    let call_future = registered.tool.call_json(args, ctx);
+    let running = AssertUnwindSafe(async {
+        tokio::pin!(call_future);
+        loop {
+            tokio::select! {
+                biased;
+                Some((stream, text)) = output.recv() => announce(stream, text),
+                outcome = &mut call_future => {
+                    output.close();
+                    while let Ok((stream, text)) = output.try_recv() {
+                        announce(stream, text);
+                    }
+                    return outcome;
+                }
+            }
+        }
+    })
+    .catch_unwind();
     tokio::pin!(running);
     let deadline = async {
         match timeout {

@@ -81,6 +81,7 @@ async fn run_group(
                     tool,
                     args,
                     pipeline.config.timeout_for(&call.name, tool.tool.bounds_own_time()),
+                    &pipeline.redactor,
                     env,
                 )
                 .await;

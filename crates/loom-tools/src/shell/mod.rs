@@ -1,0 +1,387 @@
+//! `bash`: runs a shell command in the workspace, safely enough to offer a
+//! model. The command runs with `bash -c`, stdin closed, in a session and
+//! process group of its own that is killed as a whole ([`process`]), with
+//! an environment cleared to an allowlist ([`env`]), optionally confined by
+//! Landlock ([`sandbox`]). Its output streams live as `tool.output` events
+//! and comes back bounded: head and tail of each stream, with the number of
+//! bytes dropped ([`capture`]).
+
+mod capture;
+pub mod env;
+mod process;
+pub mod sandbox;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use loom_core::{OutputStream, Tool, ToolContext, ToolError, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tokio::io::AsyncReadExt;
+use tokio::process::{ChildStderr, ChildStdout};
+
+use capture::{HeadTail, LineSplitter};
+use process::{ProcessGroup, KILL_GRACE};
+pub use sandbox::{landlock_available, SandboxMode};
+use sandbox::Confinement;
+
+/// How `bash` runs commands (`[tools.bash]` in loom.toml).
+#[derive(Debug, Clone)]
+pub struct BashSettings {
+    /// A command's time limit when the call gives none (default 120 s).
+    pub default_timeout: Duration,
+    /// The most a call may ask for (default 600 s).
+    pub max_timeout: Duration,
+    /// Variables added to the allowlisted environment (secret-looking
+    /// names are still left out).
+    pub env: BTreeMap<String, String>,
+    /// Landlock or none (default none).
+    pub sandbox: SandboxMode,
+    /// Bytes kept of each of stdout and stderr: half head, half tail
+    /// (default 12 000).
+    pub max_output_bytes: usize,
+}
+
+impl Default for BashSettings {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(120),
+            max_timeout: Duration::from_secs(600),
+            env: BTreeMap::new(),
+            sandbox: SandboxMode::None,
+            max_output_bytes: 12_000,
+        }
+    }
+}
+
+/// Arguments of `bash`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BashArgs {
+    /// The command, run with `bash -c` in the workspace. Stdin is closed:
+    /// nothing can be typed into it.
+    pub command: String,
+    /// Seconds before the command is stopped (default 120).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub timeout_secs: Option<u64>,
+}
+
+/// Runs shell commands in the workspace.
+#[derive(Debug, Clone, Default)]
+pub struct Bash {
+    settings: BashSettings,
+}
+
+impl Bash {
+    /// A `bash` tool with `settings`.
+    pub fn new(settings: BashSettings) -> Self {
+        Self { settings }
+    }
+}
+
+/// How the command ended.
+enum Ending {
+    Exited(ExitStatus),
+    TimedOut(Duration),
+    Cancelled,
+}
+
+/// What one run of a command left: its ending and its two streams.
+struct Finished {
+    ending: Ending,
+    stdout: HeadTail,
+    stderr: HeadTail,
+    elapsed: Duration,
+}
+
+impl Tool for Bash {
+    type Args = BashArgs;
+
+    fn name(&self) -> &str {
+        "bash"
+    }
+
+    fn description(&self) -> &str {
+        "Run a shell command with `bash -c` in the workspace and return its exit code and output \
+         (long output keeps its start and end). Stdin is closed; every process it starts is stopped \
+         when it ends or times out."
+    }
+
+    /// A command bounds its own time (its `timeout_secs`, at most the
+    /// configured maximum); a timeout set for `bash` by name still applies.
+    fn bounds_own_time(&self) -> bool {
+        true
+    }
+
+    async fn call(&self, args: BashArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let limit = match args.timeout_secs {
+            Some(0) => return Err(ToolError::InvalidArguments("timeout_secs must be at least 1".to_string())),
+            Some(secs) if Duration::from_secs(secs) > self.settings.max_timeout => {
+                return Err(ToolError::InvalidArguments(format!(
+                    "timeout_secs may be at most {}",
+                    self.settings.max_timeout.as_secs()
+                )))
+            }
+            Some(secs) => Duration::from_secs(secs),
+            None => self.settings.default_timeout,
+        };
+        let workspace = ctx.workspace.clone();
+        let sandbox = self.settings.sandbox;
+        // A private temp dir per call (and the ruleset, which opens files):
+        // file work, so off the async threads.
+        let prepared = tokio::task::spawn_blocking(move || prepare(&workspace, sandbox))
+            .await
+            .map_err(|err| ToolError::Failed(format!("could not prepare the command: {err}")))??;
+        let env = env::command_env(&self.settings.env, prepared.tmp.path(), &ctx.workspace);
+        let (mut child, group) = process::spawn(&args.command, &ctx.workspace, &env, prepared.confinement.as_ref())
+            .map_err(|err| ToolError::Failed(format!("could not start bash: {err}")))?;
+        let finished = supervise(&mut child, group, &ctx, limit, self.settings.max_output_bytes).await;
+        let sandbox_note = match &prepared.confinement {
+            Some(confinement) if confinement.network_blocked => {
+                format!("landlock (ABI {}, network blocked)", confinement.abi)
+            }
+            Some(confinement) => format!("landlock (ABI {}, network allowed: kernel too old)", confinement.abi),
+            None => "none".to_string(),
+        };
+        // Removing the temp dir may be heavy; it never delays the answer.
+        let tmp = prepared.tmp;
+        tokio::task::spawn_blocking(move || drop(tmp));
+        report(finished, &sandbox_note)
+    }
+}
+
+struct Prepared {
+    tmp: tempfile::TempDir,
+    confinement: Option<Confinement>,
+}
+
+fn prepare(workspace: &Path, sandbox: SandboxMode) -> Result<Prepared, ToolError> {
+    let tmp = tempfile::Builder::new()
+        .prefix("loom-bash-")
+        .tempdir()
+        .map_err(|err| ToolError::Failed(format!("could not create a temp dir: {err}")))?;
+    let confinement = match sandbox {
+        SandboxMode::None => None,
+        SandboxMode::Landlock => Some(
+            Confinement::build(workspace, tmp.path()).map_err(|err| ToolError::Failed(err.to_string()))?,
+        ),
+    };
+    Ok(Prepared { tmp, confinement })
+}
+
+/// Reads both streams while the command runs, and stops its group on
+/// timeout or cancel. Returns once the group is gone (or its pipes are
+/// given up on).
+async fn supervise(
+    child: &mut tokio::process::Child,
+    mut group: ProcessGroup,
+    ctx: &ToolContext,
+    limit: Duration,
+    cap: usize,
+) -> Finished {
+    let started = Instant::now();
+    let mut streams = Streams::new(child.stdout.take(), child.stderr.take(), cap);
+    let deadline = tokio::time::sleep(limit);
+    tokio::pin!(deadline);
+    let ending = loop {
+        tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => {
+                group.terminate(child, Duration::from_millis(200)).await;
+                break Ending::Cancelled;
+            }
+            _ = &mut deadline => {
+                group.terminate(child, KILL_GRACE).await;
+                break Ending::TimedOut(limit);
+            }
+            read = streams.next(ctx), if streams.open() => {
+                if !read {
+                    continue;
+                }
+            }
+            status = child.wait() => match status {
+                Ok(status) => break Ending::Exited(status),
+                Err(_) => {
+                    group.terminate(child, KILL_GRACE).await;
+                    break Ending::Exited(ExitStatus::from_raw(1 << 8));
+                }
+            },
+        }
+    };
+    // The leader is gone. Output still in the pipes is read; a process
+    // left in the group (a background job holding the pipes) gets a short
+    // while, then the group is stopped so the pipes close.
+    let linger = tokio::time::sleep(Duration::from_millis(300));
+    tokio::pin!(linger);
+    while streams.open() {
+        tokio::select! {
+            _ = streams.next(ctx) => {}
+            _ = &mut linger => break,
+        }
+    }
+    group.kill_rest();
+    // A process that escaped the group (its own setsid) may still hold a
+    // pipe: read what is there, then give up on it.
+    let give_up = tokio::time::sleep(Duration::from_millis(200));
+    tokio::pin!(give_up);
+    while streams.open() {
+        tokio::select! {
+            _ = streams.next(ctx) => {}
+            _ = &mut give_up => break,
+        }
+    }
+    streams.finish(ctx);
+    Finished {
+        ending,
+        stdout: streams.stdout.kept,
+        stderr: streams.stderr.kept,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// One output stream: its pipe (until EOF), what is kept, and the lines
+/// still to stream.
+struct StreamState<R> {
+    pipe: Option<R>,
+    kept: HeadTail,
+    lines: LineSplitter,
+    which: OutputStream,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> StreamState<R> {
+    fn new(pipe: Option<R>, cap: usize, which: OutputStream) -> Self {
+        Self {
+            pipe,
+            kept: HeadTail::new(cap),
+            lines: LineSplitter::default(),
+            which,
+        }
+    }
+
+    fn take(&mut self, bytes: &[u8], ctx: &ToolContext) {
+        self.kept.push(bytes);
+        if let Some(text) = self.lines.feed(bytes) {
+            ctx.stream_output(self.which, text);
+        }
+    }
+}
+
+struct Streams {
+    stdout: StreamState<ChildStdout>,
+    stderr: StreamState<ChildStderr>,
+    buf_out: Vec<u8>,
+    buf_err: Vec<u8>,
+}
+
+impl Streams {
+    fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>, cap: usize) -> Self {
+        Self {
+            stdout: StreamState::new(stdout, cap, OutputStream::Stdout),
+            stderr: StreamState::new(stderr, cap, OutputStream::Stderr),
+            buf_out: vec![0; 8192],
+            buf_err: vec![0; 8192],
+        }
+    }
+
+    fn open(&self) -> bool {
+        self.stdout.pipe.is_some() || self.stderr.pipe.is_some()
+    }
+
+    /// Reads once from whichever stream has data; false at EOF of one.
+    /// Cancel-safe: a read that loses a race has taken nothing.
+    async fn next(&mut self, ctx: &ToolContext) -> bool {
+        let Self {
+            stdout,
+            stderr,
+            buf_out,
+            buf_err,
+        } = self;
+        let out = async {
+            match stdout.pipe.as_mut() {
+                Some(pipe) => pipe.read(buf_out).await,
+                None => std::future::pending().await,
+            }
+        };
+        let err = async {
+            match stderr.pipe.as_mut() {
+                Some(pipe) => pipe.read(buf_err).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            read = out => match read {
+                Ok(n) if n > 0 => { stdout.take(&buf_out[..n], ctx); true }
+                _ => { stdout.pipe = None; false }
+            },
+            read = err => match read {
+                Ok(n) if n > 0 => { stderr.take(&buf_err[..n], ctx); true }
+                _ => { stderr.pipe = None; false }
+            },
+        }
+    }
+
+    /// Streams what is left of unfinished lines.
+    fn finish(&mut self, ctx: &ToolContext) {
+        for (lines, which) in [
+            (&mut self.stdout.lines, OutputStream::Stdout),
+            (&mut self.stderr.lines, OutputStream::Stderr),
+        ] {
+            if let Some(text) = lines.finish() {
+                ctx.stream_output(which, text);
+            }
+        }
+    }
+}
+
+/// The result the model reads: how it ended, then each stream.
+fn report(finished: Finished, sandbox: &str) -> Result<ToolOutput, ToolError> {
+    let Finished {
+        ending,
+        stdout,
+        stderr,
+        elapsed,
+    } = finished;
+    let (status, ok) = match ending {
+        Ending::Exited(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => (format!("exit code {code}"), code == 0),
+            (None, Some(signal)) => (format!("killed by signal {signal}"), false),
+            (None, None) => ("ended".to_string(), false),
+        },
+        Ending::TimedOut(limit) => (
+            format!(
+                "timed out after {} s: the command and every process it started were stopped",
+                limit.as_secs()
+            ),
+            false,
+        ),
+        Ending::Cancelled => return Err(ToolError::Cancelled),
+    };
+    let mut text = format!("{status} · {:.1} s · sandbox: {sandbox}\n", elapsed.as_secs_f64());
+    for (name, kept) in [("stdout", &stdout), ("stderr", &stderr)] {
+        let shown = kept.render();
+        if shown.is_empty() {
+            continue;
+        }
+        text.push_str(&format!("--- {name}"));
+        if kept.dropped() > 0 {
+            text.push_str(&format!(" ({} bytes dropped)", kept.dropped()));
+        }
+        text.push_str(" ---\n");
+        text.push_str(&shown);
+        if !shown.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    if stdout.render().is_empty() && stderr.render().is_empty() {
+        text.push_str("(no output)\n");
+    }
+    if ok {
+        Ok(text.into())
+    } else {
+        Err(ToolError::Failed(text))
+    }
+}

@@ -1,0 +1,136 @@
+//! A command's process group: started in a session of its own, killed as a
+//! whole. Whatever a command starts — a pipeline, a background job, a
+//! grandchild that keeps the output pipes open — is in the group, and the
+//! group never outlives the call: not on timeout, not on cancel, not when
+//! the call's future is dropped, not when Loom dies (parent-death signal).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::sandbox::Confinement;
+
+/// How long a group gets between SIGTERM and SIGKILL.
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// Starts `bash -c command` in `dir` with exactly `env`, stdin closed,
+/// stdout and stderr piped, as the leader of a new session; confined by
+/// `ruleset` when given.
+pub(crate) fn spawn(
+    command: &str,
+    dir: &Path,
+    env: &[(String, String)],
+    confinement: Option<&Confinement>,
+) -> std::io::Result<(Child, ProcessGroup)> {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(dir)
+        .env_clear()
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let ruleset = confinement.map(Confinement::raw_fd);
+    // SAFETY: the closure only makes system calls (setsid, prctl, getppid,
+    // landlock_restrict_self); it allocates nothing and takes no lock, as
+    // required between fork and exec.
+    let parent = std::process::id() as libc::pid_t;
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Killed with Loom: the signal fires when the spawning thread
+            // (a runtime worker, which lives as long as the runtime) exits.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Loom died between fork and prctl: nobody will read or reap us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            if let Some(fd) = ruleset {
+                Confinement::apply_in_child(fd)?;
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    let pgid = child
+        .id()
+        .ok_or_else(|| std::io::Error::other("the command exited before its id was read"))?;
+    Ok((
+        child,
+        ProcessGroup {
+            pgid: pgid as libc::pid_t,
+            armed: true,
+        },
+    ))
+}
+
+/// The command's process group; dropping it kills whatever is left.
+#[derive(Debug)]
+pub(crate) struct ProcessGroup {
+    pgid: libc::pid_t,
+    armed: bool,
+}
+
+impl ProcessGroup {
+    /// Sends `signal` to every process of the group.
+    pub(crate) fn signal(&self, signal: libc::c_int) {
+        // SAFETY: killpg with a group id we created; errors (ESRCH once the
+        // group is gone) are harmless.
+        unsafe {
+            libc::killpg(self.pgid, signal);
+        }
+    }
+
+    /// Whether any process of the group is still alive (zombies aside:
+    /// a reaped leader and grandchildren adopted by init count as gone).
+    pub(crate) fn alive(&self) -> bool {
+        // SAFETY: signal 0 only checks for existence.
+        unsafe { libc::killpg(self.pgid, 0) == 0 }
+    }
+
+    /// SIGTERM to the group, SIGKILL to what is left after `grace`; reaps
+    /// the leader.
+    pub(crate) async fn terminate(&mut self, leader: &mut Child, grace: Duration) {
+        self.signal(libc::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let leader_done = matches!(leader.try_wait(), Ok(Some(_)));
+            if leader_done && !self.alive() {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.signal(libc::SIGKILL);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = leader.wait().await;
+        self.armed = false;
+    }
+
+    /// Kills what is left of the group at once (the leader has exited and
+    /// been reaped, or is about to be).
+    pub(crate) fn kill_rest(&mut self) {
+        if self.alive() {
+            self.signal(libc::SIGKILL);
+        }
+        self.armed = false;
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // The call's future was dropped mid-way (the run's grace ran out):
+        // no chance to be gentle, and nothing may be left behind.
+        if self.armed {
+            self.signal(libc::SIGKILL);
+        }
+    }
+}

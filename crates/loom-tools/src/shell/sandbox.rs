@@ -1,0 +1,124 @@
+//! The optional Landlock sandbox (Linux): a command may read and run
+//! anything, write only under the workspace, its private temp dir and a
+//! few device files, and — when the kernel's Landlock ABI has network
+//! rules (v4, Linux 6.7) — neither connect nor bind TCP sockets.
+//!
+//! The ruleset is built in Loom's process (it opens files and allocates);
+//! the forked child only makes two system calls before `exec`, which is all
+//! that is safe between `fork` and `exec` in a threaded program.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, ABI};
+
+/// How a command is confined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxMode {
+    /// Not confined (the default).
+    #[default]
+    None,
+    /// Confined by Landlock; a kernel without it refuses the command.
+    Landlock,
+}
+
+impl std::str::FromStr for SandboxMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "none" => Ok(Self::None),
+            "landlock" => Ok(Self::Landlock),
+            other => Err(format!("sandbox must be \"landlock\" or \"none\", not \"{other}\"")),
+        }
+    }
+}
+
+/// A ruleset ready to apply in the child, and what it covers.
+#[derive(Debug)]
+pub(crate) struct Confinement {
+    ruleset: OwnedFd,
+    /// The kernel's Landlock ABI version in use.
+    pub abi: i32,
+    /// Whether TCP connect and bind are blocked too.
+    pub network_blocked: bool,
+}
+
+/// Why the sandbox cannot be applied.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SandboxError {
+    #[error("{0}; the sandbox is required, so the command was not run")]
+    Unavailable(String),
+    #[error("the Landlock ruleset could not be built: {0}")]
+    Ruleset(String),
+}
+
+/// The kernel's Landlock ABI version, or why Landlock cannot be used.
+pub fn landlock_available() -> Result<i32, String> {
+    /// `LANDLOCK_CREATE_RULESET_VERSION`: ask for the ABI version.
+    const VERSION: libc::c_uint = 1;
+    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns a number.
+    let version = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, VERSION) };
+    if version > 0 {
+        return Ok(version as i32);
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(libc::EOPNOTSUPP) => Err("Landlock is built into the kernel but not enabled at boot".to_string()),
+        _ => Err("the kernel has no Landlock".to_string()),
+    }
+}
+
+impl Confinement {
+    /// Builds the ruleset for a command in `workspace` with temp dir `tmp`.
+    pub(crate) fn build(workspace: &Path, tmp: &Path) -> Result<Self, SandboxError> {
+        let abi = ABI::from(landlock_available().map_err(SandboxError::Unavailable)?);
+        let network_blocked = abi as i32 >= ABI::V4 as i32;
+        let bad = |err: landlock::RulesetError| SandboxError::Ruleset(err.to_string());
+        let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(bad)?;
+        if network_blocked {
+            // Handled with no rule allowing any port: no TCP connect or bind.
+            ruleset = ruleset
+                .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+                .map_err(bad)?;
+        }
+        let writable = [workspace, tmp];
+        let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/urandom", "/dev/random"];
+        let created = ruleset
+            .create()
+            .map_err(bad)?
+            .add_rules(path_beneath_rules(["/"], AccessFs::from_read(abi)))
+            .map_err(bad)?
+            .add_rules(path_beneath_rules(writable, AccessFs::from_all(abi)))
+            .map_err(bad)?
+            .add_rules(path_beneath_rules(devices, AccessFs::from_all(abi)))
+            .map_err(bad)?;
+        let fd: Option<OwnedFd> = created.into();
+        let ruleset = fd.ok_or_else(|| SandboxError::Unavailable("no Landlock ruleset was created".to_string()))?;
+        Ok(Self {
+            ruleset,
+            abi: abi as i32,
+            network_blocked,
+        })
+    }
+
+    /// The ruleset's descriptor, for [`Confinement::apply_in_child`].
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.ruleset.as_raw_fd()
+    }
+
+    /// Restricts the calling (forked, single-threaded) process: no new
+    /// privileges, then the ruleset. Only system calls: safe after `fork`.
+    pub(crate) fn apply_in_child(ruleset_fd: i32) -> std::io::Result<()> {
+        // SAFETY: plain system calls with integer arguments; nothing is
+        // allocated or locked between fork and exec.
+        unsafe {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::syscall(libc::SYS_landlock_restrict_self, ruleset_fd, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
