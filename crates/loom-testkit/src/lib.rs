@@ -12,6 +12,7 @@
 
 mod model_server;
 mod noop;
+pub mod mcp_servers;
 pub mod redaction;
 pub use model_server::{PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};

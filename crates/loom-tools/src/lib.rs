@@ -9,6 +9,7 @@
 
 pub mod files;
 pub mod jail;
+pub mod mcp;
 pub mod retrieval;
 pub mod shell;
 pub mod task;
@@ -19,6 +20,7 @@ use loom_core::DynTool;
 
 pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 pub use jail::{Jail, PathError};
+pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;
 pub use shell::{Bash, BashSettings, SandboxMode};
 pub use task::Task;

@@ -8,7 +8,7 @@
 
 mod capture;
 pub mod env;
-mod process;
+pub(crate) mod process;
 pub mod sandbox;
 
 use std::collections::BTreeMap;

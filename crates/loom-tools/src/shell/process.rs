@@ -43,15 +43,7 @@ pub(crate) fn spawn(
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // Killed with Loom: the signal fires when the spawning thread
-            // (a runtime worker, which lives as long as the runtime) exits.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Loom died between fork and prctl: nobody will read or reap us.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
+            die_with_parent(parent)?;
             if let Some(fd) = ruleset {
                 Confinement::apply_in_child(fd)?;
             }
@@ -62,13 +54,24 @@ pub(crate) fn spawn(
     let pgid = child
         .id()
         .ok_or_else(|| std::io::Error::other("the command exited before its id was read"))?;
-    Ok((
-        child,
-        ProcessGroup {
-            pgid: pgid as libc::pid_t,
-            armed: true,
-        },
-    ))
+    Ok((child, ProcessGroup::new(pgid as libc::pid_t)))
+}
+
+/// In a forked child before `exec`: be killed when Loom dies. The signal
+/// fires when the spawning thread exits — a runtime worker, which lives as
+/// long as the runtime. Only system calls: safe after `fork`.
+pub(crate) fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl, getppid and _exit are plain system calls.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Loom died between fork and prctl: nobody will read or reap us.
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
+    }
+    Ok(())
 }
 
 /// The command's process group; dropping it kills whatever is left.
@@ -79,6 +82,12 @@ pub(crate) struct ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// The group led by `pgid` (a process started in a group of its own);
+    /// dropping the value kills the group.
+    pub(crate) fn new(pgid: libc::pid_t) -> Self {
+        Self { pgid, armed: true }
+    }
+
     /// Sends `signal` to every process of the group.
     pub(crate) fn signal(&self, signal: libc::c_int) {
         // SAFETY: killpg with a group id we created; errors (ESRCH once the

@@ -1,0 +1,275 @@
+//! One live session with an MCP server: the process (stdio) or the HTTP
+//! transport, rmcp's client service, the drained stderr, and a token that
+//! fires the moment the session ends (the server died or closed its end).
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStderr, Command};
+use tokio_util::sync::CancellationToken;
+
+use super::config::Endpoint;
+use crate::shell::env::INHERITED;
+use crate::shell::process::{die_with_parent, ProcessGroup};
+
+/// Lines of a server's stderr kept for `loom mcp list` and start-up errors.
+const STDERR_KEPT: usize = 20;
+
+/// The protocol version Loom asks for: the newest with the `initialize`
+/// handshake, which every server of the 2024–2025 generations answers.
+const PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_06_18;
+
+/// Receives what the server tells the client.
+pub(crate) struct Handler {
+    /// Called on `notifications/tools/list_changed`.
+    pub on_tools_changed: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("loom", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(PROTOCOL)
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        (self.on_tools_changed)();
+    }
+}
+
+/// The last lines a server wrote to stderr.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct StderrTail(Arc<Mutex<VecDeque<String>>>);
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut lines = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if lines.len() == STDERR_KEPT {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The kept lines, oldest first.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// A stdio server's process and its group.
+struct ServerProcess {
+    child: Child,
+    group: ProcessGroup,
+}
+
+/// A live session.
+pub(crate) struct Connection {
+    pub peer: Peer<RoleClient>,
+    /// Asks the service task to end the session.
+    stop: CancellationToken,
+    /// Fires when the session ends, for whatever reason.
+    pub closed: CancellationToken,
+    process: tokio::sync::Mutex<Option<ServerProcess>>,
+    pub started: Instant,
+}
+
+/// Why a session could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    #[error("could not start `{command}`: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("no answer to `initialize` within {0:?}")]
+    Timeout(Duration),
+    #[error("the handshake failed: {0}")]
+    Handshake(String),
+}
+
+impl Connection {
+    /// Starts a session: spawns the process (stdio) or connects (HTTP),
+    /// then runs the `initialize` handshake within `limit`.
+    pub(crate) async fn open(
+        name: &str,
+        endpoint: &Endpoint,
+        env: &std::collections::BTreeMap<String, String>,
+        dir: &Path,
+        handler: Handler,
+        stderr: StderrTail,
+        limit: Duration,
+    ) -> Result<Self, ConnectError> {
+        match endpoint {
+            Endpoint::Stdio { command, args } => {
+                let mut cmd = Command::new(command);
+                cmd.args(args)
+                    .current_dir(dir)
+                    .env_clear()
+                    .envs(server_env(env))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .process_group(0);
+                let parent = std::process::id() as libc::pid_t;
+                // SAFETY: the closure only makes system calls (see die_with_parent).
+                unsafe {
+                    cmd.pre_exec(move || die_with_parent(parent));
+                }
+                let mut child = cmd.spawn().map_err(|source| ConnectError::Spawn {
+                    command: command.clone(),
+                    source,
+                })?;
+                let group = ProcessGroup::new(child.id().map(|pid| pid as libc::pid_t).unwrap_or(0));
+                if let Some(err) = child.stderr.take() {
+                    tokio::spawn(drain_stderr(name.to_string(), err, stderr));
+                }
+                let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+                    return Err(ConnectError::Handshake("the process has no pipes".to_string()));
+                };
+                let process = ServerProcess { child, group };
+                match tokio::time::timeout(limit, handler.serve((stdout, stdin))).await {
+                    Ok(Ok(running)) => Ok(Self::watch(running, Some(process))),
+                    Ok(Err(err)) => {
+                        stop_process(process).await;
+                        Err(ConnectError::Handshake(err.to_string()))
+                    }
+                    Err(_) => {
+                        stop_process(process).await;
+                        Err(ConnectError::Timeout(limit))
+                    }
+                }
+            }
+            Endpoint::Http { url } => {
+                let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
+                match tokio::time::timeout(limit, handler.serve(transport)).await {
+                    Ok(Ok(running)) => Ok(Self::watch(running, None)),
+                    Ok(Err(err)) => Err(ConnectError::Handshake(err.to_string())),
+                    Err(_) => Err(ConnectError::Timeout(limit)),
+                }
+            }
+        }
+    }
+
+    /// Keeps the service running and fires `closed` when it ends.
+    fn watch(running: RunningService<RoleClient, Handler>, process: Option<ServerProcess>) -> Self {
+        let peer = running.peer().clone();
+        let stop = CancellationToken::new();
+        let closed = CancellationToken::new();
+        let (asked, fire) = (stop.clone(), closed.clone());
+        tokio::spawn(async move {
+            let service = running.cancellation_token();
+            let waiting = running.waiting();
+            tokio::pin!(waiting);
+            tokio::select! {
+                _ = &mut waiting => {}
+                _ = asked.cancelled() => {
+                    service.cancel();
+                    let _ = waiting.await;
+                }
+            }
+            fire.cancel();
+        });
+        Self {
+            peer,
+            stop,
+            closed,
+            process: tokio::sync::Mutex::new(process),
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether the session still works.
+    pub(crate) fn is_open(&self) -> bool {
+        !self.closed.is_cancelled() && !self.peer.is_transport_closed()
+    }
+
+    /// Ends the session: closes the server's stdin, then SIGTERM and
+    /// SIGKILL to its process group if it does not exit by itself.
+    pub(crate) async fn shutdown(&self) {
+        self.stop.cancel();
+        if let Some(process) = self.process.lock().await.take() {
+            stop_process(process).await;
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        // A process not shut down gracefully is killed with its group by
+        // `ProcessGroup`'s drop.
+    }
+}
+
+/// Closing stdin asks a stdio server to exit; one that does not within a
+/// second gets SIGTERM, then SIGKILL, as a group.
+async fn stop_process(mut process: ServerProcess) {
+    drop(process.child.stdin.take());
+    let exited = tokio::time::timeout(Duration::from_secs(1), process.child.wait()).await;
+    if exited.is_ok() && !process.group.alive() {
+        process.group.kill_rest();
+        return;
+    }
+    process
+        .group
+        .terminate(&mut process.child, crate::shell::process::KILL_GRACE)
+        .await;
+    process.group.kill_rest();
+}
+
+/// The environment of a stdio server: the allowlist and its `env`.
+fn server_env(extra: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = INHERITED
+        .iter()
+        .filter_map(|name| std::env::var(name).ok().map(|value| (name.to_string(), value)))
+        .collect();
+    env.extend(extra.iter().map(|(name, value)| (name.clone(), value.clone())));
+    env.into_iter().collect()
+}
+
+/// Reads a server's stderr to the end so it never blocks on a full pipe;
+/// each line goes to the log and the last few are kept.
+async fn drain_stderr(server: String, mut stderr: ChildStderr, tail: StderrTail) {
+    let mut buf = vec![0u8; 8192];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let n = match stderr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            log_line(&server, &line, &tail);
+        }
+        if pending.len() > 4096 {
+            let line = std::mem::take(&mut pending);
+            log_line(&server, &line, &tail);
+        }
+    }
+    if !pending.is_empty() {
+        log_line(&server, &pending, &tail);
+    }
+}
+
+fn log_line(server: &str, line: &[u8], tail: &StderrTail) {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end();
+    if text.is_empty() {
+        return;
+    }
+    let shown: String = text.chars().take(500).collect();
+    tracing::info!(target: "loom::mcp", server, "stderr: {shown}");
+    tail.push(shown);
+}

@@ -1,0 +1,429 @@
+//! One configured MCP server over its whole life: started on demand,
+//! restarted with backoff after it dies, its tool list kept current, every
+//! call bounded in time and cancellable — with `notifications/cancelled`
+//! sent for a call Loom gives up on, which rmcp does not do by itself.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientRequest, RequestId,
+    ServerResult,
+};
+use rmcp::service::PeerRequestOptions;
+use rmcp::{Peer, RoleClient, ServiceError};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::config::{Endpoint, McpServerConfig};
+use super::connection::{Connection, Handler, StderrTail};
+use super::tool::{tool_infos, ToolInfo};
+
+/// Restart delays after consecutive failures: the first restart is at
+/// once, then 1, 2, 4 … s, at most this.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A session that lived this long resets the failure count.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// Where a server is, for `loom mcp list`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerState {
+    /// Configured with `enabled = false`.
+    Disabled,
+    /// Not started yet.
+    Idle,
+    /// Connected.
+    Ready,
+    /// Its last start failed or it died; it is started again on next use.
+    Down(String),
+    /// Shut down.
+    Stopped,
+}
+
+impl std::fmt::Display for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Disabled => f.write_str("disabled"),
+            Self::Idle => f.write_str("idle"),
+            Self::Ready => f.write_str("ready"),
+            Self::Down(why) => write!(f, "down: {why}"),
+            Self::Stopped => f.write_str("stopped"),
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    #[error("MCP server '{server}' is not available: {why}")]
+    Unavailable { server: String, why: String },
+    #[error("MCP server '{server}' stopped during the call; it is restarted on next use ({why})")]
+    Died { server: String, why: String },
+    #[error("MCP server '{server}' did not answer within {limit:.1} s; the request was cancelled")]
+    TimedOut { server: String, limit: f64 },
+    #[error("cancelled")]
+    Cancelled,
+    #[error("MCP server '{server}' answered with an error: {message}")]
+    Protocol { server: String, message: String },
+}
+
+enum Session {
+    Idle,
+    Up(Arc<Connection>),
+    Down { failures: u32, at: Instant },
+    Stopped,
+}
+
+/// One server.
+pub struct McpServer {
+    name: String,
+    config: McpServerConfig,
+    endpoint: Endpoint,
+    dir: PathBuf,
+    session: tokio::sync::Mutex<Session>,
+    state: Mutex<ServerState>,
+    tools: Mutex<Arc<Vec<ToolInfo>>>,
+    skipped: Mutex<Vec<String>>,
+    generation: AtomicU64,
+    stderr: StderrTail,
+    me: Weak<McpServer>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer").field("name", &self.name).finish()
+    }
+}
+
+impl McpServer {
+    pub(crate) fn new(name: String, config: McpServerConfig, endpoint: Endpoint, dir: PathBuf) -> Arc<Self> {
+        let state = if config.is_enabled() {
+            ServerState::Idle
+        } else {
+            ServerState::Disabled
+        };
+        Arc::new_cyclic(|me| Self {
+            name,
+            config,
+            endpoint,
+            dir,
+            session: tokio::sync::Mutex::new(Session::Idle),
+            state: Mutex::new(state),
+            tools: Mutex::new(Arc::new(Vec::new())),
+            skipped: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            stderr: StderrTail::default(),
+            me: me.clone(),
+        })
+    }
+
+    /// The configured name (the prefix of its tools).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Stdio or HTTP, and where.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Its state now.
+    pub fn state(&self) -> ServerState {
+        lock(&self.state).clone()
+    }
+
+    /// Its tools as last listed.
+    pub(crate) fn tool_infos(&self) -> Arc<Vec<ToolInfo>> {
+        lock(&self.tools).clone()
+    }
+
+    /// Tools of its list that were not offered, and why.
+    pub fn skipped_tools(&self) -> Vec<String> {
+        lock(&self.skipped).clone()
+    }
+
+    /// The last lines it wrote to stderr.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.stderr.lines()
+    }
+
+    /// Changes whenever its tool list changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.config.is_enabled()
+    }
+
+    pub(crate) fn call_timeout(&self) -> Option<Duration> {
+        self.config.call_timeout()
+    }
+
+    /// A live session, started (or restarted after a death, with backoff)
+    /// when there is none.
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, CallError> {
+        let unavailable = |why: String| CallError::Unavailable {
+            server: self.name.clone(),
+            why,
+        };
+        if !self.config.is_enabled() {
+            return Err(unavailable("it is disabled in the configuration".to_string()));
+        }
+        let mut session = self.session.lock().await;
+        let failures = match &*session {
+            Session::Up(connection) if connection.is_open() => return Ok(connection.clone()),
+            Session::Up(connection) => u32::from(connection.started.elapsed() < HEALTHY_AFTER),
+            Session::Down { failures, at } => {
+                let wait = backoff(*failures).saturating_sub(at.elapsed());
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                *failures
+            }
+            Session::Idle => 0,
+            Session::Stopped => return Err(unavailable("Loom is shutting down".to_string())),
+        };
+        if let Session::Up(dead) = std::mem::replace(&mut *session, Session::Idle) {
+            dead.shutdown().await;
+        }
+        match self.start().await {
+            Ok(connection) => {
+                *session = Session::Up(connection.clone());
+                *lock(&self.state) = ServerState::Ready;
+                Ok(connection)
+            }
+            Err(why) => {
+                *session = Session::Down {
+                    failures: failures + 1,
+                    at: Instant::now(),
+                };
+                *lock(&self.state) = ServerState::Down(why.clone());
+                Err(unavailable(why))
+            }
+        }
+    }
+
+    /// Opens a session and lists its tools, within the start-up limit.
+    async fn start(&self) -> Result<Arc<Connection>, String> {
+        let limit = self.config.startup_timeout();
+        let me = self.me.clone();
+        let handler = Handler {
+            on_tools_changed: Arc::new(move || {
+                if let Some(server) = me.upgrade() {
+                    tokio::spawn(async move { server.refresh_tools().await });
+                }
+            }),
+        };
+        let started = Instant::now();
+        let connection = Connection::open(
+            &self.name,
+            &self.endpoint,
+            &self.config.env,
+            &self.dir,
+            handler,
+            self.stderr.clone(),
+            limit,
+        )
+        .await
+        .map_err(|err| self.with_stderr(err.to_string()))?;
+        let connection = Arc::new(connection);
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, connection.peer.list_all_tools()).await {
+            Ok(Ok(tools)) => {
+                self.set_tools(tools);
+                Ok(connection)
+            }
+            Ok(Err(err)) => {
+                connection.shutdown().await;
+                Err(self.with_stderr(format!("tools/list failed: {err}")))
+            }
+            Err(_) => {
+                connection.shutdown().await;
+                Err(format!("no tool list within {limit:?}"))
+            }
+        }
+    }
+
+    fn with_stderr(&self, why: String) -> String {
+        match self.stderr.lines().last() {
+            Some(line) => format!("{why} (stderr: {line})"),
+            None => why,
+        }
+    }
+
+    /// Lists the tools again (after `notifications/tools/list_changed`).
+    pub(crate) async fn refresh_tools(&self) {
+        let connection = match &*self.session.lock().await {
+            Session::Up(connection) if connection.is_open() => connection.clone(),
+            _ => return,
+        };
+        match connection.peer.list_all_tools().await {
+            Ok(tools) => self.set_tools(tools),
+            Err(err) => tracing::warn!(server = %self.name, "tools/list after list_changed failed: {err}"),
+        }
+    }
+
+    fn set_tools(&self, tools: Vec<rmcp::model::Tool>) {
+        let (infos, skipped) = tool_infos(&self.name, tools);
+        for why in &skipped {
+            tracing::warn!(server = %self.name, "{why}");
+        }
+        *lock(&self.skipped) = skipped;
+        let changed = {
+            let mut current = lock(&self.tools);
+            let changed = **current != infos;
+            *current = Arc::new(infos);
+            changed
+        };
+        if changed {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Calls `tool` with `arguments`; gives up after `limit` or when
+    /// `cancel` fires, telling the server with `notifications/cancelled`.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        arguments: Value,
+        limit: Option<Duration>,
+        cancel: &CancellationToken,
+    ) -> Result<CallToolResult, CallError> {
+        let connection = tokio::select! {
+            connection = self.connection() => connection?,
+            _ = cancel.cancelled() => return Err(CallError::Cancelled),
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        if let Value::Object(arguments) = arguments {
+            params = params.with_arguments(arguments);
+        }
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = connection
+            .peer
+            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .await
+            .map_err(|err| self.failed(&connection, err))?;
+        // From here until the answer, giving up must tell the server —
+        // also when this future is dropped (the run's own timeout).
+        let mut pending = CancelOnDrop {
+            peer: connection.peer.clone(),
+            id: Some(handle.id.clone()),
+        };
+        let deadline = async {
+            match limit {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        let answer = tokio::select! {
+            answer = handle.await_response() => {
+                pending.id = None;
+                answer
+            }
+            _ = cancel.cancelled() => {
+                pending.send("cancelled by the client").await;
+                return Err(CallError::Cancelled);
+            }
+            _ = deadline => {
+                pending.send("timed out").await;
+                return Err(CallError::TimedOut {
+                    server: self.name.clone(),
+                    limit: limit.unwrap_or_default().as_secs_f64(),
+                });
+            }
+            _ = connection.closed.cancelled() => {
+                pending.id = None;
+                return Err(self.died(&connection, "the session ended".to_string()));
+            }
+        };
+        match answer {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(ServerResult::EmptyResult(_)) => Ok(CallToolResult::default()),
+            Ok(_) => Err(CallError::Protocol {
+                server: self.name.clone(),
+                message: "an unexpected reply to tools/call".to_string(),
+            }),
+            Err(err) => Err(self.failed(&connection, err)),
+        }
+    }
+
+    fn failed(&self, connection: &Connection, err: ServiceError) -> CallError {
+        match err {
+            ServiceError::McpError(data) => CallError::Protocol {
+                server: self.name.clone(),
+                message: data.message.to_string(),
+            },
+            other if !connection.is_open() || matches!(other, ServiceError::TransportClosed) => {
+                self.died(connection, other.to_string())
+            }
+            other => CallError::Protocol {
+                server: self.name.clone(),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn died(&self, _connection: &Connection, why: String) -> CallError {
+        let why = self.with_stderr(why);
+        *lock(&self.state) = ServerState::Down(why.clone());
+        CallError::Died {
+            server: self.name.clone(),
+            why,
+        }
+    }
+
+    /// Stops the server for good: no server outlives Loom.
+    pub(crate) async fn shutdown(&self) {
+        let previous = std::mem::replace(&mut *self.session.lock().await, Session::Stopped);
+        if let Session::Up(connection) = previous {
+            connection.shutdown().await;
+        }
+        if self.config.is_enabled() {
+            *lock(&self.state) = ServerState::Stopped;
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` for a request Loom stopped waiting for.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl CancelOnDrop {
+    async fn send(&mut self, reason: &str) {
+        if let Some(id) = self.id.take() {
+            let params = CancelledNotificationParam::new(Some(id), Some(reason.to_string()));
+            let _ = self.peer.notify_cancelled(params).await;
+        }
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let peer = self.peer.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let params = CancelledNotificationParam::new(Some(id), Some("abandoned by Loom".to_string()));
+                    let _ = peer.notify_cancelled(params).await;
+                });
+            }
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    match failures {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 2).min(5)).min(MAX_BACKOFF),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
