@@ -22,6 +22,30 @@ pub(crate) enum Command {
     Runs(Box<RunsArgs>),
     /// The gateway: runs as a service over WebSocket JSON-RPC and HTTP with SSE.
     Serve(Box<ServeArgs>),
+    /// The MCP servers of loom.toml.
+    Mcp(McpArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct McpArgs {
+    #[command(subcommand)]
+    pub command: McpCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum McpCommand {
+    /// Starts each configured server and shows its state and tools.
+    List {
+        /// Configuration file (default: ./loom.toml, then the user's config directory).
+        #[arg(long, value_name = "PATH")]
+        config: Option<PathBuf>,
+        /// Where stdio servers run (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

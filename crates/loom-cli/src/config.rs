@@ -48,9 +48,44 @@ pub(crate) struct FileConfig {
     /// Prices per model (`"openai:gpt-4o-mini"` or just `"gpt-4o-mini"`).
     #[serde(default)]
     pub prices: BTreeMap<String, PriceConfig>,
-    pub mcp: Option<toml::Table>,
+    /// `[mcp.servers.NAME]`: MCP servers whose tools are offered as `NAME__tool`.
+    pub mcp: Option<McpConfig>,
+    /// `[tools.bash]` and other built-in tools' settings.
+    pub tools: Option<ToolsConfig>,
     /// `[server]`: tokens and limits of `loom serve`.
     pub server: Option<loom_server::ServerSettings>,
+}
+
+/// `[mcp]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct McpConfig {
+    #[serde(default)]
+    pub servers: BTreeMap<String, loom::tools::McpServerConfig>,
+}
+
+/// `[tools]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolsConfig {
+    pub bash: Option<BashConfig>,
+}
+
+/// `[tools.bash]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BashConfig {
+    /// `false` leaves the tool out.
+    pub enabled: Option<bool>,
+    /// `landlock` or `none` (default).
+    pub sandbox: Option<String>,
+    /// A command's limit when the call gives none (default 120).
+    pub timeout_secs: Option<u64>,
+    /// The most a call may ask for (default 600).
+    pub max_timeout_secs: Option<u64>,
+    /// Variables added to the commands' environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
 }
 
 /// `[feedback]`: guidance for the next request (`enabled`) and the
@@ -167,11 +202,7 @@ pub(crate) fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
             .unwrap_or_default();
         anyhow::anyhow!("{}{at}: {}{key}", path.display(), err.message().trim())
     })?;
-    let notes = [(file.mcp.is_some(), "[mcp]")]
-        .into_iter()
-        .filter(|(present, _)| *present)
-        .map(|(_, key)| format!("{}: {key} is not used by this version of loom yet", path.display()))
-        .collect();
+    let notes = Vec::new();
     let dir = path.parent().map(|dir| {
         if dir.as_os_str().is_empty() {
             PathBuf::from(".")

@@ -24,6 +24,7 @@ mod config;
 mod context;
 mod control;
 mod lines;
+mod mcp;
 mod permissions;
 mod prompt;
 mod provider;
@@ -74,12 +75,22 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        let result = match cli.command {
             Command::Run(args) => run::run(*args).await,
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
             Command::Serve(args) => serve::serve(*args).await,
-        }
+            Command::Mcp(args) => match args.command {
+                cli::McpCommand::List {
+                    config,
+                    workspace,
+                    json,
+                } => mcp::list(config.as_deref(), workspace.as_deref(), json).await,
+            },
+        };
+        // No MCP server outlives loom.
+        mcp::shutdown().await;
+        result
     });
     // Do not wait for tool work still on the blocking pool after a forced quit.
     runtime.shutdown_background();

@@ -67,3 +67,24 @@ pub(crate) fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
         other => Err(other.to_string()),
     }
 }
+
+/// MCP tools ask by default (DESIGN 4.9) — in `loom serve` too, where
+/// other tools are denied — unless loom.toml has a rule for the server's
+/// tools.
+pub(crate) fn ask_for_mcp_tools(
+    policy: &mut PermissionPolicy,
+    clients: &loom::tools::McpClients,
+    file: Option<&BTreeMap<String, String>>,
+) -> Result<()> {
+    for server in clients.servers() {
+        let prefix = format!("{}__", server.name());
+        let configured = file
+            .into_iter()
+            .flatten()
+            .any(|(pattern, _)| pattern.starts_with(&prefix));
+        if !configured {
+            policy.add_rule(&format!("{prefix}*"), Decision::Ask)?;
+        }
+    }
+    Ok(())
+}

@@ -212,20 +212,36 @@ pub(crate) async fn configure_agent(
 
     let mut tools = file_tools();
     tools.push(Arc::new(loom::tools::Task));
-    if let Some(wanted) = server.as_ref().and_then(|s| s.tools.as_ref()) {
+    if let Some(bash) = bash_tool(file)? {
+        tools.push(Arc::new(bash));
+    }
+    let mcp = crate::mcp::clients(file, &workspace).await?;
+    let mcp_names = mcp.as_ref().map(|clients| clients.tool_names()).unwrap_or_default();
+    let wanted = server.as_ref().and_then(|s| s.tools.clone());
+    if let Some(wanted) = &wanted {
         if let Some(unknown) = wanted
             .iter()
-            .find(|name| !tools.iter().any(|tool| tool.name() == name.as_str()))
+            .find(|name| !tools.iter().any(|tool| tool.name() == name.as_str()) && !mcp_names.contains(name))
         {
             return Err(anyhow!("no tool '{unknown}' on this server"));
         }
         tools.retain(|tool| wanted.iter().any(|name| name == tool.name()));
     }
+    let mut policy = permissions::policy(args, file.permissions.as_ref(), server.is_some())?;
+    if let Some(clients) = &mcp {
+        permissions::ask_for_mcp_tools(&mut policy, clients, file.permissions.as_ref())?;
+    }
     let mut builder = Agent::builder()
         .model_arc(llm)
         .tools(tools)
         .workspace(PathBuf::from(&workspace))
-        .permissions(permissions::policy(args, file.permissions.as_ref(), server.is_some())?);
+        .permissions(policy);
+    if let Some(clients) = mcp {
+        builder = builder.tool_source(match wanted {
+            Some(names) => clients.only(names),
+            None => clients,
+        });
+    }
     if let Some(pricing) = provider::pricing(&model, file) {
         builder = builder.pricing(pricing);
     }
@@ -271,6 +287,31 @@ pub(crate) async fn configure_agent(
         builder = builder.store(store);
     }
     Ok(builder.build()?)
+}
+
+/// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
+fn bash_tool(file: &config::FileConfig) -> Result<Option<loom::tools::Bash>> {
+    let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
+    let Some(config) = config else {
+        return Ok(Some(loom::tools::Bash::default()));
+    };
+    if config.enabled == Some(false) {
+        return Ok(None);
+    }
+    let mut settings = loom::tools::BashSettings::default();
+    if let Some(mode) = &config.sandbox {
+        settings.sandbox = mode
+            .parse()
+            .map_err(|err| anyhow!("loom.toml [tools.bash] sandbox: {err}"))?;
+    }
+    if let Some(secs) = config.max_timeout_secs {
+        settings.max_timeout = Duration::from_secs(secs.max(1));
+    }
+    if let Some(secs) = config.timeout_secs {
+        settings.default_timeout = Duration::from_secs(secs.max(1)).min(settings.max_timeout);
+    }
+    settings.env = config.env.clone();
+    Ok(Some(loom::tools::Bash::new(settings)))
 }
 
 /// 0 means no limit.

@@ -76,8 +76,8 @@ pub use store::{
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
-pub use tool_source::ToolSource;
 pub use tool_result::{StageTimings, ToolResult, ToolStatus};
+pub use tool_source::ToolSource;
 pub use turn_state::TurnState;
 
 // Re-exported so tool authors use the same versions as the engine.

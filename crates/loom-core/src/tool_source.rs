@@ -16,6 +16,13 @@ pub trait ToolSource: Send + Sync + 'static {
     /// The tools now. Each must have a valid name and schema; a tool the
     /// registry refuses (a duplicate name, say) is skipped with a warning.
     fn tools(&self) -> Vec<Arc<dyn DynTool>>;
+
+    /// Waits (briefly) for a change already announced to take effect — an
+    /// MCP server's list being fetched again after `list_changed` — so the
+    /// next model call sees it. Default: nothing to wait for.
+    fn settle(&self) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// An agent's tools: the fixed ones and those of its sources, as one
@@ -35,6 +42,13 @@ impl ToolSet {
         };
         set.current();
         set
+    }
+
+    /// Lets every source finish a change in flight.
+    pub(crate) async fn settle(&self) {
+        for source in &self.sources {
+            source.settle().await;
+        }
     }
 
     /// The pipeline over the tools as they are now.

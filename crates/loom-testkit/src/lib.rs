@@ -10,9 +10,9 @@
 // Test support only: a fake server that cannot bind fails the test that uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod mcp_servers;
 mod model_server;
 mod noop;
-pub mod mcp_servers;
 pub mod redaction;
 pub use model_server::{PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};

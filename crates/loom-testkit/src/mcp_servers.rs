@@ -69,8 +69,13 @@ fn node() -> String {
 }
 
 fn npm_server(package: &str) -> String {
-    let entry = install_dir().join("npm/node_modules/@modelcontextprotocol").join(package).join("dist/index.js");
-    require(entry, &format!("@modelcontextprotocol/{package}")).display().to_string()
+    let entry = install_dir()
+        .join("npm/node_modules/@modelcontextprotocol")
+        .join(package)
+        .join("dist/index.js");
+    require(entry, &format!("@modelcontextprotocol/{package}"))
+        .display()
+        .to_string()
 }
 
 /// `@modelcontextprotocol/server-everything` over stdio.
@@ -97,14 +102,22 @@ pub fn time() -> ServerCommand {
     let site = dir.parent().map(Path::to_path_buf).unwrap_or_default();
     ServerCommand {
         command: "python3".to_string(),
-        args: vec!["-m".to_string(), "mcp_server_time".to_string(), "--local-timezone".to_string(), "UTC".to_string()],
+        args: vec![
+            "-m".to_string(),
+            "mcp_server_time".to_string(),
+            "--local-timezone".to_string(),
+            "UTC".to_string(),
+        ],
         env: vec![("PYTHONPATH".to_string(), site.display().to_string())],
     }
 }
 
 /// The fixture server (hangs, crashes, floods, forks on request).
 pub fn fixture() -> ServerCommand {
-    let script = require(repo().join("tests/mcp/fixture_server.py"), "tests/mcp/fixture_server.py");
+    let script = require(
+        repo().join("tests/mcp/fixture_server.py"),
+        "tests/mcp/fixture_server.py",
+    );
     ServerCommand {
         command: "python3".to_string(),
         args: vec![script.display().to_string()],
@@ -123,7 +136,10 @@ pub fn processes_with_env(name: &str, value: &str) -> Vec<u32> {
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
+                .map(|stat| {
+                    stat.rsplit_once(')')
+                        .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+                })
                 .ok()
                 .flatten()
                 .unwrap_or(true);

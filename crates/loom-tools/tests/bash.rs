@@ -57,14 +57,18 @@ async fn output_and_exit_status_come_back() {
     assert!(ok.content.starts_with("exit code 0"), "{}", ok.content);
     assert!(ok.content.contains("hello\n"));
     let canonical = dir.path().canonicalize().unwrap();
-    assert!(ok.content.contains(&canonical.display().to_string()) || ok.content.contains(&dir.path().display().to_string()));
+    assert!(
+        ok.content.contains(&canonical.display().to_string()) || ok.content.contains(&dir.path().display().to_string())
+    );
     assert!(ok.content.contains("sandbox: none"));
 
     let failed = Bash::default()
         .call(command("echo out; echo oops >&2; exit 3", None), ctx(dir.path()))
         .await
         .unwrap_err();
-    let ToolError::Failed(text) = failed else { panic!("{failed:?}") };
+    let ToolError::Failed(text) = failed else {
+        panic!("{failed:?}")
+    };
     assert!(text.starts_with("exit code 3"), "{text}");
     assert!(text.contains("--- stdout ---\nout\n"), "{text}");
     assert!(text.contains("--- stderr ---\noops\n"), "{text}");
@@ -105,7 +109,9 @@ async fn a_timeout_kills_the_whole_tree_even_a_grandchild_holding_the_pipe() {
         .call(command(script, Some(1)), ctx(dir.path()))
         .await
         .unwrap_err();
-    let ToolError::Failed(text) = err else { panic!("{err:?}") };
+    let ToolError::Failed(text) = err else {
+        panic!("{err:?}")
+    };
     assert!(text.starts_with("timed out after 1 s"), "{text}");
     assert!(text.contains("started"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(60), "the call hung");
@@ -119,7 +125,10 @@ async fn a_timeout_kills_the_whole_tree_even_a_grandchild_holding_the_pipe() {
 async fn a_background_job_left_behind_is_stopped_when_the_command_ends() {
     let dir = tempfile::tempdir().unwrap();
     let out = Bash::default()
-        .call(command("sleep 300 & echo $! > job.pid; echo done", Some(60)), ctx(dir.path()))
+        .call(
+            command("sleep 300 & echo $! > job.pid; echo done", Some(60)),
+            ctx(dir.path()),
+        )
         .await
         .unwrap();
     assert!(out.content.starts_with("exit code 0"), "{}", out.content);
@@ -157,7 +166,10 @@ async fn a_dropped_call_leaves_no_process_behind() {
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("sleeper.pid");
     let bash = Bash::default();
-    let call = bash.call(command("sleep 300 & echo $! > sleeper.pid; wait", Some(120)), ctx(dir.path()));
+    let call = bash.call(
+        command("sleep 300 & echo $! > sleeper.pid; wait", Some(120)),
+        ctx(dir.path()),
+    );
     let dropped_after_start = async {
         while !pid_file.exists() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -193,7 +205,12 @@ async fn variables_with_secret_names_never_reach_the_command() {
     assert!(out.content.contains("PATH="), "{}", out.content);
     assert!(out.content.contains("CONFIGURED=yes"));
     assert!(out.content.contains("TMPDIR="));
-    for absent in ["LOOM_TEST_API_KEY", "sk-test-not-for-commands", "LOOM_TEST_HARMLESS", "DEPLOY_TOKEN"] {
+    for absent in [
+        "LOOM_TEST_API_KEY",
+        "sk-test-not-for-commands",
+        "LOOM_TEST_HARMLESS",
+        "DEPLOY_TOKEN",
+    ] {
         assert!(!out.content.contains(absent), "{absent} leaked:\n{}", out.content);
     }
 }
@@ -228,7 +245,10 @@ async fn output_streams_while_the_command_runs() {
     }
     let result = result.unwrap();
     assert!(result.content.contains("second"), "{}", result.content);
-    assert!(seen.contains(&(OutputStream::Stdout, "first\n".to_string())), "{seen:?}");
+    assert!(
+        seen.contains(&(OutputStream::Stdout, "first\n".to_string())),
+        "{seen:?}"
+    );
     assert!(seen.contains(&(OutputStream::Stderr, "warn\n".to_string())), "{seen:?}");
     assert!(seen.iter().any(|(_, text)| text == "second\n"), "{seen:?}");
 }
@@ -240,7 +260,10 @@ async fn the_timeout_argument_is_bounded_by_the_maximum() {
         .call(command("true", Some(601)), ctx(dir.path()))
         .await
         .unwrap_err();
-    assert!(matches!(err, ToolError::InvalidArguments(ref text) if text.contains("600")), "{err:?}");
+    assert!(
+        matches!(err, ToolError::InvalidArguments(ref text) if text.contains("600")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -259,7 +282,13 @@ async fn the_sandbox_allows_writes_in_the_workspace_only() {
         ..BashSettings::default()
     });
     let inside = bash
-        .call(command("echo in > inside.txt && echo tmp > \"$TMPDIR/t\" && cat inside.txt", None), ctx(workspace.path()))
+        .call(
+            command(
+                "echo in > inside.txt && echo tmp > \"$TMPDIR/t\" && cat inside.txt",
+                None,
+            ),
+            ctx(workspace.path()),
+        )
         .await
         .unwrap();
     assert!(inside.content.contains("sandbox: landlock"), "{}", inside.content);
@@ -268,17 +297,28 @@ async fn the_sandbox_allows_writes_in_the_workspace_only() {
 
     let target = outside.path().join("escape.txt");
     let escaped = bash
-        .call(command(&format!("echo out > '{}'", target.display()), None), ctx(workspace.path()))
+        .call(
+            command(&format!("echo out > '{}'", target.display()), None),
+            ctx(workspace.path()),
+        )
         .await
         .unwrap_err();
-    let ToolError::Failed(text) = escaped else { panic!("{escaped:?}") };
+    let ToolError::Failed(text) = escaped else {
+        panic!("{escaped:?}")
+    };
     assert!(text.contains("Permission denied"), "{text}");
     assert!(!target.exists(), "the sandbox let a write through");
 
     // Reading outside the workspace is allowed.
     std::fs::write(outside.path().join("readable.txt"), "readable").unwrap();
     let read = bash
-        .call(command(&format!("cat '{}'", outside.path().join("readable.txt").display()), None), ctx(workspace.path()))
+        .call(
+            command(
+                &format!("cat '{}'", outside.path().join("readable.txt").display()),
+                None,
+            ),
+            ctx(workspace.path()),
+        )
         .await
         .unwrap();
     assert!(read.content.contains("readable"));
@@ -287,10 +327,15 @@ async fn the_sandbox_allows_writes_in_the_workspace_only() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let connect = bash
-            .call(command(&format!("exec 3<>/dev/tcp/127.0.0.1/{port}"), Some(10)), ctx(workspace.path()))
+            .call(
+                command(&format!("exec 3<>/dev/tcp/127.0.0.1/{port}"), Some(10)),
+                ctx(workspace.path()),
+            )
             .await
             .unwrap_err();
-        let ToolError::Failed(text) = connect else { panic!("{connect:?}") };
+        let ToolError::Failed(text) = connect else {
+            panic!("{connect:?}")
+        };
         assert!(text.contains("network blocked"), "{text}");
         assert!(text.contains("Permission denied") || text.contains("denied"), "{text}");
     } else {

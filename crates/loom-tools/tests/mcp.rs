@@ -44,8 +44,10 @@ fn config(server: &ServerCommand, marker: &str, extra: &[(&str, String)]) -> Mcp
 impl Servers {
     fn new(servers: Vec<(&str, McpServerConfig)>) -> Self {
         let workspace = tempfile::tempdir().unwrap();
-        let configs: BTreeMap<String, McpServerConfig> =
-            servers.into_iter().map(|(name, config)| (name.to_string(), config)).collect();
+        let configs: BTreeMap<String, McpServerConfig> = servers
+            .into_iter()
+            .map(|(name, config)| (name.to_string(), config))
+            .collect();
         let marker = configs
             .values()
             .find_map(|config| config.env.get(MARKER).cloned())
@@ -59,7 +61,12 @@ impl Servers {
 
     async fn start(&self) {
         for report in self.clients.start().await {
-            assert!(report.outcome.is_ok(), "{} did not start: {:?}", report.server, report.outcome);
+            assert!(
+                report.outcome.is_ok(),
+                "{} did not start: {:?}",
+                report.server,
+                report.outcome
+            );
         }
     }
 
@@ -118,8 +125,17 @@ async fn server_everything_lists_its_tools_and_answers_echo_and_get_sum() {
     let echo = servers.tool("everything__echo");
     assert!(echo.parameters_schema()["properties"]["message"].is_object());
     assert!(echo.parameters_schema().get("$schema").is_none());
-    assert_eq!(servers.call("everything__echo", json!({"message": "hi there"})).await.unwrap(), "Echo: hi there");
-    let sum = servers.call("everything__get-sum", json!({"a": 2, "b": 40})).await.unwrap();
+    assert_eq!(
+        servers
+            .call("everything__echo", json!({"message": "hi there"}))
+            .await
+            .unwrap(),
+        "Echo: hi there"
+    );
+    let sum = servers
+        .call("everything__get-sum", json!({"a": 2, "b": 40}))
+        .await
+        .unwrap();
     assert!(sum.contains("42"), "{sum}");
     servers.finish().await;
 }
@@ -132,13 +148,22 @@ async fn a_servers_environment_holds_no_secret_of_loom() {
     std::env::set_var("LOOM_MCP_TEST_UNLISTED", "not-on-the-allowlist");
     let servers = Servers::new(vec![(
         "everything",
-        config(&mcp_servers::everything(), &marker(), &[("CONFIGURED_FOR_SERVER", "yes".to_string())]),
+        config(
+            &mcp_servers::everything(),
+            &marker(),
+            &[("CONFIGURED_FOR_SERVER", "yes".to_string())],
+        ),
     )]);
     servers.start().await;
     let env = servers.call("everything__get-env", json!({})).await.unwrap();
     assert!(env.contains("CONFIGURED_FOR_SERVER"), "{env}");
     assert!(env.contains("PATH"), "{env}");
-    for absent in ["LOOM_MCP_TEST_API_KEY", "sk-mcp-test-never-shown", "LOOM_MCP_TEST_UNLISTED", "OPENAI_API_KEY"] {
+    for absent in [
+        "LOOM_MCP_TEST_API_KEY",
+        "sk-mcp-test-never-shown",
+        "LOOM_MCP_TEST_UNLISTED",
+        "OPENAI_API_KEY",
+    ] {
         assert!(!env.contains(absent), "{absent} reached the server:\n{env}");
     }
     servers.finish().await;
@@ -148,9 +173,14 @@ async fn a_servers_environment_holds_no_secret_of_loom() {
 async fn the_python_time_server_works_too() {
     let servers = Servers::new(vec![("time", config(&mcp_servers::time(), &marker(), &[]))]);
     servers.start().await;
-    let now = servers.call("time__get_current_time", json!({"timezone": "UTC"})).await.unwrap();
+    let now = servers
+        .call("time__get_current_time", json!({"timezone": "UTC"}))
+        .await
+        .unwrap();
     assert!(now.contains("UTC"), "{now}");
-    let bad = servers.call("time__get_current_time", json!({"timezone": "Nowhere/Atlantis"})).await;
+    let bad = servers
+        .call("time__get_current_time", json!({"timezone": "Nowhere/Atlantis"}))
+        .await;
     assert!(matches!(bad, Err(ToolError::Failed(_))), "{bad:?}");
     servers.finish().await;
 }
@@ -166,7 +196,10 @@ async fn one_bad_schema_skips_that_tool_only_and_is_error_results_are_errors() {
     assert!(server.skipped_tools().iter().any(|why| why.contains("bad_schema")));
     assert_eq!(server.state(), ServerState::Ready);
 
-    assert_eq!(servers.call("fixture__echo", json!({"text": "ok"})).await.unwrap(), "ok");
+    assert_eq!(
+        servers.call("fixture__echo", json!({"text": "ok"})).await.unwrap(),
+        "ok"
+    );
     let failed = servers.call("fixture__error_result", json!({})).await;
     assert_eq!(failed, Err(ToolError::Failed("it failed".to_string())));
     servers.finish().await;
@@ -210,9 +243,16 @@ async fn a_call_that_times_out_is_cancelled_at_the_server() {
     let started = Instant::now();
     let err = servers.call("fixture__hang", json!({})).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(30));
-    assert!(matches!(&err, ToolError::Failed(text) if text.contains("did not answer within 1.0 s")), "{err:?}");
+    assert!(
+        matches!(&err, ToolError::Failed(text) if text.contains("did not answer within 1.0 s")),
+        "{err:?}"
+    );
     eventually("the cancellation", || !cancellations(&log).is_empty()).await;
-    assert!(cancellations(&log)[0].contains("timed out"), "{:?}", cancellations(&log));
+    assert!(
+        cancellations(&log)[0].contains("timed out"),
+        "{:?}",
+        cancellations(&log)
+    );
 
     // Loom's own cancel is passed on the same way.
     let cancel = CancellationToken::new();
@@ -233,7 +273,13 @@ async fn a_call_that_times_out_is_cancelled_at_the_server() {
     assert!(cancellations(&log)[2].contains("abandoned"));
 
     // The server still answers.
-    assert_eq!(servers.call("fixture__echo", json!({"text": "still here"})).await.unwrap(), "still here");
+    assert_eq!(
+        servers
+            .call("fixture__echo", json!({"text": "still here"}))
+            .await
+            .unwrap(),
+        "still here"
+    );
     servers.finish().await;
 }
 
@@ -243,13 +289,19 @@ async fn a_server_that_dies_mid_call_fails_it_at_once_and_restarts_on_next_use()
     servers.start().await;
     let started = Instant::now();
     let err = servers.call("fixture__crash", json!({})).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(10), "the call waited for a dead server");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the call waited for a dead server"
+    );
     assert!(
         matches!(&err, ToolError::Failed(text) if text.contains("stopped during the call")),
         "{err:?}"
     );
     assert!(matches!(servers.clients.servers()[0].state(), ServerState::Down(_)));
-    assert_eq!(servers.call("fixture__echo", json!({"text": "back"})).await.unwrap(), "back");
+    assert_eq!(
+        servers.call("fixture__echo", json!({"text": "back"})).await.unwrap(),
+        "back"
+    );
     assert_eq!(servers.clients.servers()[0].state(), ServerState::Ready);
     servers.finish().await;
 }

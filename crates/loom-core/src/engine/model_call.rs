@@ -50,7 +50,7 @@ impl Driver {
     /// machine. A "context length exceeded" answer compresses and retries once.
     pub(super) async fn call_model(&mut self, machine: &mut TurnMachine, call: ModelCall) {
         let engine = self.engine.clone();
-        self.refresh_tools();
+        self.refresh_tools().await;
         let offered = self.tools.clone();
         let tools = if call.tools { offered.registry().specs() } else { &[] };
         let turn = machine.ids().clone();

@@ -132,10 +132,11 @@ impl Driver {
     /// Takes up a change in the agent's tool sources (an MCP server's
     /// `list_changed`) between turns. A sub-agent keeps the subset it was
     /// given.
-    pub(super) fn refresh_tools(&mut self) {
+    pub(super) async fn refresh_tools(&mut self) {
         if self.parent.is_some() {
             return;
         }
+        self.engine.tools.settle().await;
         let latest = self.engine.tools.current();
         if !std::sync::Arc::ptr_eq(&latest, &self.tools) {
             self.tools = latest;

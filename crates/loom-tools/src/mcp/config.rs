@@ -89,9 +89,8 @@ impl McpServerConfig {
 }
 
 fn check_name(name: &str) -> Result<(), McpConfigError> {
-    let valid = !name.is_empty()
-        && name.len() <= 32
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let valid =
+        !name.is_empty() && name.len() <= 32 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if valid {
         Ok(())
     } else {

@@ -71,16 +71,20 @@ impl McpClients {
     /// Starts every enabled server at once, each within its start-up
     /// limit. A server that fails is reported (and tried again on use).
     pub async fn start(&self) -> Vec<StartReport> {
-        let starts = self.servers.iter().filter(|server| server.is_enabled()).map(|server| async move {
-            let outcome = match server.connection().await {
-                Ok(_) => Ok(server.tool_infos().len()),
-                Err(err) => Err(err.to_string()),
-            };
-            StartReport {
-                server: server.name().to_string(),
-                outcome,
-            }
-        });
+        let starts = self
+            .servers
+            .iter()
+            .filter(|server| server.is_enabled())
+            .map(|server| async move {
+                let outcome = match server.connection().await {
+                    Ok(_) => Ok(server.tool_infos().len()),
+                    Err(err) => Err(err.to_string()),
+                };
+                StartReport {
+                    server: server.name().to_string(),
+                    outcome,
+                }
+            });
         futures_util::future::join_all(starts).await
     }
 
@@ -102,26 +106,45 @@ impl McpClients {
     pub fn tool_names(&self) -> Vec<String> {
         self.servers
             .iter()
-            .flat_map(|server| server.tool_infos().iter().map(|info| info.name.clone()).collect::<Vec<_>>())
+            .flat_map(|server| {
+                server
+                    .tool_infos()
+                    .iter()
+                    .map(|info| info.name.clone())
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 }
+
+/// How long a run waits for a tool list being fetched again.
+const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl ToolSource for McpClients {
     fn generation(&self) -> u64 {
         self.servers.iter().map(|server| server.generation()).sum()
     }
 
+    fn settle(&self) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            futures_util::future::join_all(self.servers.iter().map(|server| server.settle(SETTLE_LIMIT))).await;
+        })
+    }
+
     fn tools(&self) -> Vec<Arc<dyn DynTool>> {
         self.servers
             .iter()
             .flat_map(|server| {
-                server.tool_infos().iter().map(|info| {
-                    Arc::new(McpTool {
-                        info: info.clone(),
-                        server: server.clone(),
-                    }) as Arc<dyn DynTool>
-                }).collect::<Vec<_>>()
+                server
+                    .tool_infos()
+                    .iter()
+                    .map(|info| {
+                        Arc::new(McpTool {
+                            info: info.clone(),
+                            server: server.clone(),
+                        }) as Arc<dyn DynTool>
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
     }
@@ -136,6 +159,10 @@ struct Only {
 impl ToolSource for Only {
     fn generation(&self) -> u64 {
         self.clients.generation()
+    }
+
+    fn settle(&self) -> futures_util::future::BoxFuture<'_, ()> {
+        self.clients.settle()
     }
 
     fn tools(&self) -> Vec<Arc<dyn DynTool>> {

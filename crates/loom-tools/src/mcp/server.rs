@@ -89,6 +89,8 @@ pub struct McpServer {
     skipped: Mutex<Vec<String>>,
     generation: AtomicU64,
     stderr: StderrTail,
+    /// Tool lists being fetched again after `list_changed`.
+    refreshing: tokio::sync::watch::Sender<usize>,
     me: Weak<McpServer>,
 }
 
@@ -116,6 +118,7 @@ impl McpServer {
             skipped: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             stderr: StderrTail::default(),
+            refreshing: tokio::sync::watch::Sender::new(0),
             me: me.clone(),
         })
     }
@@ -214,7 +217,13 @@ impl McpServer {
         let handler = Handler {
             on_tools_changed: Arc::new(move || {
                 if let Some(server) = me.upgrade() {
-                    tokio::spawn(async move { server.refresh_tools().await });
+                    // Counted as refreshing from here, so a run about to
+                    // call the model waits for the new list.
+                    server.refreshing.send_modify(|count| *count += 1);
+                    tokio::spawn(async move {
+                        server.refresh_tools().await;
+                        server.refreshing.send_modify(|count| *count -= 1);
+                    });
                 }
             }),
         };
@@ -257,14 +266,26 @@ impl McpServer {
 
     /// Lists the tools again (after `notifications/tools/list_changed`).
     pub(crate) async fn refresh_tools(&self) {
+        self.refreshing.send_modify(|count| *count += 1);
         let connection = match &*self.session.lock().await {
-            Session::Up(connection) if connection.is_open() => connection.clone(),
-            _ => return,
+            Session::Up(connection) if connection.is_open() => Some(connection.clone()),
+            _ => None,
         };
-        match connection.peer.list_all_tools().await {
-            Ok(tools) => self.set_tools(tools),
-            Err(err) => tracing::warn!(server = %self.name, "tools/list after list_changed failed: {err}"),
+        if let Some(connection) = connection {
+            let listed = tokio::time::timeout(self.config.startup_timeout(), connection.peer.list_all_tools()).await;
+            match listed {
+                Ok(Ok(tools)) => self.set_tools(tools),
+                Ok(Err(err)) => tracing::warn!(server = %self.name, "tools/list after list_changed failed: {err}"),
+                Err(_) => tracing::warn!(server = %self.name, "tools/list after list_changed timed out"),
+            }
         }
+        self.refreshing.send_modify(|count| *count -= 1);
+    }
+
+    /// Waits up to `limit` for tool lists being fetched again.
+    pub(crate) async fn settle(&self, limit: Duration) {
+        let mut watch = self.refreshing.subscribe();
+        let _ = tokio::time::timeout(limit, watch.wait_for(|count| *count == 0)).await;
     }
 
     fn set_tools(&self, tools: Vec<rmcp::model::Tool>) {

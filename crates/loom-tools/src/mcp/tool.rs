@@ -35,7 +35,9 @@ pub(crate) fn tool_infos(server: &str, tools: Vec<rmcp::model::Tool>) -> (Vec<To
         let remote = tool.name.to_string();
         let name = offered_name(server, &remote);
         if infos.iter().any(|info| info.name == name) {
-            skipped.push(format!("tool '{remote}' skipped: its name '{name}' is taken by another tool"));
+            skipped.push(format!(
+                "tool '{remote}' skipped: its name '{name}' is taken by another tool"
+            ));
             continue;
         }
         let schema = match offered_schema(Value::Object((*tool.input_schema).clone())) {
@@ -66,7 +68,13 @@ pub(crate) fn tool_infos(server: &str, tools: Vec<rmcp::model::Tool>) -> (Vec<To
 pub(crate) fn offered_name(server: &str, tool: &str) -> String {
     format!("{server}__{tool}")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(MAX_NAME)
         .collect()
 }
@@ -77,7 +85,9 @@ fn offered_schema(mut schema: Value) -> Result<Value, String> {
     jsonschema::validator_for(&schema).map_err(|err| err.to_string())?;
     if let Some(object) = schema.as_object_mut() {
         object.remove("$schema");
-        object.entry("type").or_insert_with(|| Value::String("object".to_string()));
+        object
+            .entry("type")
+            .or_insert_with(|| Value::String("object".to_string()));
         if object.get("type") != Some(&Value::String("object".to_string())) {
             return Err("the arguments are not an object".to_string());
         }

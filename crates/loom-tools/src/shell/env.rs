@@ -10,8 +10,20 @@ use loom_core::pipeline::is_secret_name;
 
 /// Variables passed through from Loom's environment when set.
 pub const INHERITED: &[&str] = &[
-    "PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "USER", "LOGNAME", "SHELL",
-    "TZ", "COLORTERM", "NO_COLOR",
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_MESSAGES",
+    "TERM",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TZ",
+    "COLORTERM",
+    "NO_COLOR",
 ];
 
 /// The environment of one command: the allowlist, then `extra` (configured

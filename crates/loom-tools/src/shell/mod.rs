@@ -25,8 +25,8 @@ use tokio::process::{ChildStderr, ChildStdout};
 
 use capture::{HeadTail, LineSplitter};
 use process::{ProcessGroup, KILL_GRACE};
-pub use sandbox::{landlock_available, SandboxMode};
 use sandbox::Confinement;
+pub use sandbox::{landlock_available, SandboxMode};
 
 /// How `bash` runs commands (`[tools.bash]` in loom.toml).
 #[derive(Debug, Clone)]
@@ -119,7 +119,11 @@ impl Tool for Bash {
 
     async fn call(&self, args: BashArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let limit = match args.timeout_secs {
-            Some(0) => return Err(ToolError::InvalidArguments("timeout_secs must be at least 1".to_string())),
+            Some(0) => {
+                return Err(ToolError::InvalidArguments(
+                    "timeout_secs must be at least 1".to_string(),
+                ))
+            }
             Some(secs) if Duration::from_secs(secs) > self.settings.max_timeout => {
                 return Err(ToolError::InvalidArguments(format!(
                     "timeout_secs may be at most {}",
@@ -166,9 +170,9 @@ fn prepare(workspace: &Path, sandbox: SandboxMode) -> Result<Prepared, ToolError
         .map_err(|err| ToolError::Failed(format!("could not create a temp dir: {err}")))?;
     let confinement = match sandbox {
         SandboxMode::None => None,
-        SandboxMode::Landlock => Some(
-            Confinement::build(workspace, tmp.path()).map_err(|err| ToolError::Failed(err.to_string()))?,
-        ),
+        SandboxMode::Landlock => {
+            Some(Confinement::build(workspace, tmp.path()).map_err(|err| ToolError::Failed(err.to_string()))?)
+        }
     };
     Ok(Prepared { tmp, confinement })
 }

@@ -58,7 +58,14 @@ pub fn landlock_available() -> Result<i32, String> {
     /// `LANDLOCK_CREATE_RULESET_VERSION`: ask for the ABI version.
     const VERSION: libc::c_uint = 1;
     // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns a number.
-    let version = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, VERSION) };
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            VERSION,
+        )
+    };
     if version > 0 {
         return Ok(version as i32);
     }
@@ -82,7 +89,14 @@ impl Confinement {
                 .map_err(bad)?;
         }
         let writable = [workspace, tmp];
-        let devices = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/urandom", "/dev/random"];
+        let devices = [
+            "/dev/null",
+            "/dev/zero",
+            "/dev/full",
+            "/dev/tty",
+            "/dev/urandom",
+            "/dev/random",
+        ];
         let created = ruleset
             .create()
             .map_err(bad)?

@@ -1,0 +1,138 @@
+//! The MCP servers of loom.toml in the binary: started once per process
+//! (every agent of `loom serve` shares them), stopped before the process
+//! exits, and listed by `loom mcp list`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{anyhow, Result};
+use loom::tools::mcp::{Endpoint, ServerState};
+use loom::tools::McpClients;
+use serde_json::json;
+
+use crate::config::{self, FileConfig};
+use crate::run::Failure;
+
+static CLIENTS: OnceLock<Arc<McpClients>> = OnceLock::new();
+
+/// The process's MCP servers, started on first use (a failed start is a
+/// warning: the server is tried again when one of its tools is called).
+/// `None` when loom.toml configures none.
+pub(crate) async fn clients(file: &FileConfig, workspace: &Path) -> Result<Option<Arc<McpClients>>> {
+    if let Some(clients) = CLIENTS.get() {
+        return Ok(Some(clients.clone()));
+    }
+    let Some(servers) = file
+        .mcp
+        .as_ref()
+        .map(|mcp| &mcp.servers)
+        .filter(|servers| !servers.is_empty())
+    else {
+        return Ok(None);
+    };
+    let clients = Arc::new(McpClients::new(servers, workspace).map_err(|err| anyhow!("loom.toml: {err}"))?);
+    for report in clients.start().await {
+        if let Err(why) = report.outcome {
+            say!("loom: warning: MCP server '{}' is not available: {why}", report.server);
+        }
+    }
+    // Two agents built at once (never in practice) keep the first set.
+    if CLIENTS.set(clients.clone()).is_err() {
+        clients.shutdown().await;
+    }
+    Ok(CLIENTS.get().cloned())
+}
+
+/// Stops every MCP server this process started: none outlives loom.
+pub(crate) async fn shutdown() {
+    if let Some(clients) = CLIENTS.get() {
+        clients.shutdown().await;
+    }
+}
+
+/// `loom mcp list`: starts each server, prints its state and tools, stops it.
+pub(crate) async fn list(
+    config_path: Option<&Path>,
+    workspace: Option<&Path>,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let loaded = config::load(config_path).map_err(Failure::Usage)?;
+    let workspace = match workspace {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir().map_err(|err| Failure::Usage(err.into()))?,
+    };
+    let servers = loaded
+        .file
+        .mcp
+        .as_ref()
+        .map(|mcp| mcp.servers.clone())
+        .unwrap_or_default();
+    let clients = McpClients::new(&servers, &workspace).map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?;
+    clients.start().await;
+    let mut shown = Vec::new();
+    for server in clients.servers() {
+        let tools: Vec<_> = loom::ToolSource::tools(&clients)
+            .into_iter()
+            .filter(|tool| tool.name().starts_with(&format!("{}__", server.name())))
+            .map(|tool| (tool.name().to_string(), tool.description().to_string()))
+            .collect();
+        let transport = match server.endpoint() {
+            Endpoint::Stdio { command, .. } => format!("stdio: {command}"),
+            Endpoint::Http { url } => format!("http: {url}"),
+        };
+        shown.push((server.clone(), transport, tools));
+    }
+    if json {
+        for (server, transport, tools) in &shown {
+            let line = json!({
+                "server": server.name(),
+                "state": state_name(&server.state()),
+                "error": match server.state() { ServerState::Down(why) => Some(why), _ => None },
+                "transport": transport,
+                "tools": tools.iter().map(|(name, description)| json!({"name": name, "description": description})).collect::<Vec<_>>(),
+                "skipped": server.skipped_tools(),
+            });
+            println!("{line}");
+        }
+    } else if shown.is_empty() {
+        println!("no MCP servers configured ([mcp.servers.NAME] in loom.toml)");
+    }
+    if !json {
+        for (server, transport, tools) in &shown {
+            println!(
+                "{}  {}  ({transport}, {} tools)",
+                server.name(),
+                server.state(),
+                tools.len()
+            );
+            for (name, description) in tools {
+                let first = description.lines().next().unwrap_or("");
+                println!("  {name}  {}", clip(first, 80));
+            }
+            for skipped in server.skipped_tools() {
+                println!("  skipped: {skipped}");
+            }
+        }
+    }
+    clients.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn state_name(state: &ServerState) -> &'static str {
+    match state {
+        ServerState::Disabled => "disabled",
+        ServerState::Idle => "idle",
+        ServerState::Ready => "ready",
+        ServerState::Down(_) => "down",
+        ServerState::Stopped => "stopped",
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max - 1).collect();
+    format!("{cut}…")
+}

@@ -1,0 +1,424 @@
+//! The shell and MCP tools through the `loom` binary: `[tools.bash]`, live
+//! shell output on stderr and as `tool.output` events, MCP servers from
+//! `[mcp.servers.NAME]` called by a scripted run, a deny rule on an MCP
+//! tool, and `loom mcp list`. No server process outlives a command.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::loom;
+use loom_testkit::mcp_servers::{self, processes_with_env};
+use serde_json::Value;
+
+const MARKER: &str = "LOOM_MCP_TEST_MARKER";
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path.display().to_string()
+}
+
+fn events(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line.trim()).ok())
+        .collect()
+}
+
+fn results(events: &[Value]) -> Vec<(String, String, String)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool.result")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["status"].as_str().unwrap().to_string(),
+                e["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn assert_no_process_left(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = processes_with_env(MARKER, marker);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "MCP server processes outlived loom: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_shell_streams_its_output_live_and_reports_how_it_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = write(
+        dir.path(),
+        "script.json",
+        r#"[
+          {"tool_calls":[{"name":"bash","arguments":{"command":"echo building; echo warning: slow >&2; exit 2"}}]},
+          {"content":"the build failed"}
+        ]"#,
+    );
+    write(dir.path(), "loom.toml", "[tools.bash]\nenv = { BUILD_MODE = \"ci\" }\n");
+    let output = loom()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--allow",
+            "bash",
+            "--model",
+            &format!("scripted:{script}"),
+            "build it",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events = events(&output.stdout);
+    let outputs: Vec<&Value> = events.iter().filter(|e| e["type"] == "tool.output").collect();
+    assert!(
+        outputs
+            .iter()
+            .any(|e| e["stream"] == "stdout" && e["text"] == "building\n"),
+        "{outputs:?}"
+    );
+    assert!(outputs
+        .iter()
+        .any(|e| e["stream"] == "stderr" && e["text"] == "warning: slow\n"));
+    let result_seq = events.iter().find(|e| e["type"] == "tool.result").unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    assert!(outputs.iter().all(|e| e["seq"].as_u64().unwrap() < result_seq));
+    let (_, status, content) = &results(&events)[0];
+    assert_eq!(status, "error");
+    assert!(content.contains("exit code 2"), "{content}");
+
+    // The terminal shows the output on stderr, under a bar.
+    let human = loom()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "--allow",
+            "bash",
+            "--model",
+            &format!("scripted:{script}"),
+            "build it",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&human.stderr);
+    assert!(stderr.contains("│ building"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&human.stdout).trim(), "the build failed");
+}
+
+#[test]
+fn the_shell_asks_by_default_and_can_be_sandboxed_or_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = write(
+        dir.path(),
+        "script.json",
+        r#"[{"tool_calls":[{"name":"bash","arguments":{"command":"echo hi > made.txt"}}]},{"content":"ok"}]"#,
+    );
+    let model = format!("scripted:{script}");
+    // No terminal to ask on: the ask is a deny.
+    let asked = loom()
+        .current_dir(dir.path())
+        .args(["run", "--json", "--model", &model, "go"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(results(&events(&asked.stdout))[0].1, "denied");
+    assert!(!dir.path().join("made.txt").exists());
+
+    if loom::tools::shell::landlock_available().is_ok() {
+        write(dir.path(), "loom.toml", "[tools.bash]\nsandbox = \"landlock\"\n");
+        let sandboxed = loom()
+            .current_dir(dir.path())
+            .args(["run", "--json", "--yes", "--model", &model, "go"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (_, status, content) = results(&events(&sandboxed.stdout))[0].clone();
+        assert_eq!(status, "success", "{content}");
+        assert!(content.contains("sandbox: landlock"), "{content}");
+        assert!(dir.path().join("made.txt").exists());
+    } else {
+        println!("sandbox part skipped: {:?}", loom::tools::shell::landlock_available());
+    }
+
+    write(dir.path(), "loom.toml", "[tools.bash]\nenabled = false\n");
+    let off = loom()
+        .current_dir(dir.path())
+        .args(["run", "--json", "--yes", "--model", &model, "go"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, status, content) = results(&events(&off.stdout))[0].clone();
+    assert_eq!(status, "error");
+    assert!(content.contains("bash"), "{content}");
+}
+
+#[test]
+fn a_scripted_run_calls_real_mcp_tools_and_reads_their_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid_like();
+    let everything = mcp_servers::everything();
+    write(
+        dir.path(),
+        "loom.toml",
+        &everything.toml("everything", &[(MARKER, &marker)], ""),
+    );
+    let script = write(
+        dir.path(),
+        "script.json",
+        r#"[
+          {"tool_calls":[
+            {"name":"everything__echo","arguments":{"message":"hello from loom"}},
+            {"name":"everything__get-sum","arguments":{"a":19,"b":23}}
+          ]},
+          {"content":"done"}
+        ]"#,
+    );
+    let output = loom()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--allow",
+            "everything__*",
+            "--model",
+            &format!("scripted:{script}"),
+            "use the tools",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let results = results(&events(&output.stdout));
+    assert_eq!(
+        results[0],
+        (
+            "everything__echo".into(),
+            "success".into(),
+            "Echo: hello from loom".into()
+        )
+    );
+    assert_eq!(results[1].1, "success");
+    assert!(results[1].2.contains("42"), "{:?}", results[1]);
+    assert_no_process_left(&marker);
+}
+
+#[test]
+fn an_mcp_tool_under_a_deny_rule_never_runs_and_mcp_tools_ask_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("files");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("notes.txt"), "kept notes").unwrap();
+    let marker = uuid_like();
+    let fs = mcp_servers::filesystem(&root);
+    let config = format!(
+        "{}\n[permissions]\n\"fs__write_file\" = \"deny\"\n",
+        fs.toml("fs", &[(MARKER, &marker)], "")
+    );
+    write(dir.path(), "loom.toml", &config);
+    let target = root.join("new.txt").display().to_string();
+    let notes = root.join("notes.txt").display().to_string();
+    let script = write(
+        dir.path(),
+        "script.json",
+        &format!(
+            r#"[
+              {{"tool_calls":[{{"name":"fs__write_file","arguments":{{"path":{target:?},"content":"x"}}}}]}},
+              {{"tool_calls":[{{"name":"fs__read_text_file","arguments":{{"path":{notes:?}}}}}]}},
+              {{"content":"done"}}
+            ]"#
+        ),
+    );
+    let model = format!("scripted:{script}");
+    // --yes approves asks, but no answer overrides a deny rule.
+    let output = loom()
+        .current_dir(dir.path())
+        .args(["run", "--json", "--yes", "--model", &model, "write"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let results = results(&events(&output.stdout));
+    assert_eq!(results[0].1, "denied", "{results:?}");
+    assert!(!root.join("new.txt").exists());
+    assert_eq!(results[1].1, "success", "{results:?}");
+    assert!(results[1].2.contains("kept notes"));
+
+    // Without --yes and without a terminal, an MCP tool's ask is a deny.
+    let unattended = loom()
+        .current_dir(dir.path())
+        .args(["run", "--json", "--model", &model, "write"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let statuses: Vec<String> = self::results(&events(&unattended.stdout))
+        .into_iter()
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(statuses, vec!["denied", "denied"]);
+    assert_no_process_left(&marker);
+}
+
+#[test]
+fn loom_mcp_list_shows_each_server_its_state_and_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid_like();
+    let config = format!(
+        "{}{}{}[mcp.servers.off]\ncommand = \"false\"\nenabled = false\n",
+        mcp_servers::fixture().toml("fixture", &[(MARKER, &marker)], ""),
+        mcp_servers::time().toml("time", &[(MARKER, &marker)], ""),
+        "[mcp.servers.broken]\ncommand = \"/nonexistent/mcp-server\"\nstartup_timeout_secs = 5\n",
+    );
+    write(dir.path(), "loom.toml", &config);
+    let output = loom().current_dir(dir.path()).args(["mcp", "list"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("fixture  ready"), "{text}");
+    assert!(text.contains("  fixture__echo"), "{text}");
+    assert!(text.contains("skipped: tool 'bad_schema'"), "{text}");
+    assert!(text.contains("time  ready"), "{text}");
+    assert!(text.contains("time__get_current_time"), "{text}");
+    assert!(
+        text.contains("broken  down: could not start `/nonexistent/mcp-server`"),
+        "{text}"
+    );
+    assert!(text.contains("off  disabled"), "{text}");
+
+    let json = loom()
+        .current_dir(dir.path())
+        .args(["mcp", "list", "--json"])
+        .output()
+        .unwrap();
+    let lines = events(&json.stdout);
+    let fixture = lines.iter().find(|line| line["server"] == "fixture").unwrap();
+    assert_eq!(fixture["state"], "ready");
+    assert!(fixture["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|tool| tool["name"] == "fixture__echo"));
+    assert_no_process_left(&marker);
+}
+
+fn uuid_like() -> String {
+    format!("{}-{}", std::process::id(), fastrand::u64(..))
+}
+
+#[test]
+fn the_model_is_offered_mcp_tools_and_reads_their_results() {
+    use loom_testkit::{PromptModel, PromptModelOptions};
+    let model = PromptModel::start(PromptModelOptions {
+        keep_bodies: true,
+        ..PromptModelOptions::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid_like();
+    let config = format!(
+        "model = \"openai:fake\"\n[provider]\nbase_url = \"{}\"\n{}",
+        model.url(),
+        mcp_servers::fixture().toml("fixture", &[(MARKER, &marker)], "")
+    );
+    write(dir.path(), "loom.toml", &config);
+    let output = loom()
+        .current_dir(dir.path())
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--allow", "fixture__env", "steps=1 tool=fixture__env"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let bodies = model.bodies();
+    // What the model sees: the tools by their prefixed names, with the
+    // server's schema (no `$schema`), and the bad one left out.
+    let offered: Vec<&Value> = bodies[0]["tools"].as_array().unwrap().iter().collect();
+    let env_tool = offered
+        .iter()
+        .find(|tool| tool["function"]["name"] == "fixture__env")
+        .expect("fixture__env offered");
+    assert_eq!(env_tool["function"]["parameters"]["type"], "object");
+    assert!(offered
+        .iter()
+        .all(|tool| tool["function"]["name"] != "fixture__bad_schema"));
+    assert!(offered.iter().any(|tool| tool["function"]["name"] == "bash"));
+    // The tool's real answer is in the next request.
+    let messages = bodies[1]["messages"].as_array().unwrap();
+    let result = messages.iter().find(|m| m["role"] == "tool").unwrap()["content"]
+        .as_str()
+        .unwrap();
+    assert!(result.contains(&format!("{MARKER}={marker}")), "{result}");
+    assert!(!result.contains("OPENAI_API_KEY"), "{result}");
+    assert_no_process_left(&marker);
+}
+
+#[test]
+fn a_tool_a_server_adds_mid_run_is_offered_from_the_next_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid_like();
+    write(
+        dir.path(),
+        "loom.toml",
+        &mcp_servers::fixture().toml("fixture", &[(MARKER, &marker)], ""),
+    );
+    let script = write(
+        dir.path(),
+        "script.json",
+        r#"[
+          {"tool_calls":[{"name":"fixture__add_tool","arguments":{}}]},
+          {"tool_calls":[{"name":"fixture__added","arguments":{}}]},
+          {"content":"done"}
+        ]"#,
+    );
+    let output = loom()
+        .current_dir(dir.path())
+        .args([
+            "run",
+            "--json",
+            "--allow",
+            "fixture__*",
+            "--model",
+            &format!("scripted:{script}"),
+            "grow",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let results = results(&events(&output.stdout));
+    assert_eq!(
+        results[1],
+        ("fixture__added".into(), "success".into(), "added works".into()),
+        "{results:?}"
+    );
+    assert_no_process_left(&marker);
+}
