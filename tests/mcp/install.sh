@@ -12,6 +12,9 @@ dir="$(cd "$dir" && pwd)"
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   apt-get update -qq && apt-get install -y -qq nodejs npm
 fi
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq python3 python3-pip
+fi
 
 if ! cmp -s "$here/package-lock.json" "$dir/npm/package-lock.json" || [ ! -d "$dir/npm/node_modules" ]; then
   cp "$here/package.json" "$here/package-lock.json" "$dir/npm/"
