@@ -75,7 +75,11 @@ async fn direct_calls(server: &mcp_servers::ServerCommand) -> Vec<Duration> {
 async fn loom_calls(server: &mcp_servers::ServerCommand) -> Vec<Duration> {
     let clients = clients(server);
     assert!(clients.start().await[0].outcome.is_ok());
-    let echo = clients.tools().into_iter().find(|tool| tool.name() == "everything__echo").unwrap();
+    let echo = clients
+        .tools()
+        .into_iter()
+        .find(|tool| tool.name() == "everything__echo")
+        .unwrap();
     let mut times = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {
         let ctx = ToolContext::new("c", "r".into(), Arc::from(Path::new("/")), CancellationToken::new());
@@ -102,7 +106,12 @@ async fn starts(server: &mcp_servers::ServerCommand) -> (Vec<Duration>, Vec<Dura
         let started = Instant::now();
         let (mut child, mut stdin, mut stdout) = spawn(server);
         handshake(&mut stdin, &mut stdout).await;
-        let listed = round_trip(&mut stdin, &mut stdout, &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+        let listed = round_trip(
+            &mut stdin,
+            &mut stdout,
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        )
+        .await;
         direct.push(started.elapsed());
         assert!(listed["result"]["tools"].is_array());
         drop(stdin);
@@ -121,7 +130,11 @@ fn clients(server: &mcp_servers::ServerCommand) -> McpClients {
     McpClients::new(&BTreeMap::from([("everything".to_string(), config)]), Path::new(".")).unwrap()
 }
 
-type Pipes = (tokio::process::Child, tokio::process::ChildStdin, BufReader<tokio::process::ChildStdout>);
+type Pipes = (
+    tokio::process::Child,
+    tokio::process::ChildStdin,
+    BufReader<tokio::process::ChildStdout>,
+);
 
 fn spawn(server: &mcp_servers::ServerCommand) -> Pipes {
     let mut child = tokio::process::Command::new(&server.command)
@@ -156,7 +169,10 @@ async fn round_trip(
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(stdout.read_line(&mut line).await.unwrap() > 0, "the server closed its output");
+        assert!(
+            stdout.read_line(&mut line).await.unwrap() > 0,
+            "the server closed its output"
+        );
         let message: Value = serde_json::from_str(&line).unwrap();
         if message.get("id") == request.get("id") && message.get("method").is_none() {
             return message;

@@ -341,3 +341,45 @@ async fn a_server_that_never_answers_is_given_up_on_at_its_startup_limit() {
     assert!(matches!(servers.clients.servers()[0].state(), ServerState::Down(_)));
     servers.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamable_http_server_works_like_a_stdio_one() {
+    let everything = mcp_servers::everything();
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let mut server = tokio::process::Command::new(&everything.command)
+        .arg(&everything.args[0])
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        assert!(Instant::now() < deadline, "the HTTP server did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let config = McpServerConfig {
+        url: Some(format!("http://127.0.0.1:{port}/mcp")),
+        startup_timeout_secs: Some(30),
+        ..McpServerConfig::default()
+    };
+    let workspace = tempfile::tempdir().unwrap();
+    let clients = McpClients::new(&BTreeMap::from([("web".to_string(), config)]), workspace.path()).unwrap();
+    let reports = clients.start().await;
+    assert!(reports[0].outcome.is_ok(), "{:?}", reports[0].outcome);
+    let echo = clients
+        .tools()
+        .into_iter()
+        .find(|tool| tool.name() == "web__echo")
+        .unwrap();
+    let ctx = ToolContext::new("c1", "r1".into(), Arc::from(Path::new("/")), CancellationToken::new());
+    let output = echo.call_json(json!({"message": "over http"}), ctx).await.unwrap();
+    assert_eq!(output.content, "Echo: over http");
+    clients.shutdown().await;
+    server.kill().await.unwrap();
+}
