@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use loom::tools::mcp::{Endpoint, ServerState};
@@ -14,39 +14,39 @@ use serde_json::json;
 use crate::config::{self, FileConfig};
 use crate::run::Failure;
 
-static CLIENTS: OnceLock<Arc<McpClients>> = OnceLock::new();
+/// Started once: agents built at the same time (two first runs of
+/// `loom serve`) wait for the one start.
+static CLIENTS: tokio::sync::OnceCell<Option<Arc<McpClients>>> = tokio::sync::OnceCell::const_new();
 
 /// The process's MCP servers, started on first use (a failed start is a
 /// warning: the server is tried again when one of its tools is called).
 /// `None` when loom.toml configures none.
 pub(crate) async fn clients(file: &FileConfig, workspace: &Path) -> Result<Option<Arc<McpClients>>> {
-    if let Some(clients) = CLIENTS.get() {
-        return Ok(Some(clients.clone()));
-    }
-    let Some(servers) = file
-        .mcp
-        .as_ref()
-        .map(|mcp| &mcp.servers)
-        .filter(|servers| !servers.is_empty())
-    else {
-        return Ok(None);
-    };
-    let clients = Arc::new(McpClients::new(servers, workspace).map_err(|err| anyhow!("loom.toml: {err}"))?);
-    for report in clients.start().await {
-        if let Err(why) = report.outcome {
-            say!("loom: warning: MCP server '{}' is not available: {why}", report.server);
-        }
-    }
-    // Two agents built at once (never in practice) keep the first set.
-    if CLIENTS.set(clients.clone()).is_err() {
-        clients.shutdown().await;
-    }
-    Ok(CLIENTS.get().cloned())
+    let clients = CLIENTS
+        .get_or_try_init(|| async {
+            let Some(servers) = file
+                .mcp
+                .as_ref()
+                .map(|mcp| &mcp.servers)
+                .filter(|servers| !servers.is_empty())
+            else {
+                return Ok(None);
+            };
+            let clients = Arc::new(McpClients::new(servers, workspace).map_err(|err| anyhow!("loom.toml: {err}"))?);
+            for report in clients.start().await {
+                if let Err(why) = report.outcome {
+                    say!("loom: warning: MCP server '{}' is not available: {why}", report.server);
+                }
+            }
+            Ok::<_, anyhow::Error>(Some(clients))
+        })
+        .await?;
+    Ok(clients.clone())
 }
 
 /// Stops every MCP server this process started: none outlives loom.
 pub(crate) async fn shutdown() {
-    if let Some(clients) = CLIENTS.get() {
+    if let Some(Some(clients)) = CLIENTS.get() {
         clients.shutdown().await;
     }
 }

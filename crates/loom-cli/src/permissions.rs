@@ -69,20 +69,24 @@ pub(crate) fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
 }
 
 /// MCP tools ask by default (DESIGN 4.9) — in `loom serve` too, where
-/// other tools are denied — unless loom.toml has a rule for the server's
-/// tools.
+/// other tools are denied. loom.toml decides instead when it says anything
+/// that covers them: a `default`, a `*` rule, or a rule for the server's
+/// tools (`NAME__…`).
 pub(crate) fn ask_for_mcp_tools(
     policy: &mut PermissionPolicy,
     clients: &loom::tools::McpClients,
     file: Option<&BTreeMap<String, String>>,
 ) -> Result<()> {
+    let rules: Vec<&String> = file.into_iter().flatten().map(|(pattern, _)| pattern).collect();
+    if rules
+        .iter()
+        .any(|pattern| *pattern == "default" || pattern.starts_with('*'))
+    {
+        return Ok(());
+    }
     for server in clients.servers() {
         let prefix = format!("{}__", server.name());
-        let configured = file
-            .into_iter()
-            .flatten()
-            .any(|(pattern, _)| pattern.starts_with(&prefix));
-        if !configured {
+        if !rules.iter().any(|pattern| pattern.starts_with(&prefix)) {
             policy.add_rule(&format!("{prefix}*"), Decision::Ask)?;
         }
     }

@@ -881,3 +881,53 @@ async fn a_sub_agents_events_and_ask_reach_the_parents_subscribers() {
     let last_data = text.lines().rev().find(|line| line.starts_with("data:")).unwrap();
     assert!(last_data.contains(&format!("\"runId\":\"{parent}\"")), "{last_data}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway() {
+    use loom_testkit::mcp_servers::{fixture, processes_with_env};
+    const MARKER: &str = "LOOM_MCP_TEST_MARKER";
+    let marker = format!("serve-{}-{}", std::process::id(), fastrand::u64(..));
+    let (_dir, _model, mut gateway) = gateway(&fixture().toml("fixture", &[(MARKER, &marker)], ""), &[]);
+    assert!(
+        !processes_with_env(MARKER, &marker).is_empty(),
+        "the MCP server starts with the gateway"
+    );
+    let mut client = gateway.ws(ALICE).await;
+
+    // Nothing in loom.toml allows the shell: in server mode it is denied.
+    let run = run_id(&client.ok("agent.run", json!({"prompt": "steps=1 tool=bash"})).await);
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "denied", "{result}");
+    client.until(&run, "lifecycle.end").await;
+
+    // An MCP tool asks the run's clients; allowed, it runs on the server.
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "steps=1 tool=fixture__env"}))
+            .await,
+    );
+    let ask = client.until(&run, "permission.request").await;
+    assert_eq!(ask["payload"]["tool"], "fixture__env");
+    let request_id = ask["payload"]["requestId"].as_str().unwrap();
+    client
+        .ok(
+            "permission.respond",
+            json!({"runId": run, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "success", "{result}");
+    assert!(result["payload"]["content"].as_str().unwrap().contains(&marker));
+    assert_eq!(client.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
+
+    // Stopping the gateway stops the server.
+    assert!(gateway.terminate().success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !processes_with_env(MARKER, &marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server outlived loom serve"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

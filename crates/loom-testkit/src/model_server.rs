@@ -13,7 +13,7 @@
 //!   writes `out_K.txt`, `task` starts a sub-agent whose prompt is
 //!   `child=…` with `:` read as `=` and `+` as a space (`child=steps:1+tool:write_file`
 //!   gives the child `steps=1 tool=write_file`) and whose tools are that
-//!   tool, every other tool gets `{"path": "."}`;
+//!   tool, `bash` runs `echo step K`, every other tool gets `{"path": "."}`;
 //! - `delay_ms=N` — wait before answering (default: the server's delay);
 //! - `chunk_ms=N` — wait before each chunk of the stream (default 0);
 //! - `answer=TEXT` — the final answer (one word; default `done`);
@@ -247,6 +247,7 @@ async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
                 })
                 .to_string()
             }
+            "bash" => format!(r#"{{"command":"echo step {step}"}}"#),
             _ => r#"{"path":"."}"#.to_string(),
         };
         crate::openai_tool_calls(&[(id.as_str(), directives.tool.as_str(), args.as_str())])

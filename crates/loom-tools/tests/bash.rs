@@ -106,13 +106,13 @@ async fn a_timeout_kills_the_whole_tree_even_a_grandchild_holding_the_pipe() {
     let script = "sleep 300 & echo $! > grandchild.pid; bash -c 'sleep 300' & echo $! > child.pid; echo started; wait";
     let started = std::time::Instant::now();
     let err = Bash::default()
-        .call(command(script, Some(1)), ctx(dir.path()))
+        .call(command(script, Some(3)), ctx(dir.path()))
         .await
         .unwrap_err();
     let ToolError::Failed(text) = err else {
         panic!("{err:?}")
     };
-    assert!(text.starts_with("timed out after 1 s"), "{text}");
+    assert!(text.starts_with("timed out after 3 s"), "{text}");
     assert!(text.contains("started"), "{text}");
     assert!(started.elapsed() < Duration::from_secs(60), "the call hung");
     for file in ["grandchild.pid", "child.pid"] {

@@ -218,6 +218,15 @@ async fn list_changed_refreshes_the_tools() {
     servers.finish().await;
 }
 
+/// `tools/call` requests the fixture has received.
+fn calls(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| *line == "method tools/call")
+        .count()
+}
+
 fn cancellations(log: &Path) -> Vec<String> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -254,11 +263,15 @@ async fn a_call_that_times_out_is_cancelled_at_the_server() {
         cancellations(&log)
     );
 
-    // Loom's own cancel is passed on the same way.
+    // Loom's own cancel is passed on the same way, once the server has
+    // the call.
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
+    let log_seen = log.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        while calls(&log_seen) < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         trigger.cancel();
     });
     let err = servers.call_with("fixture__hang", json!({}), cancel).await.unwrap_err();
@@ -267,8 +280,17 @@ async fn a_call_that_times_out_is_cancelled_at_the_server() {
     assert!(cancellations(&log)[1].contains("cancelled by the client"));
 
     // A call whose future is dropped (the pipeline's own timeout) too.
-    let dropped = tokio::time::timeout(Duration::from_millis(300), servers.call("fixture__hang", json!({}))).await;
-    assert!(dropped.is_err());
+    let mut call = Box::pin(servers.call("fixture__hang", json!({})));
+    let received = async {
+        while calls(&log) < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        _ = &mut call => panic!("a hanging call answered"),
+        _ = received => {}
+    }
+    drop(call);
     eventually("the third cancellation", || cancellations(&log).len() == 3).await;
     assert!(cancellations(&log)[2].contains("abandoned"));
 
@@ -382,4 +404,28 @@ async fn a_streamable_http_server_works_like_a_stdio_one() {
     assert_eq!(output.content, "Echo: over http");
     clients.shutdown().await;
     server.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_failed_to_start_is_started_again_before_a_later_turn() {
+    let place = tempfile::tempdir().unwrap();
+    let script = place.path().join("late_server.py");
+    let fixture = mcp_servers::fixture();
+    let mut late = config(&fixture, &marker(), &[]);
+    late.args = vec![script.display().to_string()];
+    let servers = Servers::new(vec![("late", late)]);
+    // The script is not there yet: the start fails, and no tool is offered.
+    let reports = servers.clients.start().await;
+    assert!(reports[0].outcome.is_err());
+    assert!(servers.clients.tool_names().is_empty());
+    // Once it can start, the run's wait before a model call starts it.
+    std::fs::copy(&fixture.args[0], &script).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while servers.clients.tool_names().is_empty() {
+        assert!(Instant::now() < deadline, "the server was not started again");
+        servers.clients.settle().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(servers.call("late__echo", json!({"text": "up"})).await.unwrap(), "up");
+    servers.finish().await;
 }

@@ -7,12 +7,12 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use serde_json::Value;
 
-use crate::event::EventKind;
 use crate::message::ToolCall;
-use crate::tool::{OutputSink, OutputStream, RegisteredTool, ToolContext, ToolError, ToolOutput};
+use crate::tool::{OutputSink, RegisteredTool, ToolContext, ToolError, ToolOutput};
 use crate::tool_result::{ToolResult, ToolStatus};
 
 use super::stages::error;
+use super::stream_output::StreamedOutput;
 use super::{BatchEnv, Redactor};
 
 enum Failure {
@@ -50,33 +50,23 @@ pub(crate) async fn execute(
     };
     // Streamed output becomes events while the call runs, and all of it
     // before the call's result (the sink is dropped with the call).
-    let announce = |stream: OutputStream, text: String| {
-        let text = redactor.redact(&text).into_owned();
-        env.events.emit(
-            env.turn,
-            EventKind::ToolOutput {
-                call_id: call.id.clone(),
-                stream,
-                text,
-            },
-        );
-    };
+    let mut streamed = StreamedOutput::new(&call.id, redactor, env.events, env.turn);
     let call_future = registered.tool.call_json(args, ctx);
     let running = AssertUnwindSafe(async {
         tokio::pin!(call_future);
-        loop {
+        let outcome = loop {
             tokio::select! {
                 biased;
-                Some((stream, text)) = output.recv() => announce(stream, text),
-                outcome = &mut call_future => {
-                    output.close();
-                    while let Ok((stream, text)) = output.try_recv() {
-                        announce(stream, text);
-                    }
-                    return outcome;
-                }
+                Some((stream, text)) = output.recv() => streamed.push(stream, text),
+                outcome = &mut call_future => break outcome,
             }
+        };
+        output.close();
+        while let Ok((stream, text)) = output.try_recv() {
+            streamed.push(stream, text);
         }
+        streamed.finish();
+        outcome
     })
     .catch_unwind();
     tokio::pin!(running);

@@ -15,6 +15,7 @@ mod execute;
 mod redact;
 mod scheduler;
 mod stages;
+mod stream_output;
 mod truncate;
 
 use std::collections::HashMap;

@@ -30,6 +30,9 @@ const PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_06_18;
 pub(crate) struct Handler {
     /// Called on `notifications/tools/list_changed`.
     pub on_tools_changed: Arc<dyn Fn() + Send + Sync>,
+    /// Called when a stdio server's output carries that notification,
+    /// before rmcp reads what follows it ([`ListChangedTap`]).
+    pub on_list_changed_bytes: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl ClientHandler for Handler {
@@ -130,7 +133,10 @@ impl Connection {
                     command: command.clone(),
                     source,
                 })?;
-                let group = ProcessGroup::new(child.id().map(|pid| pid as libc::pid_t).unwrap_or(0));
+                let Some(pid) = child.id() else {
+                    return Err(ConnectError::Handshake("the server exited at once".to_string()));
+                };
+                let group = ProcessGroup::new(pid as libc::pid_t);
                 if let Some(err) = child.stderr.take() {
                     tokio::spawn(drain_stderr(name.to_string(), err, stderr));
                 }
@@ -138,6 +144,7 @@ impl Connection {
                     return Err(ConnectError::Handshake("the process has no pipes".to_string()));
                 };
                 let process = ServerProcess { child, group };
+                let stdout = ListChangedTap::new(stdout, handler.on_list_changed_bytes.clone());
                 match tokio::time::timeout(limit, handler.serve((stdout, stdin))).await {
                     Ok(Ok(running)) => Ok(Self::watch(running, Some(process))),
                     Ok(Err(err)) => {
@@ -212,10 +219,9 @@ impl Drop for Connection {
     }
 }
 
-/// Closing stdin asks a stdio server to exit; one that does not within a
-/// second gets SIGTERM, then SIGKILL, as a group.
+/// A stdio server whose session has ended (which closed its stdin: rmcp
+/// owned it) gets a second to exit, then SIGTERM and SIGKILL as a group.
 async fn stop_process(mut process: ServerProcess) {
-    drop(process.child.stdin.take());
     let exited = tokio::time::timeout(Duration::from_secs(1), process.child.wait()).await;
     if exited.is_ok() && !process.group.alive() {
         process.group.kill_rest();
@@ -272,4 +278,87 @@ fn log_line(server: &str, line: &[u8], tail: &StderrTail) {
     let shown: String = text.chars().take(500).collect();
     tracing::info!(target: "loom::mcp", server, "stderr: {shown}");
     tail.push(shown);
+}
+
+/// A stdio server's output on its way to rmcp, watched for
+/// `notifications/tools/list_changed`. rmcp handles notifications in tasks
+/// of their own, so the answer of the call that changed the list can reach
+/// the run first; seeing the bytes here, before rmcp reads the answer that
+/// follows them, lets the run wait for the new list.
+///
+/// The pattern includes the quotes: inside another JSON string they would
+/// be escaped, so only a real `"method"` value matches.
+struct ListChangedTap<R> {
+    inner: R,
+    carry: Vec<u8>,
+    on_seen: Arc<dyn Fn() + Send + Sync>,
+}
+
+const LIST_CHANGED: &[u8] = b"\"notifications/tools/list_changed\"";
+
+impl<R> ListChangedTap<R> {
+    fn new(inner: R, on_seen: Arc<dyn Fn() + Send + Sync>) -> Self {
+        Self {
+            inner,
+            carry: Vec::new(),
+            on_seen,
+        }
+    }
+
+    /// Counts the pattern in `carry + bytes`, keeping the tail that could
+    /// start the next one.
+    fn scan(&mut self, bytes: &[u8]) {
+        self.carry.extend_from_slice(bytes);
+        let found = self
+            .carry
+            .windows(LIST_CHANGED.len())
+            .filter(|w| *w == LIST_CHANGED)
+            .count();
+        for _ in 0..found {
+            (self.on_seen)();
+        }
+        let keep = LIST_CHANGED.len() - 1;
+        if self.carry.len() > keep {
+            self.carry.drain(..self.carry.len() - keep);
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ListChangedTap<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            let read = buf.filled()[before..].to_vec();
+            self.scan(&read);
+        }
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_tap_sees_list_changed_across_reads_and_never_inside_a_string() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = seen.clone();
+        let mut tap = ListChangedTap::new(
+            (),
+            Arc::new(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        tap.scan(br#"{"jsonrpc":"2.0","method": "notifications/tools/li"#);
+        tap.scan(b"st_changed\"}\n");
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        tap.scan(br#"{"result":{"content":[{"text":"say \"notifications/tools/list_changed\""}]}}"#);
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
 }

@@ -127,6 +127,9 @@ impl ToolSource for McpClients {
 
     fn settle(&self) -> futures_util::future::BoxFuture<'_, ()> {
         Box::pin(async move {
+            for server in &self.servers {
+                server.retry_if_due();
+            }
             futures_util::future::join_all(self.servers.iter().map(|server| server.settle(SETTLE_LIMIT))).await;
         })
     }

@@ -72,8 +72,17 @@ pub(crate) enum CallError {
 
 enum Session {
     Idle,
-    Up(Arc<Connection>),
-    Down { failures: u32, at: Instant },
+    /// A session (found dead on the next use, when its server died);
+    /// `failures` counts the quick deaths and failed starts before it.
+    Up {
+        connection: Arc<Connection>,
+        failures: u32,
+    },
+    /// The last start failed.
+    Down {
+        failures: u32,
+        at: Instant,
+    },
     Stopped,
 }
 
@@ -91,6 +100,11 @@ pub struct McpServer {
     stderr: StderrTail,
     /// Tool lists being fetched again after `list_changed`.
     refreshing: tokio::sync::watch::Sender<usize>,
+    /// `list_changed` notifications seen on the wire whose handler has not
+    /// run yet (stdio: see `connection::ListChangedTap`).
+    announced: Arc<AtomicU64>,
+    /// A background start is under way (`retry_if_due`).
+    retrying: std::sync::atomic::AtomicBool,
     me: Weak<McpServer>,
 }
 
@@ -119,6 +133,8 @@ impl McpServer {
             generation: AtomicU64::new(0),
             stderr: StderrTail::default(),
             refreshing: tokio::sync::watch::Sender::new(0),
+            announced: Arc::new(AtomicU64::new(0)),
+            retrying: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
         })
     }
@@ -177,25 +193,29 @@ impl McpServer {
             return Err(unavailable("it is disabled in the configuration".to_string()));
         }
         let mut session = self.session.lock().await;
-        let failures = match &*session {
-            Session::Up(connection) if connection.is_open() => return Ok(connection.clone()),
-            Session::Up(connection) => u32::from(connection.started.elapsed() < HEALTHY_AFTER),
-            Session::Down { failures, at } => {
-                let wait = backoff(*failures).saturating_sub(at.elapsed());
-                if !wait.is_zero() {
-                    tokio::time::sleep(wait).await;
-                }
-                *failures
-            }
-            Session::Idle => 0,
+        let (failures, since) = match &*session {
+            Session::Up { connection, .. } if connection.is_open() => return Ok(connection.clone()),
+            // It died. A session that lived long enough was healthy; one
+            // that died young counts as one more failure.
+            Session::Up { connection, .. } if connection.started.elapsed() >= HEALTHY_AFTER => (1, Instant::now()),
+            Session::Up { failures, .. } => (failures + 1, Instant::now()),
+            Session::Down { failures, at } => (*failures, *at),
+            Session::Idle => (0, Instant::now()),
             Session::Stopped => return Err(unavailable("Loom is shutting down".to_string())),
         };
-        if let Session::Up(dead) = std::mem::replace(&mut *session, Session::Idle) {
-            dead.shutdown().await;
+        let wait = backoff(failures).saturating_sub(since.elapsed());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        if let Session::Up { connection, .. } = std::mem::replace(&mut *session, Session::Idle) {
+            connection.shutdown().await;
         }
         match self.start().await {
             Ok(connection) => {
-                *session = Session::Up(connection.clone());
+                *session = Session::Up {
+                    connection: connection.clone(),
+                    failures,
+                };
                 *lock(&self.state) = ServerState::Ready;
                 Ok(connection)
             }
@@ -210,22 +230,61 @@ impl McpServer {
         }
     }
 
+    /// A server whose start failed offers no tools, so no call would start
+    /// it again: once its backoff has passed, it is started in the
+    /// background (at most one attempt at a time).
+    pub(crate) fn retry_if_due(&self) {
+        if !self.config.is_enabled() || !self.tool_infos().is_empty() || self.retrying.load(Ordering::Acquire) {
+            return;
+        }
+        let due = match self.session.try_lock() {
+            Ok(session) => matches!(&*session, Session::Down { failures, at } if at.elapsed() >= backoff(*failures)),
+            Err(_) => false,
+        };
+        let Some(server) = self.me.upgrade() else {
+            return;
+        };
+        if due && !self.retrying.swap(true, Ordering::AcqRel) {
+            tokio::spawn(async move {
+                let _ = server.connection().await;
+                server.retrying.store(false, Ordering::Release);
+            });
+        }
+    }
+
     /// Opens a session and lists its tools, within the start-up limit.
     async fn start(&self) -> Result<Arc<Connection>, String> {
         let limit = self.config.startup_timeout();
         let me = self.me.clone();
+        // Counted as a refresh from the moment its bytes arrive, before
+        // rmcp reads the answer after it: a run about to call the model
+        // waits for the new list.
+        let on_list_changed_bytes: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            if let Some(server) = me.upgrade() {
+                server.announced.fetch_add(1, Ordering::AcqRel);
+                server.refreshing.send_modify(|count| *count += 1);
+            }
+        });
+        let me = self.me.clone();
         let handler = Handler {
             on_tools_changed: Arc::new(move || {
                 if let Some(server) = me.upgrade() {
-                    // Counted as refreshing from here, so a run about to
-                    // call the model waits for the new list.
-                    server.refreshing.send_modify(|count| *count += 1);
+                    // Seen on the wire already (stdio), the refresh was
+                    // counted then; otherwise it is counted now.
+                    let announced = server
+                        .announced
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                        .is_ok();
+                    if !announced {
+                        server.refreshing.send_modify(|count| *count += 1);
+                    }
                     tokio::spawn(async move {
                         server.refresh_tools().await;
-                        server.refreshing.send_modify(|count| *count -= 1);
+                        server.refreshing.send_modify(|count| *count = count.saturating_sub(1));
                     });
                 }
             }),
+            on_list_changed_bytes,
         };
         let started = Instant::now();
         let connection = Connection::open(
@@ -266,26 +325,34 @@ impl McpServer {
 
     /// Lists the tools again (after `notifications/tools/list_changed`).
     pub(crate) async fn refresh_tools(&self) {
-        self.refreshing.send_modify(|count| *count += 1);
         let connection = match &*self.session.lock().await {
-            Session::Up(connection) if connection.is_open() => Some(connection.clone()),
+            Session::Up { connection, .. } if connection.is_open() => Some(connection.clone()),
             _ => None,
         };
-        if let Some(connection) = connection {
-            let listed = tokio::time::timeout(self.config.startup_timeout(), connection.peer.list_all_tools()).await;
-            match listed {
-                Ok(Ok(tools)) => self.set_tools(tools),
-                Ok(Err(err)) => tracing::warn!(server = %self.name, "tools/list after list_changed failed: {err}"),
-                Err(_) => tracing::warn!(server = %self.name, "tools/list after list_changed timed out"),
-            }
+        let Some(connection) = connection else {
+            return;
+        };
+        let listed = tokio::time::timeout(self.config.startup_timeout(), connection.peer.list_all_tools()).await;
+        match listed {
+            Ok(Ok(tools)) => self.set_tools(tools),
+            Ok(Err(err)) => tracing::warn!(server = %self.name, "tools/list after list_changed failed: {err}"),
+            Err(_) => tracing::warn!(server = %self.name, "tools/list after list_changed timed out"),
         }
-        self.refreshing.send_modify(|count| *count -= 1);
     }
 
-    /// Waits up to `limit` for tool lists being fetched again.
+    /// Waits up to `limit` for tool lists being fetched again. A count
+    /// still up after that (a notification whose handler never ran) is
+    /// dropped, so later turns do not wait for it again.
     pub(crate) async fn settle(&self, limit: Duration) {
         let mut watch = self.refreshing.subscribe();
-        let _ = tokio::time::timeout(limit, watch.wait_for(|count| *count == 0)).await;
+        if tokio::time::timeout(limit, watch.wait_for(|count| *count == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!(server = %self.name, "tool list refresh still pending after {limit:?}");
+            self.announced.store(0, Ordering::Release);
+            self.refreshing.send_replace(0);
+        }
     }
 
     fn set_tools(&self, tools: Vec<rmcp::model::Tool>) {
@@ -314,31 +381,39 @@ impl McpServer {
         limit: Option<Duration>,
         cancel: &CancellationToken,
     ) -> Result<CallToolResult, CallError> {
+        // The limit covers the whole call: a (re)start, the request, the answer.
+        let deadline = limit.map(|limit| tokio::time::Instant::now() + limit);
+        let timed_out = || CallError::TimedOut {
+            server: self.name.clone(),
+            limit: limit.unwrap_or_default().as_secs_f64(),
+        };
+        let until_deadline = || async move {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
         let connection = tokio::select! {
             connection = self.connection() => connection?,
             _ = cancel.cancelled() => return Err(CallError::Cancelled),
+            _ = until_deadline() => return Err(timed_out()),
         };
         let mut params = CallToolRequestParams::new(tool.to_string());
         if let Value::Object(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let handle = connection
-            .peer
-            .send_cancellable_request(request, PeerRequestOptions::no_options())
-            .await
-            .map_err(|err| self.failed(&connection, err))?;
+        let sent = tokio::select! {
+            sent = connection.peer.send_cancellable_request(request, PeerRequestOptions::no_options()) => sent,
+            _ = cancel.cancelled() => return Err(CallError::Cancelled),
+            _ = until_deadline() => return Err(timed_out()),
+        };
+        let handle = sent.map_err(|err| self.failed(&connection, err))?;
         // From here until the answer, giving up must tell the server —
         // also when this future is dropped (the run's own timeout).
         let mut pending = CancelOnDrop {
             peer: connection.peer.clone(),
             id: Some(handle.id.clone()),
-        };
-        let deadline = async {
-            match limit {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
-            }
         };
         let answer = tokio::select! {
             answer = handle.await_response() => {
@@ -349,12 +424,9 @@ impl McpServer {
                 pending.send("cancelled by the client").await;
                 return Err(CallError::Cancelled);
             }
-            _ = deadline => {
+            _ = until_deadline() => {
                 pending.send("timed out").await;
-                return Err(CallError::TimedOut {
-                    server: self.name.clone(),
-                    limit: limit.unwrap_or_default().as_secs_f64(),
-                });
+                return Err(timed_out());
             }
             _ = connection.closed.cancelled() => {
                 pending.id = None;
@@ -400,7 +472,7 @@ impl McpServer {
     /// Stops the server for good: no server outlives Loom.
     pub(crate) async fn shutdown(&self) {
         let previous = std::mem::replace(&mut *self.session.lock().await, Session::Stopped);
-        if let Session::Up(connection) = previous {
+        if let Session::Up { connection, .. } = previous {
             connection.shutdown().await;
         }
         if self.config.is_enabled() {

@@ -81,7 +81,12 @@ impl LineSplitter {
         self.pending.extend_from_slice(bytes);
         let cut = match self.pending.iter().rposition(|&b| b == b'\n') {
             Some(newline) => newline + 1,
-            None if self.pending.len() >= Self::MAX_PENDING => self.pending.len(),
+            // Not inside a character: a multi-byte one cut in two would
+            // show as two replacement marks.
+            None if self.pending.len() >= Self::MAX_PENDING => match std::str::from_utf8(&self.pending) {
+                Err(err) if err.error_len().is_none() && err.valid_up_to() > 0 => err.valid_up_to(),
+                _ => self.pending.len(),
+            },
             None => return None,
         };
         let ready: Vec<u8> = self.pending.drain(..cut).collect();
@@ -134,5 +139,10 @@ mod tests {
         assert_eq!(lines.finish(), None);
         let long = vec![b'x'; 5000];
         assert_eq!(lines.feed(&long).map(|text| text.len()), Some(5000));
+        // A long line cut inside "é" keeps the character whole.
+        let mut split = vec![b'x'; 4095];
+        split.push(0xc3);
+        assert_eq!(lines.feed(&split).map(|text| text.len()), Some(4095));
+        assert_eq!(lines.feed(&[0xa9, b'\n']), Some("é\n".to_string()));
     }
 }

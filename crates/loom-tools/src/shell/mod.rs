@@ -202,11 +202,8 @@ async fn supervise(
                 group.terminate(child, KILL_GRACE).await;
                 break Ending::TimedOut(limit);
             }
-            read = streams.next(ctx), if streams.open() => {
-                if !read {
-                    continue;
-                }
-            }
+            // Before the reads: a background job flooding the pipes must
+            // not hide that the command itself has ended.
             status = child.wait() => match status {
                 Ok(status) => break Ending::Exited(status),
                 Err(_) => {
@@ -214,6 +211,7 @@ async fn supervise(
                     break Ending::Exited(ExitStatus::from_raw(1 << 8));
                 }
             },
+            _ = streams.next(ctx), if streams.open() => {}
         }
     };
     // The leader is gone. Output still in the pipes is read; a process

@@ -1,7 +1,9 @@
 //! The optional Landlock sandbox (Linux): a command may read and run
 //! anything, write only under the workspace, its private temp dir and a
 //! few device files, and — when the kernel's Landlock ABI has network
-//! rules (v4, Linux 6.7) — neither connect nor bind TCP sockets.
+//! rules (v4, Linux 6.7) — neither connect nor bind TCP sockets (UDP too
+//! from v10); from v6 it can neither reach abstract UNIX sockets nor signal
+//! processes outside the sandbox.
 //!
 //! The ruleset is built in Loom's process (it opens files and allocates);
 //! the forked child only makes two system calls before `exec`, which is all
@@ -10,7 +12,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
-use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, ABI};
+use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
 
 /// How a command is confined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,18 +77,37 @@ pub fn landlock_available() -> Result<i32, String> {
     }
 }
 
+/// The ABI to build the ruleset for, or why the sandbox cannot be applied
+/// (and the command must not run).
+fn usable_abi(kernel: Result<i32, String>) -> Result<ABI, SandboxError> {
+    let version = kernel.map_err(SandboxError::Unavailable)?;
+    if version < ABI::V3 as i32 {
+        // Before ABI 3 truncating a file is not a handled right: a command
+        // could empty any file it can read.
+        return Err(SandboxError::Unavailable(format!(
+            "the kernel's Landlock ABI is {version}; the sandbox needs 3 (Linux 6.2) or later"
+        )));
+    }
+    Ok(ABI::from(version))
+}
+
 impl Confinement {
     /// Builds the ruleset for a command in `workspace` with temp dir `tmp`.
     pub(crate) fn build(workspace: &Path, tmp: &Path) -> Result<Self, SandboxError> {
-        let abi = ABI::from(landlock_available().map_err(SandboxError::Unavailable)?);
+        let abi = usable_abi(landlock_available())?;
         let network_blocked = abi as i32 >= ABI::V4 as i32;
         let bad = |err: landlock::RulesetError| SandboxError::Ruleset(err.to_string());
         let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(bad)?;
         if network_blocked {
-            // Handled with no rule allowing any port: no TCP connect or bind.
-            ruleset = ruleset
-                .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
-                .map_err(bad)?;
+            // Handled with no rule allowing any port: no TCP connect or
+            // bind (and, from ABI 10, no UDP either).
+            ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(bad)?;
+        }
+        if abi as i32 >= ABI::V6 as i32 {
+            // No connecting to abstract UNIX sockets made outside the
+            // sandbox (a D-Bus or an X server), no signals to processes
+            // outside it.
+            ruleset = ruleset.scope(Scope::from_all(abi)).map_err(bad)?;
         }
         let writable = [workspace, tmp];
         let devices = [
@@ -134,5 +155,23 @@ impl Confinement {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_without_landlock_or_with_an_old_abi_refuses_the_sandbox() {
+        let none = usable_abi(Err("the kernel has no Landlock".to_string())).unwrap_err();
+        assert!(none.to_string().contains("the command was not run"), "{none}");
+        let old = usable_abi(Ok(2)).unwrap_err();
+        assert!(old.to_string().contains("needs 3"), "{old}");
+        assert!(matches!(usable_abi(Ok(3)), Ok(ABI::V3)));
+        assert!(
+            usable_abi(Ok(99)).is_ok(),
+            "a newer kernel than the crate knows still works"
+        );
     }
 }
