@@ -5,9 +5,11 @@
 //! Against `@modelcontextprotocol/server-everything`'s `echo`:
 //!
 //! - direct: newline-delimited JSON-RPC written and read by hand on the
-//!   server's pipes, one call at a time;
+//!   pipes of a server of its own, one call at a time;
 //! - through Loom: the `everything__echo` tool's `call_json` (rmcp client,
 //!   request bookkeeping, cancellation guard, result rendering);
+//! - the two alternate call by call, so both see the same load, and the
+//!   overhead is the median (and p99) of each pair's difference;
 //! - start-up: spawn + `initialize` + `tools/list`, through Loom and by hand.
 //!
 //! Each figure is the median and p99 over the calls; machines are shared,
@@ -38,14 +40,20 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let server = mcp_servers::everything();
-        let direct = direct_calls(&server).await;
-        let through_loom = loom_calls(&server).await;
+        let (direct, through_loom) = paired_calls(&server).await;
         report("echo, direct (by hand on the pipes)", &direct);
         report("echo, through Loom's MCP tool", &through_loom);
+        // Calls alternate, so both ways see the same load on a shared
+        // machine; the overhead is the distribution of the pairs' differences.
+        let differences: Vec<f64> = direct
+            .iter()
+            .zip(&through_loom)
+            .map(|(direct, loom)| micros(*loom) - micros(*direct))
+            .collect();
         println!(
-            "overhead per call: median {:.1} µs, p99 {:.1} µs",
-            micros(percentile(&through_loom, 50)) - micros(percentile(&direct, 50)),
-            micros(percentile(&through_loom, 99)) - micros(percentile(&direct, 99)),
+            "overhead per call (paired): median {:.1} µs, p99 {:.1} µs",
+            percentile_f64(&differences, 50),
+            percentile_f64(&differences, 99)
         );
         let (loom_starts, direct_starts) = starts(&server).await;
         report("start-up: spawn + initialize + tools/list, by hand", &direct_starts);
@@ -53,26 +61,11 @@ fn main() {
     });
 }
 
-/// A session by hand: the handshake, then `CALLS` echo calls in a row.
-async fn direct_calls(server: &mcp_servers::ServerCommand) -> Vec<Duration> {
+/// `CALLS` echo calls each way, alternating: one by hand on a session of
+/// its own, one through the `everything__echo` tool.
+async fn paired_calls(server: &mcp_servers::ServerCommand) -> (Vec<Duration>, Vec<Duration>) {
     let (mut child, mut stdin, mut stdout) = spawn(server);
     handshake(&mut stdin, &mut stdout).await;
-    let mut times = Vec::with_capacity(CALLS);
-    for id in 0..CALLS {
-        let request = json!({"jsonrpc": "2.0", "id": id + 10, "method": "tools/call",
-            "params": {"name": "echo", "arguments": {"message": "bench"}}});
-        let started = Instant::now();
-        let answer = round_trip(&mut stdin, &mut stdout, &request).await;
-        times.push(started.elapsed());
-        assert_eq!(answer["result"]["content"][0]["text"], "Echo: bench");
-    }
-    drop(stdin);
-    let _ = child.wait().await;
-    times
-}
-
-/// The same calls through the `everything__echo` tool.
-async fn loom_calls(server: &mcp_servers::ServerCommand) -> Vec<Duration> {
     let clients = clients(server);
     assert!(clients.start().await[0].outcome.is_ok());
     let echo = clients
@@ -80,16 +73,26 @@ async fn loom_calls(server: &mcp_servers::ServerCommand) -> Vec<Duration> {
         .into_iter()
         .find(|tool| tool.name() == "everything__echo")
         .unwrap();
-    let mut times = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
+    let mut direct = Vec::with_capacity(CALLS);
+    let mut through_loom = Vec::with_capacity(CALLS);
+    for id in 0..CALLS {
+        let request = json!({"jsonrpc": "2.0", "id": id + 10, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"message": "bench"}}});
+        let started = Instant::now();
+        let answer = round_trip(&mut stdin, &mut stdout, &request).await;
+        direct.push(started.elapsed());
+        assert_eq!(answer["result"]["content"][0]["text"], "Echo: bench");
+
         let ctx = ToolContext::new("c", "r".into(), Arc::from(Path::new("/")), CancellationToken::new());
         let started = Instant::now();
         let output = echo.call_json(json!({"message": "bench"}), ctx).await.unwrap();
-        times.push(started.elapsed());
+        through_loom.push(started.elapsed());
         assert_eq!(output.content, "Echo: bench");
     }
     clients.shutdown().await;
-    times
+    drop(stdin);
+    let _ = child.wait().await;
+    (direct, through_loom)
 }
 
 /// `STARTS` start-ups each way.
@@ -183,6 +186,12 @@ async fn round_trip(
 fn percentile(times: &[Duration], p: usize) -> Duration {
     let mut sorted = times.to_vec();
     sorted.sort();
+    sorted[((sorted.len() - 1) * p) / 100]
+}
+
+fn percentile_f64(values: &[f64], p: usize) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
     sorted[((sorted.len() - 1) * p) / 100]
 }
 
