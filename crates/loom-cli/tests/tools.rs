@@ -44,6 +44,17 @@ fn results(events: &[Value]) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// `loom run ARGS` in `dir`, without a terminal.
+fn loom_run(dir: &Path, args: &[&str]) -> std::process::Output {
+    loom()
+        .current_dir(dir)
+        .arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
 fn assert_no_process_left(marker: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -71,20 +82,17 @@ fn the_shell_streams_its_output_live_and_reports_how_it_ended() {
         ]"#,
     );
     write(dir.path(), "loom.toml", "[tools.bash]\nenv = { BUILD_MODE = \"ci\" }\n");
-    let output = loom()
-        .current_dir(dir.path())
-        .args([
-            "run",
+    let output = loom_run(
+        dir.path(),
+        &[
             "--json",
             "--allow",
             "bash",
             "--model",
             &format!("scripted:{script}"),
             "build it",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        ],
+    );
     assert_eq!(
         output.status.code(),
         Some(0),
@@ -124,19 +132,10 @@ fn the_shell_streams_its_output_live_and_reports_how_it_ended() {
     assert!(content.contains("exit code 2"), "{content}");
 
     // The terminal shows the output on stderr, under a bar.
-    let human = loom()
-        .current_dir(dir.path())
-        .args([
-            "run",
-            "--allow",
-            "bash",
-            "--model",
-            &format!("scripted:{script}"),
-            "build it",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let human = loom_run(
+        dir.path(),
+        &["--allow", "bash", "--model", &format!("scripted:{script}"), "build it"],
+    );
     let stderr = String::from_utf8_lossy(&human.stderr);
     assert!(stderr.contains("│ building"), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&human.stdout).trim(), "the build failed");
@@ -152,23 +151,13 @@ fn the_shell_asks_by_default_and_can_be_sandboxed_or_turned_off() {
     );
     let model = format!("scripted:{script}");
     // No terminal to ask on: the ask is a deny.
-    let asked = loom()
-        .current_dir(dir.path())
-        .args(["run", "--json", "--model", &model, "go"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let asked = loom_run(dir.path(), &["--json", "--model", &model, "go"]);
     assert_eq!(results(&events(&asked.stdout))[0].1, "denied");
     assert!(!dir.path().join("made.txt").exists());
 
     if loom::tools::shell::landlock_available().is_ok() {
         write(dir.path(), "loom.toml", "[tools.bash]\nsandbox = \"landlock\"\n");
-        let sandboxed = loom()
-            .current_dir(dir.path())
-            .args(["run", "--json", "--yes", "--model", &model, "go"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let sandboxed = loom_run(dir.path(), &["--json", "--yes", "--model", &model, "go"]);
         let (_, status, content) = results(&events(&sandboxed.stdout))[0].clone();
         assert_eq!(status, "success", "{content}");
         assert!(content.contains("sandbox: landlock"), "{content}");
@@ -178,12 +167,7 @@ fn the_shell_asks_by_default_and_can_be_sandboxed_or_turned_off() {
     }
 
     write(dir.path(), "loom.toml", "[tools.bash]\nenabled = false\n");
-    let off = loom()
-        .current_dir(dir.path())
-        .args(["run", "--json", "--yes", "--model", &model, "go"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let off = loom_run(dir.path(), &["--json", "--yes", "--model", &model, "go"]);
     let (_, status, content) = results(&events(&off.stdout))[0].clone();
     assert_eq!(status, "error");
     assert!(content.contains("bash"), "{content}");
@@ -210,20 +194,17 @@ fn a_scripted_run_calls_real_mcp_tools_and_reads_their_answers() {
           {"content":"done"}
         ]"#,
     );
-    let output = loom()
-        .current_dir(dir.path())
-        .args([
-            "run",
+    let output = loom_run(
+        dir.path(),
+        &[
             "--json",
             "--allow",
             "everything__*",
             "--model",
             &format!("scripted:{script}"),
             "use the tools",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        ],
+    );
     assert_eq!(
         output.status.code(),
         Some(0),
@@ -272,12 +253,7 @@ fn an_mcp_tool_under_a_deny_rule_never_runs_and_mcp_tools_ask_by_default() {
     );
     let model = format!("scripted:{script}");
     // --yes approves asks, but no answer overrides a deny rule.
-    let output = loom()
-        .current_dir(dir.path())
-        .args(["run", "--json", "--yes", "--model", &model, "write"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let output = loom_run(dir.path(), &["--json", "--yes", "--model", &model, "write"]);
     let results = results(&events(&output.stdout));
     assert_eq!(results[0].1, "denied", "{results:?}");
     assert!(!root.join("new.txt").exists());
@@ -285,12 +261,7 @@ fn an_mcp_tool_under_a_deny_rule_never_runs_and_mcp_tools_ask_by_default() {
     assert!(results[1].2.contains("kept notes"));
 
     // Without --yes and without a terminal, an MCP tool's ask is a deny.
-    let unattended = loom()
-        .current_dir(dir.path())
-        .args(["run", "--json", "--model", &model, "write"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let unattended = loom_run(dir.path(), &["--json", "--model", &model, "write"]);
     let statuses: Vec<String> = self::results(&events(&unattended.stdout))
         .into_iter()
         .map(|r| r.1)
@@ -413,20 +384,17 @@ fn a_tool_a_server_adds_mid_run_is_offered_from_the_next_turn() {
           {"content":"done"}
         ]"#,
     );
-    let output = loom()
-        .current_dir(dir.path())
-        .args([
-            "run",
+    let output = loom_run(
+        dir.path(),
+        &[
             "--json",
             "--allow",
             "fixture__*",
             "--model",
             &format!("scripted:{script}"),
             "grow",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        ],
+    );
     let results = results(&events(&output.stdout));
     assert_eq!(
         results[1],
