@@ -136,6 +136,10 @@ pub(crate) enum RunsCommand {
     Show {
         /// The run id.
         id: String,
+        /// Also print the turn tree: each model call and tool call with its
+        /// timing and status, sub-agents under their calls.
+        #[arg(long)]
+        tree: bool,
     },
     /// A run's recorded events, one JSON line each.
     Events {

@@ -25,6 +25,7 @@ mod context;
 mod control;
 mod lines;
 mod mcp;
+mod turn_tree;
 mod permissions;
 mod prompt;
 mod provider;

@@ -65,7 +65,7 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                 print!("{}", table(&runs));
             }
         }
-        RunsCommand::Show { id } => {
+        RunsCommand::Show { id, tree: turns } => {
             let snapshot = store.load_run(&id).await.map_err(usage_if_unknown)?;
             let tree = run_tree(&store, &id).await?;
             if args.json {
@@ -85,6 +85,12 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                 );
                 if !tree.is_empty() {
                     print!("{}", tree_lines(&tree));
+                }
+                if turns {
+                    let text = crate::turn_tree::render(&store, &id)
+                        .await
+                        .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
+                    print!("\nturns\n{text}");
                 }
             }
         }

@@ -24,6 +24,9 @@ pub enum Code {
     InvalidState,
     /// No valid token.
     Unauthorized,
+    /// A request the gateway refuses whoever asks: a state change with the
+    /// page's session cookie from another origin.
+    Forbidden,
     /// The frame or body is over the size limit.
     PayloadTooLarge,
     /// Too many requests from this token.
@@ -45,6 +48,7 @@ impl Code {
             Self::MethodNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::InvalidState | Self::Conflict => StatusCode::CONFLICT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RateLimited | Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,

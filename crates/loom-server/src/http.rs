@@ -56,15 +56,25 @@ impl FromRequestParts<Arc<App>> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
         let tokens = &app.service.config().tokens;
+        if let Some(token) = presented(parts) {
+            if tokens.is_empty() {
+                return Ok(Principal::local());
+            }
+            if let Some(principal) = tokens.check(&token) {
+                return Ok(principal);
+            }
+        }
+        // The web page's session cookie (checked for the page's origin).
+        if let Some(principal) = crate::web::cookie_principal(parts, app)? {
+            return Ok(principal);
+        }
         if tokens.is_empty() {
             return Ok(Principal::local());
         }
-        presented(parts).and_then(|token| tokens.check(&token)).ok_or_else(|| {
-            ApiError::new(
-                Code::Unauthorized,
-                "a valid token is required (Authorization: Bearer TOKEN)",
-            )
-        })
+        Err(ApiError::new(
+            Code::Unauthorized,
+            "a valid token is required (Authorization: Bearer TOKEN)",
+        ))
     }
 }
 

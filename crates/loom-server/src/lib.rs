@@ -22,6 +22,7 @@ pub mod protocol;
 pub mod queue;
 mod registry;
 mod service;
+mod web;
 mod ws;
 
 use std::net::SocketAddr;
@@ -60,6 +61,8 @@ pub struct App {
     /// The WebSocket connections (axum does not wait for upgraded
     /// connections at shutdown; the server waits for these to say goodbye).
     connections: tokio_util::task::TaskTracker,
+    /// Browsers signed in to the web page.
+    sessions: web::Sessions,
 }
 
 /// Why `serve` could not run.
@@ -81,6 +84,7 @@ impl App {
             metrics: metrics::install(),
             closing: CancellationToken::new(),
             connections: tokio_util::task::TaskTracker::new(),
+            sessions: web::Sessions::default(),
         })
     }
 
@@ -96,6 +100,15 @@ impl App {
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
             .route("/metrics", get(http::metrics))
+            .route("/", get(web::index))
+            .route("/assets/app.js", get(web::script))
+            .route("/assets/app.css", get(web::style))
+            .route("/assets/icon.svg", get(web::icon))
+            .route("/favicon.ico", get(web::icon))
+            .route(
+                "/v1/session",
+                post(web::sign_in).get(web::whoami).delete(web::sign_out),
+            )
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .fallback(http::not_found)

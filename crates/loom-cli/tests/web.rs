@@ -1,0 +1,334 @@
+//! The web page in a real browser: Debian's Chromium, headless with a fresh
+//! profile, driven over WebDriver (chromedriver) against a real
+//! `loom serve` and the fake model. `.ci/run` installs both; a machine
+//! without them fails these tests with the command that installs them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::gateway::{config, http, Gateway, ALICE, BOB};
+use fantoccini::{Client, ClientBuilder, Locator};
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::{json, Value};
+
+/// chromedriver on a port of its own, killed with the test.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn require(program: &str) {
+    if Command::new(program).arg("--version").output().is_err() {
+        panic!("{program} is not installed: the web tests need `apt-get install -y chromium chromium-driver` (.ci/run does it)");
+    }
+}
+
+fn driver() -> Driver {
+    require("chromium");
+    require("chromedriver");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new("chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Driver { child, port }
+}
+
+/// A headless Chromium with a fresh profile and no background networking.
+async fn browser(driver: &Driver, profile: &Path) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".to_string(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--window-size=1280,1000",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        }),
+    );
+    // The console, for `Page::console_errors`.
+    caps.insert("goog:loggingPrefs".to_string(), json!({"browser": "ALL"}));
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .unwrap()
+}
+
+struct Page {
+    _dir: tempfile::TempDir,
+    _model: PromptModel,
+    gateway: Gateway,
+    driver: Driver,
+    client: Client,
+    _profile: tempfile::TempDir,
+}
+
+async fn page(args: &[&str]) -> Page {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), "");
+    let gateway = Gateway::start(dir.path(), args);
+    let driver = driver();
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    client.goto(&gateway.url("/")).await.unwrap();
+    Page {
+        _dir: dir,
+        _model: model,
+        gateway,
+        driver,
+        client,
+        _profile: profile,
+    }
+}
+
+impl Page {
+    async fn sign_in(&self, token: &str) {
+        // After a sign-out the page reloads: wait for the form to show.
+        self.until("the sign-in form", "return !document.getElementById('sign-in').hidden;").await;
+        let field = self.client.wait().for_element(Locator::Id("token")).await.unwrap();
+        field.send_keys(token).await.unwrap();
+        self.client.find(Locator::Css("#sign-in-form button")).await.unwrap().click().await.unwrap();
+    }
+
+    /// Waits (up to 30 s) until `script` returns true.
+    async fn until(&self, what: &str, script: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let value = self.client.execute(script, vec![]).await.unwrap();
+            if value == Value::Bool(true) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let html = self.text("#run").await;
+                panic!("timed out waiting for {what}; the run view says:\n{html}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let script = format!("const e = document.querySelector({css:?}); return e ? e.innerText : '';");
+        self.client.execute(&script, vec![]).await.unwrap().as_str().unwrap_or_default().to_string()
+    }
+
+    async fn count(&self, css: &str) -> u64 {
+        let script = format!("return document.querySelectorAll({css:?}).length;");
+        self.client.execute(&script, vec![]).await.unwrap().as_u64().unwrap()
+    }
+
+    async fn start_run(&self, prompt: &str) {
+        let field = self.client.wait().for_element(Locator::Id("prompt")).await.unwrap();
+        field.send_keys(prompt).await.unwrap();
+        self.client.find(Locator::Id("start")).await.unwrap().click().await.unwrap();
+    }
+
+    async fn click(&self, css: &str) {
+        self.client.wait().for_element(Locator::Css(css)).await.unwrap().click().await.unwrap();
+    }
+
+    /// Errors the page wrote to the browser's console (ChromeDriver's log
+    /// endpoint), leaving aside the 403 and 401 answers the tests provoke.
+    async fn console_errors(&self) -> Vec<String> {
+        let session = self.client.session_id().await.unwrap().unwrap();
+        let url = format!("http://127.0.0.1:{}/session/{session}/se/log", self.driver.port);
+        let log: Value = reqwest::Client::new()
+            .post(url)
+            .json(&json!({"type": "browser"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        log["value"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .map(|entry| entry["message"].as_str().unwrap_or_default().to_string())
+            .filter(|message| !message.contains("401") && !message.contains("403"))
+            .collect()
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        let dir = artifacts();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), png).unwrap();
+    }
+}
+
+/// Where screenshots go: `target/web-artifacts`.
+fn artifacts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/web-artifacts")
+}
+
+const XSS: &str = "<img/src=x/onerror=document.title='pwned'>";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_start_a_run_from_the_form_and_watch_its_tree_grow() {
+    let page = page(&["--allow", "write_file"]).await;
+    // A wrong token gets a clear message.
+    page.sign_in("not-a-token").await;
+    page.until("the refusal", "return document.getElementById('sign-in-error').innerText.includes('not valid');")
+        .await;
+    page.client.find(Locator::Id("token")).await.unwrap().clear().await.unwrap();
+    page.sign_in(ALICE).await;
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;").await;
+    assert!(page.text("#who").await.contains("alice"));
+
+    // Two tool turns, streamed slowly, then an answer that is markup.
+    page.start_run(&format!("build it steps=2 tool=write_file chunk_ms=40 answer={XSS}")).await;
+    page.until("the first turn", "return document.querySelectorAll('#tree .turn').length >= 1;").await;
+    page.until("a tool call", "return document.querySelectorAll('#tree .call.success').length >= 1;").await;
+    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    assert_eq!(page.count("#tree .turn").await, 3);
+    assert_eq!(page.count("#tree .call.success").await, 2);
+    assert!(page.text("#tree").await.contains("write_file"));
+    // The markup is shown as text and never runs.
+    assert_eq!(page.text("#answer .text").await, XSS);
+    assert_eq!(page.count("#run img").await, 0);
+    assert_ne!(page.client.title().await.unwrap(), "pwned");
+    // The runs list shows it, live.
+    page.until("the run in the list", "return document.querySelector('#run-table tbody tr .status')?.innerText === 'DONE';")
+        .await;
+    page.screenshot("run-view.png").await;
+
+    // A second token sees none of it.
+    page.click("#sign-out").await;
+    page.sign_in(BOB).await;
+    page.until("bob's page", "return document.getElementById('who').innerText.includes('bob');").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(page.count("#run-table tbody tr").await, 0);
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
+    let page = page(&["--ask", "write_file"]).await;
+    page.sign_in(ALICE).await;
+    page.start_run("write steps=1 tool=write_file").await;
+    page.until("the ask", "return document.querySelectorAll('#asks .ask').length === 1;").await;
+    assert!(page.text("#asks").await.contains("Allow write_file?"));
+    page.click("#asks button[data-decision=allow]").await;
+    page.until("the tool to run", "return document.querySelectorAll('#tree .call.success').length === 1;").await;
+    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    assert_eq!(page.count("#asks .ask").await, 0);
+
+    // A long run: reload in the middle, and the same tree comes back, then grows.
+    page.start_run("slow steps=40 delay_ms=150").await;
+    page.until("three turns", "return document.querySelectorAll('#tree .turn').length >= 3;").await;
+    let before = page.count("#tree .turn").await;
+    page.client.refresh().await.unwrap();
+    page.until("the rebuilt tree", &format!("return document.querySelectorAll('#tree .turn').length >= {before};"))
+        .await;
+    page.until("more turns", &format!("return document.querySelectorAll('#tree .turn').length > {before};")).await;
+    // Nothing doubled: turn numbers are 1, 2, 3, … once each.
+    let numbers = page
+        .client
+        .execute(
+            "return [...document.querySelectorAll('#tree > .turn > .meta')].map(m => m.innerText.split(' · ')[0]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let numbers: Vec<String> = serde_json::from_value(numbers).unwrap();
+    let expected: Vec<String> = (1..=numbers.len()).map(|n| format!("turn {n}")).collect();
+    assert_eq!(numbers, expected);
+
+    page.click("#cancel").await;
+    page.until("CANCELED", "return document.getElementById('run-status').innerText === 'CANCELED';").await;
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused() {
+    let page = page(&[]).await;
+    page.sign_in(ALICE).await;
+    page.start_run("delegate steps=1 tool=task child=steps:1+tool:list_dir").await;
+    page.until("the sub-agent", "return document.querySelectorAll('#tree .call .child .turn').length >= 1;").await;
+    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    let child = page.text("#tree .call .child").await;
+    assert!(child.contains("sub-agent"), "{child}");
+    assert!(child.contains("list_dir"), "{child}");
+    page.screenshot("sub-agent.png").await;
+
+    // The page's cookie from another origin changes nothing.
+    let cookie = sign_in_cookie(&page.gateway).await;
+    let refused = reqwest::Client::new()
+        .post(page.gateway.url("/v1/runs"))
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .json(&json!({"prompt": "from elsewhere"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    // Without an Origin at all, too; reading with the cookie works.
+    let bare = reqwest::Client::new()
+        .post(page.gateway.url("/v1/runs"))
+        .header("cookie", &cookie)
+        .json(&json!({"prompt": "no origin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 403);
+    let list = reqwest::Client::new()
+        .get(page.gateway.url("/v1/runs"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    // The page allows only its own scripts.
+    let index = reqwest::get(page.gateway.url("/")).await.unwrap();
+    let csp = index.headers().get("content-security-policy").unwrap().to_str().unwrap().to_string();
+    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+    // The bearer API is unchanged.
+    assert_eq!(http(ALICE).get(page.gateway.url("/v1/runs")).send().await.unwrap().status(), 200);
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
+}
+
+/// Signs in over HTTP as the page does and returns the cookie.
+async fn sign_in_cookie(gateway: &Gateway) -> String {
+    let origin = format!("http://{}", gateway.addr);
+    let answer = reqwest::Client::new()
+        .post(gateway.url("/v1/session"))
+        .header("origin", origin)
+        .json(&json!({"token": ALICE}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let set = answer.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+    set.split(';').next().unwrap().to_string()
+}

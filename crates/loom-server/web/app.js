@@ -1,0 +1,463 @@
+// Loom's web page: the gateway's HTTP API, seen by a person. Everything a
+// model, a tool or a prompt wrote is put on the page with textContent,
+// never as HTML. One EventSource per tab: the open run's event stream.
+
+const $ = (id) => document.getElementById(id);
+
+/** An element with text (never HTML) and optional class and children. */
+function el(tag, cls, text, ...children) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: {}, credentials: 'same-origin' };
+  if (body !== undefined) {
+    init.headers['content-type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : null;
+  if (!response.ok) {
+    const message = data && data.error ? data.error.message : response.statusText;
+    const error = new Error(message);
+    error.status = response.status;
+    throw error;
+  }
+  return data;
+}
+
+// ---- Signing in ----------------------------------------------------------
+
+async function checkSession() {
+  try {
+    const me = await api('GET', '/v1/session');
+    signedIn(me.principal);
+  } catch {
+    $('sign-in').hidden = false;
+    $('app').hidden = true;
+    $('sign-out').hidden = true;
+    $('who').textContent = '';
+  }
+}
+
+function signedIn(principal) {
+  $('who').textContent = `signed in as ${principal}`;
+  $('sign-in').hidden = true;
+  $('app').hidden = false;
+  $('sign-out').hidden = false;
+  refreshRuns();
+  const wanted = new URLSearchParams(location.hash.slice(1)).get('run');
+  if (wanted) openRun(wanted);
+}
+
+$('sign-in-form').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  $('sign-in-error').textContent = '';
+  try {
+    const me = await api('POST', '/v1/session', { token: $('token').value });
+    $('token').value = '';
+    signedIn(me.principal);
+  } catch (error) {
+    $('sign-in-error').textContent = error.status === 401 ? 'That token is not valid on this server.' : error.message;
+  }
+});
+
+$('sign-out').addEventListener('click', async () => {
+  await api('DELETE', '/v1/session').catch(() => {});
+  closeStream();
+  location.hash = '';
+  location.reload();
+});
+
+// ---- The runs list (polled: it is not an event stream) -------------------
+
+let listTimer = null;
+
+async function refreshRuns() {
+  clearTimeout(listTimer);
+  const params = new URLSearchParams({ limit: '50' });
+  if ($('filter-status').value) params.set('status', $('filter-status').value);
+  if ($('filter-session').value.trim()) params.set('sessionId', $('filter-session').value.trim());
+  try {
+    const page = await api('GET', `/v1/runs?${params}`);
+    renderRuns(page.runs);
+  } catch (error) {
+    if (error.status === 401) return checkSession();
+  }
+  listTimer = setTimeout(refreshRuns, 1500);
+}
+
+function renderRuns(runs) {
+  const body = $('run-table').tBodies[0];
+  body.replaceChildren();
+  for (const run of runs) {
+    const m = run.metrics || {};
+    const tokens = (m.inputTokens || 0) + (m.outputTokens || 0);
+    const ended = run.endedMs || Date.now();
+    const row = el('tr', run.runId === openRunId ? 'selected' : '',
+      undefined,
+      el('td', `status ${run.status}`, run.status),
+      el('td', 'prompt-cell', run.prompt),
+      el('td', '', run.model),
+      el('td', '', new Date(run.startedMs).toLocaleTimeString()),
+      el('td', '', seconds(ended - run.startedMs)),
+      el('td', '', m.iterations ?? ''),
+      el('td', '', tokens || ''),
+      el('td', '', m.costUsd != null ? `$${m.costUsd.toFixed(4)}` : ''));
+    row.tabIndex = 0;
+    row.dataset.runId = run.runId;
+    row.addEventListener('click', () => openRun(run.runId));
+    row.addEventListener('keydown', (event) => { if (event.key === 'Enter') openRun(run.runId); });
+    body.append(row);
+  }
+}
+
+$('filter-status').addEventListener('change', refreshRuns);
+$('filter-session').addEventListener('input', refreshRuns);
+
+$('start-form').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  $('start-error').textContent = '';
+  const body = { prompt: $('prompt').value };
+  if ($('session').value.trim()) body.sessionId = $('session').value.trim();
+  if ($('max-steps').value) body.maxSteps = Number($('max-steps').value);
+  try {
+    const accepted = await api('POST', '/v1/runs', body);
+    $('prompt').value = '';
+    refreshRuns();
+    openRun(accepted.runId);
+  } catch (error) {
+    $('start-error').textContent = error.message;
+  }
+});
+
+// ---- A run: its events folded into a tree ---------------------------------
+
+let openRunId = null;
+let stream = null;
+let model = null;
+let renderQueued = false;
+
+/** An empty run as the events will fill it. */
+function newRun(runId) {
+  return { runId, status: 'QUEUED', prompt: '', model: '', turns: [], turnById: new Map(), asks: new Map(),
+           notes: [], seen: new Set(), started: false, content: null, startTs: null, endTs: null };
+}
+
+let streamRunId = null;
+
+function closeStream() {
+  if (stream) stream.close();
+  stream = null;
+  streamRunId = null;
+}
+
+/** Follows one run's events from the start of its log (the tab's one stream). */
+function follow(runId) {
+  closeStream();
+  streamRunId = runId;
+  // The browser resumes a dropped stream with Last-Event-ID by itself.
+  stream = new EventSource(`/v1/runs/${encodeURIComponent(runId)}/events?afterSeq=0`);
+  for (const name of EVENT_NAMES) {
+    stream.addEventListener(name, (message) => {
+      // Loom's `error` event shares its name with EventSource's own
+      // connection error, which carries no data.
+      if (typeof message.data === 'string') onEvent(JSON.parse(message.data));
+    });
+  }
+  stream.onerror = () => {
+    const run = model && model.runs.get(streamRunId);
+    if (run && run.endTs) { closeStream(); backfillChildren(); return; }
+    // The browser retries by itself; a session the server no longer knows
+    // (it restarted) means signing in again, then the same view rebuilds.
+    api('GET', '/v1/session').catch((error) => {
+      if (error.status === 401) { closeStream(); checkSession(); }
+    });
+  };
+}
+
+/**
+ * A sub-agent's events reach its parent's stream live only; one that ran
+ * before this page was following (a reload, a short run) is read from its
+ * own log afterwards, one stream at a time. The `task` result names it.
+ */
+const backfilled = new Set();
+
+function backfillChildren() {
+  if (!model || stream) return;
+  for (const run of [...model.runs.values()]) {
+    for (const turn of run.turns) {
+      for (const call of turn.calls) {
+        const child = childNamed(call);
+        const known = child && model.runs.get(child);
+        const whole = known && known.started && known.endTs;
+        if (child && !whole && !backfilled.has(child)) {
+          backfilled.add(child);
+          return follow(child);
+        }
+      }
+    }
+  }
+}
+
+/** The sub-agent a finished `task` call names in its result. */
+function childNamed(call) {
+  const named = call.name === 'task' && /^sub-agent (\S+) \(/.exec(call.content || '');
+  return named ? named[1] : null;
+}
+
+function openRun(runId) {
+  closeStream();
+  openRunId = runId;
+  location.hash = `run=${encodeURIComponent(runId)}`;
+  model = { root: newRun(runId), runs: new Map() };
+  model.runs.set(runId, model.root);
+  $('run').hidden = false;
+  for (const row of $('run-table').tBodies[0].rows) row.classList.toggle('selected', row.dataset.runId === runId);
+  render();
+  // From the start of the log: a reload rebuilds the same tree.
+  follow(runId);
+}
+
+const EVENT_NAMES = ['lifecycle.start', 'iteration.start', 'phase.start', 'phase.end', 'retrieval.start',
+  'retrieval.complete', 'context.warning', 'compression.applied', 'llm.start', 'llm.delta', 'llm.finish',
+  'tool_calls.start', 'permission.request', 'permission.resolved', 'tool.output', 'tool.result',
+  'tool_calls.complete', 'guidance.injected', 'warning', 'recursion', 'step.completed', 'max_iterations.reached',
+  'execution.cancelled', 'agent.finish', 'error', 'lifecycle.end', 'steer.applied', 'run.paused', 'run.resumed'];
+
+function turnOf(run, event) {
+  let turn = run.turnById.get(event.turnId);
+  if (!turn) {
+    turn = { id: event.turnId, iteration: run.turns.length, text: '', calls: [], notes: [],
+             llmStart: null, llmMs: null, usage: null, cost: null, finish: null, toolsMs: 0, waitMs: 0, toolsStart: null };
+    run.turnById.set(event.turnId, turn);
+    run.turns.push(turn);
+  }
+  return turn;
+}
+
+function runOf(event) {
+  let run = model.runs.get(event.runId);
+  if (!run) {
+    run = newRun(event.runId);
+    run.parentRunId = event.parentRunId;
+    model.runs.set(event.runId, run);
+  }
+  return run;
+}
+
+function onEvent(event) {
+  if (!model) return;
+  const run = runOf(event);
+  if (run.seen.has(event.seq)) return; // seen already (a resumed stream, a backfill)
+  run.seen.add(event.seq);
+  const ts = Date.parse(event.ts);
+  const type = event.type;
+  if (type === 'lifecycle.start') {
+    run.prompt = event.prompt; run.model = event.model; run.startTs = ts; run.status = 'RUNNING'; run.started = true;
+    if (event.parentRunId) linkChild(run, event);
+  } else if (type === 'iteration.start') {
+    turnOf(run, event).iteration = event.iteration;
+  } else if (type === 'llm.start') {
+    turnOf(run, event).llmStart = ts;
+  } else if (type === 'llm.delta') {
+    turnOf(run, event).text += event.text;
+  } else if (type === 'llm.finish') {
+    const turn = turnOf(run, event);
+    turn.text = event.content; turn.usage = event.usage; turn.cost = event.costUsd; turn.finish = event.finishReason;
+    if (turn.llmStart) turn.llmMs = ts - turn.llmStart;
+  } else if (type === 'tool_calls.start') {
+    const turn = turnOf(run, event);
+    turn.toolsStart = ts;
+    for (const call of event.calls) {
+      turn.calls.push({ callId: call.callId, name: call.name, args: call.args, status: 'running', content: '',
+                        output: '', durationMs: null, stages: null, children: [] });
+    }
+  } else if (type === 'tool_calls.complete') {
+    const turn = turnOf(run, event);
+    if (turn.toolsStart) turn.toolsMs = ts - turn.toolsStart - turn.waitMs;
+  } else if (type === 'tool.output') {
+    const call = findCall(run, event.callId);
+    if (call) call.output += event.text;
+  } else if (type === 'tool.result') {
+    const call = findCall(run, event.callId);
+    if (call) {
+      Object.assign(call, { status: event.status, content: event.content, durationMs: event.durationMs, stages: event.stages });
+      const child = childNamed(call);
+      if (child && !call.children.includes(child)) call.children.push(child);
+    }
+  } else if (type === 'permission.request') {
+    run.asks.set(event.requestId, { runId: run.runId, requestId: event.requestId, tool: event.tool, args: event.args, since: ts });
+  } else if (type === 'permission.resolved') {
+    const ask = run.asks.get(event.requestId);
+    if (ask) turnOf(run, event).waitMs += ts - ask.since;
+    run.asks.delete(event.requestId);
+  } else if (type === 'compression.applied') {
+    turnOf(run, event).notes.push(`history compressed (${event.method}): ${event.messagesBefore} → ${event.messagesAfter} messages, ${event.tokensBefore} → ${event.tokensAfter} tokens`);
+  } else if (type === 'guidance.injected') {
+    turnOf(run, event).notes.push(`guidance (${event.reason}): ${event.content}`);
+  } else if (type === 'warning' || type === 'error') {
+    run.notes.push(`${type} [${event.code}]: ${event.message}`);
+  } else if (type === 'execution.cancelled') {
+    run.notes.push(`cancelled: ${event.reason}`);
+  } else if (type === 'lifecycle.end') {
+    run.status = event.status; run.content = event.content; run.endTs = ts;
+    run.asks.clear();
+    if (run === model.root) refreshRuns();
+    if (run.runId === streamRunId) { closeStream(); backfillChildren(); }
+  }
+  queueRender();
+}
+
+function findCall(run, callId) {
+  for (const turn of run.turns) for (const call of turn.calls) if (call.callId === callId) return call;
+  return null;
+}
+
+/** A sub-agent goes under the `task` call of its parent's turn that asked for it. */
+function linkChild(child, event) {
+  const parent = model.runs.get(event.parentRunId);
+  if (!parent) return;
+  const calls0 = parent.turns.flatMap((t) => t.calls);
+  if (calls0.some((c) => c.children.includes(child.runId))) return;
+  const turn = parent.turnById.get(event.parentTurnId);
+  const calls = (turn ? [turn] : parent.turns).flatMap((t) => t.calls).filter((c) => c.name === 'task');
+  const call = calls.find((c) => c.args && c.args.prompt === event.prompt && !c.children.length)
+    || calls.find((c) => !c.children.length) || calls[0];
+  if (call) call.children.push(child.runId);
+}
+
+function queueRender() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => { renderQueued = false; render(); });
+}
+
+// ---- Drawing ---------------------------------------------------------------
+
+function render() {
+  if (!model) return;
+  const root = model.root;
+  $('run-title').textContent = `Run ${root.runId}`;
+  $('run-status').textContent = root.status;
+  $('run-status').className = `status ${root.status}`;
+  $('run-prompt').textContent = root.prompt;
+  const live = !root.endTs;
+  $('cancel').hidden = !live;
+  $('steer-form').hidden = !live;
+  renderAsks();
+  renderTimeline(root);
+  $('tree').replaceChildren(...runTree(root));
+  $('answer').replaceChildren(...(root.content != null && root.endTs
+    ? [el('h3', '', 'Answer'), el('div', 'text', root.content)] : []));
+}
+
+function renderAsks() {
+  const asks = [...model.runs.values()].flatMap((run) => [...run.asks.values()]);
+  $('asks').replaceChildren(...asks.map((ask) => {
+    const box = el('div', 'ask', undefined,
+      el('strong', '', `Allow ${ask.tool}?`),
+      ask.runId !== model.root.runId ? el('span', 'muted', ` (sub-agent ${ask.runId})`) : null,
+      el('pre', '', JSON.stringify(ask.args, null, 2)));
+    const buttons = el('div', 'row');
+    for (const decision of ['allow', 'deny', 'always']) {
+      const button = el('button', '', decision[0].toUpperCase() + decision.slice(1));
+      button.type = 'button';
+      button.dataset.decision = decision;
+      button.addEventListener('click', () => respond(ask, decision));
+      buttons.append(button);
+    }
+    box.append(buttons);
+    return box;
+  }));
+}
+
+async function respond(ask, decision) {
+  try {
+    await api('POST', `/v1/runs/${encodeURIComponent(ask.runId)}/permissions/${encodeURIComponent(ask.requestId)}`, { decision });
+  } catch (error) {
+    alertLine(error.message);
+  }
+}
+
+function runTree(run) {
+  const nodes = [];
+  for (const note of run.notes) nodes.push(el('div', 'note', note));
+  for (const turn of run.turns) {
+    const usage = turn.usage ? `${turn.usage.inputTokens ?? 0} in / ${turn.usage.outputTokens ?? 0} out tokens` : '';
+    const meta = [`turn ${turn.iteration + 1}`, turn.llmMs != null ? `model ${seconds(turn.llmMs)}` : 'model …',
+      usage, turn.cost != null ? `$${turn.cost.toFixed(5)}` : '', turn.finish ? `finish: ${turn.finish}` : '']
+      .filter(Boolean).join(' · ');
+    const box = el('div', 'turn', undefined, el('div', 'meta', meta));
+    for (const note of turn.notes) box.append(el('div', 'note', note));
+    if (turn.text) box.append(el('div', 'text', turn.text));
+    for (const call of turn.calls) box.append(callBox(call));
+    nodes.push(box);
+  }
+  return nodes;
+}
+
+function callBox(call) {
+  const stages = call.stages ? Object.entries(call.stages).map(([k, v]) => `${k.replace(/Us$/, '')} ${v} µs`).join(', ') : '';
+  const meta = el('div', 'meta', undefined, el('span', 'st', call.status), el('span', '',
+    ` · ${call.durationMs != null ? seconds(call.durationMs) : '…'}${stages ? ' · ' + stages : ''}`));
+  const box = el('div', `call ${call.status}`, undefined, el('strong', '', call.name), meta,
+    el('pre', 'args', JSON.stringify(call.args, null, 2)));
+  if (call.output) box.append(el('pre', 'output', call.output));
+  if (call.content) box.append(el('pre', 'result', call.content));
+  for (const childId of call.children) {
+    const child = model.runs.get(childId);
+    if (!child) continue;
+    box.append(el('div', 'child', undefined,
+      el('div', 'meta', `sub-agent ${child.runId} · ${child.status}`), ...runTree(child)));
+  }
+  return box;
+}
+
+function renderTimeline(run) {
+  const rows = [el('div', 'legend', undefined,
+    el('span', '', undefined, el('i', 'seg-llm'), 'model'), el('span', '', undefined, el('i', 'seg-tools'), 'tools'),
+    el('span', '', undefined, el('i', 'seg-wait'), 'waiting for a person'))];
+  const total = Math.max(1, run.turns.reduce((sum, t) => sum + (t.llmMs || 0) + (t.toolsMs || 0) + (t.waitMs || 0), 0));
+  for (const turn of run.turns) {
+    const bar = el('div', 'bar');
+    bar.title = `turn ${turn.iteration + 1}`;
+    for (const [cls, ms] of [['seg-llm', turn.llmMs], ['seg-tools', turn.toolsMs], ['seg-wait', turn.waitMs]]) {
+      if (!ms) continue;
+      const seg = el('span', cls);
+      seg.style.width = `${(100 * ms) / total}%`;
+      seg.title = `${cls.slice(4)} ${seconds(ms)}`;
+      bar.append(seg);
+    }
+    rows.push(bar);
+  }
+  $('timeline').replaceChildren(...rows);
+}
+
+$('cancel').addEventListener('click', async () => {
+  try { await api('POST', `/v1/runs/${encodeURIComponent(openRunId)}/cancel`, {}); } catch (error) { alertLine(error.message); }
+});
+
+$('steer-form').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const message = $('steer').value.trim();
+  if (!message) return;
+  try {
+    await api('POST', `/v1/runs/${encodeURIComponent(openRunId)}/steer`, { message });
+    $('steer').value = '';
+  } catch (error) { alertLine(error.message); }
+});
+
+function alertLine(message) {
+  model && model.root.notes.push(`error: ${message}`);
+  queueRender();
+}
+
+function seconds(ms) { return ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(1)} s`; }
+
+checkSession();

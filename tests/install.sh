@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Everything the tests need besides Rust: the pinned MCP servers
+# (tests/mcp/install.sh) and, for the web page's browser tests, Debian's
+# Chromium and ChromeDriver. Skips what is there already.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bash "$here/mcp/install.sh" "$@"
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq chromium chromium-driver
+fi
