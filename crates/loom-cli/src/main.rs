@@ -25,7 +25,6 @@ mod context;
 mod control;
 mod lines;
 mod mcp;
-mod turn_tree;
 mod permissions;
 mod prompt;
 mod provider;
@@ -36,6 +35,7 @@ mod runs;
 mod serve;
 mod signals;
 mod store;
+mod turn_tree;
 
 use std::process::ExitCode;
 

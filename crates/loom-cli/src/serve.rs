@@ -52,7 +52,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     }
     let settings = loaded.file.server.clone().unwrap_or_default();
     let env_token = std::env::var("LOOM_TOKEN").ok();
-    let config =
+    let mut config =
         ServerConfig::from_settings(&settings, env_token.as_deref()).map_err(|err| Failure::Usage(err.into()))?;
     if config.tokens.is_empty() && !addr.ip().is_loopback() {
         return Err(Failure::Usage(anyhow!(
@@ -80,6 +80,21 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         Some(dir) => dir.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
+    // The web page's sessions outlive a restart: their key is kept beside
+    // the database (in Loom's own state, which tools cannot read).
+    let key_dir = match &args.place.db {
+        Some(db) => db
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_else(|| workspace.join(".loom")),
+        None => workspace.join(".loom"),
+    };
+    config.session_key = Some(
+        tokio::task::spawn_blocking(move || session_key(&key_dir))
+            .await
+            .map_err(|err| Failure::Runtime(err.into()))?
+            .map_err(Failure::Runtime)?,
+    );
     let store = crate::store::open(
         args.place.db.as_deref(),
         loaded.file.store.as_deref(),
@@ -147,4 +162,35 @@ async fn stop_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// The key that signs the web page's session cookies: read from
+/// `DIR/web-session.key`, or drawn and written there (owner-only) the
+/// first time.
+fn session_key(dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
+    use std::io::Write;
+    let path = dir.join("web-session.key");
+    if let Ok(bytes) = std::fs::read(&path) {
+        if let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice()) {
+            return Ok(key);
+        }
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(uuid_bytes().as_slice());
+    key[16..].copy_from_slice(uuid_bytes().as_slice());
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(&key)?;
+    Ok(key)
+}
+
+/// 16 random bytes (a v4 UUID is drawn from the OS's random source).
+fn uuid_bytes() -> [u8; 16] {
+    loom_server::random_bytes()
 }

@@ -78,7 +78,10 @@ pub(crate) async fn render(store: &dyn Store, run_id: &str) -> Result<String, lo
             }
             for call in &turn.calls {
                 let took = call.duration_ms.map(duration).unwrap_or_else(|| "…".to_string());
-                own.push(format!("  ├─ {} {}  {}  {took}  [{}]", call.name, call.args, call.status, call.stages));
+                own.push(format!(
+                    "  ├─ {} {}  {}  {took}  [{}]",
+                    call.name, call.args, call.status, call.stages
+                ));
                 if let (Some(child), true) = (&call.child, depth < DEEPEST) {
                     own.push(format!("  │   └─ sub-agent {child}"));
                     children.push((own.len(), child.clone()));
@@ -173,7 +176,11 @@ fn fold(events: &[Event]) -> Folded {
                     call.duration_ms = Some(*duration_ms);
                     call.stages = format!(
                         "discover {} µs, validate {} µs, authorize {} µs, execute {} µs, format {} µs",
-                        stages.discover_us, stages.validate_us, stages.authorize_us, stages.execute_us, stages.format_us
+                        stages.discover_us,
+                        stages.validate_us,
+                        stages.authorize_us,
+                        stages.execute_us,
+                        stages.format_us
                     );
                     if call.name == "task" {
                         call.child = content

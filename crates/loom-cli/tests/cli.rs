@@ -465,9 +465,18 @@ fn a_sub_agent_reports_on_stderr_and_appears_in_the_run_tree() {
     let turns = tree.split("\nturns\n").nth(1).unwrap_or_default();
     let lines: Vec<&str> = turns.lines().collect();
     assert!(lines[0].starts_with("turn 1  model "), "{turns}");
-    assert!(lines[1].starts_with("  ├─ task ") && lines[1].contains("  success  "), "{turns}");
-    assert!(lines[2].contains(&format!("└─ sub-agent {}", child["runId"].as_str().unwrap())), "{turns}");
-    assert!(lines[3].starts_with("      turn 1  model "), "the child's turn, indented: {turns}");
+    assert!(
+        lines[1].starts_with("  ├─ task ") && lines[1].contains("  success  "),
+        "{turns}"
+    );
+    assert!(
+        lines[2].contains(&format!("└─ sub-agent {}", child["runId"].as_str().unwrap())),
+        "{turns}"
+    );
+    assert!(
+        lines[3].starts_with("      turn 1  model "),
+        "the child's turn, indented: {turns}"
+    );
     assert!(lines[4].starts_with("        ├─ list_dir {}  success"), "{turns}");
     assert!(turns.contains("      end: DONE"), "{turns}");
     assert!(lines.last().unwrap().starts_with("end: DONE  2 turns"), "{turns}");

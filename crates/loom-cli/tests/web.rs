@@ -38,7 +38,11 @@ fn require(program: &str) {
 fn driver() -> Driver {
     require("chromium");
     require("chromedriver");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new("chromedriver")
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
@@ -109,10 +113,17 @@ async fn page(args: &[&str]) -> Page {
 impl Page {
     async fn sign_in(&self, token: &str) {
         // After a sign-out the page reloads: wait for the form to show.
-        self.until("the sign-in form", "return !document.getElementById('sign-in').hidden;").await;
+        self.until("the sign-in form", "return !document.getElementById('sign-in').hidden;")
+            .await;
         let field = self.client.wait().for_element(Locator::Id("token")).await.unwrap();
         field.send_keys(token).await.unwrap();
-        self.client.find(Locator::Css("#sign-in-form button")).await.unwrap().click().await.unwrap();
+        self.client
+            .find(Locator::Css("#sign-in-form button"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
     }
 
     /// Waits (up to 30 s) until `script` returns true.
@@ -133,7 +144,13 @@ impl Page {
 
     async fn text(&self, css: &str) -> String {
         let script = format!("const e = document.querySelector({css:?}); return e ? e.innerText : '';");
-        self.client.execute(&script, vec![]).await.unwrap().as_str().unwrap_or_default().to_string()
+        self.client
+            .execute(&script, vec![])
+            .await
+            .unwrap()
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     async fn count(&self, css: &str) -> u64 {
@@ -144,11 +161,24 @@ impl Page {
     async fn start_run(&self, prompt: &str) {
         let field = self.client.wait().for_element(Locator::Id("prompt")).await.unwrap();
         field.send_keys(prompt).await.unwrap();
-        self.client.find(Locator::Id("start")).await.unwrap().click().await.unwrap();
+        self.client
+            .find(Locator::Id("start"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
     }
 
     async fn click(&self, css: &str) {
-        self.client.wait().for_element(Locator::Css(css)).await.unwrap().click().await.unwrap();
+        self.client
+            .wait()
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
     }
 
     /// Errors the page wrote to the browser's console (ChromeDriver's log
@@ -195,18 +225,41 @@ async fn sign_in_start_a_run_from_the_form_and_watch_its_tree_grow() {
     let page = page(&["--allow", "write_file"]).await;
     // A wrong token gets a clear message.
     page.sign_in("not-a-token").await;
-    page.until("the refusal", "return document.getElementById('sign-in-error').innerText.includes('not valid');")
-        .await;
-    page.client.find(Locator::Id("token")).await.unwrap().clear().await.unwrap();
+    page.until(
+        "the refusal",
+        "return document.getElementById('sign-in-error').innerText.includes('not valid');",
+    )
+    .await;
+    page.client
+        .find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
     page.sign_in(ALICE).await;
-    page.until("the signed-in page", "return !document.getElementById('app').hidden;").await;
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;")
+        .await;
     assert!(page.text("#who").await.contains("alice"));
 
     // Two tool turns, streamed slowly, then an answer that is markup.
-    page.start_run(&format!("build it steps=2 tool=write_file chunk_ms=40 answer={XSS}")).await;
-    page.until("the first turn", "return document.querySelectorAll('#tree .turn').length >= 1;").await;
-    page.until("a tool call", "return document.querySelectorAll('#tree .call.success').length >= 1;").await;
-    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    page.start_run(&format!("build it steps=2 tool=write_file chunk_ms=40 answer={XSS}"))
+        .await;
+    page.until(
+        "the first turn",
+        "return document.querySelectorAll('#tree .turn').length >= 1;",
+    )
+    .await;
+    page.until(
+        "a tool call",
+        "return document.querySelectorAll('#tree .call.success').length >= 1;",
+    )
+    .await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
     assert_eq!(page.count("#tree .turn").await, 3);
     assert_eq!(page.count("#tree .call.success").await, 2);
     assert!(page.text("#tree").await.contains("write_file"));
@@ -215,14 +268,21 @@ async fn sign_in_start_a_run_from_the_form_and_watch_its_tree_grow() {
     assert_eq!(page.count("#run img").await, 0);
     assert_ne!(page.client.title().await.unwrap(), "pwned");
     // The runs list shows it, live.
-    page.until("the run in the list", "return document.querySelector('#run-table tbody tr .status')?.innerText === 'DONE';")
-        .await;
+    page.until(
+        "the run in the list",
+        "return document.querySelector('#run-table tbody tr .status')?.innerText === 'DONE';",
+    )
+    .await;
     page.screenshot("run-view.png").await;
 
     // A second token sees none of it.
     page.click("#sign-out").await;
     page.sign_in(BOB).await;
-    page.until("bob's page", "return document.getElementById('who').innerText.includes('bob');").await;
+    page.until(
+        "bob's page",
+        "return document.getElementById('who').innerText.includes('bob');",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(page.count("#run-table tbody tr").await, 0);
     assert_eq!(page.console_errors().await, Vec::<String>::new());
@@ -234,21 +294,44 @@ async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
     let page = page(&["--ask", "write_file"]).await;
     page.sign_in(ALICE).await;
     page.start_run("write steps=1 tool=write_file").await;
-    page.until("the ask", "return document.querySelectorAll('#asks .ask').length === 1;").await;
+    page.until(
+        "the ask",
+        "return document.querySelectorAll('#asks .ask').length === 1;",
+    )
+    .await;
     assert!(page.text("#asks").await.contains("Allow write_file?"));
     page.click("#asks button[data-decision=allow]").await;
-    page.until("the tool to run", "return document.querySelectorAll('#tree .call.success').length === 1;").await;
-    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    page.until(
+        "the tool to run",
+        "return document.querySelectorAll('#tree .call.success').length === 1;",
+    )
+    .await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
     assert_eq!(page.count("#asks .ask").await, 0);
 
     // A long run: reload in the middle, and the same tree comes back, then grows.
     page.start_run("slow steps=40 delay_ms=150").await;
-    page.until("three turns", "return document.querySelectorAll('#tree .turn').length >= 3;").await;
+    page.until(
+        "three turns",
+        "return document.querySelectorAll('#tree .turn').length >= 3;",
+    )
+    .await;
     let before = page.count("#tree .turn").await;
     page.client.refresh().await.unwrap();
-    page.until("the rebuilt tree", &format!("return document.querySelectorAll('#tree .turn').length >= {before};"))
-        .await;
-    page.until("more turns", &format!("return document.querySelectorAll('#tree .turn').length > {before};")).await;
+    page.until(
+        "the rebuilt tree",
+        &format!("return document.querySelectorAll('#tree .turn').length >= {before};"),
+    )
+    .await;
+    page.until(
+        "more turns",
+        &format!("return document.querySelectorAll('#tree .turn').length > {before};"),
+    )
+    .await;
     // Nothing doubled: turn numbers are 1, 2, 3, … once each.
     let numbers = page
         .client
@@ -263,7 +346,11 @@ async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
     assert_eq!(numbers, expected);
 
     page.click("#cancel").await;
-    page.until("CANCELED", "return document.getElementById('run-status').innerText === 'CANCELED';").await;
+    page.until(
+        "CANCELED",
+        "return document.getElementById('run-status').innerText === 'CANCELED';",
+    )
+    .await;
     assert_eq!(page.console_errors().await, Vec::<String>::new());
     page.client.clone().close().await.unwrap();
 }
@@ -272,9 +359,18 @@ async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
 async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused() {
     let page = page(&[]).await;
     page.sign_in(ALICE).await;
-    page.start_run("delegate steps=1 tool=task child=steps:1+tool:list_dir").await;
-    page.until("the sub-agent", "return document.querySelectorAll('#tree .call .child .turn').length >= 1;").await;
-    page.until("the end", "return document.getElementById('run-status').innerText === 'DONE';").await;
+    page.start_run("delegate steps=1 tool=task child=steps:1+tool:list_dir")
+        .await;
+    page.until(
+        "the sub-agent",
+        "return document.querySelectorAll('#tree .call .child .turn').length >= 1;",
+    )
+    .await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
     let child = page.text("#tree .call .child").await;
     assert!(child.contains("sub-agent"), "{child}");
     assert!(child.contains("list_dir"), "{child}");
@@ -307,12 +403,38 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
         .await
         .unwrap();
     assert_eq!(list.status(), 200);
+    // A cookie whose signature does not match is nobody's.
+    let forged = format!("{}0", cookie.trim_end_matches(|c: char| c.is_ascii_hexdigit()));
+    let who = reqwest::Client::new()
+        .get(page.gateway.url("/v1/session"))
+        .header("cookie", &forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(who.status(), 401, "{forged}");
     // The page allows only its own scripts.
     let index = reqwest::get(page.gateway.url("/")).await.unwrap();
-    let csp = index.headers().get("content-security-policy").unwrap().to_str().unwrap().to_string();
-    assert!(csp.contains("script-src 'self'") && csp.contains("default-src 'none'"), "{csp}");
+    let csp = index
+        .headers()
+        .get("content-security-policy")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
+        "{csp}"
+    );
     // The bearer API is unchanged.
-    assert_eq!(http(ALICE).get(page.gateway.url("/v1/runs")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        http(ALICE)
+            .get(page.gateway.url("/v1/runs"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert_eq!(page.console_errors().await, Vec::<String>::new());
     page.client.clone().close().await.unwrap();
 }
@@ -328,7 +450,56 @@ async fn sign_in_cookie(gateway: &Gateway) -> String {
         .await
         .unwrap();
     assert_eq!(answer.status(), 200);
-    let set = answer.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
+    let set = answer
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
     set.split(';').next().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_gateway_restart_the_page_is_still_signed_in_and_rebuilds_the_run() {
+    let mut page = page(&[]).await;
+    page.sign_in(ALICE).await;
+    page.start_run("before the restart steps=2").await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    let turns = page.count("#tree .turn").await;
+    let calls = page.count("#tree .call").await;
+    let hash = page
+        .client
+        .current_url()
+        .await
+        .unwrap()
+        .fragment()
+        .unwrap_or_default()
+        .to_string();
+
+    // The same workspace and database, a new process (on a new port).
+    assert!(page.gateway.terminate().success());
+    let dir = page.gateway.dir.clone();
+    page.gateway = Gateway::start(&dir, &[]);
+    page.client
+        .goto(&format!("{}#{hash}", page.gateway.url("/")))
+        .await
+        .unwrap();
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;")
+        .await;
+    page.until(
+        "the rebuilt run",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    assert_eq!(page.count("#tree .turn").await, turns);
+    assert_eq!(page.count("#tree .call").await, calls);
+    assert!(page.text("#who").await.contains("alice"));
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
 }

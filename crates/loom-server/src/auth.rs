@@ -106,6 +106,14 @@ impl Tokens {
         self.entries.is_empty()
     }
 
+    /// The principal of the token named `name`, if it is configured.
+    pub fn principal_named(&self, name: &str) -> Option<Principal> {
+        self.entries
+            .iter()
+            .find(|entry| entry.principal.name() == name)
+            .map(|entry| entry.principal.clone())
+    }
+
     /// The principal `presented` belongs to. Every entry is compared, in
     /// constant time on fixed-length digests, whatever matches.
     pub fn check(&self, presented: &str) -> Option<Principal> {

@@ -89,6 +89,10 @@ pub struct ServerConfig {
     pub models: Vec<String>,
     /// Finished runs kept in memory without a store.
     pub keep_finished_runs: usize,
+    /// Signs the web page's session cookies. Kept across restarts (the
+    /// binary stores it beside the database), a signed-in page survives a
+    /// restart; `None` draws one per process.
+    pub session_key: Option<[u8; 32]>,
 }
 
 impl Default for ServerConfig {
@@ -106,6 +110,7 @@ impl Default for ServerConfig {
             max_steps_limit: 100,
             models: Vec::new(),
             keep_finished_runs: 1000,
+            session_key: None,
         }
     }
 }
@@ -148,6 +153,7 @@ impl ServerConfig {
             max_steps_limit: settings.max_steps_limit.unwrap_or(defaults.max_steps_limit),
             models: settings.models.clone(),
             keep_finished_runs: settings.keep_finished_runs.unwrap_or(defaults.keep_finished_runs),
+            session_key: None,
         };
         for (name, value) in [
             ("max_runs", config.max_runs),

@@ -43,6 +43,11 @@ pub use feed::{EventFeed, LocalFeed};
 pub use queue::{LocalQueue, RunQueue};
 pub use service::{Next, Service, Subscription};
 
+/// 16 bytes from the OS's random source (for keys the binary keeps).
+pub fn random_bytes() -> [u8; 16] {
+    *uuid::Uuid::new_v4().as_bytes()
+}
+
 /// How long connections get to close after a shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
@@ -79,12 +84,13 @@ pub enum ServeError {
 impl App {
     /// The gateway around `service`.
     pub fn new(service: Service) -> Arc<Self> {
+        let sessions = web::Sessions::new(service.config().session_key);
         Arc::new(Self {
             service,
             metrics: metrics::install(),
             closing: CancellationToken::new(),
             connections: tokio_util::task::TaskTracker::new(),
-            sessions: web::Sessions::default(),
+            sessions,
         })
     }
 
@@ -105,10 +111,7 @@ impl App {
             .route("/assets/app.css", get(web::style))
             .route("/assets/icon.svg", get(web::icon))
             .route("/favicon.ico", get(web::icon))
-            .route(
-                "/v1/session",
-                post(web::sign_in).get(web::whoami).delete(web::sign_out),
-            )
+            .route("/v1/session", post(web::sign_in).get(web::whoami).delete(web::sign_out))
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .fallback(http::not_found)

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -15,8 +15,11 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::json;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, Code};
@@ -25,8 +28,8 @@ use crate::App;
 /// The cookie's name.
 const COOKIE_NAME: &str = "loom_session";
 
-/// How long a session lasts without use.
-const IDLE_LIMIT: Duration = Duration::from_secs(12 * 3600);
+/// How long a session lasts.
+const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
 /// Only the page's own files: no inline script, no other origin.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; \
@@ -37,38 +40,105 @@ const APP_JS: &str = include_str!("../web/app.js");
 const APP_CSS: &str = include_str!("../web/app.css");
 const ICON_SVG: &str = include_str!("../web/icon.svg");
 
-/// Signed-in browsers: session id → who and when last seen.
-#[derive(Default)]
+/// Signed-in browsers. A session is a cookie the server signed
+/// (`v1.NAME.EXPIRY.MAC`, HMAC-SHA256 with the session key): nothing is
+/// kept per session, so a gateway restarted with the same key (the binary
+/// keeps it beside the database) still knows its pages. A session ends at
+/// its expiry, at sign-out (remembered by this process), or when its
+/// token is removed from the configuration.
 pub(crate) struct Sessions {
-    live: Mutex<HashMap<String, (Principal, Instant)>>,
+    key: [u8; 32],
+    signed_out: Mutex<HashMap<String, u64>>,
 }
 
 impl Sessions {
-    fn open(&self, principal: Principal) -> String {
-        let id = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-        let mut live = self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        live.retain(|_, (_, seen)| seen.elapsed() < IDLE_LIMIT);
-        live.insert(id.clone(), (principal, Instant::now()));
-        id
+    pub(crate) fn new(key: Option<[u8; 32]>) -> Self {
+        let key = key.unwrap_or_else(|| {
+            let mut key = [0u8; 32];
+            key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+            key
+        });
+        Self {
+            key,
+            signed_out: Mutex::new(HashMap::new()),
+        }
     }
 
-    fn find(&self, id: &str) -> Option<Principal> {
-        let mut live = self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (principal, seen) = live.get_mut(id)?;
-        if seen.elapsed() >= IDLE_LIMIT {
-            live.remove(id);
+    fn mac(&self, name_hex: &str, expiry: u64) -> String {
+        // HMAC takes keys of any length: this never fails, and an empty
+        // MAC would match no cookie.
+        let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&self.key) else {
+            return String::new();
+        };
+        mac.update(format!("v1|{name_hex}|{expiry}").as_bytes());
+        hex(&mac.finalize().into_bytes())
+    }
+
+    fn open(&self, principal: &Principal) -> String {
+        let name_hex = hex(principal.name().as_bytes());
+        let expiry = now_secs() + SESSION_LIFETIME.as_secs();
+        let mac = self.mac(&name_hex, expiry);
+        format!("v1.{name_hex}.{expiry}.{mac}")
+    }
+
+    /// The principal a valid cookie names.
+    fn find(&self, cookie: &str, app: &App) -> Option<Principal> {
+        let mut parts = cookie.split('.');
+        let (Some("v1"), Some(name_hex), Some(expiry), Some(mac), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        let expiry: u64 = expiry.parse().ok()?;
+        let expected = self.mac(name_hex, expiry);
+        let genuine = !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(mac.as_bytes()));
+        if !genuine || expiry <= now_secs() {
             return None;
         }
-        *seen = Instant::now();
-        Some(principal.clone())
-    }
-
-    fn close(&self, id: &str) {
-        self.live
+        if self
+            .signed_out
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(id);
+            .contains_key(cookie)
+        {
+            return None;
+        }
+        let name = String::from_utf8(unhex(name_hex)?).ok()?;
+        let tokens = &app.service.config().tokens;
+        if tokens.is_empty() {
+            return (name == Principal::local().name()).then(Principal::local);
+        }
+        tokens.principal_named(&name)
     }
+
+    fn close(&self, cookie: &str) {
+        let mut signed_out = self.signed_out.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = now_secs();
+        signed_out.retain(|_, expiry| *expiry > now);
+        let expiry = cookie.split('.').nth(2).and_then(|e| e.parse().ok()).unwrap_or(now);
+        signed_out.insert(cookie.to_string(), expiry);
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// The session id in a request's cookies.
@@ -89,7 +159,7 @@ pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Princi
     let Some(id) = session_cookie(&parts.headers) else {
         return Ok(None);
     };
-    let Some(principal) = app.sessions.find(id) else {
+    let Some(principal) = app.sessions.find(id, app) else {
         return Ok(None);
     };
     let reads_only = parts.method == Method::GET || parts.method == Method::HEAD;
@@ -137,7 +207,7 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
     let Some(principal) = principal else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
-    let id = app.sessions.open(principal.clone());
+    let id = app.sessions.open(&principal);
     let cookie = format!("{COOKIE_NAME}={id}; HttpOnly; SameSite=Strict; Path=/");
     let mut response = Json(json!({ "principal": principal.name() })).into_response();
     if let Ok(value) = HeaderValue::from_str(&cookie) {
