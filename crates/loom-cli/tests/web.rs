@@ -463,9 +463,15 @@ async fn sign_in_cookie(gateway: &Gateway) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_gateway_restart_the_page_is_still_signed_in_and_rebuilds_the_run() {
-    let mut page = page(&[]).await;
+    let mut page = page(&["--allow", "bash"]).await;
     page.sign_in(ALICE).await;
-    page.start_run("before the restart steps=2").await;
+    page.start_run("before the restart steps=2 tool=bash").await;
+    // The shell's streamed output sits in its call.
+    page.until(
+        "the shell output",
+        "return (document.querySelector('#tree .call .output')?.innerText ?? '').includes('step 1');",
+    )
+    .await;
     page.until(
         "the end",
         "return document.getElementById('run-status').innerText === 'DONE';",
@@ -500,6 +506,9 @@ async fn after_a_gateway_restart_the_page_is_still_signed_in_and_rebuilds_the_ru
     assert_eq!(page.count("#tree .turn").await, turns);
     assert_eq!(page.count("#tree .call").await, calls);
     assert!(page.text("#who").await.contains("alice"));
+    // In a narrow window the run view goes under the list.
+    page.client.set_window_size(420, 900).await.unwrap();
+    page.screenshot("narrow.png").await;
     assert_eq!(page.console_errors().await, Vec::<String>::new());
     page.client.clone().close().await.unwrap();
 }
