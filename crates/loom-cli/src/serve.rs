@@ -80,15 +80,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         Some(dir) => dir.clone(),
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
-    // The web page's sessions outlive a restart: their key is kept beside
-    // the database (in Loom's own state, which tools cannot read).
-    let key_dir = match &args.place.db {
-        Some(db) => db
-            .parent()
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_else(|| workspace.join(".loom")),
-        None => workspace.join(".loom"),
-    };
+    // The web page's sessions outlive a restart: their key is kept in the
+    // workspace's `.loom/`, Loom's own state, which tools cannot read.
+    let key_dir = workspace.join(".loom");
     config.session_key = Some(
         tokio::task::spawn_blocking(move || session_key(&key_dir))
             .await

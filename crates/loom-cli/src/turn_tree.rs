@@ -44,9 +44,15 @@ struct Folded {
 pub(crate) async fn render(store: &dyn Store, run_id: &str) -> Result<String, loom::StoreError> {
     let mut out = String::new();
     let mut pending = vec![(0_usize, run_id.to_string())];
+    // Each run once, whatever a result claims (a tool named `task` could
+    // name any run).
+    let mut visited = std::collections::HashSet::new();
     // Depth first: a child's lines go right under its call.
     let mut lines: Vec<(usize, String)> = Vec::new();
     while let Some((depth, id)) = pending.pop() {
+        if !visited.insert(id.clone()) {
+            continue;
+        }
         let events = store.events(&id, 0).await?;
         let folded = fold(&events);
         let mut own = Vec::new();

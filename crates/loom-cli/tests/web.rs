@@ -512,3 +512,53 @@ async fn after_a_gateway_restart_the_page_is_still_signed_in_and_rebuilds_the_ru
     assert_eq!(page.console_errors().await, Vec::<String>::new());
     page.client.clone().close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_tokens_answers_only_its_own_page_and_loopback_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        format!("model = \"openai:fake\"\n[provider]\nbase_url = \"{}\"\n", model.url()),
+    )
+    .unwrap();
+    let gateway = Gateway::start(dir.path(), &[]);
+    let client = reqwest::Client::new();
+    // Another site's page (a simple POST needs no preflight) is refused…
+    let cross = client
+        .post(gateway.url("/v1/runs"))
+        .header("origin", "http://evil.example")
+        .header("content-type", "text/plain")
+        .body(r#"{"prompt":"from elsewhere"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), 403);
+    // …and so is a name rebound to 127.0.0.1.
+    let rebound = client
+        .get(gateway.url("/v1/runs"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 403);
+    // A client that is not a browser, and the page itself, are welcome.
+    let plain = client.get(gateway.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(plain.status(), 200);
+    let own = client
+        .post(gateway.url("/v1/runs"))
+        .header("origin", format!("http://{}", gateway.addr))
+        .json(&json!({"prompt": "from the page"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), 202);
+    // Signing out a made-up cookie changes nothing and is not remembered.
+    let out = client
+        .delete(gateway.url("/v1/session"))
+        .header("cookie", "loom_session=v1.6c6f63616c.99999999999.00")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 204);
+}

@@ -106,6 +106,14 @@ impl Tokens {
         self.entries.is_empty()
     }
 
+    /// The digest of the token named `name`, if it is configured.
+    pub(crate) fn digest_of(&self, name: &str) -> Option<[u8; 32]> {
+        self.entries
+            .iter()
+            .find(|entry| entry.principal.name() == name)
+            .map(|entry| entry.digest)
+    }
+
     /// The principal of the token named `name`, if it is configured.
     pub fn principal_named(&self, name: &str) -> Option<Principal> {
         self.entries

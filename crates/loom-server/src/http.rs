@@ -56,6 +56,12 @@ impl FromRequestParts<Arc<App>> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
         let tokens = &app.service.config().tokens;
+        if tokens.is_empty() {
+            // Open to whoever reaches the loopback address: not to a web
+            // page of another site the operator happens to visit, nor to
+            // a name rebound to 127.0.0.1.
+            crate::web::check_local_request(parts)?;
+        }
         if let Some(token) = presented(parts) {
             if tokens.is_empty() {
                 return Ok(Principal::local());

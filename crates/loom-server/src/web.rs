@@ -65,60 +65,76 @@ impl Sessions {
         }
     }
 
-    fn mac(&self, name_hex: &str, expiry: u64) -> String {
+    /// The MAC of a session: the name, the expiry, and which token it
+    /// came from (a token given a new value ends its sessions).
+    fn mac(&self, name_hex: &str, expiry: u64, token: &str) -> String {
         // HMAC takes keys of any length: this never fails, and an empty
         // MAC would match no cookie.
         let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&self.key) else {
             return String::new();
         };
-        mac.update(format!("v1|{name_hex}|{expiry}").as_bytes());
+        mac.update(format!("v1|{name_hex}|{expiry}|{token}").as_bytes());
         hex(&mac.finalize().into_bytes())
     }
 
-    fn open(&self, principal: &Principal) -> String {
-        let name_hex = hex(principal.name().as_bytes());
-        let expiry = now_secs() + SESSION_LIFETIME.as_secs();
-        let mac = self.mac(&name_hex, expiry);
-        format!("v1.{name_hex}.{expiry}.{mac}")
+    /// What binds a session to its token: the token's digest, or `open`
+    /// for a gateway without tokens.
+    fn token_of(app: &App, principal: &Principal) -> Option<String> {
+        let tokens = &app.service.config().tokens;
+        if tokens.is_empty() {
+            return (principal.name() == Principal::local().name()).then(|| "open".to_string());
+        }
+        tokens.digest_of(principal.name()).map(|digest| hex(&digest))
     }
 
-    /// The principal a valid cookie names.
-    fn find(&self, cookie: &str, app: &App) -> Option<Principal> {
+    fn open(&self, principal: &Principal, app: &App) -> Option<String> {
+        let token = Self::token_of(app, principal)?;
+        let name_hex = hex(principal.name().as_bytes());
+        let expiry = now_secs() + SESSION_LIFETIME.as_secs();
+        let mac = self.mac(&name_hex, expiry, &token);
+        Some(format!("v1.{name_hex}.{expiry}.{mac}"))
+    }
+
+    /// The principal a valid cookie names, and the cookie's MAC.
+    fn find(&self, cookie: &str, app: &App) -> Option<(Principal, String)> {
         let mut parts = cookie.split('.');
-        let (Some("v1"), Some(name_hex), Some(expiry), Some(mac), None) =
+        let (Some("v1"), Some(name_hex), Some(expiry_text), Some(mac), None) =
             (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return None;
         };
-        let expiry: u64 = expiry.parse().ok()?;
-        let expected = self.mac(name_hex, expiry);
-        let genuine = !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(mac.as_bytes()));
-        if !genuine || expiry <= now_secs() {
-            return None;
-        }
-        if self
-            .signed_out
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .contains_key(cookie)
-        {
+        // Only the form the server writes: "+12" or "012" would parse to
+        // the same number under another spelling.
+        let expiry: u64 = expiry_text.parse().ok()?;
+        if expiry.to_string() != expiry_text || expiry <= now_secs() {
             return None;
         }
         let name = String::from_utf8(unhex(name_hex)?).ok()?;
-        let tokens = &app.service.config().tokens;
-        if tokens.is_empty() {
-            return (name == Principal::local().name()).then(Principal::local);
+        let principal = match app.service.config().tokens.principal_named(&name) {
+            Some(principal) => principal,
+            None if name == Principal::local().name() => Principal::local(),
+            None => return None,
+        };
+        let token = Self::token_of(app, &principal)?;
+        let expected = self.mac(name_hex, expiry, &token);
+        let genuine = !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(mac.as_bytes()));
+        if !genuine || lock(&self.signed_out).contains_key(mac) {
+            return None;
         }
-        tokens.principal_named(&name)
+        Some((principal, mac.to_string()))
     }
 
-    fn close(&self, cookie: &str) {
-        let mut signed_out = self.signed_out.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Forgets a session (a genuine one: see `sign_out`) until it expires.
+    fn close(&self, mac: String, expiry: u64) {
+        let mut signed_out = lock(&self.signed_out);
         let now = now_secs();
-        signed_out.retain(|_, expiry| *expiry > now);
-        let expiry = cookie.split('.').nth(2).and_then(|e| e.parse().ok()).unwrap_or(now);
-        signed_out.insert(cookie.to_string(), expiry);
+        signed_out.retain(|_, until| *until > now);
+        signed_out.insert(mac, expiry);
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn now_secs() -> u64 {
@@ -159,7 +175,7 @@ pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Princi
     let Some(id) = session_cookie(&parts.headers) else {
         return Ok(None);
     };
-    let Some(principal) = app.sessions.find(id, app) else {
+    let Some((principal, _)) = app.sessions.find(id, app) else {
         return Ok(None);
     };
     let reads_only = parts.method == Method::GET || parts.method == Method::HEAD;
@@ -170,6 +186,28 @@ pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Princi
         ));
     }
     Ok(Some(principal))
+}
+
+/// On a gateway without tokens (loopback only): the `Host` must be a
+/// loopback name — a DNS name rebound to 127.0.0.1 is not — and a request
+/// from a browser must come from this server's own page.
+pub(crate) fn check_local_request(parts: &Parts) -> Result<(), ApiError> {
+    let forbidden = |why: &str| Err(ApiError::new(Code::Forbidden, why));
+    if let Some(host) = parts.headers.get(HOST).and_then(|v| v.to_str().ok()) {
+        let name = match host.strip_prefix('[') {
+            Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+            None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+        };
+        let loopback =
+            name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return forbidden("without tokens the gateway answers only to a loopback Host");
+        }
+    }
+    if parts.headers.contains_key(ORIGIN) && !same_origin(&parts.headers) {
+        return forbidden("a request from another site's page");
+    }
+    Ok(())
 }
 
 /// Whether `Origin` names the host the request was sent to.
@@ -207,7 +245,9 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
     let Some(principal) = principal else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
-    let id = app.sessions.open(&principal);
+    let Some(id) = app.sessions.open(&principal, &app) else {
+        return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
+    };
     let cookie = format!("{COOKIE_NAME}={id}; HttpOnly; SameSite=Strict; Path=/");
     let mut response = Json(json!({ "principal": principal.name() })).into_response();
     if let Ok(value) = HeaderValue::from_str(&cookie) {
@@ -218,8 +258,17 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
 
 /// `DELETE /v1/session`: signs out.
 pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    // Only a genuine session is remembered as signed out: made-up cookies
+    // cannot fill the list.
     if let Some(id) = session_cookie(&headers) {
-        app.sessions.close(id);
+        if let Some((_, mac)) = app.sessions.find(id, &app) {
+            let expiry = id
+                .split('.')
+                .nth(2)
+                .and_then(|e| e.parse().ok())
+                .unwrap_or_else(now_secs);
+            app.sessions.close(mac, expiry);
+        }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
     let expired = format!("{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");

@@ -77,16 +77,22 @@ $('sign-out').addEventListener('click', async () => {
 // ---- The runs list (polled: it is not an event stream) -------------------
 
 let listTimer = null;
+let listGeneration = 0;
 
 async function refreshRuns() {
   clearTimeout(listTimer);
+  // Only the newest call draws and schedules the next: a slow answer to
+  // an older filter never overwrites a newer one.
+  const generation = ++listGeneration;
   const params = new URLSearchParams({ limit: '50' });
   if ($('filter-status').value) params.set('status', $('filter-status').value);
   if ($('filter-session').value.trim()) params.set('sessionId', $('filter-session').value.trim());
   try {
     const page = await api('GET', `/v1/runs?${params}`);
+    if (generation !== listGeneration) return;
     renderRuns(page.runs);
   } catch (error) {
+    if (generation !== listGeneration) return;
     if (error.status === 401) return checkSession();
   }
   listTimer = setTimeout(refreshRuns, 1500);
@@ -172,7 +178,9 @@ function follow(runId) {
   }
   stream.onerror = () => {
     const run = model && model.runs.get(streamRunId);
-    if (run && run.endTs) { closeStream(); backfillChildren(); return; }
+    // Ended, or refused for good (the browser gives up): go on with the
+    // sub-agents still to read.
+    if ((run && run.endTs) || stream.readyState === EventSource.CLOSED) { closeStream(); backfillChildren(); return; }
     // The browser retries by itself; a session the server no longer knows
     // (it restarted) means signing in again, then the same view rebuilds.
     api('GET', '/v1/session').catch((error) => {
@@ -186,18 +194,16 @@ function follow(runId) {
  * before this page was following (a reload, a short run) is read from its
  * own log afterwards, one stream at a time. The `task` result names it.
  */
-const backfilled = new Set();
-
 function backfillChildren() {
   if (!model || stream) return;
   for (const run of [...model.runs.values()]) {
     for (const turn of run.turns) {
       for (const call of turn.calls) {
+        // Each once: live events may have missed some (a reconnect gap);
+        // the per-run `seen` set drops what is already there.
         const child = childNamed(call);
-        const known = child && model.runs.get(child);
-        const whole = known && known.started && known.endTs;
-        if (child && !whole && !backfilled.has(child)) {
-          backfilled.add(child);
+        if (child && !model.backfilled.has(child)) {
+          model.backfilled.add(child);
           return follow(child);
         }
       }
@@ -215,7 +221,7 @@ function openRun(runId) {
   closeStream();
   openRunId = runId;
   location.hash = `run=${encodeURIComponent(runId)}`;
-  model = { root: newRun(runId), runs: new Map() };
+  model = { root: newRun(runId), runs: new Map(), backfilled: new Set() };
   model.runs.set(runId, model.root);
   $('run').hidden = false;
   for (const row of $('run-table').tBodies[0].rows) row.classList.toggle('selected', row.dataset.runId === runId);
@@ -289,7 +295,13 @@ function onEvent(event) {
     if (call) {
       Object.assign(call, { status: event.status, content: event.content, durationMs: event.durationMs, stages: event.stages });
       const child = childNamed(call);
-      if (child && !call.children.includes(child)) call.children.push(child);
+      if (child) {
+        // The result names its sub-agent: that link wins over a guess.
+        for (const other of run.turns.flatMap((t) => t.calls)) {
+          if (other !== call) other.children = other.children.filter((id) => id !== child);
+        }
+        if (!call.children.includes(child)) call.children.push(child);
+      }
     }
   } else if (type === 'permission.request') {
     run.asks.set(event.requestId, { runId: run.runId, requestId: event.requestId, tool: event.tool, args: event.args, since: ts });
