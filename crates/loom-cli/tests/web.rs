@@ -345,10 +345,38 @@ async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
     let expected: Vec<String> = (1..=numbers.len()).map(|n| format!("turn {n}")).collect();
     assert_eq!(numbers, expected);
 
+    // Steering goes to the running agent (the box empties once accepted).
+    page.client
+        .find(Locator::Id("steer"))
+        .await
+        .unwrap()
+        .send_keys("please hurry")
+        .await
+        .unwrap();
+    page.click("#steer-form button").await;
+    page.until(
+        "the steer to be accepted",
+        "return document.getElementById('steer').value === '';",
+    )
+    .await;
     page.click("#cancel").await;
     page.until(
         "CANCELED",
         "return document.getElementById('run-status').innerText === 'CANCELED';",
+    )
+    .await;
+    // The list filters by status: only the cancelled run is CANCELED.
+    page.client
+        .find(Locator::Css("#filter-status option[value=CANCELED]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    page.until(
+        "the filtered list",
+        "const rows = [...document.querySelectorAll('#run-table tbody tr')]; \
+         return rows.length === 1 && rows[0].innerText.startsWith('CANCELED');",
     )
     .await;
     assert_eq!(page.console_errors().await, Vec::<String>::new());
@@ -369,6 +397,11 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
     page.until(
         "the end",
         "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    page.until(
+        "the list without the sub-agent",
+        "return document.querySelectorAll('#run-table tbody tr').length === 1;",
     )
     .await;
     let child = page.text("#tree .call .child").await;

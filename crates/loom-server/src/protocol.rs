@@ -198,6 +198,9 @@ pub struct RunView {
     pub queue_position: Option<usize>,
     /// The `seq` of its last event seen by the server.
     pub last_seq: u64,
+    /// The run whose `task` call started it, for a sub-agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<String>,
 }
 
 /// A page of `run.list`.

@@ -57,6 +57,8 @@ impl LiveRun {
             pending_asks: self.pending.clone(),
             queue_position,
             last_seq: self.last_seq,
+            // A live sub-agent is not in the registry's runs.
+            parent_run_id: None,
         }
     }
 }

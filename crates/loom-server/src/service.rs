@@ -1419,6 +1419,7 @@ fn stored_view(record: RunRecord, last_seq: u64) -> RunView {
         pending_asks: Vec::new(),
         queue_position: None,
         last_seq,
+        parent_run_id: record.parent.map(|parent| parent.run_id),
     }
 }
 

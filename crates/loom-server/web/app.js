@@ -101,7 +101,8 @@ async function refreshRuns() {
 function renderRuns(runs) {
   const body = $('run-table').tBodies[0];
   body.replaceChildren();
-  for (const run of runs) {
+  // A sub-agent shows in its parent's tree, not as a run of its own.
+  for (const run of runs.filter((r) => !r.parentRunId)) {
     const m = run.metrics || {};
     const tokens = (m.inputTokens || 0) + (m.outputTokens || 0);
     const ended = run.endedMs || Date.now();
