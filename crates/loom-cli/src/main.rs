@@ -35,6 +35,7 @@ mod runs;
 mod serve;
 mod signals;
 mod store;
+mod text;
 mod turn_tree;
 
 use std::process::ExitCode;

@@ -108,7 +108,7 @@ pub(crate) async fn list(
             );
             for (name, description) in tools {
                 let first = description.lines().next().unwrap_or("");
-                println!("  {name}  {}", clip(first, 80));
+                println!("  {name}  {}", crate::text::clip(first, 79));
             }
             for skipped in server.skipped_tools() {
                 println!("  skipped: {skipped}");
@@ -127,12 +127,4 @@ fn state_name(state: &ServerState) -> &'static str {
         ServerState::Down(_) => "down",
         ServerState::Stopped => "stopped",
     }
-}
-
-fn clip(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_string();
-    }
-    let cut: String = text.chars().take(max - 1).collect();
-    format!("{cut}…")
 }

@@ -80,17 +80,11 @@ impl Renderer for Human {
                 self.end_line()?;
                 say!("  · guidance ({reason}): {}", clip(content, 120));
             }
-            EventKind::CompressionApplied {
-                messages_before,
-                messages_after,
-                tokens_before,
-                tokens_after,
-                method,
-            } => {
+            kind @ EventKind::CompressionApplied { .. } => {
                 self.end_line()?;
-                say!(
-                    "loom: history compressed ({method}): {messages_before} → {messages_after} messages, {tokens_before} → {tokens_after} tokens"
-                );
+                if let Some(note) = compression_note(kind) {
+                    say!("loom: {note}");
+                }
             }
             EventKind::ContextWarning { ratio, .. } if self.verbose => {
                 self.end_line()?;
@@ -214,6 +208,24 @@ pub(crate) fn summarize_args(args: &serde_json::Value) -> String {
         None => args.to_string(),
     };
     clip(&text, ARGS_SHOWN)
+}
+
+/// "history compressed (METHOD): A → B messages, C → D tokens", for the
+/// live view and for `runs show --tree`.
+pub(crate) fn compression_note(kind: &EventKind) -> Option<String> {
+    let EventKind::CompressionApplied {
+        messages_before,
+        messages_after,
+        tokens_before,
+        tokens_after,
+        method,
+    } = kind
+    else {
+        return None;
+    };
+    Some(format!(
+        "history compressed ({method}): {messages_before} → {messages_after} messages, {tokens_before} → {tokens_after} tokens"
+    ))
 }
 
 fn clip(text: &str, max: usize) -> String {

@@ -8,6 +8,7 @@ use loom::{RunRecord, Store, StoreError};
 
 use crate::cli::{RunsArgs, RunsCommand};
 use crate::run::Failure;
+use crate::text::clip;
 
 pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     if !matches!(args.command, RunsCommand::Resume { .. }) {
@@ -213,13 +214,6 @@ fn show(run: &RunRecord, messages: usize, journaled: usize) -> String {
         out.push_str(&format!("\n{content}\n"));
     }
     out
-}
-
-fn clip(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
 }
 
 #[cfg(unix)]

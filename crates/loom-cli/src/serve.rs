@@ -170,9 +170,7 @@ fn session_key(dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
         }
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut key = [0u8; 32];
-    key[..16].copy_from_slice(uuid_bytes().as_slice());
-    key[16..].copy_from_slice(uuid_bytes().as_slice());
+    let key = loom_server::random_key();
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
@@ -182,9 +180,4 @@ fn session_key(dir: &std::path::Path) -> anyhow::Result<[u8; 32]> {
         .with_context(|| format!("cannot write {}", path.display()))?;
     file.write_all(&key)?;
     Ok(key)
-}
-
-/// 16 random bytes (a v4 UUID is drawn from the OS's random source).
-fn uuid_bytes() -> [u8; 16] {
-    loom_server::random_bytes()
 }

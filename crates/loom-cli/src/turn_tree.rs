@@ -209,16 +209,8 @@ fn fold(events: &[Event]) -> Folded {
                     }
                 }
             }
-            EventKind::CompressionApplied {
-                messages_before,
-                messages_after,
-                tokens_before,
-                tokens_after,
-                method,
-            } => {
-                let note = format!(
-                    "history compressed ({method}): {messages_before} → {messages_after} messages, {tokens_before} → {tokens_after} tokens"
-                );
+            kind @ EventKind::CompressionApplied { .. } => {
+                let note = crate::render::compression_note(kind).unwrap_or_default();
                 match turns.get_mut(turn_index) {
                     Some(turn) => turn.notes.push(note),
                     None => notes.push(note),
@@ -261,11 +253,7 @@ fn duration(ms: u64) -> String {
     }
 }
 
+/// One line of at most `max` characters.
 fn clip(text: &str, max: usize) -> String {
-    let flat = text.replace('\n', " ");
-    if flat.chars().count() <= max {
-        return flat;
-    }
-    let cut: String = flat.chars().take(max - 1).collect();
-    format!("{cut}…")
+    crate::text::clip(&text.replace('\n', " "), max - 1)
 }

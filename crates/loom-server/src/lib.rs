@@ -43,9 +43,13 @@ pub use feed::{EventFeed, LocalFeed};
 pub use queue::{LocalQueue, RunQueue};
 pub use service::{Next, Service, Subscription};
 
-/// 16 bytes from the OS's random source (for keys the binary keeps).
-pub fn random_bytes() -> [u8; 16] {
-    *uuid::Uuid::new_v4().as_bytes()
+/// A 32-byte key from the OS's random source (two v4 UUIDs: 244 random
+/// bits), for the web page's session key.
+pub fn random_key() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    key
 }
 
 /// How long connections get to close after a shutdown.

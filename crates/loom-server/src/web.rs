@@ -53,12 +53,7 @@ pub(crate) struct Sessions {
 
 impl Sessions {
     pub(crate) fn new(key: Option<[u8; 32]>) -> Self {
-        let key = key.unwrap_or_else(|| {
-            let mut key = [0u8; 32];
-            key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-            key
-        });
+        let key = key.unwrap_or_else(crate::random_key);
         Self {
             key,
             signed_out: Mutex::new(HashMap::new()),
