@@ -409,6 +409,33 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
     assert!(child.contains("list_dir"), "{child}");
     page.screenshot("sub-agent.png").await;
 
+    // Reloaded while the parent still runs: a sub-agent that finished
+    // before the reload is read from its own log at once, not when the
+    // parent ends (its events were on the parent's stream live only).
+    page.start_run("again steps=2 tool=task delay_ms=4000 child=steps:1+tool:list_dir")
+        .await;
+    page.until(
+        "the first sub-agent, live",
+        "const c = document.querySelector('#tree .call'); return !!(c && c.querySelector('.child .turn'));",
+    )
+    .await;
+    page.client.refresh().await.unwrap();
+    page.until(
+        "the first sub-agent again while the parent runs",
+        "const c = document.querySelector('#tree .call'); \
+         return !!(c && c.querySelector('.child .turn')) \
+           && document.getElementById('run-status').innerText === 'RUNNING';",
+    )
+    .await;
+    let first = page.text("#tree .call .child").await;
+    assert!(first.contains("list_dir"), "{first}");
+    page.until(
+        "the second sub-agent and the end",
+        "return document.querySelectorAll('#tree .call .child .turn').length >= 4 \
+           && document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+
     // The page's cookie from another origin changes nothing.
     let cookie = sign_in_cookie(&page.gateway).await;
     let refused = reqwest::Client::new()

@@ -179,9 +179,8 @@ function follow(runId) {
   }
   stream.onerror = () => {
     const run = model && model.runs.get(streamRunId);
-    // Ended, or refused for good (the browser gives up): go on with the
-    // sub-agents still to read.
-    if ((run && run.endTs) || stream.readyState === EventSource.CLOSED) { closeStream(); backfillChildren(); return; }
+    // Ended, or refused for good (the browser gives up).
+    if ((run && run.endTs) || stream.readyState === EventSource.CLOSED) { closeStream(); return; }
     // The browser retries by itself; a session the server no longer knows
     // (it restarted) means signing in again, then the same view rebuilds.
     api('GET', '/v1/session').catch((error) => {
@@ -191,23 +190,54 @@ function follow(runId) {
 }
 
 /**
- * A sub-agent's events reach its parent's stream live only; one that ran
- * before this page was following (a reload, a short run) is read from its
- * own log afterwards, one stream at a time. The `task` result names it.
+ * A sub-agent's events reach its parent's stream live only: one that ran
+ * while this page was not following (before a reload, before the page
+ * opened the run, in a reconnect gap) is read from its own log as soon as
+ * the parent's `task` result names it. The read is a plain fetch of the
+ * finished sub-agent's stream, so the tab's one EventSource keeps following
+ * the parent; one read at a time, and only for a sub-agent whose log the
+ * page does not hold whole.
  */
-function backfillChildren() {
-  if (!model || stream) return;
-  for (const run of [...model.runs.values()]) {
-    for (const turn of run.turns) {
-      for (const call of turn.calls) {
-        // Each once: live events may have missed some (a reconnect gap);
-        // the per-run `seen` set drops what is already there.
-        const child = childNamed(call);
-        if (child && !model.backfilled.has(child)) {
-          model.backfilled.add(child);
-          return follow(child);
-        }
-      }
+function readChildLog(child) {
+  if (!model || model.requested.has(child)) return;
+  const known = model.runs.get(child);
+  if (known && known.endSeq && known.seen.size >= known.endSeq) return;
+  model.requested.add(child);
+  model.toRead.push(child);
+  if (!model.reading) readNextChildLog(model);
+}
+
+async function readNextChildLog(owner) {
+  owner.reading = true;
+  while (owner === model && owner.toRead.length) {
+    const child = owner.toRead.shift();
+    try {
+      await readLog(child, owner);
+    } catch {
+      // The log could not be read (signed out, the gateway went away): the
+      // live events already shown stay; a reload tries again.
+    }
+  }
+  owner.reading = false;
+}
+
+/** Reads a run's event log to its end and hands each event to `onEvent`. */
+async function readLog(runId, owner) {
+  const response = await fetch(`/v1/runs/${encodeURIComponent(runId)}/events?afterSeq=0`,
+    { credentials: 'same-origin', signal: owner.abort.signal });
+  if (!response.ok || !response.body) return;
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffered = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done || owner !== model) break;
+    buffered += value;
+    let end;
+    while ((end = buffered.indexOf('\n\n')) >= 0) {
+      const data = buffered.slice(0, end).split('\n')
+        .filter((line) => line.startsWith('data:')).map((line) => line.slice(5).trimStart()).join('\n');
+      buffered = buffered.slice(end + 2);
+      if (data) onEvent(JSON.parse(data));
     }
   }
 }
@@ -220,9 +250,11 @@ function childNamed(call) {
 
 function openRun(runId) {
   closeStream();
+  if (model) model.abort.abort();
   openRunId = runId;
   location.hash = `run=${encodeURIComponent(runId)}`;
-  model = { root: newRun(runId), runs: new Map(), backfilled: new Set() };
+  model = { root: newRun(runId), runs: new Map(), requested: new Set(), toRead: [], reading: false,
+            abort: new AbortController() };
   model.runs.set(runId, model.root);
   $('run').hidden = false;
   for (const row of $('run-table').tBodies[0].rows) row.classList.toggle('selected', row.dataset.runId === runId);
@@ -261,7 +293,7 @@ function runOf(event) {
 function onEvent(event) {
   if (!model) return;
   const run = runOf(event);
-  if (run.seen.has(event.seq)) return; // seen already (a resumed stream, a backfill)
+  if (run.seen.has(event.seq)) return; // seen already (a resumed stream, a sub-agent's log)
   run.seen.add(event.seq);
   const ts = Date.parse(event.ts);
   const type = event.type;
@@ -302,6 +334,7 @@ function onEvent(event) {
           if (other !== call) other.children = other.children.filter((id) => id !== child);
         }
         if (!call.children.includes(child)) call.children.push(child);
+        readChildLog(child);
       }
     }
   } else if (type === 'permission.request') {
@@ -319,10 +352,10 @@ function onEvent(event) {
   } else if (type === 'execution.cancelled') {
     run.notes.push(`cancelled: ${event.reason}`);
   } else if (type === 'lifecycle.end') {
-    run.status = event.status; run.content = event.content; run.endTs = ts;
+    run.status = event.status; run.content = event.content; run.endTs = ts; run.endSeq = event.seq;
     run.asks.clear();
     if (run === model.root) refreshRuns();
-    if (run.runId === streamRunId) { closeStream(); backfillChildren(); }
+    if (run.runId === streamRunId) closeStream();
   }
   queueRender();
 }
