@@ -84,7 +84,7 @@ async fn browser(driver: &Driver, profile: &Path) -> Client {
 
 struct Page {
     _dir: tempfile::TempDir,
-    _model: PromptModel,
+    model: PromptModel,
     gateway: Gateway,
     driver: Driver,
     client: Client,
@@ -102,7 +102,7 @@ async fn page(args: &[&str]) -> Page {
     client.goto(&gateway.url("/")).await.unwrap();
     Page {
         _dir: dir,
-        _model: model,
+        model,
         gateway,
         driver,
         client,
@@ -566,6 +566,28 @@ async fn after_a_gateway_restart_the_page_is_still_signed_in_and_rebuilds_the_ru
     assert_eq!(page.count("#tree .turn").await, turns);
     assert_eq!(page.count("#tree .call").await, calls);
     assert!(page.text("#who").await.contains("alice"));
+
+    // A second gateway on the same host (another workspace, another key):
+    // signing in there leaves this page signed in, since browsers keep
+    // cookies per host, not per port, and each key names its own cookie.
+    let other_dir = tempfile::tempdir().unwrap();
+    config(other_dir.path(), &page.model.url(), "");
+    let other = Gateway::start(other_dir.path(), &[]);
+    page.client.goto(&other.url("/")).await.unwrap();
+    page.sign_in(ALICE).await;
+    page.until(
+        "the other signed-in page",
+        "return !document.getElementById('app').hidden;",
+    )
+    .await;
+    page.client.goto(&page.gateway.url("/")).await.unwrap();
+    page.until(
+        "the first page, still signed in",
+        "return !document.getElementById('app').hidden;",
+    )
+    .await;
+    assert!(page.text("#who").await.contains("alice"));
+    drop(other);
     // In a narrow window the run view goes under the list.
     page.client.set_window_size(420, 900).await.unwrap();
     page.screenshot("narrow.png").await;
@@ -614,9 +636,12 @@ async fn a_gateway_without_tokens_answers_only_its_own_page_and_loopback_names()
         .unwrap();
     assert_eq!(own.status(), 202);
     // Signing out a made-up cookie changes nothing and is not remembered.
+    let genuine = sign_in_cookie(&gateway).await;
+    let name = genuine.split('=').next().unwrap();
+    assert!(name.starts_with("loom_session_"), "{genuine}");
     let out = client
         .delete(gateway.url("/v1/session"))
-        .header("cookie", "loom_session=v1.6c6f63616c.99999999999.00")
+        .header("cookie", format!("{name}=v1.6c6f63616c.99999999999.00"))
         .send()
         .await
         .unwrap();

@@ -25,8 +25,8 @@ use crate::auth::Principal;
 use crate::error::{ApiError, Code};
 use crate::App;
 
-/// The cookie's name.
-const COOKIE_NAME: &str = "loom_session";
+/// The start of the cookie's name; the rest comes from the session key.
+const COOKIE_PREFIX: &str = "loom_session_";
 
 /// How long a session lasts.
 const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -48,28 +48,52 @@ const ICON_SVG: &str = include_str!("../web/icon.svg");
 /// token is removed from the configuration.
 pub(crate) struct Sessions {
     key: [u8; 32],
+    /// `loom_session_` and 8 hex digits drawn from the key. Browsers keep
+    /// cookies per host, not per port: with one name for all, signing in
+    /// to a second gateway on the same host would sign the first one's
+    /// page out. Each key (each workspace) names its own cookie.
+    cookie_name: String,
     signed_out: Mutex<HashMap<String, u64>>,
 }
 
 impl Sessions {
     pub(crate) fn new(key: Option<[u8; 32]>) -> Self {
         let key = key.unwrap_or_else(crate::random_key);
-        Self {
+        let mut sessions = Self {
             key,
+            cookie_name: String::new(),
             signed_out: Mutex::new(HashMap::new()),
-        }
+        };
+        let tag = sessions.mac_of("cookie name");
+        sessions.cookie_name = format!("{COOKIE_PREFIX}{}", tag.get(..8).unwrap_or_default());
+        sessions
     }
 
-    /// The MAC of a session: the name, the expiry, and which token it
-    /// came from (a token given a new value ends its sessions).
-    fn mac(&self, name_hex: &str, expiry: u64, token: &str) -> String {
+    /// HMAC-SHA256 of `text` under the session key, in hex.
+    fn mac_of(&self, text: &str) -> String {
         // HMAC takes keys of any length: this never fails, and an empty
         // MAC would match no cookie.
         let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&self.key) else {
             return String::new();
         };
-        mac.update(format!("v1|{name_hex}|{expiry}|{token}").as_bytes());
+        mac.update(text.as_bytes());
         hex(&mac.finalize().into_bytes())
+    }
+
+    /// The session id in a request's cookies.
+    fn cookie<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        headers
+            .get_all(COOKIE)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(';'))
+            .find_map(|pair| pair.trim().strip_prefix(self.cookie_name.as_str())?.strip_prefix('='))
+    }
+
+    /// The MAC of a session: the name, the expiry, and which token it
+    /// came from (a token given a new value ends its sessions).
+    fn mac(&self, name_hex: &str, expiry: u64, token: &str) -> String {
+        self.mac_of(&format!("v1|{name_hex}|{expiry}|{token}"))
     }
 
     /// What binds a session to its token: the token's digest, or `open`
@@ -152,22 +176,12 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The session id in a request's cookies.
-fn session_cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .find_map(|pair| pair.trim().strip_prefix(COOKIE_NAME)?.strip_prefix('='))
-}
-
 /// The principal of a request signed in with the page's cookie. A request
 /// that changes something must carry an `Origin` that is this server's
 /// own (`SameSite=Strict` already keeps the cookie off other sites'
 /// requests; this also covers browsers and proxies that do not).
 pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Principal>, ApiError> {
-    let Some(id) = session_cookie(&parts.headers) else {
+    let Some(id) = app.sessions.cookie(&parts.headers) else {
         return Ok(None);
     };
     let Some((principal, _)) = app.sessions.find(id, app) else {
@@ -243,7 +257,7 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
     let Some(id) = app.sessions.open(&principal, &app) else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
-    let cookie = format!("{COOKIE_NAME}={id}; HttpOnly; SameSite=Strict; Path=/");
+    let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/", app.sessions.cookie_name);
     let mut response = Json(json!({ "principal": principal.name() })).into_response();
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(SET_COOKIE, value);
@@ -255,7 +269,7 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
 pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     // Only a genuine session is remembered as signed out: made-up cookies
     // cannot fill the list.
-    if let Some(id) = session_cookie(&headers) {
+    if let Some(id) = app.sessions.cookie(&headers) {
         if let Some((_, mac)) = app.sessions.find(id, &app) {
             let expiry = id
                 .split('.')
@@ -266,7 +280,10 @@ pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) ->
         }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
-    let expired = format!("{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    let expired = format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        app.sessions.cookie_name
+    );
     if let Ok(value) = HeaderValue::from_str(&expired) {
         response.headers_mut().insert(SET_COOKIE, value);
     }
