@@ -82,13 +82,18 @@ fn main() -> ExitCode {
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
             Command::Serve(args) => serve::serve(*args).await,
-            Command::Mcp(args) => match args.command {
-                cli::McpCommand::List {
-                    config,
-                    workspace,
-                    json,
-                } => mcp::list(config.as_deref(), workspace.as_deref(), json).await,
-            },
+            Command::Mcp(args) => {
+                until_signal(async move {
+                    match args.command {
+                        cli::McpCommand::List {
+                            config,
+                            workspace,
+                            json,
+                        } => mcp::list(config.as_deref(), workspace.as_deref(), json).await,
+                    }
+                })
+                .await
+            }
         };
         // No MCP server outlives loom.
         mcp::shutdown().await;
@@ -109,13 +114,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs a command that does not watch for signals itself: SIGINT, SIGTERM
+/// or SIGHUP end it early with the signal's exit code, and what it started
+/// is still stopped (`mcp::shutdown` runs after every command).
+async fn until_signal(
+    command: impl std::future::Future<Output = Result<ExitCode, Failure>>,
+) -> Result<ExitCode, Failure> {
+    let Ok(mut signals) = signals::Signals::listen() else {
+        return command.await;
+    };
+    tokio::select! {
+        result = command => result,
+        signal = signals.recv() => Ok(ExitCode::from(signal.exit_code())),
+    }
+}
+
 /// Warnings (retries, the circuit breaker opening) go to stderr — for
 /// `loom serve` also one line per request and per run (`default`
 /// `info`), as JSON with `json`; `LOOM_LOG` (e.g. `LOOM_LOG=debug` or
 /// `LOOM_LOG=loom_llm=info`) shows more.
 fn init_logging(default: &str, json: bool) {
+    // rmcp's own log lines repeat, with Rust type names, what Loom reports
+    // in words (a server down and why); `LOOM_LOG=rmcp=debug` shows them.
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOOM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default},rmcp=off")));
     // A log line that cannot be written is dropped: tracing's own report of
     // that failure would go through `eprintln!`, which panics on a closed
     // stderr (`loom serve 2>&1 | head` must not break requests).

@@ -68,11 +68,15 @@ pub(crate) async fn list(
         .as_ref()
         .map(|mcp| mcp.servers.clone())
         .unwrap_or_default();
-    let clients = McpClients::new(&servers, &workspace).map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?;
+    let clients =
+        Arc::new(McpClients::new(&servers, &workspace).map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?);
+    // Kept where `shutdown` finds it: a signal that ends the listing early
+    // still stops every server gracefully.
+    let _ = CLIENTS.set(Some(clients.clone()));
     clients.start().await;
     let mut shown = Vec::new();
     for server in clients.servers() {
-        let tools: Vec<_> = loom::ToolSource::tools(&clients)
+        let tools: Vec<_> = loom::ToolSource::tools(clients.as_ref())
             .into_iter()
             .filter(|tool| tool.name().starts_with(&format!("{}__", server.name())))
             .map(|tool| (tool.name().to_string(), tool.description().to_string()))
@@ -113,11 +117,28 @@ pub(crate) async fn list(
             for skipped in server.skipped_tools() {
                 println!("  skipped: {skipped}");
             }
+            if matches!(server.state(), ServerState::Down(_)) {
+                let stderr = server.stderr_tail();
+                for line in stderr.iter().skip(stderr.len().saturating_sub(STDERR_SHOWN)) {
+                    println!("  stderr: {line}");
+                }
+            }
         }
     }
+    // A script (or a health check) can tell that a server did not start.
+    let any_down = shown
+        .iter()
+        .any(|(server, _, _)| matches!(server.state(), ServerState::Down(_)));
     clients.shutdown().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(if any_down {
+        ExitCode::from(crate::run::exit::ERROR)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
+
+/// The last lines of a down server's stderr that `loom mcp list` shows.
+const STDERR_SHOWN: usize = 8;
 
 fn state_name(state: &ServerState) -> &'static str {
     match state {

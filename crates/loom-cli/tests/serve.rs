@@ -754,6 +754,35 @@ async fn an_idempotency_key_outlives_a_restart_and_a_broken_store_answers_intern
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["runId"], run.as_str(), "{again}");
     assert_eq!(again["status"], "DONE");
+    // The list reads the run from the store, and says where its log ends
+    // as `run.get` does; `?token=` signs the list in like any other route.
+    let got: Value = http(ALICE)
+        .get(gateway.url(&format!("/v1/runs/{run}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(got["lastSeq"].as_u64().unwrap() >= 5, "{got}");
+    let listed: Value = reqwest::get(gateway.url(&format!("/v1/runs?token={ALICE}&limit=10")))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = listed["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["runId"] == run.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["lastSeq"], got["lastSeq"], "{listed}");
+    let unknown = reqwest::get(gateway.url(&format!("/v1/runs?token={ALICE}&colour=red")))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 400);
     let other = post(&gateway, "another payload").await.unwrap();
     assert_eq!(other.status(), 409);
     assert_eq!(other.json::<Value>().await.unwrap()["error"]["code"], "CONFLICT");

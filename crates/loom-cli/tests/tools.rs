@@ -278,11 +278,14 @@ fn loom_mcp_list_shows_each_server_its_state_and_tools() {
         "{}{}{}[mcp.servers.off]\ncommand = \"false\"\nenabled = false\n",
         mcp_servers::fixture().toml("fixture", &[(MARKER, &marker)], ""),
         mcp_servers::time().toml("time", &[(MARKER, &marker)], ""),
-        "[mcp.servers.broken]\ncommand = \"/nonexistent/mcp-server\"\nstartup_timeout_secs = 5\n",
+        "[mcp.servers.broken]\ncommand = \"/nonexistent/mcp-server\"\nstartup_timeout_secs = 5\n\
+         [mcp.servers.dies]\ncommand = \"bash\"\n\
+         args = [\"-c\", \"echo 'Error: no config found' >&2; echo 'tool v1.0' >&2; exit 3\"]\n",
     );
     write(dir.path(), "loom.toml", &config);
     let output = loom().current_dir(dir.path()).args(["mcp", "list"]).output().unwrap();
-    assert_eq!(output.status.code(), Some(0));
+    // A server that did not start makes the listing fail, for scripts.
+    assert_eq!(output.status.code(), Some(1));
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(text.contains("fixture  ready"), "{text}");
     assert!(text.contains("  fixture__echo"), "{text}");
@@ -294,6 +297,18 @@ fn loom_mcp_list_shows_each_server_its_state_and_tools() {
         "{text}"
     );
     assert!(text.contains("off  disabled"), "{text}");
+    // A server that exits says how, with what it said on stderr.
+    assert!(
+        text.contains(
+            "dies  down: the server exited (exit status: 3) before it answered `initialize` \
+             (stderr: Error: no config found … tool v1.0)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("  stderr: Error: no config found\n  stderr: tool v1.0"),
+        "{text}"
+    );
 
     let json = loom()
         .current_dir(dir.path())
@@ -309,6 +324,42 @@ fn loom_mcp_list_shows_each_server_its_state_and_tools() {
         .iter()
         .any(|tool| tool["name"] == "fixture__echo"));
     assert_no_process_left(&marker);
+}
+
+#[test]
+fn a_signal_during_mcp_list_stops_the_servers_and_what_they_forked() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = uuid_like();
+    // A server that never answers `initialize` and has forked a child.
+    write(
+        dir.path(),
+        "loom.toml",
+        &format!(
+            "[mcp.servers.slow]\ncommand = \"bash\"\nargs = [\"-c\", \"sleep 300 & cat > /dev/null\"]\n\
+             env = {{ {MARKER} = \"{marker}\" }}\n"
+        ),
+    );
+    for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let mut child = loom()
+            .current_dir(dir.path())
+            .args(["mcp", "list"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while processes_with_env(MARKER, &marker).len() < 2 {
+            assert!(Instant::now() < deadline, "the server and its child never started");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // SAFETY: a plain signal to the child we started.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code));
+        assert_no_process_left(&marker);
+    }
 }
 
 fn uuid_like() -> String {

@@ -472,6 +472,22 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
         .await
         .unwrap();
     assert_eq!(who.status(), 401, "{forged}");
+    // Nor can another site sign the page out.
+    let out = reqwest::Client::new()
+        .delete(page.gateway.url("/v1/session"))
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 403);
+    let still = reqwest::Client::new()
+        .get(page.gateway.url("/v1/session"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(still.status(), 200);
     // The page allows only its own scripts.
     let index = reqwest::get(page.gateway.url("/")).await.unwrap();
     let csp = index
@@ -641,6 +657,7 @@ async fn a_gateway_without_tokens_answers_only_its_own_page_and_loopback_names()
     assert!(name.starts_with("loom_session_"), "{genuine}");
     let out = client
         .delete(gateway.url("/v1/session"))
+        .header("origin", format!("http://{}", gateway.addr))
         .header("cookie", format!("{name}=v1.6c6f63616c.99999999999.00"))
         .send()
         .await

@@ -238,6 +238,18 @@ pub trait Store: Send + Sync {
         Ok(events)
     }
 
+    /// The `seq` of each run's last recorded event (0 for none), in the
+    /// order of `run_ids`: what a run list reports as `lastSeq`. The
+    /// default reads each log; a store with an index does better.
+    async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
+        let mut seqs = Vec::with_capacity(run_ids.len());
+        for run_id in run_ids {
+            let events = self.events(run_id, 0).await?;
+            seqs.push(events.last().map_or(0, |event| event.seq));
+        }
+        Ok(seqs)
+    }
+
     /// Runs that claim to be executing or about to (`QUEUED`, `RUNNING`,
     /// `WAITING_PERMISSION`): each names the process that owns it.
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;

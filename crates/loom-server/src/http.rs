@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Path, Query, RawQuery, Request, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -116,11 +116,26 @@ pub(crate) async fn start_run(
 pub(crate) async fn list_runs(
     State(app): State<Arc<App>>,
     principal: Principal,
-    query: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let Query(params) = query.map_err(|err| ApiError::new(Code::InvalidParams, err.body_text()))?;
+    let params = list_params(query.as_deref().unwrap_or_default())?;
     Ok(Json(app.service.list(&principal, params).await?).into_response())
+}
+
+/// The list's filters from a query string. `token` signs the request in
+/// (see `presented`) and is not a filter; any other unknown name is an
+/// error, as in `run.list`.
+fn list_params(query: &str) -> Result<ListParams, ApiError> {
+    let filters: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty() && pair.split('=').next() != Some("token"))
+        .collect();
+    let uri: axum::http::Uri = format!("/?{}", filters.join("&"))
+        .parse()
+        .map_err(|_| ApiError::new(Code::InvalidParams, "the query string is not valid"))?;
+    let Query(params) = Query::try_from_uri(&uri).map_err(|err| ApiError::new(Code::InvalidParams, err.body_text()))?;
+    Ok(params)
 }
 
 pub(crate) async fn get_run(

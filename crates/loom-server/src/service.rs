@@ -1132,11 +1132,21 @@ impl Service {
         }
         if let Some(store) = &self.inner.store {
             // Live runs' stored status may lag: the registry's view wins.
-            for record in store.query_runs(&query).await.map_err(store_error)? {
-                if !live_ids.contains(&record.run_id) {
-                    runs.push(stored_view(record, 0));
-                }
-            }
+            let stored: Vec<RunRecord> = store
+                .query_runs(&query)
+                .await
+                .map_err(store_error)?
+                .into_iter()
+                .filter(|record| !live_ids.contains(&record.run_id))
+                .collect();
+            let ids: Vec<String> = stored.iter().map(|record| record.run_id.clone()).collect();
+            let last_seqs = store.last_seqs(&ids).await.map_err(store_error)?;
+            runs.extend(
+                stored
+                    .into_iter()
+                    .zip(last_seqs)
+                    .map(|(record, seq)| stored_view(record, seq)),
+            );
         }
         runs.sort_by(|a, b| (b.started_ms, &b.run_id).cmp(&(a.started_ms, &a.run_id)));
         runs.dedup_by(|a, b| a.run_id == b.run_id);

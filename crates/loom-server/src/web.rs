@@ -267,6 +267,11 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
 
 /// `DELETE /v1/session`: signs out.
 pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    // Like every change made with the cookie, only from the page itself:
+    // another site must not be able to sign a person out.
+    if app.sessions.cookie(&headers).is_some() && !same_origin(&headers) {
+        return ApiError::new(Code::Forbidden, "sign out from the page itself").into_response();
+    }
     // Only a genuine session is remembered as signed out: made-up cookies
     // cannot fill the list.
     if let Some(id) = app.sessions.cookie(&headers) {

@@ -596,6 +596,25 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
+        let run_ids = run_ids.to_vec();
+        let fail = self.fail();
+        self.with(move |conn| {
+            // The primary key (run_id, seq) answers each MAX from the index.
+            let mut select = conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")
+                .map_err(&fail)?;
+            run_ids
+                .iter()
+                .map(|run_id| {
+                    let seq: i64 = select.query_row(params![run_id], |row| row.get(0)).map_err(&fail)?;
+                    Ok(seq.max(0) as u64)
+                })
+                .collect()
+        })
+        .await
+    }
+
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
         self.select_runs(
             format!(

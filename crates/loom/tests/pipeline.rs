@@ -529,6 +529,46 @@ async fn serial_tools_never_overlap_anything() {
 }
 
 #[tokio::test]
+async fn a_call_after_a_serial_one_reports_its_own_duration_not_its_wait() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let safe = Gauge {
+        safe: true,
+        running: running.clone(),
+        ..Gauge::default()
+    };
+    let serial = Gauge {
+        safe: false,
+        running,
+        ..Gauge::default()
+    };
+    let model = scripted(vec![
+        calls(&[
+            ("write_gauge", json!({"ms": 1000, "label": "slow"})),
+            ("read_gauge", json!({"ms": 0, "label": "quick"})),
+        ]),
+        answer("ok"),
+    ]);
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(safe)
+        .tool(serial)
+        .build()
+        .unwrap();
+    let (events, _) = agent.run("go").collect().await;
+    let durations: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { duration_ms, .. } => Some(*duration_ms),
+            _ => None,
+        })
+        .collect();
+    assert!(durations[0] >= 1000, "{durations:?}");
+    // The quick call waited a second for the slow one; that wait is not its
+    // duration (a margin of 0.9 s for a call that takes microseconds).
+    assert!(durations[1] < 900, "{durations:?}");
+}
+
+#[tokio::test]
 async fn a_call_past_its_timeout_gets_a_timeout_result_and_the_run_goes_on() {
     let slow = Slow::default();
     let model = scripted(vec![

@@ -112,15 +112,24 @@ pub(crate) enum Prepared<'a> {
         tool: &'a RegisteredTool,
         args: serde_json::Value,
         stages: StageTimings,
-        started: Instant,
+        /// Time spent in the first four stages (a person's answer included).
+        prepared_in: Duration,
     },
     /// Settled without running (unknown tool, invalid arguments, denied, cancelled).
     Settled {
         call: &'a ToolCall,
         result: ToolResult,
         stages: StageTimings,
-        started: Instant,
+        prepared_in: Duration,
     },
+}
+
+/// A call's clock once its turn comes: it counts the time the call spent
+/// being prepared, not the time it then waited for the calls before it
+/// (a call after a slow exclusive one reports its own duration).
+pub(crate) fn call_clock(prepared_in: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_sub(prepared_in).unwrap_or(now)
 }
 
 impl ToolPipeline {
@@ -188,7 +197,7 @@ impl ToolPipeline {
             call,
             result,
             stages,
-            started,
+            prepared_in: started.elapsed(),
         };
         if env.ctx.is_cancelled() {
             return settled(Self::cancelled(call), stages);
@@ -227,7 +236,7 @@ impl ToolPipeline {
             tool,
             args,
             stages,
-            started,
+            prepared_in: started.elapsed(),
         }
     }
 

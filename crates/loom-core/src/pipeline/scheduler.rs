@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use crate::tool_result::ToolResult;
 
 use super::execute::execute;
-use super::{micros, BatchEnv, Prepared, ToolPipeline};
+use super::{call_clock, micros, BatchEnv, Prepared, ToolPipeline};
 
 pub(crate) async fn run(pipeline: &ToolPipeline, prepared: Vec<Prepared<'_>>, env: &BatchEnv<'_>) -> Vec<ToolResult> {
     let permits = Semaphore::new(pipeline.config.max_concurrency.max(1));
@@ -45,17 +45,22 @@ async fn run_group(
                 call,
                 result,
                 stages,
-                started,
-            } => pipeline.finish(call, result, stages, started, env).await,
+                prepared_in,
+            } => {
+                pipeline
+                    .finish(call, result, stages, call_clock(prepared_in), env)
+                    .await
+            }
             Prepared::Ready {
                 call,
                 tool,
                 args,
                 mut stages,
-                started,
+                prepared_in,
             } => {
                 // The semaphore is never closed, so acquiring cannot fail.
                 let _permit = permits.acquire().await.ok();
+                let started = call_clock(prepared_in);
                 // Stopped meanwhile: the call never starts, and is not
                 // journaled, so a resumed run knows it never ran.
                 if env.ctx.is_cancelled() {

@@ -99,6 +99,29 @@ pub(crate) enum ConnectError {
     Timeout(Duration),
     #[error("the handshake failed: {0}")]
     Handshake(String),
+    #[error("the server exited ({0}) before it answered `initialize`")]
+    Exited(std::process::ExitStatus),
+}
+
+/// How long a server that broke the handshake gets to be seen exiting:
+/// its exit status says more than the broken pipe that revealed it.
+const EXIT_SEEN_WITHIN: Duration = Duration::from_millis(300);
+
+/// rmcp's transport errors name Rust types (`Transport [rmcp::…<…>]
+/// error: Broken pipe`); a person needs only the words around them.
+fn plain(error: impl std::fmt::Display) -> String {
+    let text = error.to_string();
+    let mut plain = String::with_capacity(text.len());
+    let mut depth = 0usize;
+    for c in text.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' if depth > 0 => depth -= 1,
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    plain.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl Connection {
@@ -137,22 +160,29 @@ impl Connection {
                     return Err(ConnectError::Handshake("the server exited at once".to_string()));
                 };
                 let group = ProcessGroup::new(pid as libc::pid_t);
-                if let Some(err) = child.stderr.take() {
-                    tokio::spawn(drain_stderr(name.to_string(), err, stderr));
-                }
+                let drained = child
+                    .stderr
+                    .take()
+                    .map(|err| tokio::spawn(drain_stderr(name.to_string(), err, stderr)));
                 let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                     return Err(ConnectError::Handshake("the process has no pipes".to_string()));
                 };
-                let process = ServerProcess { child, group };
+                let mut process = ServerProcess { child, group };
                 let stdout = ListChangedTap::new(stdout, handler.on_list_changed_bytes.clone());
                 match tokio::time::timeout(limit, handler.serve((stdout, stdin))).await {
                     Ok(Ok(running)) => Ok(Self::watch(running, Some(process))),
                     Ok(Err(err)) => {
+                        let exited = tokio::time::timeout(EXIT_SEEN_WITHIN, process.child.wait()).await;
                         stop_process(process).await;
-                        Err(ConnectError::Handshake(err.to_string()))
+                        settle_stderr(drained).await;
+                        Err(match exited {
+                            Ok(Ok(status)) => ConnectError::Exited(status),
+                            _ => ConnectError::Handshake(plain(err)),
+                        })
                     }
                     Err(_) => {
                         stop_process(process).await;
+                        settle_stderr(drained).await;
                         Err(ConnectError::Timeout(limit))
                     }
                 }
@@ -161,7 +191,7 @@ impl Connection {
                 let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.as_str());
                 match tokio::time::timeout(limit, handler.serve(transport)).await {
                     Ok(Ok(running)) => Ok(Self::watch(running, None)),
-                    Ok(Err(err)) => Err(ConnectError::Handshake(err.to_string())),
+                    Ok(Err(err)) => Err(ConnectError::Handshake(plain(err))),
                     Err(_) => Err(ConnectError::Timeout(limit)),
                 }
             }
@@ -242,6 +272,14 @@ fn server_env(extra: &std::collections::BTreeMap<String, String>) -> Vec<(String
         .collect();
     env.extend(extra.iter().map(|(name, value)| (name.clone(), value.clone())));
     env.into_iter().collect()
+}
+
+/// Lets the stderr drain of a server that failed to start reach the end
+/// (briefly): what the server said last explains the failure.
+async fn settle_stderr(drained: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(drained) = drained {
+        let _ = tokio::time::timeout(EXIT_SEEN_WITHIN, drained).await;
+    }
 }
 
 /// Reads a server's stderr to the end so it never blocks on a full pipe;
@@ -344,6 +382,17 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ListChangedTap<R>
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn transport_errors_lose_their_type_names() {
+        let rmcp = "Send message error Transport [rmcp::transport::async_rw::AsyncRwTransport<RoleClient, \
+                    Tap<tokio::process::ChildStdout>, [u8]>] error: Broken pipe (os error 32), when send initialize request";
+        assert_eq!(
+            plain(rmcp),
+            "Send message error Transport error: Broken pipe (os error 32), when send initialize request"
+        );
+        assert_eq!(plain("no brackets here"), "no brackets here");
+    }
 
     #[test]
     fn the_tap_sees_list_changed_across_reads_and_never_inside_a_string() {

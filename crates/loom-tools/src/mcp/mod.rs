@@ -27,6 +27,7 @@ use std::sync::Arc;
 use loom_core::{DynTool, ToolSource};
 
 pub use config::{Endpoint, McpConfigError, McpServerConfig};
+use server::CallError;
 pub use server::{McpServer, ServerState};
 use tool::McpTool;
 
@@ -78,6 +79,8 @@ impl McpClients {
             .map(|server| async move {
                 let outcome = match server.connection().await {
                     Ok(_) => Ok(server.tool_infos().len()),
+                    // The report names the server already.
+                    Err(CallError::Unavailable { why, .. }) => Err(why),
                     Err(err) => Err(err.to_string()),
                 };
                 StartReport {

@@ -316,10 +316,23 @@ impl McpServer {
         }
     }
 
+    /// `why` with what the server last said on stderr: its last line and,
+    /// when that is not the error itself, the last line that looks like
+    /// one (Node ends a crash with its version, Python with the exception).
     fn with_stderr(&self, why: String) -> String {
-        match self.stderr.lines().last() {
-            Some(line) => format!("{why} (stderr: {line})"),
-            None => why,
+        let lines = self.stderr.lines();
+        let said: Vec<&str> = lines
+            .iter()
+            .map(|line| line.trim())
+            .filter(|line| !line.is_empty())
+            .collect();
+        let Some(last) = said.last() else {
+            return why;
+        };
+        let error_like = said.iter().rev().find(|line| looks_like_an_error(line));
+        match error_like {
+            Some(error) if error != last => format!("{why} (stderr: {error} … {last})"),
+            _ => format!("{why} (stderr: {last})"),
         }
     }
 
@@ -519,4 +532,21 @@ fn backoff(failures: u32) -> Duration {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Whether a line of a server's stderr reads like the error that ended it.
+fn looks_like_an_error(line: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    [
+        "error",
+        "exception",
+        "fatal",
+        "panic",
+        "cannot",
+        "not found",
+        "no such",
+        "denied",
+    ]
+    .iter()
+    .any(|word| lower.contains(word))
 }
