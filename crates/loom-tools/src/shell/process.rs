@@ -97,11 +97,14 @@ impl ProcessGroup {
         }
     }
 
-    /// Whether any process of the group is still alive (zombies aside:
-    /// a reaped leader and grandchildren adopted by init count as gone).
+    /// Whether any process of the group is still alive. A zombie does not
+    /// count: a dead grandchild waits for init to reap it, and the init of
+    /// many containers does so late or never — waiting for it would make
+    /// every timeout last its whole grace.
     pub(crate) fn alive(&self) -> bool {
         // SAFETY: signal 0 only checks for existence.
-        unsafe { libc::killpg(self.pgid, 0) == 0 }
+        let exists = unsafe { libc::killpg(self.pgid, 0) == 0 };
+        exists && has_living_member(self.pgid)
     }
 
     /// SIGTERM to the group, SIGKILL to what is left after `grace`; reaps
@@ -134,6 +137,34 @@ impl ProcessGroup {
     }
 }
 
+/// Whether /proc shows a process of group `pgid` that has not exited.
+/// Where /proc cannot be read, the group counts as alive.
+fn has_living_member(pgid: libc::pid_t) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    let pgid = pgid.to_string();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().filter(|name| name.bytes().all(|b| b.is_ascii_digit())) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`; comm may hold spaces and ')'.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let (state, pgrp) = (fields.next(), fields.nth(1));
+        if pgrp == Some(pgid.as_str()) && !matches!(state, Some("Z" | "X")) {
+            return true;
+        }
+    }
+    false
+}
+
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         // The call's future was dropped mid-way (the run's grace ran out):
@@ -141,5 +172,29 @@ impl Drop for ProcessGroup {
         if self.armed {
             self.signal(libc::SIGKILL);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_group_of_only_zombies_is_not_alive() {
+        let mut child = std::process::Command::new("true").process_group(0).spawn().unwrap();
+        let pid = child.id() as libc::pid_t;
+        let group = ProcessGroup::new(pid);
+        // Not reaped yet: it exists (signal 0 reaches it) as a zombie.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while group.alive() {
+            assert!(std::time::Instant::now() < deadline, "`true` never exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: signal 0 only checks for existence.
+        assert_eq!(unsafe { libc::killpg(pid, 0) }, 0, "the zombie is still there");
+        child.wait().unwrap();
+        let mut group = group;
+        group.kill_rest();
     }
 }
