@@ -71,7 +71,8 @@ pub(crate) async fn list(
     let clients =
         Arc::new(McpClients::new(&servers, &workspace).map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?);
     // Kept where `shutdown` finds it: a signal that ends the listing early
-    // still stops every server gracefully.
+    // still stops every server that is up (stdin closed, then SIGTERM and
+    // SIGKILL); one still in its handshake is killed with its group.
     let _ = CLIENTS.set(Some(clients.clone()));
     clients.start().await;
     let mut shown = Vec::new();

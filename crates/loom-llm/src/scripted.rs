@@ -200,22 +200,6 @@ impl Llm for ScriptedModel {
         if self.check_history {
             validate_history(request.messages, false).map_err(|err| LlmError::InvalidRequest(err.to_string()))?;
         }
-        // A new conversation (no answer in its history yet) after the script
-        // was played to its end starts it again: the next run of `loom
-        // serve`, a second `Agent::run` with the same model. A conversation
-        // under way that runs past the end gets `SCRIPT_EXHAUSTED`.
-        let played_through = self.cursor.load(Ordering::SeqCst);
-        if played_through >= self.turns.len()
-            && !self.turns.is_empty()
-            && !request
-                .messages
-                .iter()
-                .any(|message| matches!(message, Message::Assistant { .. }))
-        {
-            let _ = self
-                .cursor
-                .compare_exchange(played_through, 0, Ordering::SeqCst, Ordering::SeqCst);
-        }
         // A model joining a conversation that already holds answers (a
         // resumed run, a continued session, in a new process) goes on from
         // there: on its first request, the turns the history shows as
@@ -318,24 +302,6 @@ fn words(text: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::StreamExt;
-
-    #[tokio::test]
-    async fn a_new_conversation_after_the_end_plays_the_script_again() {
-        let model = ScriptedModel::new(vec![ScriptTurn {
-            content: Some("hello".to_string()),
-            ..ScriptTurn::default()
-        }]);
-        let fresh = [Message::user("hi")];
-        for _ in 0..2 {
-            let stream = model.stream(LlmRequest::new(&fresh, &[])).await.unwrap();
-            assert!(stream.collect::<Vec<_>>().await.iter().all(Result::is_ok));
-        }
-        // A conversation under way that runs past the end is told so.
-        let under_way = [Message::user("hi"), Message::assistant("hello"), Message::user("more")];
-        let exhausted = model.stream(LlmRequest::new(&under_way, &[])).await;
-        assert!(matches!(exhausted, Err(LlmError::ScriptExhausted { .. })));
-    }
 
     #[test]
     fn words_concatenate_to_the_original() {

@@ -93,6 +93,10 @@ impl Store for ObservedStore {
         self.inner.events(run_id, after_seq).await
     }
 
+    async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
+        self.inner.last_seqs(run_ids).await
+    }
+
     async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
         self.inner.events_page(run_id, after_seq, limit).await
     }

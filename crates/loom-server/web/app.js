@@ -228,17 +228,22 @@ async function readLog(runId, owner) {
   if (!response.ok || !response.body) return;
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffered = '';
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done || owner !== model) break;
-    buffered += value;
-    let end;
-    while ((end = buffered.indexOf('\n\n')) >= 0) {
-      const data = buffered.slice(0, end).split('\n')
-        .filter((line) => line.startsWith('data:')).map((line) => line.slice(5).trimStart()).join('\n');
-      buffered = buffered.slice(end + 2);
-      if (data) onEvent(JSON.parse(data));
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done || owner !== model) break;
+      buffered += value.replace(/\r\n?/g, '\n');
+      let end;
+      while ((end = buffered.indexOf('\n\n')) >= 0) {
+        const data = buffered.slice(0, end).split('\n')
+          .filter((line) => line.startsWith('data:')).map((line) => line.slice(5).trimStart()).join('\n');
+        buffered = buffered.slice(end + 2);
+        if (data) onEvent(JSON.parse(data));
+      }
     }
+  } finally {
+    // Done, another run opened, or a bad event: let the connection go.
+    reader.cancel().catch(() => {});
   }
 }
 

@@ -303,6 +303,26 @@ async fn a_database_of_an_older_schema_is_migrated_keeping_its_runs() {
 }
 
 /// A plain SQLite connection, to set up files and hold locks.
+#[tokio::test]
+async fn last_seqs_come_in_the_order_asked_and_a_run_without_events_has_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    for id in ["a", "b"] {
+        store.create_run(&record(id)).await.unwrap();
+    }
+    store.set_status("a", Running).await.unwrap();
+    let events: Vec<Event> = (1..=3).map(event).collect();
+    store
+        .finish_run("a", Done, Some("answer"), &RunMetrics::default(), &events)
+        .await
+        .unwrap();
+    let seqs = store
+        .last_seqs(&["b".to_string(), "a".to_string(), "unknown".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(seqs, vec![0, 3, 0]);
+}
+
 fn rusqlite_open(path: &std::path::Path) -> rusqlite::Connection {
     rusqlite::Connection::open(path).unwrap()
 }

@@ -108,19 +108,39 @@ pub(crate) enum ConnectError {
 const EXIT_SEEN_WITHIN: Duration = Duration::from_millis(300);
 
 /// rmcp's transport errors name Rust types (`Transport [rmcp::…<…>]
-/// error: Broken pipe`); a person needs only the words around them.
+/// error: Broken pipe`); a person needs only the words around them. Only
+/// a bracket that opens on `rmcp::` is dropped (an IPv6 address stays).
 fn plain(error: impl std::fmt::Display) -> String {
     let text = error.to_string();
     let mut plain = String::with_capacity(text.len());
-    let mut depth = 0usize;
-    for c in text.chars() {
-        match c {
-            '[' => depth += 1,
-            ']' if depth > 0 => depth -= 1,
-            _ if depth == 0 => plain.push(c),
-            _ => {}
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("[rmcp::") {
+        plain.push_str(&rest[..start]);
+        // The matching `]`: type names nest brackets (`[u8]`).
+        let mut depth = 0usize;
+        let end = rest[start..].char_indices().find_map(|(i, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(start + i + 1);
+                    }
+                }
+                _ => {}
+            }
+            None
+        });
+        match end {
+            Some(end) => rest = &rest[end..],
+            // Unbalanced: keep the text as it is.
+            None => {
+                plain.push_str(&rest[start..]);
+                rest = "";
+            }
         }
     }
+    plain.push_str(rest);
     plain.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -392,6 +412,11 @@ mod tests {
             "Send message error Transport error: Broken pipe (os error 32), when send initialize request"
         );
         assert_eq!(plain("no brackets here"), "no brackets here");
+        assert_eq!(
+            plain("error sending request for url (http://[::1]:9000/mcp)"),
+            "error sending request for url (http://[::1]:9000/mcp)"
+        );
+        assert_eq!(plain("cut [rmcp::Open<"), "cut [rmcp::Open<");
     }
 
     #[test]

@@ -137,13 +137,16 @@ impl ProcessGroup {
     }
 }
 
-/// Whether /proc shows a process of group `pgid` that has not exited.
-/// Where /proc cannot be read, the group counts as alive.
+/// Whether the group (which `killpg` says exists) has a member that has
+/// not exited. Gone only when /proc shows members and every one is a
+/// zombie; where /proc cannot tell (unreadable, another PID namespace),
+/// the group counts as alive.
 fn has_living_member(pgid: libc::pid_t) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return true;
     };
     let pgid = pgid.to_string();
+    let mut zombies = 0usize;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().filter(|name| name.bytes().all(|b| b.is_ascii_digit())) else {
@@ -158,11 +161,14 @@ fn has_living_member(pgid: libc::pid_t) -> bool {
         };
         let mut fields = rest.split_whitespace();
         let (state, pgrp) = (fields.next(), fields.nth(1));
-        if pgrp == Some(pgid.as_str()) && !matches!(state, Some("Z" | "X")) {
-            return true;
+        if pgrp == Some(pgid.as_str()) {
+            if !matches!(state, Some("Z" | "X")) {
+                return true;
+            }
+            zombies += 1;
         }
     }
-    false
+    zombies == 0
 }
 
 impl Drop for ProcessGroup {
