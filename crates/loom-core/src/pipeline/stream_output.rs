@@ -108,6 +108,17 @@ mod tests {
     use crate::event::Event;
     use tokio::sync::mpsc;
 
+    /// What a `StreamedOutput` borrows, and the receiver of its events.
+    fn parts() -> (EventEmitter, TurnIds, Redactor, mpsc::UnboundedReceiver<Box<Event>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let events = EventEmitter::new("r".into(), 0, tx);
+        let turn = TurnIds {
+            turn_id: "t".into(),
+            parent_turn_id: None,
+        };
+        (events, turn, Redactor::with_secrets(Vec::new()), rx)
+    }
+
     fn texts(rx: &mut mpsc::UnboundedReceiver<Box<Event>>) -> Vec<String> {
         let mut out = Vec::new();
         while let Ok(event) = rx.try_recv() {
@@ -120,13 +131,7 @@ mod tests {
 
     #[test]
     fn a_key_block_split_across_pieces_never_streams_its_body() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let events = EventEmitter::new("r".into(), 0, tx);
-        let turn = TurnIds {
-            turn_id: "t".into(),
-            parent_turn_id: None,
-        };
-        let redactor = Redactor::with_secrets(Vec::new());
+        let (events, turn, redactor, mut rx) = parts();
         let mut output = StreamedOutput::new("c", &redactor, &events, &turn);
         output.push(OutputStream::Stdout, "config:\n-----BEGIN RSA PRIV".to_string());
         output.push(OutputStream::Stdout, "ATE KEY-----\nMIIEsecretbody\n".to_string());
@@ -148,13 +153,7 @@ mod tests {
 
     #[test]
     fn other_begin_lines_are_not_held() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let events = EventEmitter::new("r".into(), 0, tx);
-        let turn = TurnIds {
-            turn_id: "t".into(),
-            parent_turn_id: None,
-        };
-        let redactor = Redactor::with_secrets(Vec::new());
+        let (events, turn, redactor, mut rx) = parts();
         let mut output = StreamedOutput::new("c", &redactor, &events, &turn);
         output.push(OutputStream::Stdout, "-----BEGIN CERTIFICATE-----\nMIIC\n".to_string());
         assert_eq!(texts(&mut rx).concat(), "-----BEGIN CERTIFICATE-----\nMIIC\n");
