@@ -85,6 +85,8 @@ pub struct AgentBuilder {
     store: Option<Arc<dyn Store>>,
     owner: Option<String>,
     max_continuations: u32,
+    protected: Vec<PathBuf>,
+    read_only: Vec<PathBuf>,
 }
 
 impl Default for AgentBuilder {
@@ -117,6 +119,8 @@ impl Default for AgentBuilder {
             store: None,
             owner: None,
             max_continuations: 3,
+            protected: Vec::new(),
+            read_only: Vec::new(),
         }
     }
 }
@@ -300,6 +304,22 @@ impl AgentBuilder {
         self
     }
 
+    /// Also keeps tools away from `path` and what is under it, for reading
+    /// and writing alike (Loom's state kept elsewhere: a session key, a
+    /// trust record). The workspace's `.loom/` state and the store's files
+    /// are always protected.
+    pub fn protect(mut self, path: impl Into<PathBuf>) -> Self {
+        self.protected.push(path.into());
+        self
+    }
+
+    /// Lets tools read `path` (and what is under it) but never change it:
+    /// configuration Loom reads, such as loom.toml.
+    pub fn read_only(mut self, path: impl Into<PathBuf>) -> Self {
+        self.read_only.push(path.into());
+        self
+    }
+
     /// Who runs the agent's runs, as recorded in the store (default: this process, see [`crate::owner::this_process`]); a run whose owner process died can be resumed.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
@@ -442,7 +462,8 @@ impl AgentBuilder {
                 source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
-        let protected = protected_paths(&workspace, self.store.as_deref());
+        let protected = protected_paths(&workspace, self.store.as_deref(), &self.protected);
+        let read_only: Arc<[PathBuf]> = self.read_only.iter().map(|path| canonical(path)).collect();
         let mut registry = ToolRegistry::new();
         for tool in self.tools {
             registry.register(tool)?;
@@ -471,6 +492,7 @@ impl AgentBuilder {
                     monitor: self.monitor,
                 },
                 protected,
+                read_only,
                 context: ContextSettings {
                     counter: self
                         .counter
@@ -501,25 +523,34 @@ impl AgentBuilder {
 
 /// Loom's own state in canonical form: the workspace's `.loom/` and the
 /// store's files (their directory resolved, as the files may not exist yet).
-fn protected_paths(workspace: &Path, store: Option<&dyn Store>) -> Arc<[PathBuf]> {
+fn protected_paths(workspace: &Path, store: Option<&dyn Store>, more: &[PathBuf]) -> Arc<[PathBuf]> {
     let mut paths = vec![workspace.join(".loom")];
-    for file in store.map(Store::files).unwrap_or_default() {
-        let resolved = match (file.parent(), file.file_name()) {
-            (Some(dir), Some(name)) => (if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            })
-            .canonicalize()
-            .map(|dir| dir.join(name))
-            .unwrap_or_else(|_| file.clone()),
-            _ => file.clone(),
-        };
+    let files = store.map(Store::files).unwrap_or_default();
+    for file in files.iter().chain(more) {
+        let resolved = canonical(file);
         if !paths.iter().any(|known| resolved.starts_with(known)) {
             paths.push(resolved);
         }
     }
     paths.into()
+}
+
+/// `path` with its directory resolved (the file itself may not exist yet).
+fn canonical(path: &Path) -> PathBuf {
+    if let Ok(real) = path.canonicalize() {
+        return real;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => (if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })
+        .canonicalize()
+        .map(|dir| dir.join(name))
+        .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// What to run.

@@ -30,6 +30,10 @@ pub struct ToolContext {
     /// wherever it lives — as canonical paths: tools must neither read nor
     /// change anything at or under them.
     pub protected: Arc<[std::path::PathBuf]>,
+    /// Files tools may read but never change — the configuration Loom
+    /// reads (loom.toml, a workspace's `.loom/` project files) — as
+    /// canonical paths, each covering what is under it.
+    pub read_only: Arc<[std::path::PathBuf]>,
     /// Starts sub-agents of the calling run (the `task` tool); `None`
     /// outside a run, or where the nesting limit allows no more.
     pub sub_agents: Option<Arc<dyn crate::delegate::SubAgents>>,
@@ -47,6 +51,7 @@ impl ToolContext {
             workspace,
             cancel,
             protected: Arc::from(Vec::new()),
+            read_only: Arc::from(Vec::new()),
             sub_agents: None,
             output: None,
         }
@@ -63,6 +68,11 @@ impl ToolContext {
     /// Whether `path` (canonical) is Loom's own state.
     pub fn is_protected(&self, path: &Path) -> bool {
         is_protected(&self.protected, path)
+    }
+
+    /// Whether `path` (canonical) may be read but not changed.
+    pub fn is_read_only(&self, path: &Path) -> bool {
+        is_protected(&self.read_only, path)
     }
 }
 

@@ -51,6 +51,8 @@ pub(crate) struct Engine {
     pub machine: machine::Settings,
     /// Loom's own state, which tools must not touch.
     pub protected: Arc<[std::path::PathBuf]>,
+    /// Configuration tools may read but not change.
+    pub read_only: Arc<[std::path::PathBuf]>,
 }
 
 /// How the runs of an agent start sub-agents (the `task` tool).

@@ -109,6 +109,7 @@ impl Driver {
             gate: &self.gate,
             store: &self.store,
             protected: &engine.protected,
+            read_only: &engine.read_only,
             sub_agents,
         };
         let results = tools.run_batch(calls, &env).await;

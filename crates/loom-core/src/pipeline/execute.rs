@@ -45,6 +45,7 @@ pub(crate) async fn execute(
         workspace: env.workspace.clone(),
         cancel: token.clone(),
         protected: env.protected.clone(),
+        read_only: env.read_only.clone(),
         sub_agents: env.sub_agents.clone(),
         output: Some(sink),
     };

@@ -100,6 +100,8 @@ pub(crate) struct BatchEnv<'a> {
     pub store: &'a Arc<dyn crate::store::Store>,
     /// Paths tools must not touch (see [`crate::tool::ToolContext::protected`]).
     pub protected: &'a Arc<[std::path::PathBuf]>,
+    /// Paths tools may read but not change (see [`crate::tool::ToolContext::read_only`]).
+    pub read_only: &'a Arc<[std::path::PathBuf]>,
     /// Given to each call (see [`crate::tool::ToolContext::sub_agents`]).
     pub sub_agents: Option<Arc<dyn crate::delegate::SubAgents>>,
 }
