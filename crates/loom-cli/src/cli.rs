@@ -24,6 +24,16 @@ pub(crate) enum Command {
     Serve(Box<ServeArgs>),
     /// The MCP servers of loom.toml.
     Mcp(McpArgs),
+    /// Trust a project's loom.toml as it is now, so that its settings that
+    /// run commands or widen permissions take effect (docs/security.md).
+    Trust(TrustArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TrustArgs {
+    /// The file to trust (default: ./loom.toml).
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -108,7 +118,7 @@ pub(crate) struct RunsArgs {
     #[command(subcommand)]
     pub command: RunsCommand,
 
-    /// The database (default: .loom/loom.db in the workspace).
+    /// The database (default: the workspace's, in Loom's state directory).
     #[arg(long, value_name = "PATH", global = true)]
     pub db: Option<PathBuf>,
 
@@ -211,7 +221,7 @@ pub(crate) struct PlaceArgs {
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
-    /// The SQLite database that makes runs durable (default: .loom/loom.db in the workspace).
+    /// The SQLite database that makes runs durable (default: loom.db in the workspace's state directory, see docs/security.md).
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
 }

@@ -79,6 +79,9 @@ pub(crate) struct BashConfig {
     pub enabled: Option<bool>,
     /// `landlock` or `none` (default).
     pub sandbox: Option<String>,
+    /// Refuse sandboxed commands where namespaces cannot be made, instead
+    /// of running them under Landlock alone (default false).
+    pub require_namespaces: Option<bool>,
     /// A command's limit when the call gives none (default 120).
     pub timeout_secs: Option<u64>,
     /// The most a call may ask for (default 600).
@@ -161,33 +164,71 @@ pub(crate) struct SchedulerConfig {
     pub tool_timeouts: BTreeMap<String, u64>,
 }
 
+/// Where a configuration came from: what decides whether it must be
+/// trusted before it can run commands (docs/security.md).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// No file: built-in defaults.
+    #[default]
+    None,
+    /// Named with `--config`: the person's own choice.
+    Explicit,
+    /// Found as `./loom.toml`: it came with the project, and anyone who
+    /// could write the project (a model included) may have written it.
+    Project,
+    /// The user's own `~/.config/loom/loom.toml`.
+    User,
+}
+
 /// A loaded configuration and where it came from.
 #[derive(Debug, Default)]
 pub(crate) struct LoadedConfig {
     pub file: FileConfig,
     /// The file's directory, for paths written in it.
     pub dir: Option<PathBuf>,
+    /// The file itself.
+    pub path: Option<PathBuf>,
+    pub origin: Origin,
+    /// The SHA-256 of the text that was parsed, in hex (what trust records).
+    pub digest: String,
     pub notes: Vec<String>,
 }
 
 /// Loads `explicit`, or else `./loom.toml`, or else the user's config file.
 pub(crate) fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
-    let path = match explicit {
+    let found = match explicit {
         Some(path) => {
             if !path.is_file() {
                 bail!("config file {} does not exist", path.display());
             }
-            Some(path.to_path_buf())
+            Some((path.to_path_buf(), Origin::Explicit))
         }
-        None => [Some(PathBuf::from("loom.toml")), user_config_file()]
-            .into_iter()
-            .flatten()
-            .find(|candidate| candidate.is_file()),
+        None => [
+            Some((PathBuf::from("loom.toml"), Origin::Project)),
+            user_config_file().map(|path| (path, Origin::User)),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|(candidate, _)| candidate.is_file()),
     };
-    let Some(path) = path else {
+    let Some((path, origin)) = found else {
         return Ok(LoadedConfig::default());
     };
+    load_file(&path, origin)
+}
+
+/// Loads only `explicit` (`loom serve`: never a file found in a workspace).
+pub(crate) fn load_explicit(explicit: Option<&Path>) -> Result<LoadedConfig> {
+    match explicit {
+        Some(_) => load(explicit),
+        None => Ok(LoadedConfig::default()),
+    }
+}
+
+fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
+    let path = path.to_path_buf();
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let digest = crate::trust::sha256_hex(text.as_bytes());
     let file: FileConfig = toml::from_str(&text).map_err(|err| {
         // One line that says where: the file, the line, the key when known.
         let line = err
@@ -210,7 +251,15 @@ pub(crate) fn load(explicit: Option<&Path>) -> Result<LoadedConfig> {
             dir.to_path_buf()
         }
     });
-    Ok(LoadedConfig { file, dir, notes })
+    let path = path.canonicalize().unwrap_or(path);
+    Ok(LoadedConfig {
+        file,
+        dir,
+        path: Some(path),
+        origin,
+        digest,
+        notes,
+    })
 }
 
 fn user_config_file() -> Option<PathBuf> {

@@ -34,8 +34,10 @@ mod run;
 mod runs;
 mod serve;
 mod signals;
+mod state;
 mod store;
 mod text;
+mod trust;
 mod turn_tree;
 
 use std::process::ExitCode;
@@ -54,6 +56,15 @@ use run::{exit, Failure};
 const GATEWAY_BLOCKING_THREADS: usize = 32;
 
 fn main() -> ExitCode {
+    // Inside the bash sandbox's namespaces, `loom __landlock …` applies
+    // Landlock and becomes the command (loom_tools::shell::sandbox): first
+    // thing, while the process has one thread.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(std::ffi::OsStr::new("__landlock")) {
+        let err = loom::tools::landlock_helper_main(args);
+        say!("loom: the sandbox could not start the command: {err}");
+        return ExitCode::from(126);
+    }
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_));
     match &cli.command {
@@ -82,6 +93,7 @@ fn main() -> ExitCode {
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
             Command::Serve(args) => serve::serve(*args).await,
+            Command::Trust(args) => trust::trust(args.path.as_deref()).map_err(Failure::Usage),
             Command::Mcp(args) => {
                 until_signal(async move {
                     match args.command {

@@ -156,6 +156,7 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
+    crate::trust::require(&loaded, true)?;
     configure_agent(args, place, default_model, &loaded, None).await
 }
 
@@ -235,7 +236,24 @@ pub(crate) async fn configure_agent(
         .model_arc(llm)
         .tools(tools)
         .workspace(PathBuf::from(&workspace))
-        .permissions(policy);
+        .permissions(policy)
+        // Loom's state (every workspace's database, session keys, the
+        // trust records) and the operator's own configuration (it may hold
+        // tokens) are out of every tool's reach; a project's configuration
+        // in the workspace may be read but never changed (docs/security.md).
+        .protect(crate::state::base_dir()?)
+        .read_only(workspace.join("loom.toml"));
+    if let Some(path) = &loaded.path {
+        let in_workspace = workspace.canonicalize().is_ok_and(|root| path.starts_with(root));
+        builder = if in_workspace {
+            builder.read_only(path.clone())
+        } else {
+            builder.protect(path.clone())
+        };
+    }
+    if let Some(dir) = config::user_config_dir() {
+        builder = builder.protect(dir);
+    }
     if let Some(clients) = mcp {
         builder = builder.tool_source(match wanted {
             Some(names) => clients.only(names),
@@ -292,13 +310,22 @@ pub(crate) async fn configure_agent(
 /// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
 fn bash_tool(file: &config::FileConfig) -> Result<Option<loom::tools::Bash>> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
+    // This binary applies Landlock inside the sandbox's namespaces.
+    let helper = std::env::current_exe().ok();
     let Some(config) = config else {
-        return Ok(Some(loom::tools::Bash::default()));
+        return Ok(Some(loom::tools::Bash::new(loom::tools::BashSettings {
+            landlock_helper: helper,
+            ..Default::default()
+        })));
     };
     if config.enabled == Some(false) {
         return Ok(None);
     }
-    let mut settings = loom::tools::BashSettings::default();
+    let mut settings = loom::tools::BashSettings {
+        landlock_helper: helper,
+        require_namespaces: config.require_namespaces.unwrap_or(false),
+        ..Default::default()
+    };
     if let Some(mode) = &config.sandbox {
         settings.sandbox = mode
             .parse()

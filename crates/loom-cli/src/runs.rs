@@ -18,8 +18,12 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     }
     let path = match (&args.db, &args.workspace) {
         (Some(db), _) => db.clone(),
-        (None, Some(dir)) => dir.join(".loom").join("loom.db"),
-        (None, None) => std::path::PathBuf::from(".loom").join("loom.db"),
+        (None, workspace) => {
+            let workspace = workspace.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
+            crate::state::workspace_dir(&workspace)
+                .map_err(Failure::Usage)?
+                .join("loom.db")
+        }
     };
     if !path.is_file() {
         return Err(Failure::Usage(anyhow!(

@@ -46,7 +46,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             args.addr
         ))
     })?;
-    let loaded = config::load(args.config.as_deref()).map_err(Failure::Usage)?;
+    // Only the file named on the command line: a loom.toml in a workspace
+    // the gateway serves may have been written by a model.
+    let loaded = config::load_explicit(args.config.as_deref()).map_err(Failure::Usage)?;
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
@@ -81,8 +83,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         None => std::env::current_dir().context("cannot read the current directory")?,
     };
     // The web page's sessions outlive a restart: their key is kept in the
-    // workspace's `.loom/`, Loom's own state, which tools cannot read.
-    let key_dir = workspace.join(".loom");
+    // workspace's state directory, out of the tools' reach.
+    let key_dir = crate::state::workspace_dir(&workspace).map_err(Failure::Usage)?;
     config.session_key = Some(
         tokio::task::spawn_blocking(move || session_key(&key_dir))
             .await

@@ -1,5 +1,6 @@
 //! The store of `loom run`: `--db PATH`, `store = "sqlite:PATH" | "none"`,
-//! else `.loom/loom.db` in the workspace.
+//! else `loom.db` in the workspace's state directory (`state.rs`), out of
+//! the tools' reach.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,8 +28,11 @@ pub(crate) async fn open(
                 _ => PathBuf::from(path),
             }
         }
-        (None, None) => workspace.join(".loom").join("loom.db"),
+        (None, None) => crate::state::workspace_dir(workspace)?.join("loom.db"),
     };
+    if !path.exists() {
+        crate::state::private_file(&path)?;
+    }
     let shown = path.display().to_string();
     let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
         .await

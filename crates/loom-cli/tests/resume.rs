@@ -371,7 +371,7 @@ fn resume_from_elsewhere_works_in_the_recorded_workspace() {
     let model = setup(dir.path());
     let (run_id, _) = run_and_kill(dir.path(), &model, 12, 0);
     let run_id = run_id.unwrap();
-    let db = dir.path().join("ws/.loom/loom.db");
+    let db = common::database_of(&dir.path().join("ws"));
     let elsewhere = tempfile::tempdir().unwrap();
     let out = loom_in(elsewhere.path())
         .args([

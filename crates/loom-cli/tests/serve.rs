@@ -801,7 +801,7 @@ async fn an_idempotency_key_outlives_a_restart_and_a_broken_store_answers_intern
 
     // The database breaks under the server (its runs table is gone): what
     // needs the store answers INTERNAL, and the server is no longer ready.
-    let db = rusqlite::Connection::open(dir.path().join(".loom").join("loom.db")).unwrap();
+    let db = rusqlite::Connection::open(common::database_of(dir.path())).unwrap();
     db.busy_timeout(Duration::from_secs(10)).unwrap();
     db.execute_batch("ALTER TABLE runs RENAME TO runs_gone").unwrap();
     let mut client = gateway.ws(ALICE).await;

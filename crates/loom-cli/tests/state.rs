@@ -1,6 +1,8 @@
-//! Loom's own state is off-limits to tools: the workspace's `.loom/` and
-//! the run database wherever it lives. A model that writes to the database
-//! gets a clear error (and the run goes on and is recorded), and listing or
+//! Loom's own state is off-limits to tools: the run database wherever it
+//! lives (by default outside the workspace), and what older versions kept
+//! in the workspace's `.loom/`, which otherwise holds project files tools
+//! may read but not change. A model that writes to the database gets a
+//! clear error (and the run goes on and is recorded), and listing or
 //! searching never shows it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
@@ -33,6 +35,8 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
     let dir = tempfile::tempdir().unwrap();
     let scripts = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "CREATE TABLE is a phrase in my notes\n").unwrap();
+    std::fs::create_dir(dir.path().join(".loom")).unwrap();
+    std::fs::write(dir.path().join(".loom/project.md"), "a project file\n").unwrap();
     let model = script_at(
         scripts.path(),
         "script.json",
@@ -43,6 +47,8 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
             call("list_dir", json!({"path": "."})),
             call("list_dir", json!({"path": ".loom"})),
             call("grep", json!({"pattern": "CREATE TABLE"})),
+            call("read_file", json!({"path": ".loom/project.md"})),
+            call("write_file", json!({"path": ".loom/project.md", "content": "changed"})),
             {"content": "done"}
         ]),
     );
@@ -62,11 +68,31 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
         assert!(content.contains("Loom's own state"), "{content}");
     }
     assert!(!results[3].1.contains(".loom"), "list_dir . shows it: {}", results[3].1);
-    assert!(results[4].1.contains("Loom's own state"), "{}", results[4].1);
+    assert!(
+        results[4].1.contains("project.md"),
+        "project files are listed: {}",
+        results[4].1
+    );
     assert!(
         results[5].1.contains("notes.txt:1:") && results[5].1.contains("1 matching line"),
         "{}",
         results[5].1
+    );
+
+    assert!(results[6].1.contains("a project file"), "{}", results[6].1);
+    assert_eq!(results[7].0, "error", "project files are read-only: {}", results[7].1);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".loom/project.md")).unwrap(),
+        "a project file\n"
+    );
+    // The database is not in the workspace, and it is owner-only.
+    assert!(!dir.path().join(".loom/loom.db").exists());
+    let db = common::database_of(dir.path());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&db).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(db.parent().unwrap()).unwrap().permissions().mode() & 0o777,
+        0o700
     );
 
     // The database is intact: the run was recorded to its end.

@@ -1,4 +1,5 @@
-//! `loom run` makes its runs durable: `.loom/loom.db` by default, `--db`,
+//! `loom run` makes its runs durable: the workspace's database in Loom's
+//! state directory by default, `--db`,
 //! `store = "none"`, `--session`, and a bad database is a clear error.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
@@ -36,7 +37,7 @@ async fn runs_are_recorded_in_the_workspace_database() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let store = SqliteStore::open(dir.path().join(".loom/loom.db")).unwrap();
+    let store = SqliteStore::open(common::database_of(dir.path())).unwrap();
     let runs = store.list_runs(10).await.unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].status, RunStatus::Done);
@@ -172,7 +173,7 @@ async fn run_with_a_session_continues_its_conversation() {
     assert!(run("The code word is heron.").contains("Noted"));
     assert!(run("What is the code word?").contains("The code word is heron."));
 
-    let store = SqliteStore::open(dir.path().join(".loom/loom.db")).unwrap();
+    let store = SqliteStore::open(common::database_of(dir.path())).unwrap();
     let runs = store.session_runs("talk").await.unwrap();
     assert_eq!(runs.len(), 2);
     let second = store.load_run(&runs[1].run_id).await.unwrap();

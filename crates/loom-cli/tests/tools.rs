@@ -17,9 +17,14 @@ use serde_json::Value;
 
 const MARKER: &str = "LOOM_MCP_TEST_MARKER";
 
+/// Writes `dir/name`; a loom.toml is then trusted, as the person who
+/// wrote it would (its MCP servers and bash settings run commands).
 fn write(dir: &Path, name: &str, body: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, body).unwrap();
+    if name == "loom.toml" {
+        common::trust(dir);
+    }
     path.display().to_string()
 }
 

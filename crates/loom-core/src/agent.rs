@@ -463,7 +463,11 @@ impl AgentBuilder {
             });
         }
         let protected = protected_paths(&workspace, self.store.as_deref(), &self.protected);
-        let read_only: Arc<[PathBuf]> = self.read_only.iter().map(|path| canonical(path)).collect();
+        // A workspace's `.loom/` holds project configuration: readable,
+        // never changed by a tool.
+        let read_only: Arc<[PathBuf]> = std::iter::once(workspace.join(".loom"))
+            .chain(self.read_only.iter().map(|path| canonical(path)))
+            .collect();
         let mut registry = ToolRegistry::new();
         for tool in self.tools {
             registry.register(tool)?;
@@ -521,10 +525,26 @@ impl AgentBuilder {
     }
 }
 
-/// Loom's own state in canonical form: the workspace's `.loom/` and the
-/// store's files (their directory resolved, as the files may not exist yet).
+/// State files an older Loom kept in a workspace's `.loom/`.
+const LEGACY_STATE: &[&str] = &[
+    "loom.db",
+    "loom.db-wal",
+    "loom.db-shm",
+    "loom.db-journal",
+    "web-session.key",
+    "web-session.revoked",
+];
+
+/// Loom's own state in canonical form: what an older Loom kept in the
+/// workspace's `.loom/`, the store's files (their directory resolved, as
+/// the files may not exist yet) and what the builder was told to protect.
 fn protected_paths(workspace: &Path, store: Option<&dyn Store>, more: &[PathBuf]) -> Arc<[PathBuf]> {
-    let mut paths = vec![workspace.join(".loom")];
+    // What older versions kept in the workspace's `.loom/` (the binary
+    // moves it out on first start; refused wherever it still is).
+    let mut paths: Vec<PathBuf> = LEGACY_STATE
+        .iter()
+        .map(|name| workspace.join(".loom").join(name))
+        .collect();
     let files = store.map(Store::files).unwrap_or_default();
     for file in files.iter().chain(more) {
         let resolved = canonical(file);

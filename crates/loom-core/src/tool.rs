@@ -26,9 +26,9 @@ pub struct ToolContext {
     /// Cancelled when the run is cancelled or the call times out. A tool
     /// doing long work should watch it and return early.
     pub cancel: CancellationToken,
-    /// Loom's own state — the workspace's `.loom/` and the run database
-    /// wherever it lives — as canonical paths: tools must neither read nor
-    /// change anything at or under them.
+    /// Loom's own state — the run database wherever it lives, the web
+    /// page's session key, the user's trust records — as canonical paths:
+    /// tools must neither read nor change anything at or under them.
     pub protected: Arc<[std::path::PathBuf]>,
     /// Files tools may read but never change — the configuration Loom
     /// reads (loom.toml, a workspace's `.loom/` project files) — as

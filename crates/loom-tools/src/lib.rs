@@ -22,7 +22,7 @@ pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 pub use jail::{Jail, PathError};
 pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;
-pub use shell::{Bash, BashSettings, SandboxMode};
+pub use shell::{landlock_helper_main, Bash, BashSettings, SandboxMode};
 pub use task::Task;
 
 /// Every file tool, ready for `AgentBuilder::tools`.

@@ -33,6 +33,39 @@ fn isolate(cmd: &mut Command) {
         cmd.env_remove(var);
     }
     cmd.env("XDG_CONFIG_HOME", "/nonexistent-loom-test");
+    // Loom's state goes to a directory of this test process, not the
+    // developer's ~/.local/state (each workspace has its own under it).
+    cmd.env("LOOM_STATE_DIR", state_base());
+}
+
+/// The state base every `loom` of this test process uses.
+pub(crate) fn state_base() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("loom-test-state-{}", std::process::id()))
+}
+
+/// The run database of `workspace` in Loom's state directory (its
+/// directory is named after the workspace's last component and a hash).
+pub(crate) fn database_of(workspace: &Path) -> std::path::PathBuf {
+    let name = workspace
+        .canonicalize()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let base = state_base().join("workspaces");
+    let found = std::fs::read_dir(&base)
+        .unwrap_or_else(|err| panic!("{}: {err}", base.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.rsplit_once('-'))
+                .is_some_and(|(prefix, _)| prefix == name)
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(found.len(), 1, "one state directory for {name}: {found:?}");
+    found[0].join("loom.db")
 }
 
 /// The same, run in `dir`, with `dir/xdg` as the user's config directory
@@ -125,3 +158,10 @@ pub(crate) fn succeeded(cmd: &mut Command) -> std::process::Output {
     output
 }
 pub(crate) mod gateway;
+
+/// Trusts `dir/loom.toml` as a person would (`loom trust`), so that its
+/// settings that run commands or widen permissions take effect when loom
+/// runs in `dir` (docs/security.md).
+pub(crate) fn trust(dir: &Path) {
+    succeeded(loom_in(dir).args(["trust", "loom.toml"]));
+}

@@ -1,19 +1,23 @@
 //! `bash`: runs a shell command in the workspace, safely enough to offer a
 //! model. The command runs with `bash -c`, stdin closed, in a session and
 //! process group of its own that is killed as a whole ([`process`]), with
-//! an environment cleared to an allowlist ([`env`]), optionally confined by
-//! Landlock ([`sandbox`]). Its output streams live as `tool.output` events
+//! an environment cleared to an allowlist ([`env`]), in namespaces of its
+//! own where they can be made ([`namespaces`]: its own processes, Loom's
+//! state hidden) and, sandboxed, confined by Landlock inside them
+//! ([`sandbox`]). Its output streams live as `tool.output` events
 //! and comes back bounded: head and tail of each stream, with the number of
 //! bytes dropped ([`capture`]).
 
 mod capture;
 pub mod env;
+pub mod namespaces;
 pub(crate) mod process;
 pub mod sandbox;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
@@ -24,9 +28,10 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, ChildStdout};
 
 use capture::{HeadTail, LineSplitter};
+pub use namespaces::namespaces_available;
 use process::{ProcessGroup, KILL_GRACE};
 use sandbox::Confinement;
-pub use sandbox::{landlock_available, SandboxMode};
+pub use sandbox::{landlock_available, landlock_helper_main, SandboxMode};
 
 /// How `bash` runs commands (`[tools.bash]` in loom.toml).
 #[derive(Debug, Clone)]
@@ -40,6 +45,13 @@ pub struct BashSettings {
     pub env: BTreeMap<String, String>,
     /// Landlock or none (default none).
     pub sandbox: SandboxMode,
+    /// Refuse to run a sandboxed command where namespaces cannot be made,
+    /// instead of falling back to Landlock alone (default false).
+    pub require_namespaces: bool,
+    /// The program that applies Landlock inside the namespaces (the `loom`
+    /// binary, see [`landlock_helper_main`]). Without it a sandboxed
+    /// command gets the namespaces without the Landlock layer inside.
+    pub landlock_helper: Option<PathBuf>,
     /// Bytes kept of each of stdout and stderr: half head, half tail
     /// (default 12 000).
     pub max_output_bytes: usize,
@@ -52,6 +64,8 @@ impl Default for BashSettings {
             max_timeout: Duration::from_secs(600),
             env: BTreeMap::new(),
             sandbox: SandboxMode::None,
+            require_namespaces: false,
+            landlock_helper: None,
             max_output_bytes: 12_000,
         }
     }
@@ -133,48 +147,121 @@ impl Tool for Bash {
             Some(secs) => Duration::from_secs(secs),
             None => self.settings.default_timeout,
         };
-        let workspace = ctx.workspace.clone();
-        let sandbox = self.settings.sandbox;
-        // A private temp dir per call (and the ruleset, which opens files):
-        // file work, so off the async threads.
-        let prepared = tokio::task::spawn_blocking(move || prepare(&workspace, sandbox))
+        let settings = self.settings.clone();
+        let (workspace, protected, read_only) = (ctx.workspace.clone(), ctx.protected.clone(), ctx.read_only.clone());
+        // A private temp dir per call, the ruleset (which opens files) and
+        // the namespace probe: file and process work, off the async threads.
+        let prepared = tokio::task::spawn_blocking(move || prepare(&settings, &workspace, &protected, &read_only))
             .await
             .map_err(|err| ToolError::Failed(format!("could not prepare the command: {err}")))??;
         let env = env::command_env(&self.settings.env, prepared.tmp.path(), &ctx.workspace);
-        let (mut child, group) = process::spawn(&args.command, &ctx.workspace, &env, prepared.confinement.as_ref())
-            .map_err(|err| ToolError::Failed(format!("could not start bash: {err}")))?;
+        let (mut child, group) = process::spawn(
+            &prepared.launcher,
+            &args.command,
+            &ctx.workspace,
+            &env,
+            prepared.confinement.as_ref(),
+        )
+        .map_err(|err| ToolError::Failed(format!("could not start bash: {err}")))?;
         let finished = supervise(&mut child, group, &ctx, limit, self.settings.max_output_bytes).await;
-        let sandbox_note = match &prepared.confinement {
-            Some(confinement) if confinement.network_blocked => {
-                format!("landlock (ABI {}, network blocked)", confinement.abi)
-            }
-            Some(confinement) => format!("landlock (ABI {}, network allowed: kernel too old)", confinement.abi),
-            None => "none".to_string(),
-        };
         // Removing the temp dir may be heavy; it never delays the answer.
-        let tmp = prepared.tmp;
+        let Prepared { tmp, note, .. } = prepared;
         tokio::task::spawn_blocking(move || drop(tmp));
-        report(finished, &sandbox_note)
+        report(finished, &note)
     }
 }
 
 struct Prepared {
     tmp: tempfile::TempDir,
+    /// What starts `bash`: bwrap and its arguments, or nothing.
+    launcher: Vec<OsString>,
+    /// Landlock applied by Loom before `exec` (no namespaces).
     confinement: Option<Confinement>,
+    /// How the command is confined, in words, for its result.
+    note: String,
 }
 
-fn prepare(workspace: &Path, sandbox: SandboxMode) -> Result<Prepared, ToolError> {
+fn prepare(
+    settings: &BashSettings,
+    workspace: &Path,
+    protected: &[PathBuf],
+    read_only: &[PathBuf],
+) -> Result<Prepared, ToolError> {
     let tmp = tempfile::Builder::new()
         .prefix("loom-bash-")
         .tempdir()
         .map_err(|err| ToolError::Failed(format!("could not create a temp dir: {err}")))?;
-    let confinement = match sandbox {
-        SandboxMode::None => None,
-        SandboxMode::Landlock => {
-            Some(Confinement::build(workspace, tmp.path()).map_err(|err| ToolError::Failed(err.to_string()))?)
+    let view = namespaces::View {
+        mode: settings.sandbox,
+        workspace,
+        tmp: tmp.path(),
+        protected,
+        read_only,
+        home: std::env::var_os("HOME").map(PathBuf::from),
+    };
+    let namespaces = namespaces_available();
+    let (launcher, confinement, note) = match (settings.sandbox, namespaces) {
+        (SandboxMode::None, Ok(())) => (
+            view.bwrap_args(None),
+            None,
+            "none (own PID namespace; Loom's state hidden)".to_string(),
+        ),
+        (SandboxMode::None, Err(why)) => (Vec::new(), None, format!("none (Loom's state NOT hidden: {why})")),
+        (SandboxMode::Landlock, Ok(())) => {
+            // Landlock is checked here too: the helper would only fail
+            // inside, with a less clear message.
+            let abi = sandbox::landlock_available().map_err(|why| {
+                ToolError::Failed(format!("{why}; the sandbox is required, so the command was not run"))
+            })?;
+            match &settings.landlock_helper {
+                Some(helper) => {
+                    let mut launcher = view.bwrap_args(Some(helper));
+                    launcher.extend([
+                        OsString::from(namespaces::HELPER_INSIDE),
+                        OsString::from("__landlock"),
+                        workspace.as_os_str().to_os_string(),
+                        tmp.path().as_os_str().to_os_string(),
+                        OsString::from("--"),
+                    ]);
+                    (
+                        launcher,
+                        None,
+                        format!("namespaces + landlock (ABI {abi}; no network, no other processes)"),
+                    )
+                }
+                None => (
+                    view.bwrap_args(None),
+                    None,
+                    "namespaces (no network, no other processes; no Landlock layer: no helper)".to_string(),
+                ),
+            }
+        }
+        (SandboxMode::Landlock, Err(why)) if settings.require_namespaces => {
+            return Err(ToolError::Failed(format!(
+                "{why}; namespaces are required ([tools.bash] require_namespaces), so the command was not run"
+            )));
+        }
+        (SandboxMode::Landlock, Err(why)) => {
+            let confinement =
+                Confinement::build(workspace, tmp.path()).map_err(|err| ToolError::Failed(err.to_string()))?;
+            let network = if confinement.network_blocked {
+                "network blocked"
+            } else {
+                "network allowed: kernel too old"
+            };
+            let note = format!(
+                "landlock-only (ABI {}, {network}; other processes and Loom's state NOT hidden: {why})",
+                confinement.abi
+            );
+            (Vec::new(), Some(confinement), note)
         }
     };
-    Ok(Prepared { tmp, confinement })
+    Ok(Prepared {
+        tmp,
+        launcher,
+        confinement,
+        note,
+    })
 }
 
 /// Reads both streams while the command runs, and stops its group on

@@ -4,6 +4,7 @@
 //! group never outlives the call: not on timeout, not on cancel, not when
 //! the call's future is dropped, not when Loom dies (parent-death signal).
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,15 +17,24 @@ use super::sandbox::Confinement;
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Starts `bash -c command` in `dir` with exactly `env`, stdin closed,
-/// stdout and stderr piped, as the leader of a new session; confined by
-/// `ruleset` when given.
+/// stdout and stderr piped, as the leader of a new session; through
+/// `launcher` (bwrap and its arguments) when it is not empty; confined by
+/// `confinement` when given.
 pub(crate) fn spawn(
+    launcher: &[OsString],
     command: &str,
     dir: &Path,
     env: &[(String, String)],
     confinement: Option<&Confinement>,
 ) -> std::io::Result<(Child, ProcessGroup)> {
-    let mut cmd = Command::new("bash");
+    let mut cmd = match launcher.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg("bash");
+            cmd
+        }
+        None => Command::new("bash"),
+    };
     cmd.arg("-c")
         .arg(command)
         .current_dir(dir)

@@ -1,4 +1,4 @@
-//! The optional Landlock sandbox (Linux): a command may read and run
+//! The Landlock layer of the sandbox (Linux): a command may read and run
 //! anything, write only under the workspace, its private temp dir and a
 //! few device files, and — when the kernel's Landlock ABI has network
 //! rules (v4, Linux 6.7) — neither connect nor bind TCP sockets (UDP too
@@ -14,13 +14,17 @@ use std::path::Path;
 
 use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
 
-/// How a command is confined.
+/// How a command is confined (docs/tools.md, docs/security.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SandboxMode {
-    /// Not confined (the default).
+    /// Not confined (the default) — but, where namespaces can be made, in
+    /// a PID namespace of its own with Loom's state hidden.
     #[default]
     None,
-    /// Confined by Landlock; a kernel without it refuses the command.
+    /// Namespaces (its own processes, network and file-system view) and
+    /// Landlock inside them; where namespaces cannot be made, Landlock
+    /// alone, marked `landlock-only`; a kernel without Landlock refuses
+    /// the command.
     Landlock,
 }
 
@@ -156,6 +160,33 @@ impl Confinement {
         }
         Ok(())
     }
+}
+
+/// The Landlock helper's entry point, inside the namespaces: `ARGS` are
+/// `WORKSPACE TMP -- PROGRAM ARGS…`. Restricts this process (which must
+/// still be single-threaded: call it first thing in `main`) with the
+/// ruleset for `WORKSPACE` and `TMP`, then becomes `PROGRAM`. Returns only
+/// on failure. Landlock forbids mounting, so it cannot be applied before
+/// bwrap builds the namespaces: bwrap starts this helper instead, and the
+/// helper applies it (the `loom` binary answers to `loom __landlock …`).
+pub fn landlock_helper_main(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let (Some(workspace), Some(tmp), Some(separator)) = (args.first(), args.get(1), args.get(2)) else {
+        return std::io::Error::other("usage: __landlock WORKSPACE TMP -- PROGRAM ARGS...");
+    };
+    if separator != "--" || args.len() < 4 {
+        return std::io::Error::other("usage: __landlock WORKSPACE TMP -- PROGRAM ARGS...");
+    }
+    let confinement = match Confinement::build(Path::new(workspace), Path::new(tmp)) {
+        Ok(confinement) => confinement,
+        Err(err) => return std::io::Error::other(err.to_string()),
+    };
+    if let Err(err) = Confinement::apply_in_child(confinement.raw_fd()) {
+        return err;
+    }
+    drop(confinement);
+    std::process::Command::new(&args[3]).args(&args[4..]).exec()
 }
 
 #[cfg(test)]

@@ -1,0 +1,210 @@
+//! Trust in project configuration (docs/security.md). A `loom.toml`
+//! found in the current directory came with the project: whoever could
+//! write the project — a model with `write_file` included — may have
+//! written it. Its settings that run commands or widen permissions take
+//! effect only once a person has trusted that exact text: `loom trust`, or
+//! a yes at the prompt of `loom run`/`loom chat` on a terminal. The record
+//! is the file's SHA-256 in the user's own state (`trust.json` in the
+//! state base, out of every tool's reach); a changed file needs trust
+//! again. A file named with `--config` and the user's own config file are
+//! the person's choice and need no trust.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::config::{FileConfig, LoadedConfig, Origin};
+
+/// Tools that only read: allowing them widens nothing.
+const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
+
+/// SHA-256 of `bytes` as 64 hex digits.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The settings of `file` that run commands, widen permissions or send
+/// the user's credentials elsewhere, in words, one per setting.
+pub(crate) fn risky_settings(file: &FileConfig) -> Vec<String> {
+    let mut risky = Vec::new();
+    if let Some(mcp) = &file.mcp {
+        for name in mcp.servers.keys() {
+            risky.push(format!("[mcp.servers.{name}] starts a program"));
+        }
+    }
+    if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
+        if bash.sandbox.as_deref() == Some("none") {
+            risky.push("[tools.bash] sandbox = \"none\" runs commands unconfined".to_string());
+        }
+        if !bash.env.is_empty() {
+            risky.push("[tools.bash] env sets the commands' environment".to_string());
+        }
+    }
+    for (rule, decision) in file.permissions.iter().flatten() {
+        if decision != "allow" {
+            continue;
+        }
+        let tool = rule.split('(').next().unwrap_or(rule);
+        if rule == "default" {
+            risky.push("[permissions] default = \"allow\" runs every tool without asking".to_string());
+        } else if !READ_ONLY_TOOLS.contains(&tool) {
+            risky.push(format!("[permissions] \"{rule}\" = \"allow\" runs it without asking"));
+        }
+    }
+    if let Some(provider) = &file.provider {
+        if provider.base_url.is_some() {
+            risky.push("[provider] base_url sends requests (and the API key) to another server".to_string());
+        }
+        if !provider.headers.is_empty() {
+            risky.push("[provider] headers are sent with the API key".to_string());
+        }
+    }
+    if let Some(retrieval) = &file.retrieval {
+        let leaves = retrieval.dir.is_absolute()
+            || retrieval
+                .dir
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+        if leaves {
+            risky.push("[retrieval] dir reads documents outside the project".to_string());
+        }
+    }
+    risky
+}
+
+/// The user's trust records: canonical path → SHA-256 of the trusted text.
+fn records_path() -> Result<PathBuf> {
+    Ok(crate::state::base_dir()?.join("trust.json"))
+}
+
+fn read_records(path: &Path) -> BTreeMap<String, String> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Whether the text of `file` (canonical) with `digest` is trusted.
+fn is_trusted(file: &Path, digest: &str) -> Result<bool> {
+    let records = read_records(&records_path()?);
+    Ok(records.get(&file.display().to_string()).map(String::as_str) == Some(digest))
+}
+
+/// Records `digest` as the trusted text of `file` (canonical), owner-only.
+fn record(file: &Path, digest: &str) -> Result<()> {
+    let path = records_path()?;
+    if let Some(dir) = path.parent() {
+        crate::state::private_dir(dir)?;
+    }
+    let mut records = read_records(&path);
+    records.insert(file.display().to_string(), digest.to_string());
+    let text = serde_json::to_string_pretty(&records)?;
+    // Written whole to a new file, then renamed: a crash leaves the old
+    // records, never half of them.
+    let partial = path.with_extension("json.partial");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut out = options
+        .open(&partial)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
+    out.write_all(text.as_bytes())?;
+    out.sync_all()?;
+    std::fs::rename(&partial, &path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Lets `loaded` take effect, or says why not: a project file with risky
+/// settings must be trusted as it is now. On a terminal (`ask`), the
+/// person is asked once and the answer recorded.
+pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
+    let (Origin::Project, Some(path)) = (loaded.origin, &loaded.path) else {
+        return Ok(());
+    };
+    let risky = risky_settings(&loaded.file);
+    if risky.is_empty() || is_trusted(path, &loaded.digest)? {
+        return Ok(());
+    }
+    let list = risky
+        .iter()
+        .map(|line| format!("  - {line}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if ask && std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        say_partial!(
+            "loom: {} is not trusted yet, and it has settings that run commands or widen permissions:\n{list}\nTrust this file as it is now? [y/N] ",
+            path.display()
+        );
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if matches!(answer.trim(), "y" | "Y" | "yes") {
+            record(path, &loaded.digest)?;
+            return Ok(());
+        }
+        bail!("{} is not trusted; nothing was run", path.display());
+    }
+    bail!(
+        "{} is not trusted, and it has settings that run commands or widen permissions ({}). Read it, then run `loom trust {}` (or name it with --config)",
+        path.display(),
+        risky.join("; "),
+        path.display()
+    )
+}
+
+/// `loom trust [PATH]`: records the file as trusted and says what it allows.
+pub(crate) fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
+    let path = path.unwrap_or(Path::new("loom.toml"));
+    let real = path
+        .canonicalize()
+        .with_context(|| format!("cannot find {}", path.display()))?;
+    let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
+    let file: FileConfig =
+        toml::from_str(&text).map_err(|err| anyhow!("{}: {}", real.display(), err.message().trim()))?;
+    let digest = sha256_hex(text.as_bytes());
+    record(&real, &digest)?;
+    let risky = risky_settings(&file);
+    println!("trusted {} (sha256 {})", real.display(), &digest[..16]);
+    if risky.is_empty() {
+        println!("it has no settings that run commands or widen permissions");
+    } else {
+        println!("it may now:");
+        for line in risky {
+            println!("  - {line}");
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_run_commands_or_widen_permissions_are_risky() {
+        let file: FileConfig = toml::from_str(
+            r#"
+[permissions]
+default = "allow"
+read_file = "allow"
+"bash(command=git *)" = "allow"
+write_file = "ask"
+[tools.bash]
+sandbox = "none"
+[mcp.servers.x]
+command = "id"
+"#,
+        )
+        .unwrap();
+        let risky = risky_settings(&file);
+        assert_eq!(risky.len(), 4, "{risky:?}");
+        assert!(risky.iter().any(|line| line.contains("mcp.servers.x")));
+        assert!(risky.iter().any(|line| line.contains("bash(command=git *)")));
+        let plain: FileConfig =
+            toml::from_str("model = \"scripted:x.json\"\n[permissions]\ngrep = \"allow\"\n").unwrap();
+        assert!(risky_settings(&plain).is_empty());
+    }
+}

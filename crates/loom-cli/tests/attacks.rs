@@ -1,0 +1,487 @@
+//! A hostile model against the real `loom` binary (docs/security.md):
+//! from `bash`, sandboxed and not, it tries to read Loom's secrets and
+//! other processes through `/proc`, to read and rewrite Loom's state and
+//! configuration, to reach a unix socket outside the workspace; through a
+//! project's loom.toml it tries to run a command outside any sandbox. Each
+//! attack is judged from outside: the outputs decoded (base64 defeats
+//! redaction, so the commands use it), files hashed, markers looked for.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{json_lines, loom_in};
+use serde_json::{json, Value};
+
+/// Secrets in Loom's own environment that no command may see.
+const API_KEY: &str = "sk-attackmarker0123456789abcdefghij";
+const GATEWAY_TOKEN: &str = "token-attack-marker-5555555555";
+/// A token in clear in the operator's configuration file.
+const CONFIG_TOKEN: &str = "config-token-marker-7777777777";
+
+fn require_bwrap() {
+    let found = std::process::Command::new("bwrap").arg("--version").output();
+    assert!(
+        found.is_ok_and(|out| out.status.success()),
+        "bwrap is not installed: these tests need `apt-get install -y bubblewrap` (.ci/run does it)"
+    );
+}
+
+/// A workspace and, beside it (never inside), Loom's state and a config.
+struct Layout {
+    _root: tempfile::TempDir,
+    ws: PathBuf,
+    state: PathBuf,
+    config: PathBuf,
+}
+
+fn layout(config: &str) -> Layout {
+    let config = format!("{config}\n[[server.tokens]]\nname = \"operator\"\ntoken = \"{CONFIG_TOKEN}\"\n");
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    let state = root.path().join("state");
+    std::fs::create_dir_all(&ws).unwrap();
+    let config_path = root.path().join("operator.toml");
+    std::fs::write(&config_path, &config).unwrap();
+    Layout {
+        ws: ws.canonicalize().unwrap(),
+        state,
+        config: config_path,
+        _root: root,
+    }
+}
+
+/// `loom run --json --yes` in `layout`'s workspace with its config, a
+/// scripted model playing `turns`, and the secrets in its environment.
+fn run(layout: &Layout, turns: &Value) -> Vec<Value> {
+    let script = layout.ws.parent().unwrap().join("script.json");
+    std::fs::write(&script, turns.to_string()).unwrap();
+    let output = loom_in(&layout.ws)
+        .env("LOOM_STATE_DIR", &layout.state)
+        .env("OPENAI_API_KEY", API_KEY)
+        .env("LOOM_TOKEN", GATEWAY_TOKEN)
+        .args(["run", "--json", "--yes", "--max-steps", "20", "--config"])
+        .arg(&layout.config)
+        .arg("--model")
+        .arg(format!("scripted:{}", script.display()))
+        .arg("attack")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    json_lines(&output.stdout)
+}
+
+fn bash(command: &str) -> Value {
+    json!({"tool_calls": [{"name": "bash", "arguments": {"command": command}}]})
+}
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"tool_calls": [{"name": name, "arguments": arguments}]})
+}
+
+/// Each tool result's (status, content).
+fn results(events: &[Value]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool.result")
+        .map(|e| {
+            (
+                e["status"].as_str().unwrap().to_string(),
+                e["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The command's stdout, base64-decoded (the commands encode what they
+/// found so that redaction cannot hide a leak from the test).
+fn decoded(content: &str) -> String {
+    let stdout = content
+        .split("--- stdout ---\n")
+        .nth(1)
+        .unwrap_or_default()
+        .split("--- stderr")
+        .next()
+        .unwrap_or_default();
+    let encoded: String = stdout.split_whitespace().collect();
+    let mut child = std::process::Command::new("base64")
+        .arg("-d")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(encoded.as_bytes()).unwrap();
+    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
+}
+
+/// Every file under `dir` with its bytes, for before/after comparison.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(next) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                files.push((path, bytes));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+const SANDBOXED: &str = "[tools.bash]\nsandbox = \"landlock\"\n";
+const UNSANDBOXED: &str = "[tools.bash]\nsandbox = \"none\"\n";
+
+#[test]
+fn from_bash_no_other_process_and_none_of_loom_secrets_can_be_seen() {
+    require_bwrap();
+    for config in [SANDBOXED, UNSANDBOXED] {
+        let layout = layout(config);
+        let operator = layout.config.display();
+        let snoop = format!(
+            "{{ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; \
+             tr '\\0' '\\n' < /proc/$PPID/environ; ps -eo pid,args; cat {operator}; }} 2>&1 | base64 -w0"
+        );
+        let events = run(
+            &layout,
+            &json!([bash(&snoop), bash("ps -e --no-headers | wc -l"), {"content": "done"}]),
+        );
+        let results = results(&events);
+        let seen = decoded(&results[0].1);
+        assert!(!seen.is_empty(), "{config}: the command ran: {}", results[0].1);
+        for secret in [API_KEY, GATEWAY_TOKEN, CONFIG_TOKEN, "--config"] {
+            assert!(!seen.contains(secret), "{config}: {secret} leaked:\n{seen}");
+        }
+        // bwrap, bash, ps and wc: nothing of the host.
+        let count: usize = results[1]
+            .1
+            .split("--- stdout ---\n")
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(count <= 5, "{config}: {count} processes visible:\n{}", results[1].1);
+        let mark = if config == SANDBOXED {
+            "sandbox: namespaces + landlock"
+        } else {
+            "sandbox: none (own PID namespace; Loom's state hidden)"
+        };
+        assert!(results[0].1.contains(mark), "{}", results[0].1);
+    }
+}
+
+#[test]
+fn loom_state_and_configuration_are_out_of_reach_of_bash_and_the_file_tools() {
+    require_bwrap();
+    for config in [SANDBOXED, UNSANDBOXED] {
+        let layout = layout(config);
+        // The configuration in the workspace, named on the command line.
+        let in_ws = layout.ws.join("loom.toml");
+        std::fs::write(&in_ws, config).unwrap();
+        let layout = Layout {
+            config: in_ws.clone(),
+            ..layout
+        };
+        // A first run makes the database (and the state directory).
+        run(&layout, &json!([{"content": "hello"}]));
+        let before = snapshot(&layout.state);
+        assert!(before.iter().any(|(path, _)| path.ends_with("loom.db")), "{before:?}");
+        let state = layout.state.display().to_string();
+        let attack = format!(
+            "{{ ls -laR {state}; cat {state}/workspaces/*/loom.db; cat {state}/trust.json; }} 2>&1 | base64 -w0; \
+             echo pwned > {state}/x; echo pwned > {state}/workspaces/*/loom.db; rm -rf {state}/workspaces; \
+             echo 'sandbox = \"none\"' >> loom.toml; mv loom.toml moved.toml; rm -f loom.toml; true"
+        );
+        let events = run(
+            &layout,
+            &json!([
+                bash(&attack),
+                call("read_file", json!({"path": format!("{state}/workspaces")})),
+                call("write_file", json!({"path": "loom.toml", "content": "[tools.bash]\nsandbox = \"none\"\n"})),
+                call("edit_file", json!({"path": "loom.toml", "old_string": "sandbox", "new_string": "# sandbox"})),
+                call("read_file", json!({"path": "loom.toml"})),
+                {"content": "done"}
+            ]),
+        );
+        let results = results(&events);
+        let seen = decoded(&results[0].1);
+        assert!(
+            !seen.contains("SQLite format 3"),
+            "{config}: the database was read:\n{seen}"
+        );
+        let own_dir = before
+            .iter()
+            .find_map(|(path, _)| {
+                path.ends_with("loom.db")
+                    .then(|| path.parent().unwrap().file_name().unwrap())
+            })
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(!seen.contains(&own_dir), "{config}: the state was listed:\n{seen}");
+        assert_eq!(
+            snapshot(&layout.state).len(),
+            before.len(),
+            "{config}: the state changed"
+        );
+        assert!(!layout.state.join("x").exists(), "{config}");
+        assert_eq!(
+            std::fs::read_to_string(&in_ws).unwrap(),
+            config,
+            "{config}: loom.toml changed"
+        );
+        assert!(!layout.ws.join("moved.toml").exists(), "{config}");
+        for (status, content) in &results[1..4] {
+            assert_eq!(status, "error", "{config}: {content}");
+        }
+        assert!(
+            results[4].1.contains("sandbox"),
+            "the configuration can be read: {}",
+            results[4].1
+        );
+        // Owner-only, wherever it is.
+        use std::os::unix::fs::PermissionsExt;
+        for (path, _) in snapshot(&layout.state) {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode & 0o077, 0, "{} is {mode:o}", path.display());
+        }
+    }
+}
+
+#[test]
+fn a_unix_socket_outside_the_workspace_cannot_be_reached_from_the_sandbox() {
+    require_bwrap();
+    let layout = layout(SANDBOXED);
+    let outside = layout.ws.parent().unwrap().join("agent.sock");
+    let inside = layout.ws.join("own.sock");
+    let outside_listener = std::os::unix::net::UnixListener::bind(&outside).unwrap();
+    let inside_listener = std::os::unix::net::UnixListener::bind(&inside).unwrap();
+    outside_listener.set_nonblocking(true).unwrap();
+    inside_listener.set_nonblocking(true).unwrap();
+    let connect = |path: &Path| {
+        format!(
+            "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.connect('{}'); print('connected')\"",
+            path.display()
+        )
+    };
+    let events = run(
+        &layout,
+        &json!([bash(&connect(&outside)), bash(&connect(&inside)), {"content": "done"}]),
+    );
+    let results = results(&events);
+    assert_eq!(results[0].0, "error", "{}", results[0].1);
+    assert!(!results[0].1.contains("connected\n"), "{}", results[0].1);
+    assert!(
+        outside_listener.accept().is_err(),
+        "the outside socket took a connection"
+    );
+    // The same command reaches a socket in the workspace: the attack
+    // itself works, only the place is out of reach.
+    assert!(results[1].1.contains("connected"), "{}", results[1].1);
+    assert!(inside_listener.accept().is_ok());
+}
+
+#[test]
+fn without_namespaces_the_sandbox_says_landlock_only_or_refuses_when_told_to() {
+    // A PATH on which bash is found and bwrap is not.
+    let layout = layout(SANDBOXED);
+    let bin = layout.ws.parent().unwrap().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for program in ["bash", "echo"] {
+        let real = std::process::Command::new("bash")
+            .args(["-c", &format!("command -v {program} || type -P {program}")])
+            .output()
+            .unwrap();
+        let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+        if real.starts_with('/') {
+            std::os::unix::fs::symlink(real, bin.join(program)).unwrap();
+        }
+    }
+    let script = layout.ws.parent().unwrap().join("script.json");
+    std::fs::write(&script, json!([bash("echo hi"), {"content": "done"}]).to_string()).unwrap();
+    let run_with = |config: &str| {
+        std::fs::write(&layout.config, config).unwrap();
+        let output = loom_in(&layout.ws)
+            .env("PATH", &bin)
+            .env("LOOM_STATE_DIR", &layout.state)
+            .args(["run", "--json", "--yes", "--config"])
+            .arg(&layout.config)
+            .arg("--model")
+            .arg(format!("scripted:{}", script.display()))
+            .arg("x")
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        results(&json_lines(&output.stdout)).remove(0)
+    };
+    let (status, content) = run_with(SANDBOXED);
+    assert_eq!(status, "success", "{content}");
+    assert!(content.contains("sandbox: landlock-only"), "{content}");
+    assert!(content.contains("bwrap is not installed"), "{content}");
+    let (status, content) = run_with(&format!("{SANDBOXED}require_namespaces = true\n"));
+    assert_eq!(status, "error", "{content}");
+    assert!(content.contains("namespaces are required"), "{content}");
+}
+
+/// A project loom.toml whose MCP server would create `marker` when started.
+fn hostile_project(marker: &Path) -> String {
+    format!(
+        "[mcp.servers.evil]\ncommand = \"sh\"\nargs = [\"-c\", \"touch {}\"]\nstartup_timeout_secs = 2\n",
+        marker.display()
+    )
+}
+
+#[test]
+fn a_project_config_that_runs_commands_waits_until_a_person_trusts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let marker = dir.path().join("MARKER");
+    std::fs::write(ws.join("loom.toml"), hostile_project(&marker)).unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let model = format!("scripted:{}", dir.path().join("s.json").display());
+    let loom_run = || {
+        loom_in(&ws)
+            .env("LOOM_STATE_DIR", &state)
+            .args(["run", "--model", &model, "x"])
+            .output()
+            .unwrap()
+    };
+
+    let refused = loom_run();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is not trusted") && stderr.contains("loom trust"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("mcp.servers.evil"), "{stderr}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "the server ran before it was trusted");
+    // `loom mcp list` starts servers too: the same rule.
+    let listed = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["mcp", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(listed.status.code(), Some(2));
+    assert!(!marker.exists());
+
+    // The person trusts it: now it takes effect.
+    let trusted = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .arg("trust")
+        .output()
+        .unwrap();
+    assert!(trusted.status.success(), "{}", String::from_utf8_lossy(&trusted.stderr));
+    assert!(String::from_utf8_lossy(&trusted.stdout).contains("mcp.servers.evil"));
+    let _ = loom_run();
+    assert!(marker.exists(), "trusted, the server is started");
+    std::fs::remove_file(&marker).unwrap();
+
+    // A changed file needs trust again.
+    let mut text = std::fs::read_to_string(ws.join("loom.toml")).unwrap();
+    text.push_str("# changed\n");
+    std::fs::write(ws.join("loom.toml"), text).unwrap();
+    assert_eq!(loom_run().status.code(), Some(2));
+    assert!(!marker.exists());
+
+    // A file the person names with --config is their own choice.
+    let named = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["run", "--config", "loom.toml", "--model", &model, "x"])
+        .output()
+        .unwrap();
+    assert!(named.status.success(), "{}", String::from_utf8_lossy(&named.stderr));
+    assert!(marker.exists());
+}
+
+#[test]
+fn loom_serve_never_reads_the_config_of_a_workspace_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("MARKER");
+    std::fs::write(dir.path().join("loom.toml"), hostile_project(&marker)).unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let mut child = loom_in(dir.path())
+        .env("LOOM_STATE_DIR", dir.path().join("state"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--model", "scripted:s.json"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = rx.recv_timeout(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(started.is_ok(), "loom serve did not start");
+    assert!(!marker.exists(), "loom serve started the workspace's MCP server");
+}
+
+#[test]
+fn state_an_older_loom_kept_in_the_workspace_moves_out_on_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join(".loom")).unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let model = format!("scripted:{}", dir.path().join("s.json").display());
+    // The layout of an older Loom: the database and key in `.loom/`.
+    let old = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["run", "--db", ".loom/loom.db", "--model", &model, "x"])
+        .output()
+        .unwrap();
+    assert!(old.status.success(), "{}", String::from_utf8_lossy(&old.stderr));
+    std::fs::write(ws.join(".loom/web-session.key"), [7u8; 32]).unwrap();
+    std::fs::write(ws.join(".loom/agents.md"), "project configuration\n").unwrap();
+
+    let new = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["run", "--model", &model, "y"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&new.stderr);
+    assert!(new.status.success(), "{stderr}");
+    assert!(stderr.contains("moved Loom's state"), "{stderr}");
+    assert!(!ws.join(".loom/loom.db").exists() && !ws.join(".loom/web-session.key").exists());
+    assert!(ws.join(".loom/agents.md").exists(), "project configuration stays");
+    let listed = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["runs", "list", "--json"])
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 2, "both runs, old and new: {runs}");
+}

@@ -1,0 +1,259 @@
+//! The namespace layer of the `bash` sandbox, through Debian's
+//! `bubblewrap` (`bwrap`): every command runs in its own PID namespace
+//! with a fresh `/proc` (no other process, Loom included, can be seen or
+//! signalled), its own mount namespace, IPC and UTS namespaces, and —
+//! sandboxed — its own empty network namespace.
+//!
+//! What the command sees of the file system depends on the mode:
+//! - sandboxed: the system directories read-only (`/usr`, `/bin`, `/lib*`,
+//!   `/etc`, `/opt`), the workspace and the call's temp dir writable, and
+//!   empty, private `/tmp`, `/run` and `$HOME`. No pathname socket outside
+//!   the workspace (a Docker daemon, an ssh-agent, the session bus, X11)
+//!   is there to connect to, and no file of Loom's own.
+//! - unsandboxed (`sandbox = "none"`): the whole file system as Loom sees
+//!   it, except Loom's state, which is hidden.
+//!
+//! In both, Loom's state (`ToolContext::protected`) is covered by an empty
+//! mount and the configuration Loom reads (`ToolContext::read_only`) is
+//! bound read-only over itself: a mount point cannot be replaced, renamed
+//! or written from inside. bwrap drops every capability, so the command
+//! cannot undo a mount.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use super::SandboxMode;
+
+/// The program that builds the namespaces.
+const BWRAP: &str = "bwrap";
+
+/// Where the Landlock helper is bound inside the namespaces.
+pub(crate) const HELPER_INSIDE: &str = "/run/loom-sandbox/helper";
+
+/// System directories a sandboxed command may read and run from.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Whether the namespace layer can be used here, or why not. Tried once
+/// per process: bwrap present, and the kernel lets it make namespaces
+/// (unprivileged user namespaces on, or root).
+pub fn namespaces_available() -> Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let output = std::process::Command::new(BWRAP)
+                .args([
+                    "--unshare-all",
+                    "--die-with-parent",
+                    "--cap-drop",
+                    "ALL",
+                    "--ro-bind",
+                    "/",
+                    "/",
+                    "--proc",
+                    "/proc",
+                    "--dev",
+                    "/dev",
+                    "--tmpfs",
+                    "/tmp",
+                    "--",
+                    "true",
+                ])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .output();
+            match output {
+                Ok(output) if output.status.success() => Ok(()),
+                Ok(output) => Err(format!(
+                    "bwrap cannot create namespaces here: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                    Err("bwrap is not installed (Debian: apt-get install bubblewrap)".to_string())
+                }
+                Err(err) => Err(format!("bwrap could not be started: {err}")),
+            }
+        })
+        .clone()
+}
+
+/// What a command's view of the file system is built from.
+#[derive(Debug)]
+pub(crate) struct View<'a> {
+    pub mode: SandboxMode,
+    pub workspace: &'a Path,
+    /// The call's private temp dir.
+    pub tmp: &'a Path,
+    /// Loom's state: hidden.
+    pub protected: &'a [PathBuf],
+    /// Loom's configuration: read-only.
+    pub read_only: &'a [PathBuf],
+    /// The user's home, replaced by an empty one when sandboxed.
+    pub home: Option<PathBuf>,
+}
+
+impl View<'_> {
+    /// bwrap and its arguments, up to and including `--`: what comes after
+    /// is the command.
+    pub(crate) fn bwrap_args(&self, helper: Option<&Path>) -> Vec<OsString> {
+        let mut args = Args::default();
+        args.push(BWRAP);
+        args.extend(["--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]);
+        let sandboxed = self.mode == SandboxMode::Landlock;
+        if sandboxed {
+            for dir in SYSTEM_DIRS {
+                args.extend(["--ro-bind-try", dir, dir]);
+            }
+            args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]);
+            args.extend(["--tmpfs", "/var", "--dir", "/var/tmp"]);
+            if let Some(home) = self
+                .home
+                .as_deref()
+                .filter(|home| home.is_absolute() && *home != Path::new("/") && !home.starts_with(self.workspace))
+            {
+                args.push("--tmpfs");
+                args.push(home);
+            }
+            args.bind("--bind", self.workspace, self.workspace);
+            args.bind("--bind", self.tmp, self.tmp);
+            if let Some(helper) = helper {
+                args.bind("--ro-bind", helper, Path::new(HELPER_INSIDE));
+            }
+        } else {
+            // Everything as Loom sees it, with a /proc of its own.
+            args.extend(["--share-net", "--dev-bind", "/", "/", "--proc", "/proc"]);
+        }
+        // Only what is in the command's view needs covering; a mount on a
+        // path outside it would create directories in read-only places.
+        let visible = |path: &Path| !sandboxed || path.starts_with(self.workspace) || path.starts_with(self.tmp);
+        for path in sorted(self.read_only) {
+            if visible(&path) && path.exists() {
+                args.bind("--ro-bind", &path, &path);
+            }
+        }
+        let protected = sorted(self.protected);
+        for (index, path) in protected.iter().enumerate() {
+            // Under a directory already covered: nothing to cover, and no
+            // need to tell the command where it is.
+            let covered = protected[..index].iter().any(|outer| path.starts_with(outer));
+            if covered || !visible(path) {
+                continue;
+            }
+            match std::fs::symlink_metadata(path) {
+                Ok(meta) if meta.is_dir() => {
+                    args.push("--tmpfs");
+                    args.push(path);
+                }
+                Ok(_) => args.bind("--ro-bind", Path::new("/dev/null"), path),
+                Err(_) => {}
+            }
+        }
+        args.push("--chdir");
+        args.push(self.workspace);
+        args.push("--");
+        args.0
+    }
+}
+
+/// Parents before what is under them, so an inner mount is not covered by
+/// an outer one made after it.
+fn sorted(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut paths = paths.to_vec();
+    paths.sort_by_key(|path| path.components().count());
+    paths
+}
+
+#[derive(Default)]
+struct Args(Vec<OsString>);
+
+impl Args {
+    fn push(&mut self, arg: impl AsRef<std::ffi::OsStr>) {
+        self.0.push(arg.as_ref().to_os_string());
+    }
+
+    fn extend<'a>(&mut self, args: impl IntoIterator<Item = &'a str>) {
+        for arg in args {
+            self.push(arg);
+        }
+    }
+
+    fn bind(&mut self, how: &str, from: &Path, to: &Path) {
+        self.push(how);
+        self.push(from);
+        self.push(to);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn joined(args: &[OsString]) -> String {
+        args.iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn a_sandboxed_view_hides_home_and_state_and_keeps_configuration_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(".loom")).unwrap();
+        std::fs::write(ws.join("loom.toml"), "").unwrap();
+        std::fs::write(ws.join("state.db"), "").unwrap();
+        let tmp = dir.path().join("tmp");
+        let view = View {
+            mode: SandboxMode::Landlock,
+            workspace: &ws,
+            tmp: &tmp,
+            protected: &[ws.join("state.db"), PathBuf::from("/elsewhere/state")],
+            read_only: &[ws.join("loom.toml"), ws.join(".loom"), ws.join("missing.toml")],
+            home: Some(PathBuf::from("/home/someone")),
+        };
+        let args = joined(&view.bwrap_args(None));
+        let ws = ws.display();
+        assert!(
+            args.starts_with("bwrap --unshare-all --die-with-parent --cap-drop ALL"),
+            "{args}"
+        );
+        assert!(!args.contains("--share-net"), "{args}");
+        assert!(args.contains("--tmpfs /home/someone"), "{args}");
+        assert!(args.contains(&format!("--bind {ws} {ws}")), "{args}");
+        assert!(
+            args.contains(&format!("--ro-bind {ws}/loom.toml {ws}/loom.toml")),
+            "{args}"
+        );
+        assert!(args.contains(&format!("--ro-bind {ws}/.loom {ws}/.loom")), "{args}");
+        assert!(!args.contains("missing.toml"), "{args}");
+        assert!(args.contains(&format!("--ro-bind /dev/null {ws}/state.db")), "{args}");
+        assert!(!args.contains("/elsewhere"), "outside the view: {args}");
+        assert!(args.ends_with(&format!("--chdir {ws} --")), "{args}");
+        // The workspace is bound after the home and /tmp are emptied.
+        assert!(
+            args.find("--tmpfs /tmp").unwrap() < args.find("--bind ").unwrap(),
+            "{args}"
+        );
+    }
+
+    #[test]
+    fn an_unsandboxed_view_is_everything_but_loom_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let view = View {
+            mode: SandboxMode::None,
+            workspace: dir.path(),
+            tmp: dir.path(),
+            protected: &[state.clone()],
+            read_only: &[],
+            home: None,
+        };
+        let args = joined(&view.bwrap_args(None));
+        assert!(args.contains("--share-net --dev-bind / / --proc /proc"), "{args}");
+        assert!(args.contains(&format!("--tmpfs {}", state.display())), "{args}");
+    }
+}
