@@ -31,6 +31,9 @@ pub(crate) async fn open(
         (None, None) => crate::state::workspace_dir(workspace)?.join("loom.db"),
     };
     if !path.exists() {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|err| anyhow!("cannot create {}: {err}", dir.display()))?;
+        }
         crate::state::private_file(&path)?;
     }
     let shown = path.display().to_string();

@@ -111,6 +111,8 @@ fn deny_and_allow_flags_override_the_config_file() {
         "[permissions]\n\"write_file(path=docs/**)\" = \"allow\"\nwrite_file = \"ask\"\n",
     )
     .unwrap();
+    // Its allow rule widens permissions: the person trusts the file.
+    common::trust(dir.path());
     let run = |extra: &[&str]| {
         let output = loom()
             .current_dir(dir.path())

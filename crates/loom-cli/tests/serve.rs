@@ -672,7 +672,7 @@ fn serve_refuses_a_public_address_without_a_token_and_takes_loom_token() {
     )
     .unwrap();
     let output = common::loom_in(dir.path())
-        .args(["serve", "--addr", "0.0.0.0:0", "--workspace"])
+        .args(["serve", "--config", "loom.toml", "--addr", "0.0.0.0:0", "--workspace"])
         .arg(dir.path())
         .env("OPENAI_API_KEY", "test-key")
         .output()
@@ -695,7 +695,7 @@ fn serve_refuses_a_public_address_without_a_token_and_takes_loom_token() {
     }
     let mut child = Killed(
         common::loom_in(dir.path())
-            .args(["serve", "--addr", "127.0.0.1:0", "--workspace"])
+            .args(["serve", "--config", "loom.toml", "--addr", "127.0.0.1:0", "--workspace"])
             .arg(dir.path())
             .env("OPENAI_API_KEY", "test-key")
             .env("LOOM_TOKEN", "env-token-0123456789abc")

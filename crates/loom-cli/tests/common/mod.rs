@@ -43,29 +43,24 @@ pub(crate) fn state_base() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("loom-test-state-{}", std::process::id()))
 }
 
-/// The run database of `workspace` in Loom's state directory (its
-/// directory is named after the workspace's last component and a hash).
+/// The run database of `workspace` in Loom's state directory: under
+/// `workspaces/`, the workspace's last component (other characters than
+/// letters, digits, `-` and `_` as `_`) and 16 hex digits of the SHA-256
+/// of its canonical path (docs/security.md).
 pub(crate) fn database_of(workspace: &Path) -> std::path::PathBuf {
-    let name = workspace
-        .canonicalize()
-        .unwrap()
+    use sha2::Digest;
+    let real = workspace.canonicalize().unwrap();
+    let name: String = real
         .file_name()
         .unwrap()
         .to_string_lossy()
-        .into_owned();
-    let base = state_base().join("workspaces");
-    let found = std::fs::read_dir(&base)
-        .unwrap_or_else(|err| panic!("{}: {err}", base.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.rsplit_once('-'))
-                .is_some_and(|(prefix, _)| prefix == name)
-        })
-        .collect::<Vec<_>>();
-    assert_eq!(found.len(), 1, "one state directory for {name}: {found:?}");
-    found[0].join("loom.db")
+        .chars()
+        .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .take(40)
+        .collect();
+    let digest = sha2::Sha256::digest(real.as_os_str().as_encoded_bytes());
+    let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    state_base().join("workspaces").join(format!("{name}-{hash}")).join("loom.db")
 }
 
 /// The same, run in `dir`, with `dir/xdg` as the user's config directory
