@@ -244,14 +244,21 @@ pub(crate) async fn configure_agent(
         .protect(crate::state::base_dir()?)
         .read_only(workspace.join("loom.toml"));
     if let Some(path) = &loaded.path {
-        let in_workspace = workspace.canonicalize().is_ok_and(|root| path.starts_with(root));
-        builder = if in_workspace {
+        // The operator's own file (named with --config, or the user's) may
+        // hold tokens: hidden wherever it is. A project's ./loom.toml is
+        // only read-only.
+        builder = if loaded.origin == config::Origin::Project {
             builder.read_only(path.clone())
         } else {
             builder.protect(path.clone())
         };
     }
     if let Some(dir) = config::user_config_dir() {
+        // Made if missing (when its parent exists), so that `bash` gets an
+        // empty mount there instead of a place to plant a config file.
+        if dir.parent().is_some_and(std::path::Path::is_dir) {
+            let _ = crate::state::private_dir(&dir);
+        }
         builder = builder.protect(dir);
     }
     if let Some(clients) = mcp {

@@ -103,13 +103,16 @@ pub(crate) fn private_file(file: &Path) -> Result<()> {
 /// `.loom/`) to `dir`, unless `dir` already has a database. Project
 /// configuration in `.loom/` stays where it is.
 fn migrate(legacy: &Path, dir: &Path) {
-    if !legacy.join("loom.db").is_file() || dir.join("loom.db").exists() {
+    let regular = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_file());
+    if !regular(&legacy.join("loom.db")) || dir.join("loom.db").exists() {
         return;
     }
     let mut moved = Vec::new();
     for name in LEGACY_FILES {
         let from = legacy.join(name);
-        if !from.is_file() {
+        // Regular files only: a link planted in a cloned project must not
+        // bring another file into Loom's state.
+        if !regular(&from) {
             continue;
         }
         let to = dir.join(name);

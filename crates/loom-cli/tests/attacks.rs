@@ -192,30 +192,33 @@ fn loom_state_and_configuration_are_out_of_reach_of_bash_and_the_file_tools() {
     require_bwrap();
     for config in [SANDBOXED, UNSANDBOXED] {
         let layout = layout(config);
-        // The configuration in the workspace, named on the command line.
-        let in_ws = layout.ws.join("loom.toml");
-        std::fs::write(&in_ws, config).unwrap();
-        let layout = Layout {
-            config: in_ws.clone(),
-            ..layout
-        };
+        // The project's own configuration, in the workspace: readable,
+        // never writable. The operator's (`--config`, outside, with a token
+        // in clear): neither.
+        let project = layout.ws.join("loom.toml");
+        let project_text = "model = \"scripted:elsewhere.json\"\n";
+        std::fs::write(&project, project_text).unwrap();
         // A first run makes the database (and the state directory).
         run(&layout, &json!([{"content": "hello"}]));
         let before = snapshot(&layout.state);
         assert!(before.iter().any(|(path, _)| path.ends_with("loom.db")), "{before:?}");
         let state = layout.state.display().to_string();
+        let operator = layout.config.display().to_string();
         let attack = format!(
-            "{{ ls -laR {state}; cat {state}/workspaces/*/loom.db; cat {state}/trust.json; }} 2>&1 | base64 -w0; \
+            "{{ ls -laR {state}; cat {state}/workspaces/*/loom.db; cat {state}/trust.json; cat {operator}; }} 2>&1 | base64 -w0; \
              echo pwned > {state}/x; echo pwned > {state}/workspaces/*/loom.db; rm -rf {state}/workspaces; \
-             echo 'sandbox = \"none\"' >> loom.toml; mv loom.toml moved.toml; rm -f loom.toml; true"
+             echo pwned >> {operator}; \
+             echo '[mcp.servers.x]' >> loom.toml; mv loom.toml moved.toml; rm -f loom.toml; true"
         );
+        let operator_before = std::fs::read(&layout.config).unwrap();
         let events = run(
             &layout,
             &json!([
                 bash(&attack),
                 call("read_file", json!({"path": format!("{state}/workspaces")})),
+                call("read_file", json!({"path": operator})),
                 call("write_file", json!({"path": "loom.toml", "content": "[tools.bash]\nsandbox = \"none\"\n"})),
-                call("edit_file", json!({"path": "loom.toml", "old_string": "sandbox", "new_string": "# sandbox"})),
+                call("edit_file", json!({"path": "loom.toml", "old_string": "model", "new_string": "# model"})),
                 call("read_file", json!({"path": "loom.toml"})),
                 {"content": "done"}
             ]),
@@ -225,6 +228,10 @@ fn loom_state_and_configuration_are_out_of_reach_of_bash_and_the_file_tools() {
         assert!(
             !seen.contains("SQLite format 3"),
             "{config}: the database was read:\n{seen}"
+        );
+        assert!(
+            !seen.contains(CONFIG_TOKEN),
+            "{config}: the operator's config was read:\n{seen}"
         );
         let own_dir = before
             .iter()
@@ -243,18 +250,24 @@ fn loom_state_and_configuration_are_out_of_reach_of_bash_and_the_file_tools() {
         );
         assert!(!layout.state.join("x").exists(), "{config}");
         assert_eq!(
-            std::fs::read_to_string(&in_ws).unwrap(),
-            config,
+            std::fs::read(&layout.config).unwrap(),
+            operator_before,
+            "{config}: the operator's config changed"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&project).unwrap(),
+            project_text,
             "{config}: loom.toml changed"
         );
         assert!(!layout.ws.join("moved.toml").exists(), "{config}");
-        for (status, content) in &results[1..4] {
+        for (status, content) in &results[1..5] {
             assert_eq!(status, "error", "{config}: {content}");
+            assert!(!content.contains(CONFIG_TOKEN), "{content}");
         }
         assert!(
-            results[4].1.contains("sandbox"),
-            "the configuration can be read: {}",
-            results[4].1
+            results[5].1.contains("scripted:elsewhere.json"),
+            "the project's configuration can be read: {}",
+            results[5].1
         );
         // Owner-only, wherever it is.
         use std::os::unix::fs::PermissionsExt;

@@ -67,7 +67,11 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
         assert_eq!(status, "error", "{content}");
         assert!(content.contains("Loom's own state"), "{content}");
     }
-    assert!(!results[3].1.contains("loom.db"), "list_dir . shows it: {}", results[3].1);
+    assert!(
+        !results[3].1.contains("loom.db"),
+        "list_dir . shows it: {}",
+        results[3].1
+    );
     assert!(
         results[4].1.contains("project.md"),
         "project files are listed: {}",

@@ -33,7 +33,9 @@ fn sleeper() -> String {
 /// Whether a live process (not a zombie) runs `command` (as `sleeper` made it).
 fn running(command: &str) -> bool {
     let wanted = command.replace(' ', "\0");
-    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
     entries.flatten().any(|entry| {
         let dir = entry.path();
         let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();

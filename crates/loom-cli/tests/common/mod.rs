@@ -55,12 +55,21 @@ pub(crate) fn database_of(workspace: &Path) -> std::path::PathBuf {
         .unwrap()
         .to_string_lossy()
         .chars()
-        .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(40)
         .collect();
     let digest = sha2::Sha256::digest(real.as_os_str().as_encoded_bytes());
     let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    state_base().join("workspaces").join(format!("{name}-{hash}")).join("loom.db")
+    state_base()
+        .join("workspaces")
+        .join(format!("{name}-{hash}"))
+        .join("loom.db")
 }
 
 /// The same, run in `dir`, with `dir/xdg` as the user's config directory

@@ -128,7 +128,12 @@ impl View<'_> {
         }
         // Only what is in the command's view needs covering; a mount on a
         // path outside it would create directories in read-only places.
-        let visible = |path: &Path| !sandboxed || path.starts_with(self.workspace) || path.starts_with(self.tmp);
+        let visible = |path: &Path| {
+            !sandboxed
+                || path.starts_with(self.workspace)
+                || path.starts_with(self.tmp)
+                || SYSTEM_DIRS.iter().any(|dir| path.starts_with(dir))
+        };
         for path in sorted(self.read_only) {
             if visible(&path) && path.exists() {
                 args.bind("--ro-bind", &path, &path);
