@@ -155,8 +155,9 @@ fn from_bash_no_other_process_and_none_of_loom_secrets_can_be_seen() {
         let layout = layout(config);
         let operator = layout.config.display();
         let snoop = format!(
-            "{{ for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; \
-             tr '\\0' '\\n' < /proc/$PPID/environ; ps -eo pid,args; cat {operator}; }} 2>&1 | base64 -w0"
+            "{{ tr '\\0' '\\n' < /proc/$PPID/environ; tr '\\0' ' ' < /proc/$PPID/cmdline; ps -eo pid,args; \
+             cat {operator}; for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; }} \
+             2>&1 | base64 -w0 | head -c 11000"
         );
         let events = run(
             &layout,
@@ -497,4 +498,48 @@ fn state_an_older_loom_kept_in_the_workspace_moves_out_on_first_start() {
         .unwrap();
     let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 2, "both runs, old and new: {runs}");
+}
+
+#[test]
+fn on_a_terminal_the_person_is_asked_once_and_a_no_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let marker = dir.path().join("MARKER");
+    std::fs::write(ws.join("loom.toml"), hostile_project(&marker)).unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let state = dir.path().join("state");
+    let on_a_terminal = |answer: &str| {
+        use std::io::Write;
+        let args = format!("run --model scripted:{} x", dir.path().join("s.json").display());
+        let mut child = common::loom_on_a_terminal(&args, "-qec")
+            .current_dir(&ws)
+            .env("LOOM_STATE_DIR", &state)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("util-linux script");
+        let mut keyboard = child.stdin.take().unwrap();
+        // Typed once the question is on the screen; the terminal stays
+        // open until loom is done.
+        std::thread::sleep(Duration::from_millis(700));
+        keyboard.write_all(answer.as_bytes()).unwrap();
+        let output = child.wait_with_output().unwrap();
+        drop(keyboard);
+        output
+    };
+    let no = on_a_terminal("n\n");
+    let screen = String::from_utf8_lossy(&no.stdout);
+    assert!(screen.contains("Trust this file as it is now? [y/N]"), "{screen}");
+    assert!(screen.contains("mcp.servers.evil"), "{screen}");
+    assert!(screen.contains("nothing was run"), "{screen}");
+    assert!(!marker.exists());
+    assert!(!state.join("trust.json").exists());
+
+    let yes = on_a_terminal("y\n");
+    let screen = String::from_utf8_lossy(&yes.stdout);
+    assert!(marker.exists(), "trusted on the terminal, the server runs: {screen}");
+    let records = std::fs::read_to_string(state.join("trust.json")).unwrap();
+    assert!(records.contains(&ws.join("loom.toml").canonicalize().unwrap().display().to_string()));
 }
