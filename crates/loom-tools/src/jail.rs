@@ -267,6 +267,8 @@ impl Jail {
             let next = match self.open_dir(requested, &prefix) {
                 Ok(dir) => dir,
                 Err(OpenError::Io(err)) if err.kind() == io::ErrorKind::NotFound => {
+                    // Making a directory changes its parent: judge it first.
+                    self.check(requested, &current, None, true)?;
                     match current.create_dir(component) {
                         Ok(()) => {}
                         // Made meanwhile by someone else: use it.
