@@ -6,16 +6,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use loom_core::{CancellationToken, Tool, ToolContext};
+use loom_testkit::symlink_race::{changes, snapshot, Swapper};
 use loom_tools::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
 use serde_json::json;
 
@@ -30,29 +27,6 @@ fn args<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).unwrap()
 }
 
-/// Every file under `dir` (links not followed) with its content, and every
-/// directory and link by name: what "unchanged" means for the outside.
-fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        for entry in std::fs::read_dir(&current).unwrap() {
-            let entry = entry.unwrap();
-            let kind = entry.file_type().unwrap();
-            let path = entry.path();
-            if kind.is_dir() {
-                out.insert(path.clone(), b"<dir>".to_vec());
-                stack.push(path);
-            } else if kind.is_symlink() {
-                out.insert(path.clone(), std::fs::read_link(&path).unwrap().as_os_str().as_bytes().to_vec());
-            } else {
-                out.insert(path.clone(), std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
-
 /// An outside directory holding a secret, names of its own and files with
 /// the names the tools use, so that any escape shows.
 fn outside_dir() -> tempfile::TempDir {
@@ -63,59 +37,6 @@ fn outside_dir() -> tempfile::TempDir {
     std::fs::create_dir(outside.path().join("nested")).unwrap();
     std::fs::write(outside.path().join("nested/secret.txt"), format!("{SECRET}\n")).unwrap();
     outside
-}
-
-/// Swaps `a` and `b` with `renameat2(RENAME_EXCHANGE)` until dropped.
-struct Swapper {
-    stop: Arc<AtomicBool>,
-    swaps: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Swapper {
-    fn start(a: &Path, b: &Path) -> Self {
-        let a = CString::new(a.as_os_str().as_bytes()).unwrap();
-        let b = CString::new(b.as_os_str().as_bytes()).unwrap();
-        // The kernel and file system must support the exchange, or the test proves nothing.
-        exchange(&a, &b).expect("renameat2(RENAME_EXCHANGE) is not supported here");
-        exchange(&a, &b).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let swaps = Arc::new(AtomicU64::new(0));
-        let thread = std::thread::spawn({
-            let stop = stop.clone();
-            let swaps = swaps.clone();
-            move || {
-                while !stop.load(Ordering::Relaxed) {
-                    exchange(&a, &b).unwrap();
-                    swaps.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-        Self {
-            stop,
-            swaps,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Swapper {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn exchange(a: &CString, b: &CString) -> std::io::Result<()> {
-    // SAFETY: both paths are valid NUL-terminated strings that outlive the call.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// Whether a tool's answer (success or error) shows anything of the outside.
@@ -217,25 +138,17 @@ async fn no_file_tool_escapes_through_a_swapped_symlink() {
             }
         }
     }
-    let swaps = swapper.swaps.load(Ordering::Relaxed);
+    let swaps = swapper.swaps();
     drop(swapper);
 
     let after = snapshot(outside.path());
-    let changed: BTreeSet<&PathBuf> = before
-        .keys()
-        .chain(after.keys())
-        .filter(|path| before.get(*path) != after.get(*path))
-        .collect();
+    let changed = changes(&before, &after);
     assert!(
         escapes_by_tool.is_empty() && changed.is_empty(),
         "calls that showed the outside, by tool: {escapes_by_tool:?}\n\
          created or changed outside ({}): {:?}\nfirst escapes:\n{}",
         changed.len(),
-        changed
-            .iter()
-            .take(10)
-            .map(|path| (path, after.get(*path).map(|bytes| String::from_utf8_lossy(bytes).into_owned())))
-            .collect::<Vec<_>>(),
+        &changed[..changed.len().min(10)],
         escapes.join("\n")
     );
     assert!(swaps > 1000, "the swapper hardly ran ({swaps} swaps)");
