@@ -485,34 +485,41 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
     let call = |name: &str, arguments: Value| serde_json::json!({"name": name, "arguments": arguments});
     let mut turns = Vec::new();
     for turn in 0..8 {
+        // Each turn spells its paths differently (`./` repeated), so the
+        // recursion monitor sees no call repeated from turn to turn.
+        let here = "./".repeat(turn);
+        let at = |path: &str| format!("{here}{path}");
         let mut calls = Vec::new();
         for n in 0..10 {
-            calls.push(call("read_file", serde_json::json!({"path": "swap/secret.txt"})));
+            calls.push(call("read_file", serde_json::json!({"path": at("swap/secret.txt")})));
             if n % 2 == 0 {
-                calls.push(call("read_file", serde_json::json!({"path": "link/nested/secret.txt"})));
+                calls.push(call("read_file", serde_json::json!({"path": at("link/nested/secret.txt")})));
             }
         }
         for n in 0..8 {
-            let path = format!("swap/new-{turn}-{n}.txt");
+            let path = at(&format!("swap/new-{n}.txt"));
             calls.push(call("write_file", serde_json::json!({"path": path, "content": "x"})));
         }
-        calls.push(call("write_file", serde_json::json!({"path": "swap/nested/deeper/new.txt", "content": "x"})));
-        calls.push(call("write_file", serde_json::json!({"path": "link/edit.txt", "content": "alpha\n"})));
+        calls.push(call(
+            "write_file",
+            serde_json::json!({"path": at("swap/nested/deeper/new.txt"), "content": "x"}),
+        ));
+        calls.push(call("write_file", serde_json::json!({"path": at("link/edit.txt"), "content": "alpha\n"})));
         calls.push(call(
             "edit_file",
-            serde_json::json!({"path": "swap/edit.txt", "old_string": "alpha\n", "new_string": "beta\n"}),
+            serde_json::json!({"path": at("swap/edit.txt"), "old_string": "alpha\n", "new_string": "beta\n"}),
         ));
         calls.push(call(
             "edit_file",
-            serde_json::json!({"path": "swap/edit.txt", "old_string": "beta\n", "new_string": "alpha\n"}),
+            serde_json::json!({"path": at("swap/edit.txt"), "old_string": "beta\n", "new_string": "alpha\n"}),
         ));
         for path in ["swap", "link", "link/nested"] {
-            calls.push(call("list_dir", serde_json::json!({"path": path})));
-            calls.push(call("glob", serde_json::json!({"pattern": "**/*.txt", "path": path})));
-            calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text", "path": path})));
+            calls.push(call("list_dir", serde_json::json!({"path": at(path)})));
+            calls.push(call("glob", serde_json::json!({"pattern": "**/*.txt", "path": at(path)})));
+            calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text", "path": at(path)})));
         }
-        calls.push(call("glob", serde_json::json!({"pattern": "**/*"})));
-        calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text"})));
+        calls.push(call("glob", serde_json::json!({"pattern": "**/*", "path": at(".")})));
+        calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text", "path": at(".")})));
         turns.push(serde_json::json!({"tool_calls": calls}));
     }
     turns.push(serde_json::json!({"content": "done"}));
@@ -527,11 +534,18 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
     let swaps = swapper.swaps();
     drop(swapper);
 
-    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}\n{}",
+        &stderr[stderr.len().saturating_sub(2000)..],
+        &stdout[stdout.len().saturating_sub(2000)..]
+    );
     let events = events(&output.stdout);
     let results = results(&events);
     assert_eq!(results.len(), 8 * 38, "every call ran");
-    let stdout = String::from_utf8_lossy(&output.stdout);
     let leaked: Vec<&(String, String, String)> = results
         .iter()
         .filter(|(_, _, content)| content.contains(SECRET) || content.contains(OUTSIDE_NAME))
