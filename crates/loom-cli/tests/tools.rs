@@ -493,7 +493,10 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
         for n in 0..10 {
             calls.push(call("read_file", serde_json::json!({"path": at("swap/secret.txt")})));
             if n % 2 == 0 {
-                calls.push(call("read_file", serde_json::json!({"path": at("link/nested/secret.txt")})));
+                calls.push(call(
+                    "read_file",
+                    serde_json::json!({"path": at("link/nested/secret.txt")}),
+                ));
             }
         }
         for n in 0..8 {
@@ -504,7 +507,10 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
             "write_file",
             serde_json::json!({"path": at("swap/nested/deeper/new.txt"), "content": "x"}),
         ));
-        calls.push(call("write_file", serde_json::json!({"path": at("link/edit.txt"), "content": "alpha\n"})));
+        calls.push(call(
+            "write_file",
+            serde_json::json!({"path": at("link/edit.txt"), "content": "alpha\n"}),
+        ));
         calls.push(call(
             "edit_file",
             serde_json::json!({"path": at("swap/edit.txt"), "old_string": "alpha\n", "new_string": "beta\n"}),
@@ -515,11 +521,20 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
         ));
         for path in ["swap", "link", "link/nested"] {
             calls.push(call("list_dir", serde_json::json!({"path": at(path)})));
-            calls.push(call("glob", serde_json::json!({"pattern": "**/*.txt", "path": at(path)})));
-            calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text", "path": at(path)})));
+            calls.push(call(
+                "glob",
+                serde_json::json!({"pattern": "**/*.txt", "path": at(path)}),
+            ));
+            calls.push(call(
+                "grep",
+                serde_json::json!({"pattern": "SECRET|text", "path": at(path)}),
+            ));
         }
         calls.push(call("glob", serde_json::json!({"pattern": "**/*", "path": at(".")})));
-        calls.push(call("grep", serde_json::json!({"pattern": "SECRET|text", "path": at(".")})));
+        calls.push(call(
+            "grep",
+            serde_json::json!({"pattern": "SECRET|text", "path": at(".")}),
+        ));
         turns.push(serde_json::json!({"tool_calls": calls}));
     }
     turns.push(serde_json::json!({"content": "done"}));
@@ -528,7 +543,16 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
 
     let swapper = Swapper::start(&root.join("swap"), &root.join("link"));
     let output = common::loom_in(root)
-        .args(["run", "--json", "--yes", "--max-steps", "20", "--model", &model, "poke around"])
+        .args([
+            "run",
+            "--json",
+            "--yes",
+            "--max-steps",
+            "20",
+            "--model",
+            &model,
+            "poke around",
+        ])
         .output()
         .unwrap();
     let swaps = swapper.swaps();
@@ -565,5 +589,8 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
         .filter(|(name, status, content)| name == "read_file" && status == "success" && content.contains("inside text"))
         .count();
     assert!(inside_reads > 0, "read_file never read the inside file");
-    println!("{} calls, {swaps} swaps, {inside_reads} inside reads, no escape", results.len());
+    println!(
+        "{} calls, {swaps} swaps, {inside_reads} inside reads, no escape",
+        results.len()
+    );
 }

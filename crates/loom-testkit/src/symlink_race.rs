@@ -104,7 +104,10 @@ pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 }
 
 /// The paths whose entry differs between two snapshots, with what is there now.
-pub fn changes(before: &BTreeMap<PathBuf, Vec<u8>>, after: &BTreeMap<PathBuf, Vec<u8>>) -> Vec<(PathBuf, Option<String>)> {
+pub fn changes(
+    before: &BTreeMap<PathBuf, Vec<u8>>,
+    after: &BTreeMap<PathBuf, Vec<u8>>,
+) -> Vec<(PathBuf, Option<String>)> {
     let mut paths: Vec<&PathBuf> = before.keys().chain(after.keys()).collect();
     paths.sort();
     paths.dedup();

@@ -24,8 +24,7 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use loom_core::ToolError;
 
 /// Why Loom's state is refused, in words the model can act on.
-const STATE_REASON: &str =
-    "it is Loom's own state (its run database and records), which tools may not read or change";
+const STATE_REASON: &str = "it is Loom's own state (its run database and records), which tools may not read or change";
 
 /// The workspace root that file tools may not leave, opened as a handle.
 #[derive(Debug)]
@@ -275,9 +274,7 @@ impl Jail {
                         Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(err) => return Err(refusal(requested, err)),
                     }
-                    let dir = current
-                        .open_dir(component)
-                        .map_err(|err| refusal(requested, err))?;
+                    let dir = current.open_dir(component).map_err(|err| refusal(requested, err))?;
                     self.check(requested, &dir, None, true)?;
                     dir
                 }
@@ -415,8 +412,14 @@ mod tests {
 
         assert_eq!(jail.relative("sub/a.txt").unwrap(), Path::new("sub/a.txt"));
         assert_eq!(jail.relative("./sub/../sub/a.txt").unwrap(), Path::new("sub/a.txt"));
-        assert_eq!(jail.relative("new/dir/file.txt").unwrap(), Path::new("new/dir/file.txt"));
-        assert_eq!(jail.relative(root.join("sub").to_str().unwrap()).unwrap(), Path::new("sub"));
+        assert_eq!(
+            jail.relative("new/dir/file.txt").unwrap(),
+            Path::new("new/dir/file.txt")
+        );
+        assert_eq!(
+            jail.relative(root.join("sub").to_str().unwrap()).unwrap(),
+            Path::new("sub")
+        );
         assert_eq!(jail.relative("").unwrap(), Path::new(""));
         assert_eq!(jail.relative(".").unwrap(), Path::new(""));
 
@@ -452,7 +455,13 @@ mod tests {
         let jail = Jail::new(dir.path())
             .unwrap()
             .protecting(vec![root.join(".loom"), root.join("data/runs.db")].into());
-        for path in [".loom", ".loom/loom.db", ".loom/new.txt", "./sub/../.loom/loom.db", "data/runs.db"] {
+        for path in [
+            ".loom",
+            ".loom/loom.db",
+            ".loom/new.txt",
+            "./sub/../.loom/loom.db",
+            "data/runs.db",
+        ] {
             let err = jail.relative(path).unwrap_err();
             assert!(err.to_string().contains("Loom's own state"), "{path}: {err}");
         }
@@ -461,14 +470,23 @@ mod tests {
         let err = jail.open_read("state/loom.db", &relative).unwrap_err();
         assert!(err.to_string().contains("Loom's own state"), "{err}");
         let relative = jail.relative("state/new.txt").unwrap();
-        let err = jail.open_write("state/new.txt", &relative, WriteMode::Replace).unwrap_err();
+        let err = jail
+            .open_write("state/new.txt", &relative, WriteMode::Replace)
+            .unwrap_err();
         assert!(err.to_string().contains("Loom's own state"), "{err}");
         let err = jail
-            .open_write("state/deeper/new.txt", Path::new("state/deeper/new.txt"), WriteMode::Replace)
+            .open_write(
+                "state/deeper/new.txt",
+                Path::new("state/deeper/new.txt"),
+                WriteMode::Replace,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("Loom's own state"), "{err}");
         assert!(!dir.path().join(".loom/new.txt").exists());
-        assert!(!dir.path().join(".loom/deeper").exists(), "nothing made under Loom's state");
+        assert!(
+            !dir.path().join(".loom/deeper").exists(),
+            "nothing made under Loom's state"
+        );
 
         assert!(jail.relative("data/other.db").is_ok());
         assert!(jail.relative(".loomish").is_ok(), "only the directory itself");

@@ -68,30 +68,52 @@ async fn no_file_tool_escapes_through_a_swapped_symlink() {
         }
         let ctx = ctx(root);
         let calls = [
-            ("read_file", ReadFile.call(args(json!({"path": "swap/secret.txt"})), ctx.clone()).await),
-            ("read_file", ReadFile.call(args(json!({"path": "link/nested/secret.txt"})), ctx.clone()).await),
             (
-                "write_file",
-                WriteFile
-                    .call(args(json!({"path": format!("swap/new-{}.txt", round % 20), "content": "x"})), ctx.clone())
+                "read_file",
+                ReadFile
+                    .call(args(json!({"path": "swap/secret.txt"})), ctx.clone())
+                    .await,
+            ),
+            (
+                "read_file",
+                ReadFile
+                    .call(args(json!({"path": "link/nested/secret.txt"})), ctx.clone())
                     .await,
             ),
             (
                 "write_file",
                 WriteFile
-                    .call(args(json!({"path": "swap/nested/deeper/new.txt", "content": "x"})), ctx.clone())
+                    .call(
+                        args(json!({"path": format!("swap/new-{}.txt", round % 20), "content": "x"})),
+                        ctx.clone(),
+                    )
                     .await,
             ),
             (
                 "write_file",
                 WriteFile
-                    .call(args(json!({"path": "link/edit.txt", "content": "alpha\n"})), ctx.clone())
+                    .call(
+                        args(json!({"path": "swap/nested/deeper/new.txt", "content": "x"})),
+                        ctx.clone(),
+                    )
                     .await,
             ),
             (
                 "write_file",
                 WriteFile
-                    .call(args(json!({"path": "swap/secret.txt", "content": "inside text\n", "append": round % 2 == 0})), ctx.clone())
+                    .call(
+                        args(json!({"path": "link/edit.txt", "content": "alpha\n"})),
+                        ctx.clone(),
+                    )
+                    .await,
+            ),
+            (
+                "write_file",
+                WriteFile
+                    .call(
+                        args(json!({"path": "swap/secret.txt", "content": "inside text\n", "append": round % 2 == 0})),
+                        ctx.clone(),
+                    )
                     .await,
             ),
             (
@@ -112,12 +134,29 @@ async fn no_file_tool_escapes_through_a_swapped_symlink() {
                     )
                     .await,
             ),
-            ("list_dir", ListDir.call(args(json!({"path": "swap"})), ctx.clone()).await),
-            ("list_dir", ListDir.call(args(json!({"path": "link/nested"})), ctx.clone()).await),
+            (
+                "list_dir",
+                ListDir.call(args(json!({"path": "swap"})), ctx.clone()).await,
+            ),
+            (
+                "list_dir",
+                ListDir.call(args(json!({"path": "link/nested"})), ctx.clone()).await,
+            ),
             ("glob", Glob.call(args(json!({"pattern": "**/*"})), ctx.clone()).await),
-            ("glob", Glob.call(args(json!({"pattern": "**", "path": "swap"})), ctx.clone()).await),
-            ("grep", Grep.call(args(json!({"pattern": "SECRET|text"})), ctx.clone()).await),
-            ("grep", Grep.call(args(json!({"pattern": "SECRET|text", "path": "link"})), ctx.clone()).await),
+            (
+                "glob",
+                Glob.call(args(json!({"pattern": "**", "path": "swap"})), ctx.clone())
+                    .await,
+            ),
+            (
+                "grep",
+                Grep.call(args(json!({"pattern": "SECRET|text"})), ctx.clone()).await,
+            ),
+            (
+                "grep",
+                Grep.call(args(json!({"pattern": "SECRET|text", "path": "link"})), ctx.clone())
+                    .await,
+            ),
         ];
         for (tool, result) in calls {
             attempts += 1;
@@ -152,7 +191,10 @@ async fn no_file_tool_escapes_through_a_swapped_symlink() {
         escapes.join("\n")
     );
     assert!(swaps > 1000, "the swapper hardly ran ({swaps} swaps)");
-    assert!(inside_reads > 0, "read_file never read the inside file in {attempts} calls");
+    assert!(
+        inside_reads > 0,
+        "read_file never read the inside file in {attempts} calls"
+    );
     eprintln!("{attempts} calls, {swaps} swaps, {inside_reads} inside reads, no escape");
 }
 
@@ -172,7 +214,10 @@ async fn files_with_more_than_one_hard_link_are_never_changed() {
             .call(args(json!({"path": "linked.txt", "content": "owned\n"})), ctx(root))
             .await,
         WriteFile
-            .call(args(json!({"path": "linked.txt", "content": "owned\n", "append": true})), ctx(root))
+            .call(
+                args(json!({"path": "linked.txt", "content": "owned\n", "append": true})),
+                ctx(root),
+            )
             .await,
         EditFile
             .call(
@@ -246,21 +291,24 @@ async fn read_only_paths_can_be_read_but_not_changed() {
             }
         };
         let err = result.unwrap_err().to_string();
-        assert!(err.contains("is refused") && err.contains("may read but not change"), "{tool} {path}: {err}");
+        assert!(
+            err.contains("is refused") && err.contains("may read but not change"),
+            "{tool} {path}: {err}"
+        );
     }
     assert_eq!(
         std::fs::read_to_string(root.join("loom.toml")).unwrap(),
         "[tools.bash]\nenabled = true\n"
     );
-    assert_eq!(std::fs::read_to_string(root.join("conf/settings.toml")).unwrap(), "enabled = true\n");
+    assert_eq!(
+        std::fs::read_to_string(root.join("conf/settings.toml")).unwrap(),
+        "enabled = true\n"
+    );
     assert!(!root.join("conf/new.toml").exists());
     assert!(!root.join("conf/deeper").exists());
 
     for path in ["loom.toml", "alias.toml", "conf_alias/settings.toml"] {
-        let read = ReadFile
-            .call(args(json!({"path": path})), ctx.clone())
-            .await
-            .unwrap();
+        let read = ReadFile.call(args(json!({"path": path})), ctx.clone()).await.unwrap();
         assert!(read.content.contains("enabled = true"), "{path}: {}", read.content);
     }
     // What is beside them stays writable.

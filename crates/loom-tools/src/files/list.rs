@@ -56,7 +56,10 @@ impl Tool for ListDir {
             for entry in reader {
                 let entry = entry.map_err(|err| io_error("list", &shown, err))?;
                 let name_os = entry.file_name();
-                if real.as_ref().is_some_and(|real| jail.is_protected(&real.join(&name_os))) {
+                if real
+                    .as_ref()
+                    .is_some_and(|real| jail.is_protected(&real.join(&name_os)))
+                {
                     continue;
                 }
                 let name = name_os.to_string_lossy().into_owned();

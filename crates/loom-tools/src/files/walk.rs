@@ -135,7 +135,10 @@ where
             if name.as_encoded_bytes().starts_with(b".") {
                 continue;
             }
-            if real.as_ref().is_some_and(|real| self.jail.is_protected(&real.join(&name))) {
+            if real
+                .as_ref()
+                .is_some_and(|real| self.jail.is_protected(&real.join(&name)))
+            {
                 continue;
             }
             let child = relative.join(&name);

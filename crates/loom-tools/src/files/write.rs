@@ -41,7 +41,11 @@ impl Tool for WriteFile {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {
             let shown = display(&path);
-            let mode = if args.append { WriteMode::Append } else { WriteMode::Replace };
+            let mode = if args.append {
+                WriteMode::Append
+            } else {
+                WriteMode::Replace
+            };
             let (mut file, existed) = jail.open_write(&args.path, &path, mode).map_err(|err| match err {
                 OpenError::Io(err) if err.kind() == std::io::ErrorKind::IsADirectory => {
                     ToolError::Failed(format!("'{shown}' is a directory; give a file path"))
