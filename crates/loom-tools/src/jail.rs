@@ -97,7 +97,8 @@ impl Jail {
         Ok(Self {
             dir,
             root: real,
-            given: normalize(root),
+            // Absolute, so that only absolute paths can be under it.
+            given: normalize(&std::path::absolute(root)?),
             protected: Arc::from(Vec::new()),
             read_only: Arc::from(Vec::new()),
         })
@@ -141,6 +142,12 @@ impl Jail {
     /// Links are judged later, when the path is opened through the handle.
     pub fn relative(&self, requested: &str) -> Result<PathBuf, PathError> {
         let normalized = normalize(&self.root.join(requested));
+        let outside = || {
+            PathError::new(
+                requested,
+                format!("it is outside the workspace {}", self.root.display()),
+            )
+        };
         let relative = match normalized.strip_prefix(&self.root) {
             Ok(rest) => rest.to_path_buf(),
             // An absolute path under the workspace as configured (through a
@@ -148,13 +155,13 @@ impl Jail {
             Err(_) => normalized
                 .strip_prefix(&self.given)
                 .map(Path::to_path_buf)
-                .map_err(|_| {
-                    PathError::new(
-                        requested,
-                        format!("it is outside the workspace {}", self.root.display()),
-                    )
-                })?,
+                .map_err(|_| outside())?,
         };
+        // Whatever is handed to cap-std is plainly relative; it would refuse
+        // anything else too, in words less clear.
+        if relative.has_root() || relative.components().any(|c| c == Component::ParentDir) {
+            return Err(outside());
+        }
         if self.is_protected(&self.root.join(&relative)) {
             return Err(PathError::new(requested, STATE_REASON));
         }
@@ -442,6 +449,37 @@ mod tests {
         );
         let root = base.path().join("alias");
         assert_eq!(jail.relative(root.to_str().unwrap()).unwrap(), Path::new(""));
+    }
+
+    #[test]
+    fn a_relative_workspace_path_lets_nothing_else_in() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ws")).unwrap();
+        let relative = pathdiff(dir.path().join("ws"));
+        let jail = Jail::new(&relative).unwrap();
+        let err = jail.relative("../elsewhere.txt").unwrap_err();
+        assert!(err.to_string().contains("outside the workspace"), "{err}");
+        assert!(jail.relative("/etc/passwd").is_err());
+        assert_eq!(
+            jail.relative(dir.path().join("ws/a.txt").to_str().unwrap()).unwrap(),
+            Path::new("a.txt")
+        );
+
+        // The current directory itself: `.` must not make every path inside.
+        let here = Jail::new(Path::new(".")).unwrap();
+        assert!(here.relative("../x").is_err());
+        assert!(here.relative("/etc/passwd").is_err());
+        assert_eq!(here.relative("src/lib.rs").unwrap(), Path::new("src/lib.rs"));
+    }
+
+    /// `path` relative to the current directory (`../..` up to `/`, then down).
+    fn pathdiff(path: PathBuf) -> PathBuf {
+        let cwd = std::env::current_dir().unwrap();
+        let mut out = PathBuf::new();
+        for _ in cwd.components().skip(1) {
+            out.push("..");
+        }
+        out.join(path.strip_prefix("/").unwrap())
     }
 
     #[test]
