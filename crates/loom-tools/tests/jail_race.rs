@@ -198,6 +198,105 @@ async fn no_file_tool_escapes_through_a_swapped_symlink() {
     eprintln!("{attempts} calls, {swaps} swaps, {inside_reads} inside reads, no escape");
 }
 
+/// The same race with a link to Loom's own state inside the workspace: the
+/// state is judged on what was opened, so it is never read, listed or changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_file_tool_reaches_loom_state_through_a_swapped_symlink() {
+    const STATE: &str = "LOOM-STATE-9b2e";
+    const STATE_NAME: &str = "state-only-name.db";
+    let workspace = tempfile::tempdir().unwrap();
+    let root = workspace.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join(".loom/nested")).unwrap();
+    std::fs::write(root.join(".loom/secret.txt"), format!("{STATE}\n")).unwrap();
+    std::fs::write(root.join(".loom/edit.txt"), "alpha\nALPHA\n").unwrap();
+    std::fs::write(root.join(".loom").join(STATE_NAME), format!("{STATE}\n")).unwrap();
+    std::fs::write(root.join(".loom/nested/secret.txt"), format!("{STATE}\n")).unwrap();
+    std::fs::create_dir_all(root.join("swap/nested")).unwrap();
+    std::fs::write(root.join("swap/secret.txt"), "inside text\n").unwrap();
+    std::fs::write(root.join("swap/edit.txt"), "alpha\n").unwrap();
+    std::fs::write(root.join("swap/nested/secret.txt"), "inside text\n").unwrap();
+    std::os::unix::fs::symlink(".loom", root.join("state")).unwrap();
+    let mut ctx = ctx(&root);
+    ctx.protected = vec![root.join(".loom")].into();
+    let before = snapshot(&root.join(".loom"));
+
+    let swapper = Swapper::start(&root.join("swap"), &root.join("state"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut escapes = Vec::new();
+    let mut attempts = 0usize;
+    for round in 0..800 {
+        if Instant::now() > deadline {
+            break;
+        }
+        let calls = [
+            ("read_file", ReadFile.call(args(json!({"path": "swap/secret.txt"})), ctx.clone()).await),
+            ("read_file", ReadFile.call(args(json!({"path": "state/nested/secret.txt"})), ctx.clone()).await),
+            (
+                "write_file",
+                WriteFile
+                    .call(
+                        args(json!({"path": format!("swap/new-{}.txt", round % 10), "content": "x"})),
+                        ctx.clone(),
+                    )
+                    .await,
+            ),
+            (
+                "write_file",
+                WriteFile
+                    .call(
+                        args(json!({"path": "state/nested/deeper/new.txt", "content": "x"})),
+                        ctx.clone(),
+                    )
+                    .await,
+            ),
+            (
+                "edit_file",
+                EditFile
+                    .call(
+                        args(json!({"path": "swap/edit.txt", "old_string": "alpha\n", "new_string": "beta\n"})),
+                        ctx.clone(),
+                    )
+                    .await,
+            ),
+            (
+                "edit_file",
+                EditFile
+                    .call(
+                        args(json!({"path": "swap/edit.txt", "old_string": "beta\n", "new_string": "alpha\n"})),
+                        ctx.clone(),
+                    )
+                    .await,
+            ),
+            ("list_dir", ListDir.call(args(json!({"path": "swap"})), ctx.clone()).await),
+            ("glob", Glob.call(args(json!({"pattern": "**/*"})), ctx.clone()).await),
+            ("grep", Grep.call(args(json!({"pattern": "STATE|text", "path": "state"})), ctx.clone()).await),
+        ];
+        for (tool, result) in calls {
+            attempts += 1;
+            let text = match result {
+                Ok(output) => output.content,
+                Err(err) => err.to_string(),
+            };
+            if text.contains(STATE) || text.contains(STATE_NAME) {
+                escapes.push(format!("round {round}, {tool}: {text}"));
+            }
+        }
+    }
+    let swaps = swapper.swaps();
+    drop(swapper);
+    let changed = changes(&before, &snapshot(&root.join(".loom")));
+    assert!(
+        escapes.is_empty() && changed.is_empty(),
+        "{} calls showed Loom's state: {:?}\nchanged in it ({}): {:?}",
+        escapes.len(),
+        &escapes[..escapes.len().min(5)],
+        changed.len(),
+        &changed[..changed.len().min(10)]
+    );
+    assert!(swaps > 1000, "the swapper hardly ran ({swaps} swaps)");
+    eprintln!("{attempts} calls, {swaps} swaps, Loom's state untouched");
+}
+
 #[tokio::test]
 async fn files_with_more_than_one_hard_link_are_never_changed() {
     let workspace = tempfile::tempdir().unwrap();
