@@ -229,8 +229,18 @@ async fn no_file_tool_reaches_loom_state_through_a_swapped_symlink() {
             break;
         }
         let calls = [
-            ("read_file", ReadFile.call(args(json!({"path": "swap/secret.txt"})), ctx.clone()).await),
-            ("read_file", ReadFile.call(args(json!({"path": "state/nested/secret.txt"})), ctx.clone()).await),
+            (
+                "read_file",
+                ReadFile
+                    .call(args(json!({"path": "swap/secret.txt"})), ctx.clone())
+                    .await,
+            ),
+            (
+                "read_file",
+                ReadFile
+                    .call(args(json!({"path": "state/nested/secret.txt"})), ctx.clone())
+                    .await,
+            ),
             (
                 "write_file",
                 WriteFile
@@ -267,9 +277,16 @@ async fn no_file_tool_reaches_loom_state_through_a_swapped_symlink() {
                     )
                     .await,
             ),
-            ("list_dir", ListDir.call(args(json!({"path": "swap"})), ctx.clone()).await),
+            (
+                "list_dir",
+                ListDir.call(args(json!({"path": "swap"})), ctx.clone()).await,
+            ),
             ("glob", Glob.call(args(json!({"pattern": "**/*"})), ctx.clone()).await),
-            ("grep", Grep.call(args(json!({"pattern": "STATE|text", "path": "state"})), ctx.clone()).await),
+            (
+                "grep",
+                Grep.call(args(json!({"pattern": "STATE|text", "path": "state"})), ctx.clone())
+                    .await,
+            ),
         ];
         for (tool, result) in calls {
             attempts += 1;
