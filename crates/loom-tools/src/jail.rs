@@ -375,12 +375,17 @@ fn here(relative: &Path) -> &Path {
     }
 }
 
+/// Whether cap-std refused `err`'s path because it would leave the root.
+pub fn is_escape(err: &io::Error) -> bool {
+    // cap-std reports an escape as PermissionDenied with no OS error code;
+    // a real EACCES carries one.
+    err.kind() == io::ErrorKind::PermissionDenied && err.raw_os_error().is_none()
+}
+
 /// cap-std's refusal of a path that would leave the root, in the jail's
 /// words; any other error as it is.
 fn refusal(requested: &str, err: io::Error) -> OpenError {
-    // cap-std reports an escape as PermissionDenied with no OS error code;
-    // a real EACCES carries one.
-    if err.kind() == io::ErrorKind::PermissionDenied && err.raw_os_error().is_none() {
+    if is_escape(&err) {
         return PathError::new(
             requested,
             "a symbolic link on the way leads outside the workspace (links are followed only while they \

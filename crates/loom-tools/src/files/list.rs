@@ -3,7 +3,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{blocking, default_dot, io_error, open_error, resolve};
-use crate::jail::{display, OpenError};
+use crate::jail::{display, is_escape, OpenError};
 
 const MAX_ENTRIES: usize = 1000;
 
@@ -74,10 +74,8 @@ impl Tool for ListDir {
                 match meta {
                     Ok(meta) if meta.is_dir() => dirs.push(format!("{name}/")),
                     Ok(meta) => files.push(format!("{name} ({} bytes)", meta.len())),
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                        files.push(format!("{name} (broken link)"))
-                    }
-                    Err(_) => files.push(format!("{name} (link outside the workspace)")),
+                    Err(err) if is_escape(&err) => files.push(format!("{name} (link outside the workspace)")),
+                    Err(_) => files.push(format!("{name} (broken link)")),
                 }
             }
             dirs.sort();
