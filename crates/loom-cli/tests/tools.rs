@@ -1,7 +1,9 @@
 //! The shell and MCP tools through the `loom` binary: `[tools.bash]`, live
 //! shell output on stderr and as `tool.output` events, MCP servers from
 //! `[mcp.servers.NAME]` called by a scripted run, a deny rule on an MCP
-//! tool, and `loom mcp list`. No server process outlives a command.
+//! tool, and `loom mcp list`. No server process outlives a command. And the
+//! file tools of a real run against a directory swapped with a link to the
+//! outside while the run goes on.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::loom;
 use loom_testkit::mcp_servers::{self, processes_with_env};
+use loom_testkit::symlink_race::{changes, snapshot, Swapper};
 use serde_json::Value;
 
 const MARKER: &str = "LOOM_MCP_TEST_MARKER";
@@ -461,4 +464,141 @@ fn a_tool_a_server_adds_mid_run_is_offered_from_the_next_turn() {
         "{results:?}"
     );
     assert_no_process_left(&marker);
+}
+
+/// A hostile workspace: while a real `loom run` makes hundreds of file tool
+/// calls (several per turn, reads in parallel), this test's own thread swaps
+/// a directory in the workspace with a link to an outside directory, in a
+/// tight loop. Judged from outside: no result shows the outside's secret or
+/// names, and nothing outside was created or changed.
+#[test]
+fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
+    const SECRET: &str = "OUTSIDE-SECRET-c41d";
+    const OUTSIDE_NAME: &str = "outside-only-name.txt";
+    let dir = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(outside.path().join(OUTSIDE_NAME), format!("{SECRET} too\n")).unwrap();
+    std::fs::write(outside.path().join("edit.txt"), "alpha\nALPHA\n").unwrap();
+    std::fs::create_dir(outside.path().join("nested")).unwrap();
+    std::fs::write(outside.path().join("nested/secret.txt"), format!("{SECRET}\n")).unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("swap/nested")).unwrap();
+    std::fs::write(root.join("swap/secret.txt"), "inside text\n").unwrap();
+    std::fs::write(root.join("swap/edit.txt"), "alpha\n").unwrap();
+    std::fs::write(root.join("swap/nested/secret.txt"), "inside text\n").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("link")).unwrap();
+
+    let call = |name: &str, arguments: Value| serde_json::json!({"name": name, "arguments": arguments});
+    let mut turns = Vec::new();
+    for turn in 0..8 {
+        // Each turn spells its paths differently (`./` repeated), so the
+        // recursion monitor sees no call repeated from turn to turn.
+        let here = "./".repeat(turn);
+        let at = |path: &str| format!("{here}{path}");
+        let mut calls = Vec::new();
+        for n in 0..10 {
+            calls.push(call("read_file", serde_json::json!({"path": at("swap/secret.txt")})));
+            if n % 2 == 0 {
+                calls.push(call(
+                    "read_file",
+                    serde_json::json!({"path": at("link/nested/secret.txt")}),
+                ));
+            }
+        }
+        for n in 0..8 {
+            let path = at(&format!("swap/new-{n}.txt"));
+            calls.push(call("write_file", serde_json::json!({"path": path, "content": "x"})));
+        }
+        calls.push(call(
+            "write_file",
+            serde_json::json!({"path": at("swap/nested/deeper/new.txt"), "content": "x"}),
+        ));
+        calls.push(call(
+            "write_file",
+            serde_json::json!({"path": at("link/edit.txt"), "content": "alpha\n"}),
+        ));
+        calls.push(call(
+            "edit_file",
+            serde_json::json!({"path": at("swap/edit.txt"), "old_string": "alpha\n", "new_string": "beta\n"}),
+        ));
+        calls.push(call(
+            "edit_file",
+            serde_json::json!({"path": at("swap/edit.txt"), "old_string": "beta\n", "new_string": "alpha\n"}),
+        ));
+        for path in ["swap", "link", "link/nested"] {
+            calls.push(call("list_dir", serde_json::json!({"path": at(path)})));
+            calls.push(call(
+                "glob",
+                serde_json::json!({"pattern": "**/*.txt", "path": at(path)}),
+            ));
+            calls.push(call(
+                "grep",
+                serde_json::json!({"pattern": "SECRET|text", "path": at(path)}),
+            ));
+        }
+        calls.push(call("glob", serde_json::json!({"pattern": "**/*", "path": at(".")})));
+        calls.push(call(
+            "grep",
+            serde_json::json!({"pattern": "SECRET|text", "path": at(".")}),
+        ));
+        turns.push(serde_json::json!({"tool_calls": calls}));
+    }
+    turns.push(serde_json::json!({"content": "done"}));
+    let model = common::script_at(scripts.path(), "script.json", &Value::Array(turns));
+    let before = snapshot(outside.path());
+
+    let swapper = Swapper::start(&root.join("swap"), &root.join("link"));
+    let output = common::loom_in(root)
+        .args([
+            "run",
+            "--json",
+            "--yes",
+            "--max-steps",
+            "20",
+            "--model",
+            &model,
+            "poke around",
+        ])
+        .output()
+        .unwrap();
+    let swaps = swapper.swaps();
+    drop(swapper);
+
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}\n{}",
+        &stderr[stderr.len().saturating_sub(2000)..],
+        &stdout[stdout.len().saturating_sub(2000)..]
+    );
+    let events = events(&output.stdout);
+    let results = results(&events);
+    assert_eq!(results.len(), 8 * 38, "every call ran");
+    let leaked: Vec<&(String, String, String)> = results
+        .iter()
+        .filter(|(_, _, content)| content.contains(SECRET) || content.contains(OUTSIDE_NAME))
+        .collect();
+    let changed = changes(&before, &snapshot(outside.path()));
+    assert!(
+        leaked.is_empty() && changed.is_empty() && !stdout.contains(SECRET) && !stdout.contains(OUTSIDE_NAME),
+        "{} results showed the outside: {:?}\ncreated or changed outside ({}): {:?}",
+        leaked.len(),
+        &leaked[..leaked.len().min(5)],
+        changed.len(),
+        &changed[..changed.len().min(10)]
+    );
+    assert!(swaps > 100, "the swapper hardly ran ({swaps} swaps)");
+    let inside_reads = results
+        .iter()
+        .filter(|(name, status, content)| name == "read_file" && status == "success" && content.contains("inside text"))
+        .count();
+    assert!(inside_reads > 0, "read_file never read the inside file");
+    println!(
+        "{} calls, {swaps} swaps, {inside_reads} inside reads, no escape",
+        results.len()
+    );
 }

@@ -14,6 +14,7 @@ pub mod mcp_servers;
 mod model_server;
 mod noop;
 pub mod redaction;
+pub mod symlink_race;
 pub use model_server::{PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};
 

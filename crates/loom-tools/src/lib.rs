@@ -1,9 +1,11 @@
 //! Loom's built-in tools.
 //!
 //! The file tools — `read_file`, `write_file`, `edit_file`, `list_dir`,
-//! `glob`, `grep` — are confined to the run's workspace by [`Jail`]: absolute
-//! paths outside it, `..` escapes and symlinks that lead out are refused with
-//! an error the model can act on. `glob` and `grep` honour `.gitignore`.
+//! `glob`, `grep` — are confined to the run's workspace by [`Jail`]: every
+//! file is opened through a handle of the workspace, beneath it, so absolute
+//! paths outside it, `..` escapes and symlinks that lead out are refused,
+//! when the file is opened, with an error the model can act on. `glob` and
+//! `grep` honour `.gitignore`.
 
 #![warn(missing_docs)]
 
@@ -19,7 +21,7 @@ use std::sync::Arc;
 use loom_core::DynTool;
 
 pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
-pub use jail::{Jail, PathError};
+pub use jail::{Jail, OpenError, PathError, WriteMode};
 pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;
 pub use shell::{landlock_helper_main, Bash, BashSettings, SandboxMode};

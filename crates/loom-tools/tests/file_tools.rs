@@ -266,6 +266,9 @@ async fn every_tool_refuses_paths_outside_the_workspace() {
                 .unwrap_err(),
         );
         assert!(!outside.path().join("planted.txt").exists());
+        // Listed by its own name, never looked through.
+        let listing = ListDir.call(args(json!({})), ctx(dir.path())).await.unwrap().content;
+        assert!(listing.contains("out (link outside the workspace)"), "{listing}");
         assert_eq!(
             std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(),
             "secret"

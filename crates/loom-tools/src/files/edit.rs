@@ -2,7 +2,10 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, io_error, resolve};
+use std::io::{Read, Seek, Write};
+
+use super::{blocking, io_error, open_error, resolve};
+use crate::jail::{display, WriteMode};
 
 /// Arguments of `edit_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -35,7 +38,7 @@ impl Tool for EditFile {
     async fn call(&self, args: EditFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {
-            let shown = jail.display(&path);
+            let shown = display(&path);
             if args.old_string.is_empty() {
                 return Err(ToolError::InvalidArguments(
                     "old_string is empty; to create or replace a whole file use write_file".into(),
@@ -44,7 +47,12 @@ impl Tool for EditFile {
             if args.old_string == args.new_string {
                 return Err(ToolError::InvalidArguments("old_string and new_string are the same; nothing would change".into()));
             }
-            let text = std::fs::read_to_string(&path).map_err(|err| io_error("read", &shown, err))?;
+            // Read and rewritten through the one handle that was judged.
+            let (mut file, _) = jail
+                .open_write(&args.path, &path, WriteMode::Edit)
+                .map_err(|err| open_error("edit", &shown, err))?;
+            let mut text = String::new();
+            file.read_to_string(&mut text).map_err(|err| io_error("read", &shown, err))?;
             let count = text.matches(&args.old_string).count();
             match count {
                 0 => {
@@ -62,7 +70,10 @@ impl Tool for EditFile {
             let start = text.find(&args.old_string).unwrap_or(0);
             let first_line = text[..start].matches('\n').count() + 1;
             let updated = text.replacen(&args.old_string, &args.new_string, 1);
-            std::fs::write(&path, updated.as_bytes()).map_err(|err| io_error("write", &shown, err))?;
+            file.rewind()
+                .and_then(|()| file.set_len(0))
+                .and_then(|()| file.write_all(updated.as_bytes()))
+                .map_err(|err| io_error("write", &shown, err))?;
             let last_line = first_line + args.new_string.matches('\n').count();
             Ok(format!("Edited '{shown}': replaced 1 occurrence; the new text is on lines {first_line}-{last_line}.").into())
         })

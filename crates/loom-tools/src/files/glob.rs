@@ -3,7 +3,9 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, default_dot, resolve, walk_files};
+use super::walk::walk_files;
+use super::{blocking, default_dot, resolve};
+use crate::jail::display;
 
 const MAX_MATCHES: usize = 1000;
 
@@ -53,21 +55,21 @@ impl Tool for Glob {
         blocking(move || {
             let mut found = Vec::new();
             let mut more = 0usize;
-            for entry in walk_files(&base, &jail, cancel) {
-                let entry = entry?;
-                let Ok(relative) = entry.path().strip_prefix(&base) else {
-                    continue;
+            walk_files(&jail, &args.path, &base, &cancel, |file| {
+                let Ok(relative) = file.relative.strip_prefix(&base) else {
+                    return Ok(());
                 };
                 if matcher.is_match(relative) {
                     if found.len() < MAX_MATCHES {
-                        found.push(jail.display(entry.path()));
+                        found.push(display(file.relative));
                     } else {
                         more += 1;
                     }
                 }
-            }
+                Ok(())
+            })?;
             if found.is_empty() {
-                return Ok(format!("No files match '{}' under '{}'.", args.pattern, jail.display(&base)).into());
+                return Ok(format!("No files match '{}' under '{}'.", args.pattern, display(&base)).into());
             }
             found.sort();
             let mut out = found.join("\n");

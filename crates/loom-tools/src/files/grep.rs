@@ -6,7 +6,9 @@ use regex::RegexBuilder;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, clip_line, default_dot, looks_binary, resolve, walk_files};
+use super::walk::walk_files;
+use super::{blocking, clip_line, default_dot, looks_binary, resolve};
+use crate::jail::display;
 
 const DEFAULT_MAX_RESULTS: usize = 200;
 const MAX_LINE_CHARS: usize = 300;
@@ -78,27 +80,26 @@ impl Tool for Grep {
             let mut shown = 0usize;
             let mut more = 0usize;
             let mut files_with_matches = 0usize;
-            for entry in walk_files(&base, &jail, cancel) {
-                let entry = entry?;
-                let path = entry.path();
+            walk_files(&jail, &args.path, &base, &cancel, |found| {
+                let path = found.relative;
                 if let Some(filter) = &filter {
                     let relative = path.strip_prefix(&base).unwrap_or(path);
                     if !filter.is_match(relative) && !path.file_name().is_some_and(|name| filter.is_match(name)) {
-                        continue;
+                        return Ok(());
                     }
                 }
-                let Ok(mut file) = std::fs::File::open(path) else {
-                    continue;
+                let Some(mut file) = found.open() else {
+                    return Ok(());
                 };
                 let mut head = vec![0u8; super::BINARY_SNIFF_BYTES];
                 let Ok(read) = file.read(&mut head) else {
-                    continue;
+                    return Ok(());
                 };
                 head.truncate(read);
                 if looks_binary(&head) {
-                    continue;
+                    return Ok(());
                 }
-                let display = jail.display(path);
+                let display = display(path);
                 let mut matched = false;
                 let reader = BufReader::new(std::io::Cursor::new(head).chain(file));
                 for (index, line) in reader.split(b'\n').enumerate() {
@@ -121,9 +122,10 @@ impl Tool for Grep {
                     }
                 }
                 files_with_matches += usize::from(matched);
-            }
+                Ok(())
+            })?;
             if shown == 0 {
-                return Ok(format!("No matches for /{}/ under '{}'.", args.pattern, jail.display(&base)).into());
+                return Ok(format!("No matches for /{}/ under '{}'.", args.pattern, display(&base)).into());
             }
             out.push_str(&format!(
                 "[{} matching lines in {files_with_matches} files",

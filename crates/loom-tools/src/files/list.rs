@@ -2,7 +2,8 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, default_dot, io_error, resolve};
+use super::{blocking, default_dot, io_error, open_error, resolve};
+use crate::jail::{display, is_escape, OpenError};
 
 const MAX_ENTRIES: usize = 1000;
 
@@ -41,20 +42,39 @@ impl Tool for ListDir {
     async fn call(&self, args: ListDirArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {
-            let shown = jail.display(&path);
-            let reader = std::fs::read_dir(&path).map_err(|err| io_error("list", &shown, err))?;
+            let shown = display(&path);
+            let dir = jail.open_dir(&args.path, &path).map_err(|err| match err {
+                OpenError::Io(err) if err.kind() == std::io::ErrorKind::NotADirectory => {
+                    ToolError::Failed(format!("'{shown}' is a file, not a directory; use read_file"))
+                }
+                err => open_error("list", &shown, err),
+            })?;
+            let real = jail.real_dir_path(&dir);
+            let reader = dir.entries().map_err(|err| io_error("list", &shown, err))?;
             let mut dirs = Vec::new();
             let mut files = Vec::new();
             for entry in reader {
                 let entry = entry.map_err(|err| io_error("list", &shown, err))?;
-                if jail.is_protected(&entry.path()) {
+                let name_os = entry.file_name();
+                if real
+                    .as_ref()
+                    .is_some_and(|real| jail.is_protected(&real.join(&name_os)))
+                {
                     continue;
                 }
-                let name = entry.file_name().to_string_lossy().into_owned();
-                // Follow links for the kind, but never list what is outside.
-                match entry.path().metadata() {
+                let name = name_os.to_string_lossy().into_owned();
+                let is_link = entry.file_type().is_ok_and(|kind| kind.is_symlink());
+                // A link is shown as what it leads to, followed beneath the
+                // root only: what is outside is never looked at.
+                let meta = if is_link {
+                    jail.metadata(&path.join(&name_os))
+                } else {
+                    entry.metadata()
+                };
+                match meta {
                     Ok(meta) if meta.is_dir() => dirs.push(format!("{name}/")),
                     Ok(meta) => files.push(format!("{name} ({} bytes)", meta.len())),
+                    Err(err) if is_escape(&err) => files.push(format!("{name} (link outside the workspace)")),
                     Err(_) => files.push(format!("{name} (broken link)")),
                 }
             }

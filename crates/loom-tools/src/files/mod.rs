@@ -1,17 +1,19 @@
-//! The file tools. Each runs its file work on tokio's blocking pool.
+//! The file tools. Each runs its file work on tokio's blocking pool, and
+//! every file it touches is opened through the call's [`Jail`] handle.
 
 mod edit;
 mod glob;
 mod grep;
 mod list;
 mod read;
+mod walk;
 mod write;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use loom_core::{ToolContext, ToolError};
 
-use crate::jail::Jail;
+use crate::jail::{Jail, OpenError};
 
 pub use edit::EditFile;
 pub use glob::Glob;
@@ -34,7 +36,7 @@ where
         .map_err(|err| ToolError::Failed(format!("the tool's worker failed: {err}")))?
 }
 
-/// The jail of the call's workspace and the resolved `path`.
+/// The jail of the call's workspace and `path` relative to its root.
 fn resolve(ctx: &ToolContext, path: &str) -> Result<(Jail, PathBuf), ToolError> {
     let jail = Jail::new(&ctx.workspace)
         .map_err(|err| {
@@ -43,9 +45,18 @@ fn resolve(ctx: &ToolContext, path: &str) -> Result<(Jail, PathBuf), ToolError> 
                 ctx.workspace.display()
             ))
         })?
-        .protecting(ctx.protected.clone());
-    let resolved = jail.resolve(path)?;
-    Ok((jail, resolved))
+        .protecting(ctx.protected.clone())
+        .keeping_read_only(ctx.read_only.clone());
+    let relative = jail.relative(path)?;
+    Ok((jail, relative))
+}
+
+/// A failed open through the jail, worded for the model.
+fn open_error(action: &str, shown: &str, err: OpenError) -> ToolError {
+    match err {
+        OpenError::Refused(refused) => refused.into(),
+        OpenError::Io(err) => io_error(action, shown, err),
+    }
 }
 
 /// An I/O error worded for the model.
@@ -63,43 +74,12 @@ fn looks_binary(bytes: &[u8]) -> bool {
     bytes[..bytes.len().min(BINARY_SNIFF_BYTES)].contains(&0)
 }
 
-fn is_dir(path: &Path) -> bool {
-    path.metadata().map(|m| m.is_dir()).unwrap_or(false)
-}
-
 /// Cuts `line` to at most `max` characters, marking the cut.
 fn clip_line(line: &str, max: usize) -> String {
     match line.char_indices().nth(max) {
         Some((cut, _)) => format!("{}… [line cut at {max} characters]", &line[..cut]),
         None => line.to_string(),
     }
-}
-
-/// The files under `base`, honouring `.gitignore` (also outside git
-/// repositories) and skipping hidden files and Loom's own state. Stops with
-/// `Cancelled` as soon as `cancel` fires; unreadable entries are skipped.
-fn walk_files(
-    base: &Path,
-    jail: &Jail,
-    cancel: loom_core::CancellationToken,
-) -> impl Iterator<Item = Result<ignore::DirEntry, ToolError>> {
-    let mut stopped = false;
-    let jail = jail.clone();
-    ignore::WalkBuilder::new(base)
-        .require_git(false)
-        .filter_entry(move |entry| !jail.is_protected(entry.path()))
-        .build()
-        .filter_map(move |entry| {
-            if stopped {
-                return None;
-            }
-            if cancel.is_cancelled() {
-                stopped = true;
-                return Some(Err(ToolError::Cancelled));
-            }
-            let entry = entry.ok()?;
-            entry.file_type().is_some_and(|t| t.is_file()).then_some(Ok(entry))
-        })
 }
 
 fn default_dot() -> String {

@@ -4,7 +4,8 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, clip_line, io_error, is_dir, looks_binary, resolve};
+use super::{blocking, clip_line, io_error, looks_binary, open_error, resolve};
+use crate::jail::display;
 
 const DEFAULT_LIMIT: usize = 2000;
 const MAX_LINE_CHARS: usize = 2000;
@@ -52,13 +53,21 @@ impl Tool for ReadFile {
     async fn call(&self, args: ReadFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {
-            let shown = jail.display(&path);
-            if is_dir(&path) {
+            let shown = display(&path);
+            let mut file = jail
+                .open_read(&args.path, &path)
+                .map_err(|err| open_error("read", &shown, err))?;
+            let meta = file.metadata().map_err(|err| io_error("read", &shown, err))?;
+            if meta.is_dir() {
                 return Err(ToolError::Failed(format!(
                     "'{shown}' is a directory; use list_dir to see what it holds"
                 )));
             }
-            let mut file = std::fs::File::open(&path).map_err(|err| io_error("read", &shown, err))?;
+            if !meta.is_file() {
+                return Err(ToolError::Failed(format!(
+                    "'{shown}' is not a regular file (a pipe, socket or device); read_file reads files only"
+                )));
+            }
             let mut head = vec![0u8; super::BINARY_SNIFF_BYTES];
             let read = file.read(&mut head).map_err(|err| io_error("read", &shown, err))?;
             head.truncate(read);

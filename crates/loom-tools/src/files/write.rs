@@ -2,7 +2,10 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, io_error, is_dir, resolve};
+use std::io::Write;
+
+use super::{blocking, io_error, open_error, resolve};
+use crate::jail::{display, OpenError, WriteMode};
 
 /// Arguments of `write_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -37,23 +40,34 @@ impl Tool for WriteFile {
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
         blocking(move || {
-            let shown = jail.display(&path);
-            if is_dir(&path) {
-                return Err(ToolError::Failed(format!("'{shown}' is a directory; give a file path")));
-            }
-            let existed = path.exists();
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|err| io_error("create the directory for", &shown, err))?;
-            }
+            let shown = display(&path);
+            let mode = if args.append {
+                WriteMode::Append
+            } else {
+                WriteMode::Replace
+            };
+            let (mut file, existed) = jail.open_write(&args.path, &path, mode).map_err(|err| match err {
+                OpenError::Io(err) if err.kind() == std::io::ErrorKind::IsADirectory => {
+                    ToolError::Failed(format!("'{shown}' is a directory; give a file path"))
+                }
+                err => open_error("write", &shown, err),
+            })?;
+            // The handle that was judged is the one written: no second open.
             let verb = if args.append {
-                append(&path, args.content.as_bytes()).map_err(|err| io_error("append to", &shown, err))?;
+                // One write to a file opened in append mode, so concurrent
+                // appenders never interleave inside one call's text.
+                file.write_all(args.content.as_bytes())
+                    .and_then(|()| file.sync_data())
+                    .map_err(|err| io_error("append to", &shown, err))?;
                 if existed {
                     "Appended to"
                 } else {
                     "Created"
                 }
             } else {
-                std::fs::write(&path, args.content.as_bytes()).map_err(|err| io_error("write", &shown, err))?;
+                file.set_len(0)
+                    .and_then(|()| file.write_all(args.content.as_bytes()))
+                    .map_err(|err| io_error("write", &shown, err))?;
                 if existed {
                     "Replaced"
                 } else {
@@ -65,13 +79,4 @@ impl Tool for WriteFile {
         })
         .await
     }
-}
-
-/// Appends in one write to a file opened in append mode, so concurrent
-/// appenders never interleave inside one call's text.
-fn append(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    file.write_all(bytes)?;
-    file.sync_data()
 }
