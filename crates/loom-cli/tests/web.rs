@@ -709,7 +709,7 @@ const ws = new WebSocket('ws://{addr}/ws');
 ws.onopen = () => {{
   log.push('open');
   ws.send(JSON.stringify({{type: 'request', id: '1', method: 'run.list', payload: {{}}}}));
-  ws.send(JSON.stringify({{type: 'request', id: '2', method: 'run.start', payload: {{prompt: 'hijacked steps=1 tool=write_file'}}}}));
+  ws.send(JSON.stringify({{type: 'request', id: '2', method: 'agent.run', payload: {{prompt: 'hijacked steps=1 tool=write_file'}}}}));
 }};
 ws.onmessage = (m) => log.push('message ' + m.data.slice(0, 60));
 ws.onerror = () => log.push('error');
