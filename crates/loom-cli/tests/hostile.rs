@@ -70,10 +70,7 @@ async fn ws_with_cookie(
     gateway: &Gateway,
     cookie: &str,
     origin: &str,
-) -> Result<
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
-    u16,
-> {
+) -> Result<tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>, u16> {
     let mut request = format!("ws://{}/ws", gateway.addr).into_client_request().unwrap();
     request.headers_mut().insert("cookie", cookie.parse().unwrap());
     request.headers_mut().insert("origin", origin.parse().unwrap());
@@ -151,7 +148,11 @@ fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, Option
         match stream.read(&mut buffer) {
             Ok(0) => return (String::from_utf8_lossy(&text).into_owned(), Some(started.elapsed())),
             Ok(n) => text.extend_from_slice(&buffer[..n]),
-            Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return (String::from_utf8_lossy(&text).into_owned(), Some(started.elapsed())),
         }
     }
@@ -163,9 +164,8 @@ const SLACK: Duration = Duration::from_secs(5);
 
 #[test]
 fn connections_that_never_finish_are_closed_within_their_timeouts() {
-    let (_dir, _model, gateway) = gateway(
-        "header_timeout_secs = 1\nidle_timeout_secs = 2\nbody_timeout_secs = 1\nping_interval_secs = 0.5",
-    );
+    let (_dir, _model, gateway) =
+        gateway("header_timeout_secs = 1\nidle_timeout_secs = 2\nbody_timeout_secs = 1\nping_interval_secs = 0.5");
     // Headers that never end.
     let mut headers = TcpStream::connect(&gateway.addr).unwrap();
     headers.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
@@ -303,7 +303,11 @@ async fn two_sign_ins_in_one_second_are_two_sessions() {
     assert_ne!(first, second, "two sign-ins share one cookie");
     sign_out(&gateway, &first).await;
     assert_eq!(whoami(&gateway, &first).await, 401);
-    assert_eq!(whoami(&gateway, &second).await, 200, "a sign-out ended the other sign-in");
+    assert_eq!(
+        whoami(&gateway, &second).await,
+        200,
+        "a sign-out ended the other sign-in"
+    );
     // Signed out and in again within the second: the new cookie lives.
     let third = sign_in(&gateway).await;
     assert_eq!(whoami(&gateway, &third).await, 200);
@@ -328,7 +332,14 @@ async fn a_cookie_forged_with_the_key_for_years_ahead_is_refused() {
     let key = std::fs::read(gateway.dir.join(".loom/web-session.key")).unwrap();
     let name = genuine.split('=').next().unwrap();
     assert_eq!(name, format!("loom_session_{}", &hmac_hex(&key, "cookie name")[..8]));
-    let version = genuine.split('=').nth(1).unwrap().split('.').next().unwrap().to_string();
+    let version = genuine
+        .split('=')
+        .nth(1)
+        .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
+        .to_string();
     let token = hex(&Sha256::digest(ALICE.as_bytes()));
     let user = hex(b"alice");
     let forge = |expiry: u64| match version.as_str() {

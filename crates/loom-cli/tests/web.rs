@@ -720,10 +720,16 @@ setTimeout(done, 5000);
     );
     let hostile = serve_elsewhere(html);
     page.client.goto(&hostile).await.unwrap();
-    page.until("the hostile page's outcome", "return document.title.startsWith('done');")
-        .await;
+    page.until(
+        "the hostile page's outcome",
+        "return document.title.startsWith('done');",
+    )
+    .await;
     let outcome = page.client.title().await.unwrap();
-    assert!(!outcome.contains("open"), "the hostile page got a connection: {outcome}");
+    assert!(
+        !outcome.contains("open"),
+        "the hostile page got a connection: {outcome}"
+    );
     assert!(!outcome.contains("message"), "the hostile page was answered: {outcome}");
     assert!(outcome.contains("error"), "{outcome}");
     // Nothing was started under alice's name.
@@ -738,7 +744,10 @@ setTimeout(done, 5000);
     assert_eq!(runs["runs"].as_array().unwrap().len(), 0, "{runs}");
     // The gateway's own page still works with the same cookie.
     page.client.goto(&page.gateway.url("/")).await.unwrap();
-    page.until("the signed-in page again", "return !document.getElementById('app').hidden;")
-        .await;
+    page.until(
+        "the signed-in page again",
+        "return !document.getElementById('app').hidden;",
+    )
+    .await;
     page.client.clone().close().await.unwrap();
 }

@@ -218,7 +218,11 @@ impl ServerConfig {
                 .iter()
                 .map(|origin| normalize_origin(origin))
                 .collect::<Result<_, _>>()?,
-            header_timeout: seconds("header_timeout_secs", settings.header_timeout_secs, defaults.header_timeout)?,
+            header_timeout: seconds(
+                "header_timeout_secs",
+                settings.header_timeout_secs,
+                defaults.header_timeout,
+            )?,
             idle_timeout: seconds("idle_timeout_secs", settings.idle_timeout_secs, defaults.idle_timeout)?,
             body_timeout: seconds("body_timeout_secs", settings.body_timeout_secs, defaults.body_timeout)?,
             max_connections: settings.max_connections.unwrap_or(defaults.max_connections),

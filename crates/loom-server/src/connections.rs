@@ -233,13 +233,16 @@ impl Watched {
     }
 }
 
-/// A place under the cap, counted in `loom_http_connections`.
-struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+/// A place under the cap (given back when dropped), counted in
+/// `loom_http_connections`.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
 
 impl Slot {
     fn new(permit: OwnedSemaphorePermit) -> Self {
         metrics::gauge!("loom_http_connections").increment(1.0);
-        Self(permit)
+        Self { _permit: permit }
     }
 }
 

@@ -71,7 +71,10 @@ fn describe() {
         "Model provider circuit: 0 closed, 1 half-open, 2 open."
     );
     describe_counter!("loom_http_requests_total", "HTTP requests, by status class.");
-    describe_gauge!("loom_http_connections", "Open client connections (WebSocket ones included).");
+    describe_gauge!(
+        "loom_http_connections",
+        "Open client connections (WebSocket ones included)."
+    );
     describe_counter!(
         "loom_http_connections_refused_total",
         "Connections refused at max_connections."

@@ -192,7 +192,10 @@ impl Sessions {
         let _writing = self.writing.lock().await;
         let text = {
             let signed_out = lock(&self.signed_out);
-            let mut lines: Vec<String> = signed_out.iter().map(|(mac, until)| format!("{mac} {until}\n")).collect();
+            let mut lines: Vec<String> = signed_out
+                .iter()
+                .map(|(mac, until)| format!("{mac} {until}\n"))
+                .collect();
             lines.sort();
             lines.concat()
         };

@@ -191,7 +191,8 @@ impl Redactor {
                 }
                 Some((name, key))
                     if name.starts_with("aws")
-                        && !(looks_like_aws_secret(key.as_str()) && !text[key.end()..].starts_with('=')) =>
+                        && (!looks_like_aws_secret(key.as_str())
+                            || text.get(key.end()..).is_some_and(|rest| rest.starts_with('='))) =>
                 {
                     whole.as_str().to_string()
                 }
