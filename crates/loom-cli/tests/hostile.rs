@@ -182,6 +182,18 @@ fn connections_that_never_finish_are_closed_within_their_timeouts() {
             .as_bytes(),
         )
         .unwrap();
+    // A body shorter than its Content-Length to a route that does not
+    // read it: the answer goes out, then nothing moves.
+    let mut unread = TcpStream::connect(&gateway.addr).unwrap();
+    unread
+        .write_all(
+            format!(
+                "POST /healthz HTTP/1.1\r\nHost: {}\r\nContent-Length: 100\r\n\r\n{{\"a",
+                gateway.addr
+            )
+            .as_bytes(),
+        )
+        .unwrap();
     // A keep-alive connection that asks once, then says nothing.
     let mut idle = TcpStream::connect(&gateway.addr).unwrap();
     idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", gateway.addr).as_bytes())
@@ -200,6 +212,24 @@ fn connections_that_never_finish_are_closed_within_their_timeouts() {
     assert!(closed.is_some(), "an idle keep-alive connection held open");
     let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(1) + SLACK);
     assert!(closed.is_some(), "a silent connection held open");
+    let (text, closed) = read_until_closed(&mut unread, Duration::from_secs(2) + SLACK);
+    assert!(closed.is_some(), "a short unread body held open: {text:?}");
+}
+
+#[test]
+fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
+    // Headers may take long here: what closes these is the idle timeout.
+    let (_dir, _model, gateway) = gateway("header_timeout_secs = 60\nidle_timeout_secs = 2");
+    let mut idle = TcpStream::connect(&gateway.addr).unwrap();
+    idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", gateway.addr).as_bytes())
+        .unwrap();
+    let mut stalled = TcpStream::connect(&gateway.addr).unwrap();
+    stalled.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let (text, closed) = read_until_closed(&mut idle, Duration::from_secs(2) + SLACK);
+    assert!(text.contains("\"ok\""), "{text}");
+    assert!(closed.is_some(), "an idle keep-alive connection held open");
+    let (_, closed) = read_until_closed(&mut stalled, Duration::from_secs(2) + SLACK);
+    assert!(closed.is_some(), "a stalled request held open");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -148,9 +147,22 @@ async fn connection(io: Watched, router: Router, limits: Limits, closing: Cancel
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let served = builder
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
-        .with_upgrades();
+    // While a request is being handled the connection is not idle, even if
+    // no byte moves (a cancel waits for its run to stop); a body that
+    // stalls meanwhile is the body timeout's.
+    let handled = activity.clone();
+    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let handling = Handling::enter(handled.clone());
+        let mut router = router.clone();
+        // Router is always ready (its `poll_ready` returns at once).
+        let response = tower_service::Service::call(&mut router, request);
+        async move {
+            let response = response.await;
+            drop(handling);
+            response
+        }
+    });
+    let served = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     tokio::pin!(served);
     let idle = idle(activity, limits.idle_timeout);
     tokio::pin!(idle);
@@ -181,9 +193,14 @@ async fn connection(io: Watched, router: Router, limits: Limits, closing: Cancel
     }
 }
 
-/// Resolves once no byte has moved for `limit`.
+/// Resolves once no byte has moved, and no request has been handled, for
+/// `limit`.
 async fn idle(activity: Arc<Activity>, limit: Duration) {
     loop {
+        if activity.handling.load(Ordering::Relaxed) > 0 {
+            tokio::time::sleep(limit).await;
+            continue;
+        }
         let quiet = activity.quiet_for();
         if quiet >= limit {
             return;
@@ -192,11 +209,32 @@ async fn idle(activity: Arc<Activity>, limit: Duration) {
     }
 }
 
-/// When a connection last moved a byte.
+/// When a connection last moved a byte, and whether a request is being
+/// handled on it.
 struct Activity {
     opened: Instant,
     /// Milliseconds after `opened`.
     last: AtomicU64,
+    /// Requests in a handler (0 or 1 on HTTP/1).
+    handling: AtomicU64,
+}
+
+/// A request in its handler: the connection is busy, not idle.
+struct Handling(Arc<Activity>);
+
+impl Handling {
+    fn enter(activity: Arc<Activity>) -> Self {
+        activity.handling.fetch_add(1, Ordering::Relaxed);
+        Self(activity)
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        // The quiet time counts from the end of the handler.
+        self.0.touch();
+        self.0.handling.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Activity {
@@ -227,6 +265,7 @@ impl Watched {
             activity: Arc::new(Activity {
                 opened: Instant::now(),
                 last: AtomicU64::new(0),
+                handling: AtomicU64::new(0),
             }),
             _slot: Slot::new(permit),
         }

@@ -424,3 +424,18 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
     response
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revocation_list_keeps_live_well_formed_entries_only() {
+        let live = "a".repeat(64);
+        let expired = "b".repeat(64);
+        let text = format!("{live} 2000\n{expired} 999\nshort 3000\n{live}x 3000\n{live} soon\n\n");
+        let list = parse_revocations(&text, 1000);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list.get(&live), Some(&2000));
+    }
+}
