@@ -445,3 +445,48 @@ fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
         assert_eq!(header.status(), 200);
     });
 }
+
+/// `Max open files` of a process: (soft, hard), from /proc.
+#[cfg(target_os = "linux")]
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    (fields[3].to_string(), fields[4].to_string())
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_raises_its_descriptor_limit_to_the_hard_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), "");
+    let loom = common::loom_in(dir.path()).get_program().to_owned();
+    // Started with a soft limit of 256, as a 1024 default would be.
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"ulimit -Sn 256 && exec "$0" "$@""#)
+        .arg(loom)
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("loom.toml"))
+        .arg("--workspace")
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env("OPENAI_API_KEY", "test-key")
+        .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let listening = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map_while(Result::ok)
+        .any(|line| line.contains("listening on http://"));
+    let (soft, hard) = open_files_limit(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(listening);
+    assert_ne!(hard, "256", "the hard limit is 256 here: nothing to raise");
+    assert_eq!(soft, hard, "the soft limit stayed at {soft}");
+}
