@@ -2,7 +2,8 @@
 //! session that lets a browser use the API. A browser cannot put a token
 //! in an `EventSource`'s headers, so the page trades its token for an
 //! HttpOnly, `SameSite=Strict` cookie; a request with that cookie that
-//! changes anything must also come from the page's own origin.
+//! changes anything, or opens a WebSocket, must also come from the page's
+//! own origin (scheme, host and port: docs/web.md, "Safety").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
