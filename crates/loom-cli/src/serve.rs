@@ -56,6 +56,15 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     let env_token = std::env::var("LOOM_TOKEN").ok();
     let mut config =
         ServerConfig::from_settings(&settings, env_token.as_deref()).map_err(|err| Failure::Usage(err.into()))?;
+    // Every client connection is a descriptor: the soft limit (often
+    // 1024) goes up to the hard one, and the connection cap leaves room
+    // under it for the store, tools and MCP servers.
+    let descriptors = raise_descriptor_limit();
+    if settings.max_connections.is_none() {
+        if let Some(limit) = descriptors {
+            config.max_connections = loom_server::max_connections_for(limit);
+        }
+    }
     if config.tokens.is_empty() && !addr.ip().is_loopback() {
         return Err(Failure::Usage(anyhow!(
             "refusing to listen on {addr} without a token: add [[server.tokens]] to loom.toml or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
@@ -85,6 +94,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     // The web page's sessions outlive a restart: their key is kept in the
     // workspace's state directory, out of the tools' reach.
     let key_dir = crate::state::workspace_dir(&workspace).map_err(Failure::Usage)?;
+    // Sign-outs are remembered beside the key, so they survive a restart.
+    config.session_revocations = Some(key_dir.join("web-session.revoked"));
     config.session_key = Some(
         tokio::task::spawn_blocking(move || session_key(&key_dir))
             .await
@@ -120,7 +131,10 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         .map_err(|err| Failure::Usage(anyhow!(err)))?;
     let tokens = config.tokens.clone();
     let service = Service::new(config, factory, store);
-    let app = App::new(service);
+    // It reads the sign-out list from disk.
+    let app = tokio::task::spawn_blocking(move || App::new(service))
+        .await
+        .map_err(|err| Failure::Runtime(err.into()))?;
     let resumed = app
         .service
         .resume_interrupted()
@@ -158,6 +172,39 @@ async fn stop_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
+}
+
+/// Raises the soft limit on open descriptors to the hard limit; the limit
+/// in force after, if it can be read.
+#[cfg(unix)]
+fn raise_descriptor_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct. It fails (and the soft
+        // limit stays) where the hard one is unlimited or above what the
+        // kernel allows; then the soft limit is what there is.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        }
+    }
+    #[allow(clippy::useless_conversion)] // rlim_t is u64 on Linux, not everywhere
+    Some(u64::from(limit.rlim_cur))
+}
+
+#[cfg(not(unix))]
+fn raise_descriptor_limit() -> Option<u64> {
+    None
 }
 
 /// The key that signs the web page's session cookies: read from

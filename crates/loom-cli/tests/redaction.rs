@@ -66,3 +66,60 @@ fn the_corpus_reaches_neither_the_events_nor_the_provider() {
         }
     }
 }
+
+/// An AWS secret access key with nothing secret-looking around it.
+const AWS_SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+
+#[test]
+fn a_bare_aws_secret_key_in_json_reaches_neither_the_model_nor_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let sha = "3f786850e387550fdab836ed7e6dc881de23001b";
+    std::fs::write(
+        dir.path().join("creds.json"),
+        format!("{{\"value\": \"{AWS_SECRET}\", \"commit\": \"{sha}\"}}\n"),
+    )
+    .unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[("c1", "read_file", r#"{"path": "creds.json"}"#)])),
+        Reply::Sse(openai_text("read", 4)),
+    ]);
+    let output = succeeded(
+        loom_in(dir.path())
+            .args(["run", "--json", "--model", "openai:m", "--base-url"])
+            .arg(server.url())
+            .arg("read creds.json"),
+    );
+    let sent = server.requests()[1].body.to_string();
+    assert!(!sent.contains(AWS_SECRET), "the model got it: {sent}");
+    assert!(sent.contains("[REDACTED]"), "{sent}");
+    // The git SHA beside it is not a secret.
+    assert!(sent.contains(sha), "{sent}");
+    let events = String::from_utf8_lossy(&output.stdout);
+    assert!(!events.contains(AWS_SECRET), "the events have it: {events}");
+    // Nor is it anywhere in what loom keeps (its database and logs).
+    let mut kept = 0;
+    for entry in walk(&dir.path().join(".loom")) {
+        let bytes = std::fs::read(&entry).unwrap();
+        kept += 1;
+        assert!(
+            !bytes.windows(AWS_SECRET.len()).any(|w| w == AWS_SECRET.as_bytes()),
+            "{} holds it",
+            entry.display()
+        );
+    }
+    assert!(kept > 0, "nothing stored under .loom");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

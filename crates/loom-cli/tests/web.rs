@@ -664,3 +664,90 @@ async fn a_gateway_without_tokens_answers_only_its_own_page_and_loopback_names()
         .unwrap();
     assert_eq!(out.status(), 204);
 }
+
+/// A page of another origin on this host: `html` served from another port
+/// of 127.0.0.1 (as `python3 -m http.server` would serve a file the agent
+/// wrote), to every request, by a thread that lives as long as the test.
+fn serve_elsewhere(html: String) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buffer) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{html}",
+                html.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    format!("http://{addr}/hostile.html")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_from_another_local_port_cannot_use_the_session_over_websocket() {
+    let page = page(&["--ask", "write_file"]).await;
+    page.sign_in(ALICE).await;
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;")
+        .await;
+    // Browsers count every port of a host as one site: this page's
+    // WebSocket to the gateway carries the SameSite=Strict cookie.
+    let html = format!(
+        r#"<!doctype html><title>waiting</title><script>
+const log = [];
+const done = () => {{ document.title = 'done ' + log.join(' | '); }};
+const ws = new WebSocket('ws://{addr}/ws');
+ws.onopen = () => {{
+  log.push('open');
+  ws.send(JSON.stringify({{type: 'request', id: '1', method: 'run.list', payload: {{}}}}));
+  ws.send(JSON.stringify({{type: 'request', id: '2', method: 'agent.run', payload: {{prompt: 'hijacked steps=1 tool=write_file'}}}}));
+}};
+ws.onmessage = (m) => log.push('message ' + m.data.slice(0, 60));
+ws.onerror = () => log.push('error');
+ws.onclose = (e) => {{ log.push('close ' + e.code); done(); }};
+setTimeout(done, 5000);
+</script>"#,
+        addr = page.gateway.addr
+    );
+    let hostile = serve_elsewhere(html);
+    page.client.goto(&hostile).await.unwrap();
+    page.until(
+        "the hostile page's outcome",
+        "return document.title.startsWith('done');",
+    )
+    .await;
+    let outcome = page.client.title().await.unwrap();
+    assert!(
+        !outcome.contains("open"),
+        "the hostile page got a connection: {outcome}"
+    );
+    assert!(!outcome.contains("message"), "the hostile page was answered: {outcome}");
+    assert!(outcome.contains("error"), "{outcome}");
+    // Nothing was started under alice's name.
+    let runs: Value = http(ALICE)
+        .get(page.gateway.url("/v1/runs"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 0, "{runs}");
+    // The gateway's own page still works with the same cookie.
+    page.client.goto(&page.gateway.url("/")).await.unwrap();
+    page.until(
+        "the signed-in page again",
+        "return !document.getElementById('app').hidden;",
+    )
+    .await;
+    page.client.clone().close().await.unwrap();
+}

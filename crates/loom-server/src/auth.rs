@@ -38,8 +38,14 @@ pub enum TokenError {
     #[error("[[server.tokens]] '{0}': the name is used twice")]
     Duplicate(String),
     /// A token that is too short to be a secret.
-    #[error("[[server.tokens]] '{0}': a token must have at least 16 characters")]
+    #[error("[[server.tokens]] '{0}': a token must have at least 16 characters (besides blanks around it)")]
     TooShort(String),
+    /// A token of blanks only (LOOM_TOKEN is named `default`).
+    #[error("[[server.tokens]] '{0}': the token is blank (LOOM_TOKEN is the token named 'default')")]
+    Blank(String),
+    /// A token with a blank or a control character inside.
+    #[error("[[server.tokens]] '{0}': a token must not contain spaces or control characters")]
+    BadCharacter(String),
 }
 
 #[derive(Clone)]
@@ -82,8 +88,18 @@ impl Tokens {
         Ok(tokens)
     }
 
-    /// Adds a token given in clear.
+    /// Adds a token given in clear. Blanks around it are not part of it
+    /// (a presented token is trimmed the same way); a token must be at
+    /// least 16 characters without them, and nothing inside it may be a
+    /// blank or a control character (a header could not carry it).
     pub fn add_clear(&mut self, name: &str, token: &str) -> Result<(), TokenError> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(TokenError::Blank(name.to_string()));
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(TokenError::BadCharacter(name.to_string()));
+        }
         if token.chars().count() < 16 {
             return Err(TokenError::TooShort(name.to_string()));
         }
@@ -125,7 +141,7 @@ impl Tokens {
     /// The principal `presented` belongs to. Every entry is compared, in
     /// constant time on fixed-length digests, whatever matches.
     pub fn check(&self, presented: &str) -> Option<Principal> {
-        let presented = digest(presented);
+        let presented = digest(presented.trim());
         let mut found = None;
         for entry in &self.entries {
             if bool::from(entry.digest.ct_eq(&presented)) {
@@ -184,5 +200,35 @@ mod tests {
             }]),
             Err(TokenError::TooShort(_))
         ));
+    }
+
+    #[test]
+    fn tokens_are_trimmed_and_blank_or_spaced_ones_refused() {
+        let mut tokens = Tokens::default();
+        assert!(matches!(
+            tokens.add_clear("default", &" ".repeat(20)),
+            Err(TokenError::Blank(_))
+        ));
+        assert!(matches!(
+            tokens.add_clear("default", "\t\n  \r "),
+            Err(TokenError::Blank(_))
+        ));
+        assert!(matches!(
+            tokens.add_clear("default", "  short-token   "),
+            Err(TokenError::TooShort(_))
+        ));
+        assert!(matches!(
+            tokens.add_clear("default", "a token with spaces inside"),
+            Err(TokenError::BadCharacter(_))
+        ));
+        assert!(matches!(
+            tokens.add_clear("default", "token-with\u{7}-bell-inside"),
+            Err(TokenError::BadCharacter(_))
+        ));
+        tokens.add_clear("default", "  padded-token-0123456789 \n").unwrap();
+        assert_eq!(tokens.check("padded-token-0123456789").unwrap().name(), "default");
+        assert_eq!(tokens.check(" padded-token-0123456789 ").unwrap().name(), "default");
+        assert!(tokens.check("").is_none());
+        assert!(tokens.check("   ").is_none());
     }
 }

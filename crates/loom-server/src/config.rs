@@ -39,6 +39,22 @@ pub struct ServerSettings {
     pub models: Vec<String>,
     /// Finished runs kept in memory when there is no store (default 1000).
     pub keep_finished_runs: Option<usize>,
+    /// Origins besides `http://` + the request's Host that the web page
+    /// may be served from, e.g. `https://loom.example.com` for a gateway
+    /// behind a TLS proxy (docs/server.md, "Web page origin").
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Seconds a connection gets to send a request's headers, counted from
+    /// its opening and from the end of the previous response (default 10).
+    pub header_timeout_secs: Option<f64>,
+    /// Seconds a connection may move no byte either way before it is
+    /// closed (default 60).
+    pub idle_timeout_secs: Option<f64>,
+    /// Seconds a request gets to send its whole body (default 30).
+    pub body_timeout_secs: Option<f64>,
+    /// Client connections open at once; more are answered 503 and closed
+    /// (default: from the process's descriptor limit).
+    pub max_connections: Option<usize>,
 }
 
 /// One `[[server.tokens]]` entry: a name and the token, or its SHA-256.
@@ -93,6 +109,20 @@ pub struct ServerConfig {
     /// binary stores it beside the database), a signed-in page survives a
     /// restart; `None` draws one per process.
     pub session_key: Option<[u8; 32]>,
+    /// Where signed-out sessions are remembered (beside the session key),
+    /// so a sign-out survives a restart; `None` keeps them in memory only.
+    pub session_revocations: Option<std::path::PathBuf>,
+    /// Origins the page may be served from besides `http://` + Host,
+    /// lower-case, without a trailing slash.
+    pub allowed_origins: Vec<String>,
+    /// For a request's headers (and between keep-alive requests).
+    pub header_timeout: Duration,
+    /// With no byte moving either way.
+    pub idle_timeout: Duration,
+    /// For a request's body.
+    pub body_timeout: Duration,
+    /// Client connections open at once.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -111,8 +141,27 @@ impl Default for ServerConfig {
             models: Vec::new(),
             keep_finished_runs: 1000,
             session_key: None,
+            session_revocations: None,
+            allowed_origins: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
+}
+
+/// Connections when neither loom.toml nor the descriptor limit says
+/// (`loom serve` derives its default from the limit: `max_connections_for`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
+
+/// The connection cap for a process allowed `descriptors` open files: a
+/// quarter of them (at least 64) stay for the store, logs, tools and MCP
+/// servers; never more than 16 384 connections by default (memory).
+pub fn max_connections_for(descriptors: u64) -> usize {
+    let reserve = (descriptors / 4).max(64);
+    let usable = descriptors.saturating_sub(reserve).clamp(16, 16_384);
+    usize::try_from(usable).unwrap_or(16_384)
 }
 
 /// The settings could not be used.
@@ -131,9 +180,18 @@ impl ServerConfig {
     pub fn from_settings(settings: &ServerSettings, env_token: Option<&str>) -> Result<Self, ConfigError> {
         let defaults = Self::default();
         let mut tokens = Tokens::from_entries(&settings.tokens)?;
+        // An empty LOOM_TOKEN is no token; one of blanks is a mistake
+        // (`add_clear` refuses it), never an open gateway.
         if let Some(token) = env_token.filter(|t| !t.is_empty()) {
             tokens.add_clear("default", token)?;
         }
+        let seconds = |name: &str, value: Option<f64>, default: Duration| match value {
+            Some(secs) => Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| ConfigError::Invalid(format!("{name} must be a positive number"))),
+            None => Ok(default),
+        };
         let config = Self {
             tokens,
             max_runs: settings.max_runs.unwrap_or(defaults.max_runs),
@@ -154,6 +212,20 @@ impl ServerConfig {
             models: settings.models.clone(),
             keep_finished_runs: settings.keep_finished_runs.unwrap_or(defaults.keep_finished_runs),
             session_key: None,
+            session_revocations: None,
+            allowed_origins: settings
+                .allowed_origins
+                .iter()
+                .map(|origin| normalize_origin(origin))
+                .collect::<Result<_, _>>()?,
+            header_timeout: seconds(
+                "header_timeout_secs",
+                settings.header_timeout_secs,
+                defaults.header_timeout,
+            )?,
+            idle_timeout: seconds("idle_timeout_secs", settings.idle_timeout_secs, defaults.idle_timeout)?,
+            body_timeout: seconds("body_timeout_secs", settings.body_timeout_secs, defaults.body_timeout)?,
+            max_connections: settings.max_connections.unwrap_or(defaults.max_connections),
         };
         for (name, value) in [
             ("max_runs", config.max_runs),
@@ -161,6 +233,7 @@ impl ServerConfig {
             ("max_frame_bytes", config.max_frame_bytes),
             ("subscriber_buffer", config.subscriber_buffer),
             ("requests_per_minute", config.requests_per_minute as usize),
+            ("max_connections", config.max_connections),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
@@ -170,5 +243,45 @@ impl ServerConfig {
             return Err(ConfigError::Invalid("ping_interval_secs must be at least 0.01".into()));
         }
         Ok(config)
+    }
+}
+
+/// `scheme://host[:port]`, as a browser writes it in `Origin`: lower-case,
+/// no path, no trailing slash.
+fn normalize_origin(origin: &str) -> Result<String, ConfigError> {
+    let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+    let authority = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .unwrap_or_default();
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
+        return Err(ConfigError::Invalid(format!(
+            "allowed_origins: '{origin}' is not an origin such as https://loom.example.com"
+        )));
+    }
+    Ok(origin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_are_normalized_and_checked() {
+        assert_eq!(
+            normalize_origin("HTTPS://Loom.Example.com/").unwrap(),
+            "https://loom.example.com"
+        );
+        assert!(normalize_origin("loom.example.com").is_err());
+        assert!(normalize_origin("https://loom.example.com/app").is_err());
+        assert!(normalize_origin("https://").is_err());
+    }
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_the_rest() {
+        assert_eq!(max_connections_for(1024), 768);
+        assert_eq!(max_connections_for(100), 36);
+        assert_eq!(max_connections_for(10), 16);
+        assert_eq!(max_connections_for(1 << 20), 16_384);
     }
 }

@@ -29,6 +29,8 @@ pub enum Code {
     Forbidden,
     /// The frame or body is over the size limit.
     PayloadTooLarge,
+    /// The body did not arrive within the body timeout.
+    RequestTimeout,
     /// Too many requests from this token.
     RateLimited,
     /// Too many runs waiting.
@@ -50,6 +52,7 @@ impl Code {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited | Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -42,13 +42,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The token of a request: `Authorization: Bearer`, else `?token=`.
+/// The token of a request: `Authorization: Bearer`, else `?token=`; both
+/// trimmed alike (configured tokens are trimmed too).
 fn presented(parts: &Parts) -> Option<String> {
     if let Some(value) = parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         return value.strip_prefix("Bearer ").map(|t| t.trim().to_string());
     }
     let query: Query<HashMap<String, String>> = Query::try_from_uri(&parts.uri).ok()?;
-    query.0.get("token").cloned()
+    query.0.get("token").map(|t| t.trim().to_string())
 }
 
 impl FromRequestParts<Arc<App>> for Principal {
@@ -60,7 +61,7 @@ impl FromRequestParts<Arc<App>> for Principal {
             // Open to whoever reaches the loopback address: not to a web
             // page of another site the operator happens to visit, nor to
             // a name rebound to 127.0.0.1.
-            crate::web::check_local_request(parts)?;
+            crate::web::check_local_request(parts, app)?;
         }
         if let Some(token) = presented(parts) {
             if tokens.is_empty() {
@@ -84,10 +85,24 @@ impl FromRequestParts<Arc<App>> for Principal {
     }
 }
 
-/// A JSON body within the size limit, with the protocol's error codes.
-async fn body<T: DeserializeOwned>(app: &App, body: Body) -> Result<T, ApiError> {
-    let limit = app.service.config().max_frame_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+/// A JSON body within the size limit and the body timeout, with the
+/// protocol's error codes. A client that sends less than its
+/// `Content-Length` and waits gets `REQUEST_TIMEOUT`, and the connection
+/// closes with the answer (its body was not read to the end).
+pub(crate) async fn body<T: DeserializeOwned>(app: &App, body: Body) -> Result<T, ApiError> {
+    let config = app.service.config();
+    let limit = config.max_frame_bytes;
+    let patience = config.body_timeout;
+    let read = tokio::time::timeout(patience, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| {
+            metrics::counter!("loom_http_timeouts_total", "kind" => "body").increment(1);
+            ApiError::new(
+                Code::RequestTimeout,
+                format!("the body did not arrive within {} s", patience.as_secs_f64()),
+            )
+        })?;
+    let bytes = read.map_err(|_| {
         ApiError::new(
             Code::PayloadTooLarge,
             format!("the body is over the limit of {limit} bytes"),
@@ -218,8 +233,10 @@ pub(crate) async fn events(
     let subscription = app.service.subscribe(&principal, &run_id, after).await?;
     let closing = app.closing.clone();
     let stream = sse_stream(subscription, closing, run_id.as_str().into());
+    // Pings keep a quiet stream under the idle timeout.
+    let ping = Duration::from_secs(15).min(app.service.config().idle_timeout / 2);
     Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("ping"))
+        .keep_alive(KeepAlive::new().interval(ping).text("ping"))
         .into_response())
 }
 

@@ -12,6 +12,7 @@
 mod agents;
 pub mod auth;
 pub mod config;
+mod connections;
 pub mod control;
 pub mod error;
 pub mod feed;
@@ -27,7 +28,6 @@ mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use agents::{AgentFactory, AgentSpec};
 pub use auth::Principal;
-pub use config::{ServerConfig, ServerSettings, TokenEntry};
+pub use config::{max_connections_for, ServerConfig, ServerSettings, TokenEntry};
 pub use control::RunControl;
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
@@ -51,12 +51,6 @@ pub fn random_key() -> [u8; 32] {
     key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
     key
 }
-
-/// How long connections get to close after a shutdown.
-const CLOSE_GRACE: Duration = Duration::from_secs(3);
-
-/// The kernel send buffer of each client connection.
-const SEND_BUFFER: usize = 128 * 1024;
 
 /// What every route shares.
 pub struct App {
@@ -88,7 +82,8 @@ pub enum ServeError {
 impl App {
     /// The gateway around `service`.
     pub fn new(service: Service) -> Arc<Self> {
-        let sessions = web::Sessions::new(service.config().session_key);
+        let config = service.config();
+        let sessions = web::Sessions::new(config.session_key, config.session_revocations.clone());
         Arc::new(Self {
             service,
             metrics: metrics::install(),
@@ -143,34 +138,19 @@ impl App {
             app.service.shutdown().await;
             app.closing.cancel();
         };
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            // Events are small and must not wait for Nagle; a fixed send
-            // buffer keeps kernel memory per connection bounded (the
-            // default grows to 4 MiB), so a client that stops reading
-            // falls behind soon and is dropped, instead of having
-            // megabytes queued for it.
-            let _ = tcp.set_nodelay(true);
-            let _ = socket2::SockRef::from(&*tcp).set_send_buffer_size(SEND_BUFFER);
-        });
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(stopping);
-        let closing = self.closing.clone();
-        tokio::select! {
-            served = server => served?,
-            // HTTP connections that do not close after the shutdown are cut.
-            () = async move {
-                closing.cancelled().await;
-                tokio::time::sleep(CLOSE_GRACE).await;
-            } => tracing::warn!("HTTP connections still open {CLOSE_GRACE:?} after the shutdown; closing them"),
-        }
+        let config = self.service.config();
+        let limits = connections::Limits {
+            header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
+            max_connections: config.max_connections,
+        };
+        connections::serve(listener, self.router(), limits, stopping).await;
         // WebSocket connections send their close frame and wait a moment
         // for the client's answer.
         self.connections.close();
-        if tokio::time::timeout(CLOSE_GRACE, self.connections.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("WebSocket connections still open {CLOSE_GRACE:?} after the shutdown; closing them");
+        let grace = connections::CLOSE_GRACE;
+        if tokio::time::timeout(grace, self.connections.wait()).await.is_err() {
+            tracing::warn!("WebSocket connections still open {grace:?} after the shutdown; closing them");
         }
         Ok(())
     }

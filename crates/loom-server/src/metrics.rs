@@ -71,6 +71,18 @@ fn describe() {
         "Model provider circuit: 0 closed, 1 half-open, 2 open."
     );
     describe_counter!("loom_http_requests_total", "HTTP requests, by status class.");
+    describe_gauge!(
+        "loom_http_connections",
+        "Open client connections (WebSocket ones included)."
+    );
+    describe_counter!(
+        "loom_http_connections_refused_total",
+        "Connections refused at max_connections."
+    );
+    describe_counter!(
+        "loom_http_timeouts_total",
+        "Connections or requests ended by a timeout, by kind (header, idle, body)."
+    );
 }
 
 /// Counts what an event says.

@@ -2,15 +2,17 @@
 //! session that lets a browser use the API. A browser cannot put a token
 //! in an `EventSource`'s headers, so the page trades its token for an
 //! HttpOnly, `SameSite=Strict` cookie; a request with that cookie that
-//! changes anything must also come from the page's own origin.
+//! changes anything, or opens a WebSocket, must also come from the page's
+//! own origin (scheme, host and port: docs/web.md, "Safety").
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HOST, ORIGIN, SET_COOKIE};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HOST, ORIGIN, SET_COOKIE, UPGRADE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -40,12 +42,18 @@ const APP_JS: &str = include_str!("../web/app.js");
 const APP_CSS: &str = include_str!("../web/app.css");
 const ICON_SVG: &str = include_str!("../web/icon.svg");
 
+/// How far ahead of the clock a cookie's expiry may be beyond the
+/// lifetime: a clock stepped back a little must not end every session,
+/// and a cookie forged with a leaked key must not live for years.
+const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
 /// Signed-in browsers. A session is a cookie the server signed
-/// (`v1.NAME.EXPIRY.MAC`, HMAC-SHA256 with the session key): nothing is
-/// kept per session, so a gateway restarted with the same key (the binary
-/// keeps it beside the database) still knows its pages. A session ends at
-/// its expiry, at sign-out (remembered by this process), or when its
-/// token is removed from the configuration.
+/// (`v2.NAME.EXPIRY.NONCE.MAC`, HMAC-SHA256 with the session key; the
+/// random nonce makes every sign-in its own session): nothing is kept per
+/// session, so a gateway restarted with the same key (the binary keeps
+/// it) still knows its pages. A session ends at its expiry, at sign-out
+/// (remembered in the revocation file beside the key, so across restarts
+/// too), or when its token is removed from the configuration.
 pub(crate) struct Sessions {
     key: [u8; 32],
     /// `loom_session_` and 8 hex digits drawn from the key. Browsers keep
@@ -53,16 +61,32 @@ pub(crate) struct Sessions {
     /// to a second gateway on the same host would sign the first one's
     /// page out. Each key (each workspace) names its own cookie.
     cookie_name: String,
+    /// Signed-out sessions' MACs and their expiries.
     signed_out: Mutex<HashMap<String, u64>>,
+    /// Where `signed_out` is kept; `None`: in memory only.
+    revocations: Option<PathBuf>,
+    /// One write of the revocation file at a time, each with the list as
+    /// it is then: the last write holds every sign-out before it.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Sessions {
-    pub(crate) fn new(key: Option<[u8; 32]>) -> Self {
+    /// Reads the revocation file once, at start (a few lines; before any
+    /// connection is served).
+    pub(crate) fn new(key: Option<[u8; 32]>, revocations: Option<PathBuf>) -> Self {
         let key = key.unwrap_or_else(crate::random_key);
+        let now = now_secs();
+        let signed_out = revocations
+            .as_deref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .map(|text| parse_revocations(&text, now))
+            .unwrap_or_default();
         let mut sessions = Self {
             key,
             cookie_name: String::new(),
-            signed_out: Mutex::new(HashMap::new()),
+            signed_out: Mutex::new(signed_out),
+            revocations,
+            writing: tokio::sync::Mutex::new(()),
         };
         let tag = sessions.mac_of("cookie name");
         sessions.cookie_name = format!("{COOKIE_PREFIX}{}", tag.get(..8).unwrap_or_default());
@@ -90,10 +114,10 @@ impl Sessions {
             .find_map(|pair| pair.trim().strip_prefix(self.cookie_name.as_str())?.strip_prefix('='))
     }
 
-    /// The MAC of a session: the name, the expiry, and which token it
-    /// came from (a token given a new value ends its sessions).
-    fn mac(&self, name_hex: &str, expiry: u64, token: &str) -> String {
-        self.mac_of(&format!("v1|{name_hex}|{expiry}|{token}"))
+    /// The MAC of a session: the name, the expiry, the nonce, and which
+    /// token it came from (a token given a new value ends its sessions).
+    fn mac(&self, name_hex: &str, expiry: u64, nonce: &str, token: &str) -> String {
+        self.mac_of(&format!("v2|{name_hex}|{expiry}|{nonce}|{token}"))
     }
 
     /// What binds a session to its token: the token's digest, or `open`
@@ -110,22 +134,33 @@ impl Sessions {
         let token = Self::token_of(app, principal)?;
         let name_hex = hex(principal.name().as_bytes());
         let expiry = now_secs() + SESSION_LIFETIME.as_secs();
-        let mac = self.mac(&name_hex, expiry, &token);
-        Some(format!("v1.{name_hex}.{expiry}.{mac}"))
+        let nonce = hex(uuid::Uuid::new_v4().as_bytes());
+        let mac = self.mac(&name_hex, expiry, &nonce, &token);
+        Some(format!("v2.{name_hex}.{expiry}.{nonce}.{mac}"))
     }
 
-    /// The principal a valid cookie names, and the cookie's MAC.
-    fn find(&self, cookie: &str, app: &App) -> Option<(Principal, String)> {
+    /// The principal a valid cookie names, its MAC and its expiry.
+    fn find(&self, cookie: &str, app: &App) -> Option<(Principal, String, u64)> {
         let mut parts = cookie.split('.');
-        let (Some("v1"), Some(name_hex), Some(expiry_text), Some(mac), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next(), parts.next())
-        else {
+        let (Some("v2"), Some(name_hex), Some(expiry_text), Some(nonce), Some(mac), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
             return None;
         };
         // Only the form the server writes: "+12" or "012" would parse to
         // the same number under another spelling.
         let expiry: u64 = expiry_text.parse().ok()?;
-        if expiry.to_string() != expiry_text || expiry <= now_secs() {
+        let now = now_secs();
+        let latest = now + SESSION_LIFETIME.as_secs() + CLOCK_SKEW.as_secs();
+        if expiry.to_string() != expiry_text || expiry <= now || expiry > latest {
+            return None;
+        }
+        if nonce.len() != 32 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let name = String::from_utf8(unhex(name_hex)?).ok()?;
@@ -135,21 +170,67 @@ impl Sessions {
             None => return None,
         };
         let token = Self::token_of(app, &principal)?;
-        let expected = self.mac(name_hex, expiry, &token);
+        let expected = self.mac(name_hex, expiry, nonce, &token);
         let genuine = !expected.is_empty() && bool::from(expected.as_bytes().ct_eq(mac.as_bytes()));
         if !genuine || lock(&self.signed_out).contains_key(mac) {
             return None;
         }
-        Some((principal, mac.to_string()))
+        Some((principal, mac.to_string(), expiry))
     }
 
-    /// Forgets a session (a genuine one: see `sign_out`) until it expires.
-    fn close(&self, mac: String, expiry: u64) {
-        let mut signed_out = lock(&self.signed_out);
-        let now = now_secs();
-        signed_out.retain(|_, until| *until > now);
-        signed_out.insert(mac, expiry);
+    /// Forgets a session (a genuine one: see `sign_out`) until it expires,
+    /// and writes the list to the revocation file before returning.
+    async fn close(&self, mac: String, expiry: u64) -> std::io::Result<()> {
+        {
+            let mut signed_out = lock(&self.signed_out);
+            let now = now_secs();
+            signed_out.retain(|_, until| *until > now);
+            signed_out.insert(mac, expiry);
+        }
+        let Some(path) = &self.revocations else {
+            return Ok(());
+        };
+        let _writing = self.writing.lock().await;
+        let text = {
+            let signed_out = lock(&self.signed_out);
+            let mut lines: Vec<String> = signed_out
+                .iter()
+                .map(|(mac, until)| format!("{mac} {until}\n"))
+                .collect();
+            lines.sort();
+            lines.concat()
+        };
+        write_owner_only(path, text).await
     }
+}
+
+/// `MAC EXPIRY` lines, without the expired ones and anything malformed.
+fn parse_revocations(text: &str, now: u64) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let (mac, expiry) = line.trim().split_once(' ')?;
+            let expiry: u64 = expiry.parse().ok()?;
+            (expiry > now && mac.len() == 64).then(|| (mac.to_string(), expiry))
+        })
+        .collect()
+}
+
+/// Replaces `path` with `text`, readable by the owner only: written
+/// beside it, then renamed, so a crash leaves the old list or the new one.
+async fn write_owner_only(path: &Path, text: String) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let mut options = tokio::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut file = options.open(&partial).await?;
+    file.write_all(text.as_bytes()).await?;
+    file.sync_all().await?;
+    drop(file);
+    tokio::fs::rename(&partial, path).await
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -177,18 +258,23 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 }
 
 /// The principal of a request signed in with the page's cookie. A request
-/// that changes something must carry an `Origin` that is this server's
-/// own (`SameSite=Strict` already keeps the cookie off other sites'
-/// requests; this also covers browsers and proxies that do not).
+/// that changes something, and every WebSocket upgrade (a GET that opens
+/// a connection that can change anything), must carry an `Origin` that is
+/// this server's own; so must any request that carries an `Origin` at all.
+/// `SameSite=Strict` does not help here: browsers count every port of a
+/// host as the same site, so a page served from another port of
+/// 127.0.0.1 gets the cookie sent along (docs/web.md, "Origin").
 pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Principal>, ApiError> {
     let Some(id) = app.sessions.cookie(&parts.headers) else {
         return Ok(None);
     };
-    let Some((principal, _)) = app.sessions.find(id, app) else {
+    let Some((principal, _, _)) = app.sessions.find(id, app) else {
         return Ok(None);
     };
-    let reads_only = parts.method == Method::GET || parts.method == Method::HEAD;
-    if !reads_only && !same_origin(&parts.headers) {
+    let upgrade = parts.headers.contains_key(UPGRADE);
+    let reads_only = (parts.method == Method::GET || parts.method == Method::HEAD) && !upgrade;
+    let says_origin = parts.headers.contains_key(ORIGIN);
+    if (!reads_only || says_origin) && !same_origin(&parts.headers, app) {
         return Err(ApiError::new(
             Code::Forbidden,
             "a request with the page's session must come from the page itself (Origin)",
@@ -200,7 +286,7 @@ pub(crate) fn cookie_principal(parts: &Parts, app: &App) -> Result<Option<Princi
 /// On a gateway without tokens (loopback only): the `Host` must be a
 /// loopback name — a DNS name rebound to 127.0.0.1 is not — and a request
 /// from a browser must come from this server's own page.
-pub(crate) fn check_local_request(parts: &Parts) -> Result<(), ApiError> {
+pub(crate) fn check_local_request(parts: &Parts, app: &App) -> Result<(), ApiError> {
     let forbidden = |why: &str| Err(ApiError::new(Code::Forbidden, why));
     if let Some(host) = parts.headers.get(HOST).and_then(|v| v.to_str().ok()) {
         let name = match host.strip_prefix('[') {
@@ -213,23 +299,30 @@ pub(crate) fn check_local_request(parts: &Parts) -> Result<(), ApiError> {
             return forbidden("without tokens the gateway answers only to a loopback Host");
         }
     }
-    if parts.headers.contains_key(ORIGIN) && !same_origin(&parts.headers) {
+    if parts.headers.contains_key(ORIGIN) && !same_origin(&parts.headers, app) {
         return forbidden("a request from another site's page");
     }
     Ok(())
 }
 
-/// Whether `Origin` names the host the request was sent to.
-fn same_origin(headers: &HeaderMap) -> bool {
+/// Whether `Origin` is the page's own: scheme, host and port. The gateway
+/// speaks plain HTTP, so its page's origin is `http://` + the `Host` the
+/// request was sent to; `https://` on the same host and port is another
+/// origin. A gateway behind a TLS proxy lists its public origin in
+/// `[server] allowed_origins`.
+fn same_origin(headers: &HeaderMap, app: &App) -> bool {
     let origin = headers.get(ORIGIN).and_then(|v| v.to_str().ok());
+    let Some(origin) = origin else {
+        return false;
+    };
+    let allowed = &app.service.config().allowed_origins;
+    if allowed.iter().any(|known| known.eq_ignore_ascii_case(origin)) {
+        return true;
+    }
     let host = headers.get(HOST).and_then(|v| v.to_str().ok());
-    match (origin, host) {
-        (Some(origin), Some(host)) => {
-            let authority = origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"))
-                .unwrap_or("");
-            authority.eq_ignore_ascii_case(host)
+    match (origin.get(..7), origin.get(7..), host) {
+        (Some(scheme), Some(authority), Some(host)) => {
+            scheme.eq_ignore_ascii_case("http://") && !host.is_empty() && authority.eq_ignore_ascii_case(host)
         }
         _ => false,
     }
@@ -241,10 +334,16 @@ pub(crate) struct SignIn {
 }
 
 /// `POST /v1/session {token}`: a cookie for a valid token.
-pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Json(body): Json<SignIn>) -> Response {
-    if !same_origin(&headers) {
+pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, raw: Body) -> Response {
+    if !same_origin(&headers, &app) {
         return ApiError::new(Code::Forbidden, "sign in from the page itself").into_response();
     }
+    // Read by the helper every body goes through: with the size limit and
+    // the body timeout (this route is open to anyone).
+    let body: SignIn = match crate::http::body(&app, raw).await {
+        Ok(body) => body,
+        Err(err) => return err.into_response(),
+    };
     let tokens = &app.service.config().tokens;
     let principal = if tokens.is_empty() {
         Some(Principal::local())
@@ -269,19 +368,18 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, Jso
 pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     // Like every change made with the cookie, only from the page itself:
     // another site must not be able to sign a person out.
-    if app.sessions.cookie(&headers).is_some() && !same_origin(&headers) {
+    if app.sessions.cookie(&headers).is_some() && !same_origin(&headers, &app) {
         return ApiError::new(Code::Forbidden, "sign out from the page itself").into_response();
     }
     // Only a genuine session is remembered as signed out: made-up cookies
     // cannot fill the list.
+    // It is on disk before the answer: a restart right after the
+    // sign-out does not bring the session back.
     if let Some(id) = app.sessions.cookie(&headers) {
-        if let Some((_, mac)) = app.sessions.find(id, &app) {
-            let expiry = id
-                .split('.')
-                .nth(2)
-                .and_then(|e| e.parse().ok())
-                .unwrap_or_else(now_secs);
-            app.sessions.close(mac, expiry);
+        if let Some((_, mac, expiry)) = app.sessions.find(id, &app) {
+            if let Err(err) = app.sessions.close(mac, expiry).await {
+                return ApiError::internal("could not record the sign-out", err).into_response();
+            }
         }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
@@ -326,4 +424,19 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revocation_list_keeps_live_well_formed_entries_only() {
+        let live = "a".repeat(64);
+        let expired = "b".repeat(64);
+        let text = format!("{live} 2000\n{expired} 999\nshort 3000\n{live}x 3000\n{live} soon\n\n");
+        let list = parse_revocations(&text, 1000);
+        assert_eq!(list.len(), 1, "{list:?}");
+        assert_eq!(list.get(&live), Some(&2000));
+    }
 }

@@ -55,6 +55,12 @@ const SECRET_SHAPES: &[&str] = &[
     r"(?i)[?&](?:password|passwd|pwd|pass|secret|client_secret|token|access_token|refresh_token|id_token|api_key|apikey|sig|signature|x-amz-signature|x-amz-security-token|x-amz-credential)=(?P<secret>[^&\s#'\x22<>]+)",
     // XML elements: <password>…</password>.
     r"(?i)<(?:password|passwd|secret|token|api_?key|access_?key|secret_?key|client_?secret)>(?P<secret>[^<\n]+)</",
+    // AWS secret access keys, bare: a run of exactly 40 base64 characters
+    // (checked in `redact`: the run is that long, is not followed by `=`,
+    // and mixes capitals, small letters and digits, so git SHAs — hex —
+    // and words are not taken). Last: it never takes text another shape
+    // would have matched first.
+    r"(?:^|[^A-Za-z0-9/+=])(?P<aws>[A-Za-z0-9/+]{40,})",
 ];
 
 /// Name endings that make an assignment's value a secret whatever it looks like.
@@ -129,6 +135,7 @@ impl Redactor {
             shape
                 .replace("(?P<secret>", &format!("(?P<secret{index}>"))
                 .replace("(?P<cred>", &format!("(?P<cred{index}>"))
+                .replace("(?P<aws>", &format!("(?P<aws{index}>"))
         }));
         let name = format!(r"[A-Za-z0-9_.\-]*?(?:{STRONG_NAME}|{WEAK_NAME})");
         // A bare value and the character after it: `,`, `;` or `)` after a
@@ -182,6 +189,13 @@ impl Redactor {
                 Some((name, cred)) if name.starts_with("cred") && !looks_like_credential(cred.as_str()) => {
                     whole.as_str().to_string()
                 }
+                Some((name, key))
+                    if name.starts_with("aws")
+                        && (!looks_like_aws_secret(key.as_str())
+                            || text.get(key.end()..).is_some_and(|rest| rest.starts_with('='))) =>
+                {
+                    whole.as_str().to_string()
+                }
                 Some((_, secret)) => splice(whole.as_str(), whole.start(), secret.range()),
                 None => REDACTED.to_string(),
             }
@@ -232,6 +246,16 @@ fn looks_like_credential(text: &str) -> bool {
     let plain_word =
         text.chars().all(|c| c.is_ascii_alphabetic()) && text.chars().skip(1).all(|c| c.is_ascii_lowercase());
     text.len() >= 8 && !plain_word
+}
+
+/// Whether a run of base64 characters is shaped like an AWS secret access
+/// key: exactly 40 of them, with capitals, small letters and digits (a git
+/// SHA is hex in one case; a path or a word lacks digits or capitals).
+fn looks_like_aws_secret(run: &str) -> bool {
+    run.len() == 40
+        && run.bytes().any(|b| b.is_ascii_uppercase())
+        && run.bytes().any(|b| b.is_ascii_lowercase())
+        && run.bytes().any(|b| b.is_ascii_digit())
 }
 
 /// Type names that follow a field's name in code (`secret: str`).
@@ -362,6 +386,44 @@ mod tests {
             ),
         ] {
             assert_eq!(redactor.redact(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn bare_aws_secret_keys_are_redacted_and_look_alikes_are_not() {
+        let redactor = Redactor::with_secrets(Vec::new());
+        let key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+        for text in [
+            format!(r#"{{"value": "{key}"}}"#),
+            key.to_string(),
+            format!("aws {key} in the middle"),
+            format!("'{key}',"),
+            format!("keys: {key} {key}"),
+            format!("line one\n{key}\nline three"),
+        ] {
+            let out = redactor.redact(&text);
+            assert!(!out.contains(key), "{text} -> {out}");
+            assert!(!out.contains("EXAMPLEKEY"), "{text} -> {out}");
+        }
+        assert_eq!(
+            redactor.redact(&format!(r#"{{"value": "{key}"}}"#)),
+            r#"{"value": "[REDACTED]"}"#
+        );
+        for kept in [
+            // A git SHA (hex), in either case.
+            "commit 3f786850e387550fdab836ed7e6dc881de23001b".to_string(),
+            "3F786850E387550FDAB836ED7E6DC881DE23001B".to_string(),
+            // Words and paths without digits or capitals.
+            "abcdefghijklmnopqrstuvwxyzabcdefghijklmn".to_string(),
+            "/usr/local/share/applications/something/else".to_string(),
+            // 39 and 41 characters, and base64 padded with `=`.
+            key[..39].to_string(),
+            format!("{key}A"),
+            format!("{key}=="),
+            // Longer base64 (a PEM body line, a blob).
+            "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7".to_string(),
+        ] {
+            assert_eq!(redactor.redact(&kept), kept, "{kept}");
         }
     }
 
