@@ -299,7 +299,7 @@ async fn a_sign_out_survives_a_restart() {
     let kept = sign_in(&gateway).await;
     sign_out(&gateway, &cookie).await;
     assert_eq!(whoami(&gateway, &cookie).await, 401);
-    let revoked = gateway.dir.join(".loom/web-session.revoked");
+    let revoked = common::database_of(&gateway.dir).with_file_name("web-session.revoked");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -359,7 +359,7 @@ async fn a_cookie_forged_with_the_key_for_years_ahead_is_refused() {
     let genuine = sign_in(&gateway).await;
     // What one who stole the key file could sign (the cookie written in
     // the format the gateway writes).
-    let key = std::fs::read(gateway.dir.join(".loom/web-session.key")).unwrap();
+    let key = std::fs::read(common::database_of(&gateway.dir).with_file_name("web-session.key")).unwrap();
     let name = genuine.split('=').next().unwrap();
     assert_eq!(name, format!("loom_session_{}", &hmac_hex(&key, "cookie name")[..8]));
     let version = genuine

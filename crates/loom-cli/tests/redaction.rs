@@ -98,7 +98,8 @@ fn a_bare_aws_secret_key_in_json_reaches_neither_the_model_nor_the_store() {
     assert!(!events.contains(AWS_SECRET), "the events have it: {events}");
     // Nor is it anywhere in what loom keeps (its database and logs).
     let mut kept = 0;
-    for entry in walk(&dir.path().join(".loom")) {
+    let state = common::database_of(dir.path()).parent().unwrap().to_path_buf();
+    for entry in walk(&state) {
         let bytes = std::fs::read(&entry).unwrap();
         kept += 1;
         assert!(
@@ -107,7 +108,7 @@ fn a_bare_aws_secret_key_in_json_reaches_neither_the_model_nor_the_store() {
             entry.display()
         );
     }
-    assert!(kept > 0, "nothing stored under .loom");
+    assert!(kept > 0, "nothing stored in {}", state.display());
 }
 
 /// Every file under `dir`.

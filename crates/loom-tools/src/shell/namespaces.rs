@@ -253,7 +253,7 @@ mod tests {
             mode: SandboxMode::None,
             workspace: dir.path(),
             tmp: dir.path(),
-            protected: &[state.clone()],
+            protected: std::slice::from_ref(&state),
             read_only: &[],
             home: None,
         };
