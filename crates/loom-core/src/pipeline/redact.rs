@@ -55,13 +55,15 @@ const SECRET_SHAPES: &[&str] = &[
     r"(?i)[?&](?:password|passwd|pwd|pass|secret|client_secret|token|access_token|refresh_token|id_token|api_key|apikey|sig|signature|x-amz-signature|x-amz-security-token|x-amz-credential)=(?P<secret>[^&\s#'\x22<>]+)",
     // XML elements: <password>…</password>.
     r"(?i)<(?:password|passwd|secret|token|api_?key|access_?key|secret_?key|client_?secret)>(?P<secret>[^<\n]+)</",
-    // AWS secret access keys, bare: a run of exactly 40 base64 characters
-    // (checked in `redact`: the run is that long, is not followed by `=`,
-    // and mixes capitals, small letters and digits, so git SHAs — hex —
-    // and words are not taken). Last: it never takes text another shape
-    // would have matched first.
-    r"(?:^|[^A-Za-z0-9/+=])(?P<aws>[A-Za-z0-9/+]{40,})",
 ];
+
+/// AWS secret access keys, bare: a run of exactly 40 base64 characters
+/// (checked in `redact`: the run is that long, is not followed by `=`, and
+/// mixes capitals, small letters and digits, so git SHAs — hex — and words
+/// are not taken). A pass of its own, after the shapes: in their
+/// alternation it would start one character earlier than a secret value or
+/// a JWT and, leftmost, take that text and give it back unredacted.
+const AWS_SECRET_SHAPE: &str = r"(?:^|[^A-Za-z0-9/+=])(?P<aws>[A-Za-z0-9/+]{40,})";
 
 /// Name endings that make an assignment's value a secret whatever it looks like.
 const STRONG_NAME: &str = r"password|passwd|_pwd|_pass|passphrase|secret|secret_key_base|credentials?";
@@ -102,6 +104,7 @@ pub struct Redactor {
 #[derive(Debug, Clone)]
 struct Passes {
     shapes: Regex,
+    aws: Regex,
     assignments: Regex,
 }
 
@@ -135,7 +138,6 @@ impl Redactor {
             shape
                 .replace("(?P<secret>", &format!("(?P<secret{index}>"))
                 .replace("(?P<cred>", &format!("(?P<cred{index}>"))
-                .replace("(?P<aws>", &format!("(?P<aws{index}>"))
         }));
         let name = format!(r"[A-Za-z0-9_.\-]*?(?:{STRONG_NAME}|{WEAK_NAME})");
         // A bare value and the character after it: `,`, `;` or `)` after a
@@ -153,12 +155,20 @@ impl Redactor {
             format!(r#"(?i)"(?P<jname>{name})"[ \t]*:[ \t]*"(?P<jvalue>[^"\n]*)""#),
         ]
         .join("|");
-        let passes = match (Regex::new(&shapes.join("|")), Regex::new(&assignments)) {
-            (Ok(shapes), Ok(assignments)) => Some(Passes { shapes, assignments }),
+        let passes = match (
+            Regex::new(&shapes.join("|")),
+            Regex::new(AWS_SECRET_SHAPE),
+            Regex::new(&assignments),
+        ) {
+            (Ok(shapes), Ok(aws), Ok(assignments)) => Some(Passes {
+                shapes,
+                aws,
+                assignments,
+            }),
             // The patterns are fixed and the values escaped; should a
             // pattern ever fail to build, say so rather than leak quietly.
-            (shapes, assignments) => {
-                tracing::error!(shapes = ?shapes.err(), assignments = ?assignments.err(), "cannot build the secret patterns; redaction is off");
+            (shapes, aws, assignments) => {
+                tracing::error!(shapes = ?shapes.err(), aws = ?aws.err(), assignments = ?assignments.err(), "cannot build the secret patterns; redaction is off");
                 None
             }
         };
@@ -189,19 +199,26 @@ impl Redactor {
                 Some((name, cred)) if name.starts_with("cred") && !looks_like_credential(cred.as_str()) => {
                     whole.as_str().to_string()
                 }
-                Some((name, key))
-                    if name.starts_with("aws")
-                        && (!looks_like_aws_secret(key.as_str())
-                            || text.get(key.end()..).is_some_and(|rest| rest.starts_with('='))) =>
-                {
-                    whole.as_str().to_string()
-                }
                 Some((_, secret)) => splice(whole.as_str(), whole.start(), secret.range()),
                 None => REDACTED.to_string(),
             }
         });
-        match passes.assignments.replace_all(&shaped, redact_assignment) {
+        let keyed = match passes.aws.replace_all(&shaped, |caps: &Captures<'_>| {
+            let (Some(whole), Some(key)) = (caps.get(0), caps.name("aws")) else {
+                return String::new();
+            };
+            let padded = shaped.get(key.end()..).is_some_and(|rest| rest.starts_with('='));
+            if looks_like_aws_secret(key.as_str()) && !padded {
+                splice(whole.as_str(), whole.start(), key.range())
+            } else {
+                whole.as_str().to_string()
+            }
+        }) {
             Cow::Borrowed(_) => shaped,
+            Cow::Owned(done) => Cow::Owned(done),
+        };
+        match passes.assignments.replace_all(&keyed, redact_assignment) {
+            Cow::Borrowed(_) => keyed,
             Cow::Owned(done) => Cow::Owned(done),
         }
     }
@@ -386,6 +403,23 @@ mod tests {
             ),
         ] {
             assert_eq!(redactor.redact(text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_bare_base64_run_never_shields_a_secret_value_or_a_jwt() {
+        let value = "0123456789abcdef".repeat(4);
+        let redactor = Redactor::with_secrets(vec![value.clone()]);
+        let jwt = format!("eyJ{}.eyJ{}.{}", "a".repeat(49), "b".repeat(20), "c".repeat(20));
+        for text in [
+            format!("token: {value}"),
+            format!("{value}\n"),
+            format!("x {jwt}"),
+            format!("\n{jwt}"),
+        ] {
+            let out = redactor.redact(&text);
+            assert!(!out.contains(&value) && !out.contains(&jwt), "{text} -> {out}");
+            assert!(out.contains(REDACTED), "{out}");
         }
     }
 
