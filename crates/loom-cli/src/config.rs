@@ -82,6 +82,8 @@ pub(crate) struct BashConfig {
     /// Refuse sandboxed commands where namespaces cannot be made, instead
     /// of running them under Landlock alone (default false).
     pub require_namespaces: Option<bool>,
+    /// The bwrap program, by absolute path (default: /usr/bin/bwrap, …).
+    pub bwrap: Option<PathBuf>,
     /// A command's limit when the call gives none (default 120).
     pub timeout_secs: Option<u64>,
     /// The most a call may ask for (default 600).
@@ -251,7 +253,7 @@ fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
             dir.to_path_buf()
         }
     });
-    let path = path.canonicalize().unwrap_or(path);
+    let path = resolved_dir(&path);
     Ok(LoadedConfig {
         file,
         dir,
@@ -262,7 +264,27 @@ fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
     })
 }
 
-fn user_config_file() -> Option<PathBuf> {
+/// `path` with its directory resolved and its own name kept: a
+/// `loom.toml` that is a link is known by where it was found, not by what
+/// it points to (trust given to one project's file does not follow a link
+/// to it from another project).
+pub(crate) fn resolved_dir(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            dir.canonicalize()
+                .map(|dir| dir.join(name))
+                .unwrap_or_else(|_| path.to_path_buf())
+        }
+        _ => path.to_path_buf(),
+    }
+}
+
+pub(crate) fn user_config_file() -> Option<PathBuf> {
     Some(user_config_dir()?.join("loom.toml"))
 }
 

@@ -1,6 +1,6 @@
 //! `loom run`: one task, streamed, with Ctrl-C that cancels cleanly.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,7 +156,10 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
-    crate::trust::require(&loaded, true)?;
+    // It may ask on the terminal and read files: off the async thread.
+    let loaded = tokio::task::spawn_blocking(move || crate::trust::require(&loaded, true).map(|()| loaded))
+        .await
+        .map_err(|err| anyhow!("the trust check failed: {err}"))??;
     configure_agent(args, place, default_model, &loaded, None).await
 }
 
@@ -213,7 +216,7 @@ pub(crate) async fn configure_agent(
 
     let mut tools = file_tools();
     tools.push(Arc::new(loom::tools::Task));
-    if let Some(bash) = bash_tool(file)? {
+    if let Some(bash) = bash_tool(file, &workspace)? {
         tools.push(Arc::new(bash));
     }
     let mcp = crate::mcp::clients(file, &workspace).await?;
@@ -237,12 +240,17 @@ pub(crate) async fn configure_agent(
         .tools(tools)
         .workspace(PathBuf::from(&workspace))
         .permissions(policy)
-        // Loom's state (every workspace's database, session keys, the
-        // trust records) and the operator's own configuration (it may hold
-        // tokens) are out of every tool's reach; a project's configuration
-        // in the workspace may be read but never changed (docs/security.md).
-        .protect(crate::state::base_dir()?)
+        // A project's configuration in the workspace may be read but never
+        // changed (docs/security.md).
         .read_only(workspace.join("loom.toml"));
+    // Loom's state (every workspace's database, session keys, the trust
+    // records) is out of every tool's reach. Made now if missing, so that
+    // `bash` gets an empty mount there rather than a place to plant trust
+    // records; without a home for it there is nothing there to protect.
+    if let Ok(base) = crate::state::base_dir() {
+        let _ = crate::state::private_dir(&base);
+        builder = builder.protect(base);
+    }
     if let Some(path) = &loaded.path {
         // The operator's own file (named with --config, or the user's) may
         // hold tokens: hidden wherever it is. A project's ./loom.toml is
@@ -256,7 +264,7 @@ pub(crate) async fn configure_agent(
     if let Some(dir) = config::user_config_dir() {
         // Made if missing (when its parent exists), so that `bash` gets an
         // empty mount there instead of a place to plant a config file.
-        if dir.parent().is_some_and(std::path::Path::is_dir) {
+        if dir.parent().is_some_and(Path::is_dir) {
             let _ = crate::state::private_dir(&dir);
         }
         builder = builder.protect(dir);
@@ -315,10 +323,14 @@ pub(crate) async fn configure_agent(
 }
 
 /// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
-fn bash_tool(file: &config::FileConfig) -> Result<Option<loom::tools::Bash>> {
+fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom::tools::Bash>> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
-    // This binary applies Landlock inside the sandbox's namespaces.
-    let helper = std::env::current_exe().ok();
+    // This binary applies Landlock inside the sandbox's namespaces — unless
+    // it lies in the workspace (`cargo run` there), where a command could
+    // replace it before the next call binds and starts it.
+    let helper = std::env::current_exe()
+        .ok()
+        .filter(|exe| !workspace.canonicalize().is_ok_and(|root| exe.starts_with(root)));
     let Some(config) = config else {
         return Ok(Some(loom::tools::Bash::new(loom::tools::BashSettings {
             landlock_helper: helper,
@@ -331,6 +343,7 @@ fn bash_tool(file: &config::FileConfig) -> Result<Option<loom::tools::Bash>> {
     let mut settings = loom::tools::BashSettings {
         landlock_helper: helper,
         require_namespaces: config.require_namespaces.unwrap_or(false),
+        bwrap: config.bwrap.clone(),
         ..Default::default()
     };
     if let Some(mode) = &config.sandbox {

@@ -20,7 +20,9 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         (Some(db), _) => db.clone(),
         (None, workspace) => {
             let workspace = workspace.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
-            crate::state::workspace_dir(&workspace)
+            tokio::task::spawn_blocking(move || crate::state::workspace_dir(&workspace))
+                .await
+                .map_err(|err| Failure::Runtime(err.into()))?
                 .map_err(Failure::Usage)?
                 .join("loom.db")
         }

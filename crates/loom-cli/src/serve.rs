@@ -49,6 +49,19 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     // Only the file named on the command line: a loom.toml in a workspace
     // the gateway serves may have been written by a model.
     let loaded = config::load_explicit(args.config.as_deref()).map_err(Failure::Usage)?;
+    if args.config.is_none() {
+        // Tokens kept in a file that is no longer read must not be lost
+        // quietly (a gateway without them is open to every local process).
+        if let Some(own) = config::user_config_file().filter(|own| own.is_file()) {
+            return Err(Failure::Usage(anyhow!(
+                "loom serve reads only the file named with --config: pass --config {} to use it (its [[server.tokens]] included)",
+                own.display()
+            )));
+        }
+        if std::path::Path::new("loom.toml").is_file() {
+            say!("loom: warning: ./loom.toml is not read by loom serve (a workspace's file may have been written by a model); name the gateway's own file with --config");
+        }
+    }
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
@@ -67,7 +80,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     }
     if config.tokens.is_empty() && !addr.ip().is_loopback() {
         return Err(Failure::Usage(anyhow!(
-            "refusing to listen on {addr} without a token: add [[server.tokens]] to loom.toml or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
+            "refusing to listen on {addr} without a token: add [[server.tokens]] to the file named with --config or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
         )));
     }
     let agent_args = AgentArgs {
@@ -93,7 +106,11 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     };
     // The web page's sessions outlive a restart: their key is kept in the
     // workspace's state directory, out of the tools' reach.
-    let key_dir = crate::state::workspace_dir(&workspace).map_err(Failure::Usage)?;
+    let state_of = workspace.clone();
+    let key_dir = tokio::task::spawn_blocking(move || crate::state::workspace_dir(&state_of))
+        .await
+        .map_err(|err| Failure::Runtime(err.into()))?
+        .map_err(Failure::Usage)?;
     // Sign-outs are remembered beside the key, so they survive a restart.
     config.session_revocations = Some(key_dir.join("web-session.revoked"));
     config.session_key = Some(

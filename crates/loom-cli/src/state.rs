@@ -1,7 +1,7 @@
 //! Where Loom keeps its own state: outside every workspace, so that no
 //! tool — a file tool, or a `bash` command sandboxed or not — finds it
 //! where it works (docs/security.md). One directory per workspace under
-//! the state base (`--state-dir`, `LOOM_STATE_DIR`, else
+//! the state base (`LOOM_STATE_DIR`, else
 //! `$XDG_STATE_HOME/loom`, else `~/.local/state/loom`), created
 //! owner-only, holds the run database and the web page's session key;
 //! the base also holds the user's trust records (`trust.rs`).
@@ -10,16 +10,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use sha2::{Digest, Sha256};
-
-/// Files that were Loom's state in a workspace's `.loom/` before they
-/// moved to the state directory: moved on first start.
-const LEGACY_FILES: &[&str] = &[
-    "loom.db",
-    "loom.db-wal",
-    "loom.db-shm",
-    "web-session.key",
-    "web-session.revoked",
-];
 
 /// The state base: `LOOM_STATE_DIR`, else `$XDG_STATE_HOME/loom`, else
 /// `~/.local/state/loom`.
@@ -42,9 +32,10 @@ pub(crate) fn workspace_dir(workspace: &Path) -> Result<PathBuf> {
         .canonicalize()
         .with_context(|| format!("workspace {}", workspace.display()))?;
     let base = base_dir()?;
+    private_dir(&base)?;
+    private_dir(&base.join("workspaces"))?;
     let dir = base.join("workspaces").join(key(&real));
     private_dir(&dir)?;
-    private_dir(&base)?;
     migrate(&real.join(".loom"), &dir);
     Ok(dir)
 }
@@ -72,8 +63,13 @@ fn key(workspace: &Path) -> String {
     format!("{name}-{hash}")
 }
 
-/// Creates `dir` (and its parents) and makes it readable by its owner only.
+/// Creates `dir` (and its parents) readable by its owner only. A
+/// directory that is already there keeps its mode: it may be one the user
+/// chose (`LOOM_STATE_DIR`).
 pub(crate) fn private_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     #[cfg(unix)]
     {
@@ -103,19 +99,22 @@ pub(crate) fn private_file(file: &Path) -> Result<()> {
 /// `.loom/`) to `dir`, unless `dir` already has a database. Project
 /// configuration in `.loom/` stays where it is.
 fn migrate(legacy: &Path, dir: &Path) {
+    // Regular files in a real `.loom/` only: a link planted in a cloned
+    // project must not bring another workspace's or another file's
+    // contents into this workspace's state.
     let regular = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_file());
-    if !regular(&legacy.join("loom.db")) || dir.join("loom.db").exists() {
+    let real_dir = std::fs::symlink_metadata(legacy).is_ok_and(|meta| meta.file_type().is_dir());
+    if !real_dir || !regular(&legacy.join("loom.db")) || dir.join("loom.db").exists() {
         return;
     }
     let mut moved = Vec::new();
-    for name in LEGACY_FILES {
+    for name in loom::LEGACY_STATE {
         let from = legacy.join(name);
-        // Regular files only: a link planted in a cloned project must not
-        // bring another file into Loom's state.
-        if !regular(&from) {
+        let to = dir.join(name);
+        // Never over what the state directory already has.
+        if !regular(&from) || to.exists() {
             continue;
         }
-        let to = dir.join(name);
         let result = std::fs::rename(&from, &to).or_else(|_| {
             // Another file system: copy, then remove the original.
             std::fs::copy(&from, &to).and_then(|_| std::fs::remove_file(&from))

@@ -28,18 +28,26 @@ pub(crate) async fn open(
                 _ => PathBuf::from(path),
             }
         }
-        (None, None) => crate::state::workspace_dir(workspace)?.join("loom.db"),
+        (None, None) => PathBuf::new(),
     };
-    if !path.exists() {
-        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|err| anyhow!("cannot create {}: {err}", dir.display()))?;
+    let workspace = workspace.to_path_buf();
+    // File work (the state directory, perhaps moving an old database over
+    // from the workspace): off the async thread.
+    let store = tokio::task::spawn_blocking(move || -> Result<SqliteStore> {
+        let path = if path.as_os_str().is_empty() {
+            crate::state::workspace_dir(&workspace)?.join("loom.db")
+        } else {
+            path
+        };
+        if !path.exists() {
+            if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|err| anyhow!("cannot create {}: {err}", dir.display()))?;
+            }
+            crate::state::private_file(&path)?;
         }
-        crate::state::private_file(&path)?;
-    }
-    let shown = path.display().to_string();
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(path))
-        .await
-        .map_err(|err| anyhow!("opening {shown} failed: {err}"))?
-        .map_err(|err| anyhow!("{err}"))?;
+        SqliteStore::open(&path).map_err(|err| anyhow!("{err}"))
+    })
+    .await
+    .map_err(|err| anyhow!("opening the run database failed: {err}"))??;
     Ok(Some(Arc::new(store)))
 }

@@ -26,10 +26,14 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The settings of `file` that run commands, widen permissions or send
-/// the user's credentials elsewhere, in words, one per setting.
-pub(crate) fn risky_settings(file: &FileConfig) -> Vec<String> {
+/// The settings of `file` (found in `dir`) that run commands, widen
+/// permissions, send the user's credentials elsewhere or write outside
+/// the project, in words, one per setting.
+pub(crate) fn risky_settings(file: &FileConfig, dir: &Path) -> Vec<String> {
     let mut risky = Vec::new();
+    if file.store.as_deref().is_some_and(|store| store != "none") {
+        risky.push("store writes the run database (prompts, answers, tool output) where it says".to_string());
+    }
     if let Some(mcp) = &file.mcp {
         for name in mcp.servers.keys() {
             risky.push(format!("[mcp.servers.{name}] starts a program"));
@@ -38,6 +42,9 @@ pub(crate) fn risky_settings(file: &FileConfig) -> Vec<String> {
     if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
         if bash.sandbox.as_deref() == Some("none") {
             risky.push("[tools.bash] sandbox = \"none\" runs commands unconfined".to_string());
+        }
+        if bash.bwrap.is_some() {
+            risky.push("[tools.bash] bwrap names the program that builds the sandbox".to_string());
         }
         if !bash.env.is_empty() {
             risky.push("[tools.bash] env sets the commands' environment".to_string());
@@ -63,16 +70,34 @@ pub(crate) fn risky_settings(file: &FileConfig) -> Vec<String> {
         }
     }
     if let Some(retrieval) = &file.retrieval {
-        let leaves = retrieval.dir.is_absolute()
-            || retrieval
-                .dir
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir));
-        if leaves {
+        // Judged where it really is: a link in the project may lead out.
+        let inside = match (dir.join(&retrieval.dir).canonicalize(), dir.canonicalize()) {
+            (Ok(real), Ok(project)) => real.starts_with(project),
+            _ => false,
+        };
+        if !inside {
             risky.push("[retrieval] dir reads documents outside the project".to_string());
         }
     }
     risky
+}
+
+/// Programs `file`'s MCP servers would run from the project itself: files
+/// a tool may have written, which trusting the configuration does not
+/// vouch for.
+fn project_programs(file: &FileConfig, dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, server) in file.mcp.iter().flat_map(|mcp| mcp.servers.iter()) {
+        let words = server.command.iter().chain(server.args.iter());
+        for word in words {
+            let candidate = Path::new(word);
+            let in_project = candidate.is_relative() && (word.contains('/') || dir.join(candidate).is_file());
+            if in_project && dir.join(candidate).exists() {
+                found.push(format!("[mcp.servers.{name}] runs {word}, a file of the project"));
+            }
+        }
+    }
+    found
 }
 
 /// The user's trust records: canonical path → SHA-256 of the trusted text.
@@ -80,16 +105,21 @@ fn records_path() -> Result<PathBuf> {
     Ok(crate::state::base_dir()?.join("trust.json"))
 }
 
-fn read_records(path: &Path) -> BTreeMap<String, String> {
-    std::fs::read(path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default()
+/// The records, none when the file does not exist. A file that cannot be
+/// read is an error: writing over it would drop every other record.
+fn read_records(path: &Path) -> Result<BTreeMap<String, String>> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes).with_context(|| format!("{} is damaged; fix or remove it", path.display()))
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(err) => Err(err).with_context(|| format!("cannot read {}", path.display())),
+    }
 }
 
-/// Whether the text of `file` (canonical) with `digest` is trusted.
+/// Whether the text of `file` with `digest` is trusted.
 fn is_trusted(file: &Path, digest: &str) -> Result<bool> {
-    let records = read_records(&records_path()?);
+    let records = read_records(&records_path()?)?;
     Ok(records.get(&file.display().to_string()).map(String::as_str) == Some(digest))
 }
 
@@ -99,7 +129,7 @@ fn record(file: &Path, digest: &str) -> Result<()> {
     if let Some(dir) = path.parent() {
         crate::state::private_dir(dir)?;
     }
-    let mut records = read_records(&path);
+    let mut records = read_records(&path)?;
     records.insert(file.display().to_string(), digest.to_string());
     let text = serde_json::to_string_pretty(&records)?;
     // Written whole to a new file, then renamed: a crash leaves the old
@@ -125,7 +155,13 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
     let (Origin::Project, Some(path)) = (loaded.origin, &loaded.path) else {
         return Ok(());
     };
-    let risky = risky_settings(&loaded.file);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut risky = risky_settings(&loaded.file, dir);
+    // Found first, it is read instead of the user's own file, whose
+    // sandbox and deny rules it would quietly drop.
+    if let Some(own) = crate::config::user_config_file().filter(|own| own.is_file()) {
+        risky.push(format!("it is read instead of your own {}", own.display()));
+    }
     if risky.is_empty() || is_trusted(path, &loaded.digest)? {
         return Ok(());
     }
@@ -158,15 +194,17 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
 /// `loom trust [PATH]`: records the file as trusted and says what it allows.
 pub(crate) fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
     let path = path.unwrap_or(Path::new("loom.toml"));
-    let real = path
-        .canonicalize()
-        .with_context(|| format!("cannot find {}", path.display()))?;
+    let real = crate::config::resolved_dir(path);
     let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
     let file: FileConfig =
         toml::from_str(&text).map_err(|err| anyhow!("{}: {}", real.display(), err.message().trim()))?;
     let digest = sha256_hex(text.as_bytes());
     record(&real, &digest)?;
-    let risky = risky_settings(&file);
+    let dir = real.parent().unwrap_or(Path::new("."));
+    let risky = risky_settings(&file, dir);
+    for note in project_programs(&file, dir) {
+        println!("note: {note}: a tool may change it, and trust does not cover it");
+    }
     println!("trusted {} (sha256 {})", real.display(), &digest[..16]);
     if risky.is_empty() {
         println!("it has no settings that run commands or widen permissions");
@@ -199,12 +237,23 @@ command = "id"
 "#,
         )
         .unwrap();
-        let risky = risky_settings(&file);
+        let dir = tempfile::tempdir().unwrap();
+        let risky = risky_settings(&file, dir.path());
         assert_eq!(risky.len(), 4, "{risky:?}");
         assert!(risky.iter().any(|line| line.contains("mcp.servers.x")));
         assert!(risky.iter().any(|line| line.contains("bash(command=git *)")));
         let plain: FileConfig =
             toml::from_str("model = \"scripted:x.json\"\n[permissions]\ngrep = \"allow\"\n").unwrap();
-        assert!(risky_settings(&plain).is_empty());
+        assert!(risky_settings(&plain, dir.path()).is_empty());
+        let stored: FileConfig = toml::from_str("store = \"sqlite:../../.ssh/authorized_keys\"\n").unwrap();
+        assert_eq!(risky_settings(&stored, dir.path()).len(), 1);
+        let off: FileConfig = toml::from_str("store = \"none\"\n").unwrap();
+        assert!(risky_settings(&off, dir.path()).is_empty());
+        std::fs::create_dir(dir.path().join("kb")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
+        let inside: FileConfig = toml::from_str("[retrieval]\ndir = \"kb\"\n").unwrap();
+        assert!(risky_settings(&inside, dir.path()).is_empty());
+        let linked: FileConfig = toml::from_str("[retrieval]\ndir = \"out\"\n").unwrap();
+        assert_eq!(risky_settings(&linked, dir.path()).len(), 1, "a link that leads out");
     }
 }

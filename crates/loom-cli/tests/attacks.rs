@@ -314,26 +314,29 @@ fn a_unix_socket_outside_the_workspace_cannot_be_reached_from_the_sandbox() {
 
 #[test]
 fn without_namespaces_the_sandbox_says_landlock_only_or_refuses_when_told_to() {
-    // A PATH on which bash is found and bwrap is not.
     let layout = layout(SANDBOXED);
-    let bin = layout.ws.parent().unwrap().join("bin");
-    std::fs::create_dir(&bin).unwrap();
-    for program in ["bash", "echo"] {
-        let real = std::process::Command::new("bash")
-            .args(["-c", &format!("command -v {program} || type -P {program}")])
-            .output()
-            .unwrap();
-        let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
-        if real.starts_with('/') {
-            std::os::unix::fs::symlink(real, bin.join(program)).unwrap();
-        }
-    }
     let script = layout.ws.parent().unwrap().join("script.json");
     std::fs::write(&script, json!([bash("echo hi"), {"content": "done"}]).to_string()).unwrap();
+    // A `bwrap` that an earlier, unsandboxed command left first on PATH: it
+    // must never be the one that builds the sandbox.
+    let planted = layout.ws.parent().unwrap().join("bin");
+    std::fs::create_dir(&planted).unwrap();
+    let marker = layout.ws.parent().unwrap().join("PLANTED-BWRAP-RAN");
+    std::fs::write(
+        planted.join("bwrap"),
+        format!("#!/bin/sh\ntouch {}\nexec /usr/bin/bwrap \"$@\"\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        planted.join("bwrap"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!("{}:{}", planted.display(), std::env::var("PATH").unwrap());
     let run_with = |config: &str| {
         std::fs::write(&layout.config, config).unwrap();
         let output = loom_in(&layout.ws)
-            .env("PATH", &bin)
+            .env("PATH", &path)
             .env("LOOM_STATE_DIR", &layout.state)
             .args(["run", "--json", "--yes", "--config"])
             .arg(&layout.config)
@@ -350,11 +353,19 @@ fn without_namespaces_the_sandbox_says_landlock_only_or_refuses_when_told_to() {
         );
         results(&json_lines(&output.stdout)).remove(0)
     };
-    let (status, content) = run_with(SANDBOXED);
+    if std::path::Path::new("/usr/bin/bwrap").is_file() {
+        let (status, content) = run_with(SANDBOXED);
+        assert_eq!(status, "success", "{content}");
+        assert!(content.contains("sandbox: namespaces + landlock"), "{content}");
+        assert!(!marker.exists(), "the bwrap found on PATH built the sandbox");
+    }
+    // A machine where bwrap cannot be had (here: configured as missing).
+    let missing = format!("{SANDBOXED}bwrap = \"/nonexistent/bwrap\"\n");
+    let (status, content) = run_with(&missing);
     assert_eq!(status, "success", "{content}");
     assert!(content.contains("sandbox: landlock-only"), "{content}");
     assert!(content.contains("bwrap is not installed"), "{content}");
-    let (status, content) = run_with(&format!("{SANDBOXED}require_namespaces = true\n"));
+    let (status, content) = run_with(&format!("{missing}require_namespaces = true\n"));
     assert_eq!(status, "error", "{content}");
     assert!(content.contains("namespaces are required"), "{content}");
 }
@@ -542,4 +553,109 @@ fn on_a_terminal_the_person_is_asked_once_and_a_no_runs_nothing() {
     assert!(marker.exists(), "trusted on the terminal, the server runs: {screen}");
     let records = std::fs::read_to_string(state.join("trust.json")).unwrap();
     assert!(records.contains(&ws.join("loom.toml").canonicalize().unwrap().display().to_string()));
+}
+
+#[test]
+fn a_project_config_can_neither_shadow_the_users_own_nor_borrow_trust_nor_move_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let model = format!("scripted:{}", dir.path().join("s.json").display());
+    let xdg = dir.path().join("xdg");
+    let loom_run = |ws: &Path, xdg: &Path| {
+        loom_in(ws)
+            .env("LOOM_STATE_DIR", &state)
+            .env("XDG_CONFIG_HOME", xdg)
+            .args(["run", "--model", &model, "x"])
+            .output()
+            .unwrap()
+    };
+
+    // The user's own file turns the sandbox on; a project file with nothing
+    // risky in it would be read instead and quietly turn it off.
+    std::fs::create_dir_all(xdg.join("loom")).unwrap();
+    std::fs::write(xdg.join("loom/loom.toml"), SANDBOXED).unwrap();
+    let shadow = dir.path().join("shadow");
+    std::fs::create_dir(&shadow).unwrap();
+    std::fs::write(shadow.join("loom.toml"), "max_steps = 20\n").unwrap();
+    let refused = loom_run(&shadow, &xdg);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("instead of your own"), "{stderr}");
+
+    // Trust given to one project's file does not follow a link to it.
+    let nobody = dir.path().join("no-xdg");
+    let trusted = dir.path().join("trusted");
+    let borrower = dir.path().join("borrower");
+    std::fs::create_dir(&trusted).unwrap();
+    std::fs::create_dir(&borrower).unwrap();
+    let marker = dir.path().join("MARKER");
+    std::fs::write(trusted.join("loom.toml"), hostile_project(&marker)).unwrap();
+    let trust = loom_in(&trusted)
+        .env("LOOM_STATE_DIR", &state)
+        .arg("trust")
+        .output()
+        .unwrap();
+    assert!(trust.status.success());
+    std::os::unix::fs::symlink(trusted.join("loom.toml"), borrower.join("loom.toml")).unwrap();
+    let borrowed = loom_run(&borrower, &nobody);
+    assert_eq!(
+        borrowed.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&borrowed.stderr)
+    );
+    assert!(!marker.exists(), "the link borrowed the other project's trust");
+
+    // A store a project names may be anywhere (an authorized_keys file):
+    // it waits for trust too.
+    let mover = dir.path().join("mover");
+    std::fs::create_dir(&mover).unwrap();
+    let target = dir.path().join("ssh/authorized_keys");
+    std::fs::write(
+        mover.join("loom.toml"),
+        format!("store = \"sqlite:{}\"\n", target.display()),
+    )
+    .unwrap();
+    let moved = loom_run(&mover, &nobody);
+    assert_eq!(
+        moved.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    assert!(!target.exists());
+}
+
+#[test]
+fn loom_serve_without_config_refuses_rather_than_drop_the_users_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("xdg/loom")).unwrap();
+    std::fs::write(
+        dir.path().join("xdg/loom/loom.toml"),
+        format!("[[server.tokens]]\nname = \"me\"\ntoken = \"{CONFIG_TOKEN}\"\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let mut child = loom_in(dir.path())
+        .env("LOOM_STATE_DIR", dir.path().join("state"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--model", "scripted:s.json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A gateway that started anyway would serve until killed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("loom serve started without the user's tokens");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("reads only the file named with --config"), "{stderr}");
 }

@@ -525,8 +525,9 @@ impl AgentBuilder {
     }
 }
 
-/// State files an older Loom kept in a workspace's `.loom/`.
-const LEGACY_STATE: &[&str] = &[
+/// State files an older Loom kept in a workspace's `.loom/` (refused to
+/// tools wherever they still are; the binary moves them out).
+pub const LEGACY_STATE: &[&str] = &[
     "loom.db",
     "loom.db-wal",
     "loom.db-shm",

@@ -48,7 +48,7 @@ pub mod tool_source;
 pub mod turn_state;
 mod wire;
 
-pub use agent::{Agent, AgentBuilder, BuildError, RunRequest, DEFAULT_SYSTEM_PROMPT};
+pub use agent::{Agent, AgentBuilder, BuildError, RunRequest, DEFAULT_SYSTEM_PROMPT, LEGACY_STATE};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
 pub use budget::{Budget, BudgetKind, Spending};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};

@@ -45,6 +45,9 @@ pub struct BashSettings {
     pub env: BTreeMap<String, String>,
     /// Landlock or none (default none).
     pub sandbox: SandboxMode,
+    /// The bwrap program (default: the first of /usr/bin/bwrap, /bin/bwrap,
+    /// /usr/local/bin/bwrap; never looked up through PATH).
+    pub bwrap: Option<PathBuf>,
     /// Refuse to run a sandboxed command where namespaces cannot be made,
     /// instead of falling back to Landlock alone (default false).
     pub require_namespaces: bool,
@@ -64,6 +67,7 @@ impl Default for BashSettings {
             max_timeout: Duration::from_secs(600),
             env: BTreeMap::new(),
             sandbox: SandboxMode::None,
+            bwrap: None,
             require_namespaces: false,
             landlock_helper: None,
             max_output_bytes: 12_000,
@@ -199,15 +203,15 @@ fn prepare(
         read_only,
         home: std::env::var_os("HOME").map(PathBuf::from),
     };
-    let namespaces = namespaces_available();
+    let namespaces = namespaces_available(settings.bwrap.as_deref());
     let (launcher, confinement, note) = match (settings.sandbox, namespaces) {
-        (SandboxMode::None, Ok(())) => (
-            view.bwrap_args(None),
+        (SandboxMode::None, Ok(bwrap)) => (
+            view.bwrap_args(&bwrap, None),
             None,
             "none (own PID namespace; Loom's state hidden)".to_string(),
         ),
         (SandboxMode::None, Err(why)) => (Vec::new(), None, format!("none (Loom's state NOT hidden: {why})")),
-        (SandboxMode::Landlock, Ok(())) => {
+        (SandboxMode::Landlock, Ok(bwrap)) => {
             // Landlock is checked here too: the helper would only fail
             // inside, with a less clear message.
             let abi = sandbox::landlock_available().map_err(|why| {
@@ -215,7 +219,7 @@ fn prepare(
             })?;
             match &settings.landlock_helper {
                 Some(helper) => {
-                    let mut launcher = view.bwrap_args(Some(helper));
+                    let mut launcher = view.bwrap_args(&bwrap, Some(helper));
                     launcher.extend([
                         OsString::from(namespaces::HELPER_INSIDE),
                         OsString::from("__landlock"),
@@ -230,7 +234,7 @@ fn prepare(
                     )
                 }
                 None => (
-                    view.bwrap_args(None),
+                    view.bwrap_args(&bwrap, None),
                     None,
                     "namespaces (no network, no other processes; no Landlock layer: no helper)".to_string(),
                 ),

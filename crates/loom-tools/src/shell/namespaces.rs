@@ -19,14 +19,18 @@
 //! or written from inside. bwrap drops every capability, so the command
 //! cannot undo a mount.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use super::SandboxMode;
 
-/// The program that builds the namespaces.
-const BWRAP: &str = "bwrap";
+/// Where bwrap is looked for, by absolute path only: never through PATH,
+/// on which a command run earlier (unsandboxed, or a project's
+/// `node_modules/.bin`) may have put a `bwrap` of its own. Debian installs
+/// it in /usr/bin.
+const BWRAP_PLACES: &[&str] = &["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"];
 
 /// Where the Landlock helper is bound inside the namespaces.
 pub(crate) const HELPER_INSIDE: &str = "/run/loom-sandbox/helper";
@@ -36,48 +40,78 @@ const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
 ];
 
-/// Whether the namespace layer can be used here, or why not. Tried once
-/// per process: bwrap present, and the kernel lets it make namespaces
-/// (unprivileged user namespaces on, or root).
-pub fn namespaces_available() -> Result<(), String> {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    PROBE
-        .get_or_init(|| {
-            let output = std::process::Command::new(BWRAP)
-                .args([
-                    "--unshare-all",
-                    "--die-with-parent",
-                    "--cap-drop",
-                    "ALL",
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--proc",
-                    "/proc",
-                    "--dev",
-                    "/dev",
-                    "--tmpfs",
-                    "/tmp",
-                    "--",
-                    "true",
-                ])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .output();
-            match output {
-                Ok(output) if output.status.success() => Ok(()),
-                Ok(output) => Err(format!(
-                    "bwrap cannot create namespaces here: {}",
-                    String::from_utf8_lossy(&output.stderr).trim()
-                )),
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                    Err("bwrap is not installed (Debian: apt-get install bubblewrap)".to_string())
-                }
-                Err(err) => Err(format!("bwrap could not be started: {err}")),
+/// The bwrap to use: `configured` (`[tools.bash] bwrap`), else the first
+/// of [`BWRAP_PLACES`] that exists, and whether the namespace layer can be
+/// used with it here, or why not. Tried once per program per process: it
+/// must run, and the kernel must let it make namespaces (unprivileged user
+/// namespaces on, or root).
+pub fn namespaces_available(configured: Option<&Path>) -> Result<PathBuf, String> {
+    static PROBES: OnceLock<Mutex<HashMap<PathBuf, Result<PathBuf, String>>>> = OnceLock::new();
+    let program = match configured {
+        Some(path) => path.to_path_buf(),
+        None => match BWRAP_PLACES.iter().map(Path::new).find(|place| place.is_file()) {
+            Some(place) => place.to_path_buf(),
+            None => {
+                return Err(format!(
+                    "bwrap is not installed (looked for {}; Debian: apt-get install bubblewrap)",
+                    BWRAP_PLACES.join(", ")
+                ))
             }
-        })
-        .clone()
+        },
+    };
+    let probes = PROBES.get_or_init(Mutex::default);
+    if let Some(known) = probes
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&program)
+    {
+        return known.clone();
+    }
+    let result = probe(&program);
+    probes
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(program, result.clone());
+    result
+}
+
+/// Runs `true` under `program` with the namespaces a command gets.
+fn probe(program: &Path) -> Result<PathBuf, String> {
+    let output = std::process::Command::new(program)
+        .args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--cap-drop",
+            "ALL",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--",
+            "true",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match output {
+        Ok(output) if output.status.success() => Ok(program.to_path_buf()),
+        Ok(output) => Err(format!(
+            "{} cannot create namespaces here: {}",
+            program.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "bwrap is not installed ({} does not exist; Debian: apt-get install bubblewrap)",
+            program.display()
+        )),
+        Err(err) => Err(format!("{} could not be started: {err}", program.display())),
+    }
 }
 
 /// What a command's view of the file system is built from.
@@ -98,9 +132,9 @@ pub(crate) struct View<'a> {
 impl View<'_> {
     /// bwrap and its arguments, up to and including `--`: what comes after
     /// is the command.
-    pub(crate) fn bwrap_args(&self, helper: Option<&Path>) -> Vec<OsString> {
+    pub(crate) fn bwrap_args(&self, bwrap: &Path, helper: Option<&Path>) -> Vec<OsString> {
         let mut args = Args::default();
-        args.push(BWRAP);
+        args.push(bwrap);
         args.extend(["--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]);
         let sandboxed = self.mode == SandboxMode::Landlock;
         if sandboxed {
@@ -219,7 +253,7 @@ mod tests {
             read_only: &[ws.join("loom.toml"), ws.join(".loom"), ws.join("missing.toml")],
             home: Some(PathBuf::from("/home/someone")),
         };
-        let args = joined(&view.bwrap_args(None));
+        let args = joined(&view.bwrap_args(Path::new("bwrap"), None));
         let ws = ws.display();
         assert!(
             args.starts_with("bwrap --unshare-all --die-with-parent --cap-drop ALL"),
@@ -257,7 +291,7 @@ mod tests {
             read_only: &[],
             home: None,
         };
-        let args = joined(&view.bwrap_args(None));
+        let args = joined(&view.bwrap_args(Path::new("bwrap"), None));
         assert!(args.contains("--share-net --dev-bind / / --proc /proc"), "{args}");
         assert!(args.contains(&format!("--tmpfs {}", state.display())), "{args}");
     }
