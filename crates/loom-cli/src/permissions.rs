@@ -68,7 +68,7 @@ pub(crate) fn parse_answer(line: &str) -> Result<PermissionDecision, String> {
     }
 }
 
-/// MCP tools ask by default (DESIGN 4.9) — in `loom serve` too, where
+/// MCP tools ask by default (docs/tools.md) — in `loom serve` too, where
 /// other tools are denied. loom.toml decides instead when it says anything
 /// that covers them: a `default`, a `*` rule, or a rule for the server's
 /// tools (`NAME__…`).

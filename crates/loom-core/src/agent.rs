@@ -306,8 +306,8 @@ impl AgentBuilder {
 
     /// Also keeps tools away from `path` and what is under it, for reading
     /// and writing alike (Loom's state kept elsewhere: a session key, a
-    /// trust record). The workspace's `.loom/` state and the store's files
-    /// are always protected.
+    /// trust record). The store's files and what an older Loom kept in the
+    /// workspace's `.loom/` are always protected.
     pub fn protect(mut self, path: impl Into<PathBuf>) -> Self {
         self.protected.push(path.into());
         self

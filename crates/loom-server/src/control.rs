@@ -1,6 +1,6 @@
 //! How the gateway reaches a run it admitted, wherever the run executes:
 //! the engine's [`RunController`] for a run in this process; for a run in
-//! a `loom worker` (DESIGN 2.4), a message through Redis to the worker
+//! a `loom worker` (docs/server.md), a message through Redis to the worker
 //! that holds it. The registry keeps one per run and never knows which.
 
 use loom_core::{ControlError, PermissionDecision, RunController};

@@ -4,7 +4,7 @@
 //! the rest from the feed's buffer, then live.
 //!
 //! Behind the [`EventFeed`] trait so that a later step can fan out through
-//! Redis (DESIGN 2.4) without touching the protocol code.
+//! Redis (docs/server.md) without touching the protocol code.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! on the waiting line.
 //!
 //! Behind the [`RunQueue`] trait so that a later step can keep the line in
-//! Redis, shared by many gateways and `loom worker` processes (DESIGN 2.4),
+//! Redis, shared by many gateways and `loom worker` processes (docs/server.md),
 //! without touching the protocol code or the service around it. The queue
 //! knows run ids, tokens and sessions — never agents, controls or events.
 

@@ -1,4 +1,4 @@
-//! The web page (DESIGN 4.8): static files embedded in the binary, and the
+//! The web page (docs/web.md): static files embedded in the binary, and the
 //! session that lets a browser use the API. A browser cannot put a token
 //! in an `EventSource`'s headers, so the page trades its token for an
 //! HttpOnly, `SameSite=Strict` cookie; a request with that cookie that

@@ -1,4 +1,4 @@
-//! `[mcp.servers.NAME]` (DESIGN 4.9): how to reach one MCP server.
+//! `[mcp.servers.NAME]` (docs/tools.md): how to reach one MCP server.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! MCP client tools: every tool of the configured Model Context Protocol
-//! servers (`[mcp.servers.NAME]`, DESIGN 4.9), offered as `NAME__tool` and
+//! servers (`[mcp.servers.NAME]`, docs/tools.md), offered as `NAME__tool` and
 //! run through the whole pipeline like any other tool.
 //!
 //! - **Stdio servers** run in a process group of their own, with an
