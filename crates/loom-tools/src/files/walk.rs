@@ -447,4 +447,117 @@ mod tests {
             "{most} descriptors open during the walk, {before} before"
         );
     }
+
+    /// Makes `openat2` fail with `ENOSYS` on this thread, as on a kernel
+    /// without it, so that cap-std resolves paths itself (and remembers to
+    /// for the rest of the process: only ever in a child process).
+    fn deny_openat2() {
+        // Classic BPF: load the syscall number, return ENOSYS for openat2,
+        // allow everything else.
+        let filter = [
+            libc::sock_filter {
+                code: 0x20,
+                jt: 0,
+                jf: 0,
+                k: 0,
+            },
+            libc::sock_filter {
+                code: 0x15,
+                jt: 0,
+                jf: 1,
+                k: libc::SYS_openat2 as u32,
+            },
+            libc::sock_filter {
+                code: 0x06,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+            },
+            libc::sock_filter {
+                code: 0x06,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            },
+        ];
+        let program = libc::sock_fprog {
+            len: filter.len() as u16,
+            filter: filter.as_ptr().cast_mut(),
+        };
+        // SAFETY: plain prctl calls with a filter that outlives them.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(
+                libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &program as *const libc::sock_fprog
+                ),
+                0
+            );
+        }
+        let how = [0u64; 3];
+        // SAFETY: openat2 with a valid path and a zeroed `open_how`.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                libc::AT_FDCWD,
+                c".".as_ptr(),
+                how.as_ptr(),
+                std::mem::size_of_val(&how),
+            )
+        };
+        assert_eq!(result, -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENOSYS));
+    }
+
+    #[test]
+    fn a_found_link_is_not_followed_where_cap_std_resolves_paths_itself() {
+        const CHILD: &str = "LOOM_WALK_TEST_WITHOUT_OPENAT2";
+        const NAME: &str = "files::walk::tests::a_found_link_is_not_followed_where_cap_std_resolves_paths_itself";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        deny_openat2();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        std::fs::write(dir.path().join("state/loom.db"), "s").unwrap();
+        std::fs::write(dir.path().join("plain.txt"), "p").unwrap();
+        std::os::unix::fs::symlink("plain.txt", dir.path().join("to_plain")).unwrap();
+        std::os::unix::fs::symlink("state/loom.db", dir.path().join("to_state")).unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let jail = Jail::new(dir.path())
+            .unwrap()
+            .protecting(vec![root.join("state")].into());
+        let handle = Dir::open_ambient_dir(&root, cap_std::ambient_authority()).unwrap();
+        // cap-std, resolving by itself, does follow a link beneath the root.
+        assert!(handle.open("to_plain").is_ok());
+        // As if the walk had listed plain files that became links before
+        // they were opened.
+        for name in ["to_plain", "to_state"] {
+            let found = Found {
+                relative: Path::new(name),
+                source: Source::Entry(&jail, &handle, OsStr::new(name)),
+            };
+            assert!(found.open().is_none(), "{name} was followed");
+        }
+        let plain = Found {
+            relative: Path::new("plain.txt"),
+            source: Source::Entry(&jail, &handle, OsStr::new("plain.txt")),
+        };
+        assert!(plain.open().is_some());
+
+        // The whole walk, resolving by itself: into plain directories only.
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/x.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("sub", dir.path().join("to_sub")).unwrap();
+        assert_eq!(walked(&jail), ["plain.txt", "sub/x.txt"]);
+    }
 }
