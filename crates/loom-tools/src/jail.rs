@@ -604,7 +604,6 @@ mod tests {
     #[test]
     fn makes_no_directory_where_one_would_be_protected_or_read_only() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("loom.toml.d"), "").unwrap();
         let root = dir.path().canonicalize().unwrap();
         let jail = Jail::new(dir.path())
             .unwrap()

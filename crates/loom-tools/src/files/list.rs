@@ -60,10 +60,11 @@ fn list(jail: &Jail, requested: &str, path: &Path) -> Result<ToolOutput, ToolErr
     // told, nothing is shown (as a refused open would), lest Loom's
     // state be listed.
     let real = jail.real_dir_path(&dir).map_err(|err| {
-            ToolError::Failed(format!(
-                "cannot list '{shown}': where it really is cannot be told ({err}), so Loom's own state in it could not be left out"
-            ))
-        })?;
+        ToolError::Failed(format!(
+            "cannot list '{shown}': where it really is cannot be told ({err}), \
+             so Loom's own state in it could not be left out"
+        ))
+    })?;
     let reader = dir.entries().map_err(|err| io_error("list", &shown, err))?;
     let mut dirs = Vec::new();
     let mut files = Vec::new();
