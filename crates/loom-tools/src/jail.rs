@@ -195,11 +195,6 @@ impl Jail {
         Ok(dir)
     }
 
-    /// Metadata of `relative`, following links while they stay beneath the root.
-    pub fn metadata(&self, relative: &Path) -> io::Result<cap_std::fs::Metadata> {
-        self.dir.metadata(here(relative))
-    }
-
     /// Opens the file at `relative` for changing it, and whether it existed.
     /// An existing file is opened without creating or truncating anything,
     /// then judged on the opened handle: Loom's state, read-only paths, a
@@ -258,8 +253,9 @@ impl Jail {
     }
 
     /// Opens the directory at `relative`, creating what is missing one
-    /// directory at a time through handles, each judged before anything is
-    /// made in it (so nothing is created under Loom's state).
+    /// directory at a time through handles, each judged (as the directory
+    /// it would be) before it is made, so nothing is made where Loom's state
+    /// or a read-only path is.
     fn make_dir_all(&self, requested: &str, relative: &Path) -> Result<Dir, OpenError> {
         match self.open_dir(requested, relative) {
             Ok(dir) => return Ok(dir),
@@ -273,8 +269,10 @@ impl Jail {
             let next = match self.open_dir(requested, &prefix) {
                 Ok(dir) => dir,
                 Err(OpenError::Io(err)) if err.kind() == io::ErrorKind::NotFound => {
-                    // Making a directory changes its parent: judge it first.
-                    self.check(requested, &current, None, true)?;
+                    // Judge the directory about to be made, by its parent's
+                    // real path and its name, before making it: made first,
+                    // a refused one (`.loom/`, `loom.toml/`) would be left.
+                    self.check(requested, &current, Some(component.as_os_str()), true)?;
                     match current.create_dir(component) {
                         Ok(()) => {}
                         // Made meanwhile by someone else: use it.
@@ -340,10 +338,36 @@ impl Jail {
         Ok(())
     }
 
-    /// The real path of an opened directory, when something is protected
-    /// (`None` when nothing is, or it cannot be told).
-    pub(crate) fn real_dir_path(&self, dir: &Dir) -> Option<PathBuf> {
-        self.protects_anything().then(|| real_path(dir).ok()).flatten()
+    /// The real path of an opened directory when something is protected
+    /// (`None` when nothing is), to judge its entries by name. An error when
+    /// it cannot be told: the caller must then skip or refuse the directory,
+    /// as [`Jail::check`] does, never show it unjudged.
+    pub(crate) fn real_dir_path(&self, dir: &Dir) -> io::Result<Option<PathBuf>> {
+        if !self.protects_anything() {
+            return Ok(None);
+        }
+        real_path(dir).map(Some)
+    }
+
+    /// Whether an opened file or directory may be read: not Loom's state,
+    /// and where it is can be told when anything is protected.
+    pub(crate) fn may_read(&self, handle: &impl AsFd) -> bool {
+        self.check("", handle, None, false).is_ok()
+    }
+
+    /// What the link (or other entry) at `relative` leads to, followed
+    /// beneath the root only. `Ok(None)` when that is Loom's state or where
+    /// it is cannot be told: nothing of it, not even its size, may be shown.
+    /// Opened as a path only (`O_PATH`), so nothing is read, no permission
+    /// is needed and no device or FIFO is touched.
+    pub(crate) fn target_metadata(&self, relative: &Path) -> io::Result<Option<std::fs::Metadata>> {
+        let mut options = OpenOptions::new();
+        options.read(true).custom_flags(libc::O_PATH);
+        let target = self.dir.open_with(here(relative), &options)?.into_std();
+        if !self.may_read(&target) {
+            return Ok(None);
+        }
+        target.metadata().map(Some)
     }
 }
 
@@ -363,7 +387,22 @@ pub fn display(relative: &Path) -> String {
 
 /// The real path of an opened file or directory, as the kernel knows it.
 pub fn real_path(handle: &impl AsFd) -> io::Result<PathBuf> {
-    std::fs::read_link(format!("/proc/self/fd/{}", handle.as_fd().as_raw_fd()))
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", handle.as_fd().as_raw_fd()))?;
+    #[cfg(test)]
+    if UNREADABLE.with_borrow_mut(|unreadable| unreadable.as_mut().is_some_and(|unreadable| unreadable(&path))) {
+        return Err(io::Error::other("cannot be read back (test)"));
+    }
+    Ok(path)
+}
+
+/// A test's stand-in for a `/proc` that cannot be read: tells which real
+/// paths this thread cannot read back.
+#[cfg(test)]
+type Unreadable = Box<dyn FnMut(&Path) -> bool>;
+
+#[cfg(test)]
+thread_local! {
+    pub(crate) static UNREADABLE: std::cell::RefCell<Option<Unreadable>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The root itself for an empty path: cap-std takes `.` for it.
@@ -560,5 +599,30 @@ mod tests {
         assert!(!outside.path().join("nothing").exists());
         assert!(jail.open_read("ok_link", Path::new("ok_link")).is_ok());
         assert!(jail.open_read("sub/up_link", Path::new("sub/up_link")).is_ok());
+    }
+
+    #[test]
+    fn makes_no_directory_where_one_would_be_protected_or_read_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let jail = Jail::new(dir.path())
+            .unwrap()
+            .protecting(vec![root.join("state")].into())
+            .keeping_read_only(vec![root.join(".loom"), root.join("loom.toml"), root.join("conf")].into());
+        for path in [".loom/x", "loom.toml/x", "conf/deep/x"] {
+            let err = jail.open_write(path, Path::new(path), WriteMode::Replace).unwrap_err();
+            assert!(err.to_string().contains("may read but not change"), "{path}: {err}");
+        }
+        // Protected: refused up front by `relative`, and by the open too.
+        let err = jail
+            .open_write("state/x", Path::new("state/x"), WriteMode::Replace)
+            .unwrap_err();
+        assert!(err.to_string().contains("Loom's own state"), "{err}");
+        for made in [".loom", "loom.toml", "conf", "state"] {
+            assert!(!dir.path().join(made).exists(), "{made} was made");
+        }
+        assert!(jail
+            .open_write("fine/deeper/x", Path::new("fine/deeper/x"), WriteMode::Replace)
+            .is_ok());
     }
 }

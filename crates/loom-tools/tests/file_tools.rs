@@ -275,3 +275,101 @@ async fn every_tool_refuses_paths_outside_the_workspace() {
         );
     }
 }
+
+/// Makes `levels` directories `d/d/d/…` under `root` through directory
+/// descriptors (their path is far longer than `PATH_MAX`), with a file
+/// `f.txt` holding "needle" in each of the first `with_files` levels.
+fn nest(root: &Path, levels: usize, with_files: usize) {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut current = OwnedFd::from(std::fs::File::open(root).unwrap());
+    for level in 0..levels {
+        if level < with_files {
+            let dir = format!("/proc/self/fd/{}/f.txt", current.as_raw_fd());
+            std::fs::write(dir, "needle\n").unwrap();
+        }
+        let name = c"d";
+        assert_eq!(unsafe { libc::mkdirat(current.as_raw_fd(), name.as_ptr(), 0o755) }, 0);
+        let fd = unsafe { libc::openat(current.as_raw_fd(), name.as_ptr(), libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        assert!(fd >= 0);
+        current = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+}
+
+/// Removes what [`nest`] made one level at a time: the second level is
+/// moved up in place of the first, so no path ever gets long (a recursive
+/// removal would hold a descriptor per level).
+fn unnest(root: &Path) {
+    let top = root.join("d");
+    let spare = root.join("d-next");
+    while top.exists() {
+        let _ = std::fs::remove_file(top.join("f.txt"));
+        if top.join("d").exists() {
+            std::fs::rename(top.join("d"), &spare).unwrap();
+        }
+        std::fs::remove_dir(&top).unwrap();
+        if spare.exists() {
+            std::fs::rename(&spare, &top).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn glob_and_grep_survive_thousands_of_nested_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    nest(root, 3000, 200);
+    let started = std::time::Instant::now();
+
+    let found = Grep
+        .call(args(json!({"pattern": "needle"})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    assert!(found.contains("\nf.txt:1: needle\n"), "{found}");
+    assert!(found.contains("[129 matching lines in 129 files"), "{found}");
+    assert!(found.contains("deeper than 128 levels"), "{found}");
+
+    let globbed = Glob
+        .call(args(json!({"pattern": "**/f.txt"})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    let files = globbed.lines().filter(|line| line.ends_with("f.txt")).count();
+    assert_eq!(files, 129, "{globbed}");
+    assert!(globbed.contains("deeper than 128 levels"), "{globbed}");
+
+    let none = Glob
+        .call(args(json!({"pattern": "**/*.rs"})), ctx(root))
+        .await
+        .unwrap()
+        .content;
+    assert!(
+        none.contains("No files match") && none.contains("deeper than 128 levels"),
+        "{none}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    unnest(root);
+}
+
+#[tokio::test]
+async fn list_dir_reveals_nothing_of_a_protected_link_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join(".loom")).unwrap();
+    std::fs::write(root.join(".loom/loom.db"), "x".repeat(12345)).unwrap();
+    std::os::unix::fs::symlink(".loom/loom.db", root.join("peek")).unwrap();
+    std::os::unix::fs::symlink(".loom", root.join("peek_dir")).unwrap();
+    std::fs::write(root.join("plain.txt"), "abc").unwrap();
+    let mut ctx = ctx(root);
+    ctx.protected = vec![root.canonicalize().unwrap().join(".loom")].into();
+
+    let listing = ListDir.call(args(json!({})), ctx).await.unwrap().content;
+    assert!(!listing.contains("12345"), "{listing}");
+    assert!(!listing.contains("peek_dir/"), "{listing}");
+    assert!(listing.contains("peek (link"), "{listing}");
+    assert!(listing.contains("plain.txt (3 bytes)"), "{listing}");
+}

@@ -55,7 +55,7 @@ impl Tool for Glob {
         blocking(move || {
             let mut found = Vec::new();
             let mut more = 0usize;
-            walk_files(&jail, &args.path, &base, &cancel, |file| {
+            let walked = walk_files(&jail, &args.path, &base, &cancel, |file| {
                 let Ok(relative) = file.relative.strip_prefix(&base) else {
                     return Ok(());
                 };
@@ -68,8 +68,9 @@ impl Tool for Glob {
                 }
                 Ok(())
             })?;
+            let note = walked.note().unwrap_or_default();
             if found.is_empty() {
-                return Ok(format!("No files match '{}' under '{}'.", args.pattern, display(&base)).into());
+                return Ok(format!("No files match '{}' under '{}'.\n{note}", args.pattern, display(&base)).into());
             }
             found.sort();
             let mut out = found.join("\n");
@@ -77,6 +78,7 @@ impl Tool for Glob {
             if more > 0 {
                 out.push_str(&format!("[{more} more matches not shown; narrow the pattern]\n"));
             }
+            out.push_str(&note);
             Ok(out.into())
         })
         .await

@@ -80,7 +80,7 @@ impl Tool for Grep {
             let mut shown = 0usize;
             let mut more = 0usize;
             let mut files_with_matches = 0usize;
-            walk_files(&jail, &args.path, &base, &cancel, |found| {
+            let walked = walk_files(&jail, &args.path, &base, &cancel, |found| {
                 let path = found.relative;
                 if let Some(filter) = &filter {
                     let relative = path.strip_prefix(&base).unwrap_or(path);
@@ -124,8 +124,9 @@ impl Tool for Grep {
                 files_with_matches += usize::from(matched);
                 Ok(())
             })?;
+            let note = walked.note().unwrap_or_default();
             if shown == 0 {
-                return Ok(format!("No matches for /{}/ under '{}'.", args.pattern, display(&base)).into());
+                return Ok(format!("No matches for /{}/ under '{}'.\n{note}", args.pattern, display(&base)).into());
             }
             out.push_str(&format!(
                 "[{} matching lines in {files_with_matches} files",
@@ -135,6 +136,7 @@ impl Tool for Grep {
                 out.push_str(&format!("; {more} not shown, narrow the search or raise max_results"));
             }
             out.push_str("]\n");
+            out.push_str(&note);
             Ok(out.into())
         })
         .await

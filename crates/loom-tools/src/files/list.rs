@@ -3,7 +3,9 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{blocking, default_dot, io_error, open_error, resolve};
-use crate::jail::{display, is_escape, OpenError};
+use std::path::Path;
+
+use crate::jail::{display, is_escape, Jail, OpenError};
 
 const MAX_ENTRIES: usize = 1000;
 
@@ -41,59 +43,118 @@ impl Tool for ListDir {
 
     async fn call(&self, args: ListDirArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
-        blocking(move || {
-            let shown = display(&path);
-            let dir = jail.open_dir(&args.path, &path).map_err(|err| match err {
-                OpenError::Io(err) if err.kind() == std::io::ErrorKind::NotADirectory => {
-                    ToolError::Failed(format!("'{shown}' is a file, not a directory; use read_file"))
-                }
-                err => open_error("list", &shown, err),
-            })?;
-            let real = jail.real_dir_path(&dir);
-            let reader = dir.entries().map_err(|err| io_error("list", &shown, err))?;
-            let mut dirs = Vec::new();
-            let mut files = Vec::new();
-            for entry in reader {
-                let entry = entry.map_err(|err| io_error("list", &shown, err))?;
-                let name_os = entry.file_name();
-                if real
-                    .as_ref()
-                    .is_some_and(|real| jail.is_protected(&real.join(&name_os)))
-                {
-                    continue;
-                }
-                let name = name_os.to_string_lossy().into_owned();
-                let is_link = entry.file_type().is_ok_and(|kind| kind.is_symlink());
-                // A link is shown as what it leads to, followed beneath the
-                // root only: what is outside is never looked at.
-                let meta = if is_link {
-                    jail.metadata(&path.join(&name_os))
-                } else {
-                    entry.metadata()
-                };
-                match meta {
-                    Ok(meta) if meta.is_dir() => dirs.push(format!("{name}/")),
-                    Ok(meta) => files.push(format!("{name} ({} bytes)", meta.len())),
-                    Err(err) if is_escape(&err) => files.push(format!("{name} (link outside the workspace)")),
-                    Err(_) => files.push(format!("{name} (broken link)")),
-                }
-            }
-            dirs.sort();
-            files.sort();
-            let total = dirs.len() + files.len();
-            if total == 0 {
-                return Ok(format!("'{shown}' is empty.").into());
-            }
-            let mut out = format!("{shown}/ ({} directories, {} files)\n", dirs.len(), files.len());
-            for entry in dirs.iter().chain(files.iter()).take(MAX_ENTRIES) {
-                out.push_str(entry);
-                out.push('\n');
-            }
-            if total > MAX_ENTRIES {
-                out.push_str(&format!("[{} more entries not shown]\n", total - MAX_ENTRIES));
-            }
-            Ok(out.into())
-        })
-        .await
+        blocking(move || list(&jail, &args.path, &path)).await
+    }
+}
+
+/// The listing of `path` (relative to the root; `requested` as the model named it).
+fn list(jail: &Jail, requested: &str, path: &Path) -> Result<ToolOutput, ToolError> {
+    let shown = display(path);
+    let dir = jail.open_dir(requested, path).map_err(|err| match err {
+        OpenError::Io(err) if err.kind() == std::io::ErrorKind::NotADirectory => {
+            ToolError::Failed(format!("'{shown}' is a file, not a directory; use read_file"))
+        }
+        err => open_error("list", &shown, err),
+    })?;
+    // Its entries are judged by their real path: when that cannot be
+    // told, nothing is shown (as a refused open would), lest Loom's
+    // state be listed.
+    let real = jail.real_dir_path(&dir).map_err(|err| {
+        ToolError::Failed(format!(
+            "cannot list '{shown}': where it really is cannot be told ({err}), \
+             so Loom's own state in it could not be left out"
+        ))
+    })?;
+    let reader = dir.entries().map_err(|err| io_error("list", &shown, err))?;
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    for entry in reader {
+        let entry = entry.map_err(|err| io_error("list", &shown, err))?;
+        let name_os = entry.file_name();
+        if real
+            .as_ref()
+            .is_some_and(|real| jail.is_protected(&real.join(&name_os)))
+        {
+            continue;
+        }
+        let name = name_os.to_string_lossy().into_owned();
+        let is_link = entry.file_type().is_ok_and(|kind| kind.is_symlink());
+        // A link is shown as what it leads to, followed beneath the
+        // root only: what is outside is never looked at, and what is
+        // Loom's state is not described at all (not even its size).
+        let meta = if is_link {
+            jail.target_metadata(&path.join(&name_os))
+                .map(|meta| meta.map(|meta| Kind::new(meta.is_dir(), meta.len())))
+        } else {
+            entry.metadata().map(|meta| Some(Kind::new(meta.is_dir(), meta.len())))
+        };
+        match meta {
+            Ok(Some(Kind::Dir)) => dirs.push(format!("{name}/")),
+            Ok(Some(Kind::File(len))) => files.push(format!("{name} ({len} bytes)")),
+            Ok(None) => files.push(format!("{name} (link to a path tools may not read)")),
+            Err(err) if is_escape(&err) => files.push(format!("{name} (link outside the workspace)")),
+            Err(_) => files.push(format!("{name} (broken link)")),
+        }
+    }
+    dirs.sort();
+    files.sort();
+    let total = dirs.len() + files.len();
+    if total == 0 {
+        return Ok(format!("'{shown}' is empty.").into());
+    }
+    let mut out = format!("{shown}/ ({} directories, {} files)\n", dirs.len(), files.len());
+    for entry in dirs.iter().chain(files.iter()).take(MAX_ENTRIES) {
+        out.push_str(entry);
+        out.push('\n');
+    }
+    if total > MAX_ENTRIES {
+        out.push_str(&format!("[{} more entries not shown]\n", total - MAX_ENTRIES));
+    }
+    Ok(out.into())
+}
+
+/// What an entry is shown as.
+enum Kind {
+    Dir,
+    /// Anything else, with its size in bytes.
+    File(u64),
+}
+
+impl Kind {
+    fn new(is_dir: bool, len: u64) -> Self {
+        if is_dir {
+            Self::Dir
+        } else {
+            Self::File(len)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jail::UNREADABLE;
+
+    #[test]
+    fn refuses_when_where_the_directory_is_cannot_be_told() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("secret.db"), "s").unwrap();
+        std::fs::write(dir.path().join("ok.txt"), "o").unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let jail = Jail::new(dir.path())
+            .unwrap()
+            .protecting(vec![root.join("secret.db")].into());
+        // The open's own check reads the real path; every later read fails.
+        let mut reads = 0;
+        UNREADABLE.set(Some(Box::new(move |_| {
+            reads += 1;
+            reads > 1
+        })));
+        let listed = list(&jail, ".", Path::new(""));
+        UNREADABLE.set(None);
+        match listed {
+            Ok(out) => panic!("listed although where it is cannot be told: {}", out.content),
+            Err(err) => assert!(err.to_string().contains("cannot be told"), "{err}"),
+        }
     }
 }
