@@ -71,8 +71,16 @@ pub(crate) fn risky_settings(file: &FileConfig, dir: &Path) -> Vec<String> {
     }
     if let Some(retrieval) = &file.retrieval {
         // Judged where it really is: a link in the project may lead out.
+        // A folder that is not there reads nothing (retrieval says so).
         let inside = match (dir.join(&retrieval.dir).canonicalize(), dir.canonicalize()) {
             (Ok(real), Ok(project)) => real.starts_with(project),
+            (Err(err), _) if err.kind() == std::io::ErrorKind::NotFound => {
+                !retrieval.dir.is_absolute()
+                    && !retrieval
+                        .dir
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir))
+            }
             _ => false,
         };
         if !inside {
