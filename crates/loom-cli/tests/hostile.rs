@@ -314,11 +314,11 @@ async fn a_flood_of_idle_connections_does_not_deny_healthz() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let evicted = metric(&gateway, "loom_http_connections_evicted_total").await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let closed = tokio::task::spawn_blocking(move || flood.join().unwrap())
         .await
         .unwrap();
+    let evicted = metric(&gateway, "loom_http_connections_evicted_total").await;
     eprintln!("/healthz: {answered} of {asked}; flood sockets closed: {closed}; evicted: {evicted}");
     assert!(
         answered * 10 >= asked * 9,
