@@ -73,10 +73,20 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     // 1024) goes up to the hard one, and the connection cap leaves room
     // under it for the store, tools and MCP servers.
     let descriptors = raise_descriptor_limit();
-    if settings.max_connections.is_none() {
-        if let Some(limit) = descriptors {
-            config.max_connections = loom_server::max_connections_for(limit);
+    match (settings.max_connections, descriptors) {
+        (None, Some(limit)) => config.max_connections = loom_server::max_connections_for(limit),
+        (Some(configured), Some(limit)) => {
+            // More connections than descriptors would fail the store and
+            // the tools at the limit instead of refusing a connection.
+            let bounded = loom_server::bound_max_connections(configured, limit);
+            if bounded < configured {
+                say!(
+                    "loom: note: [server] max_connections = {configured} is more than {limit} open files allow (a quarter, at least 64, stays for the store and tools); using {bounded}"
+                );
+                config.max_connections = bounded;
+            }
         }
+        _ => {}
     }
     if config.tokens.is_empty() && !addr.ip().is_loopback() {
         return Err(Failure::Usage(anyhow!(

@@ -232,50 +232,8 @@ fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
     assert!(closed.is_some(), "a stalled request held open");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_max_connections_slow_clients_are_refused_and_healthz_still_answers() {
-    let (_dir, _model, gateway) = gateway("header_timeout_secs = 2\nmax_connections = 8");
-    // Three times the cap, each stuck in its headers.
-    let mut slow: Vec<TcpStream> = (0..24)
-        .map(|_| {
-            let mut stream = TcpStream::connect(&gateway.addr).unwrap();
-            stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
-            stream
-        })
-        .collect();
-    // Over the cap: told so at once, and closed.
-    let refused = tokio::task::spawn_blocking(move || {
-        let mut refused = 0;
-        for stream in slow.iter_mut().rev().take(8) {
-            let (text, closed) = read_until_closed(stream, Duration::from_secs(1));
-            if closed.is_some() && text.starts_with("HTTP/1.1 503") {
-                refused += 1;
-            }
-        }
-        (refused, slow)
-    });
-    let (refused, _slow) = refused.await.unwrap();
-    assert!(refused >= 1, "no connection over the cap was refused");
-    // A health check gets in within the header timeout (the stuck ones
-    // are closed by then), retrying as a prober does.
-    let started = Instant::now();
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    loop {
-        if let Ok(answer) = client.get(gateway.url("/healthz")).send().await {
-            if answer.status() == 200 {
-                break;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(2) + SLACK,
-            "/healthz did not answer within {:?}",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// A metric's value in `/metrics` (0 when it is not there yet).
+async fn metric(gateway: &Gateway, name: &str) -> f64 {
     let metrics = http(ALICE)
         .get(gateway.url("/metrics"))
         .send()
@@ -284,12 +242,154 @@ async fn past_max_connections_slow_clients_are_refused_and_healthz_still_answers
         .text()
         .await
         .unwrap();
-    let refused_total = metrics
+    metrics
         .lines()
-        .find_map(|line| line.strip_prefix("loom_http_connections_refused_total "))
-        .unwrap_or_else(|| panic!("{metrics}"));
-    assert!(refused_total.trim().parse::<f64>().unwrap() >= 1.0, "{metrics}");
-    assert!(metrics.contains("loom_http_connections "), "{metrics}");
+        .find_map(|line| line.strip_prefix(&format!("{name} ")))
+        .map_or(0.0, |value| value.trim().parse().unwrap())
+}
+
+/// Whether the server has closed `stream` (it is read without waiting).
+fn is_closed(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    stream.set_nonblocking(true).unwrap();
+    let closed = match stream.peek(&mut byte) {
+        Ok(0) => true,
+        // An answer (a 503 or 408) comes just before the close: drained
+        // by the next look.
+        Ok(_) => {
+            let mut sink = [0u8; 4096];
+            matches!((&*stream).read(&mut sink), Ok(0))
+        }
+        Err(err) => err.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    stream.set_nonblocking(false).unwrap();
+    closed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_connections_does_not_deny_healthz() {
+    // The black-box attack: one client without a token keeps three times
+    // the cap of connections open that never send a request (half send
+    // nothing, half start headers), reopening each one the server closes.
+    let (_dir, _model, gateway) = gateway("header_timeout_secs = 3\nmax_connections = 20");
+    let addr = gateway.addr.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = stop.clone();
+    let flood = std::thread::spawn(move || {
+        let open = |i: usize| {
+            let mut stream = TcpStream::connect(&addr).ok()?;
+            if i % 2 == 0 {
+                let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+            }
+            Some(stream)
+        };
+        let mut sockets: Vec<Option<TcpStream>> = (0..60).map(open).collect();
+        let mut closed = 0usize;
+        while !flooding.load(std::sync::atomic::Ordering::Relaxed) {
+            for (i, socket) in sockets.iter_mut().enumerate() {
+                if socket.as_ref().is_none_or(is_closed) {
+                    closed += usize::from(socket.is_some());
+                    *socket = open(i);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        closed
+    });
+    // A prober: a new connection each time, a complete request at once.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let (mut asked, mut answered) = (0u32, 0u32);
+    while started.elapsed() < Duration::from_secs(6) {
+        asked += 1;
+        match client.get(gateway.url("/healthz")).send().await {
+            Ok(answer) if answer.status() == 200 => answered += 1,
+            Ok(answer) => eprintln!("/healthz: {}", answer.status()),
+            Err(err) => eprintln!("/healthz: {err:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let closed = tokio::task::spawn_blocking(move || flood.join().unwrap())
+        .await
+        .unwrap();
+    let evicted = metric(&gateway, "loom_http_connections_evicted_total").await;
+    eprintln!("/healthz: {answered} of {asked}; flood sockets closed: {closed}; evicted: {evicted}");
+    assert!(
+        answered * 10 >= asked * 9,
+        "/healthz answered {answered} of {asked} times under the flood"
+    );
+    assert!(closed >= 40, "the flood's connections were not closed ({closed})");
+    assert!(evicted >= 40.0, "evictions not counted: {evicted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_busy_connections_stay_and_a_newcomer_is_refused() {
+    let (_dir, _model, gateway) =
+        gateway("header_timeout_secs = 2\nbody_timeout_secs = 30\nping_interval_secs = 30\nmax_connections = 4");
+    // The cap filled with what must never be closed for a newcomer: two
+    // WebSockets, and two sign-ins whose bodies are on their way.
+    let mut first = gateway.ws(ALICE).await;
+    let second = gateway.ws(ALICE).await;
+    let sending: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&gateway.addr).unwrap();
+            stream
+                .write_all(
+                    format!(
+                        "POST /v1/session HTTP/1.1\r\nHost: {0}\r\nOrigin: http://{0}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"tok",
+                        gateway.addr
+                    )
+                    .as_bytes(),
+                )
+                .unwrap();
+            stream
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing idle to close: the newcomer is told so at once, and closed.
+    let addr = gateway.addr.clone();
+    let (text, closed) = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream
+            .write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .unwrap();
+        read_until_closed(&mut stream, Duration::from_secs(2))
+    })
+    .await
+    .unwrap();
+    assert!(closed.is_some(), "{text}");
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("OVERLOADED"), "{text}");
+    // The WebSocket still answers, and the sign-ins are still open, past
+    // the header timeout.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.ok("run.list", json!({})).await;
+    assert!(
+        sending.iter().all(|stream| !is_closed(stream)),
+        "a request in flight was closed"
+    );
+    // One WebSocket goes: a health check gets in again.
+    drop(second);
+    let started = Instant::now();
+    loop {
+        if let Ok(answer) = reqwest::get(gateway.url("/healthz")).await {
+            if answer.status() == 200 {
+                break;
+            }
+        }
+        assert!(started.elapsed() < SLACK, "/healthz did not answer after a slot freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(first);
+    drop(sending);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(metric(&gateway, "loom_http_connections_refused_total").await >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,20 +493,26 @@ async fn a_cookie_forged_with_the_key_for_years_ahead_is_refused() {
     assert_eq!(whoami(&gateway, &forge(now + 10 * 365 * 86400)).await, 401);
 }
 
-#[test]
-fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
+/// `loom serve` on 0.0.0.0 with `LOOM_TOKEN` = `token` and loom.toml's
+/// `extra`: its exit status and stderr (it must stop at start).
+fn serve_refuses_to_start(token: &str, extra: &str) -> (std::process::ExitStatus, String) {
     let dir = tempfile::tempdir().unwrap();
     let model = PromptModel::start(PromptModelOptions::default());
     std::fs::write(
         dir.path().join("loom.toml"),
-        format!("model = \"openai:fake\"\n[provider]\nbase_url = \"{}\"\n", model.url()),
+        format!(
+            "model = \"openai:fake\"\n[provider]\nbase_url = \"{}\"\n[server]\n{extra}\n",
+            model.url()
+        ),
     )
     .unwrap();
     let mut child = common::loom_in(dir.path())
-        .args(["serve", "--addr", "0.0.0.0:0", "--workspace"])
+        .args(["serve", "--addr", "0.0.0.0:0", "--config"])
+        .arg(dir.path().join("loom.toml"))
+        .arg("--workspace")
         .arg(dir.path())
         .env("OPENAI_API_KEY", "test-key")
-        .env("LOOM_TOKEN", " ".repeat(20))
+        .env("LOOM_TOKEN", token)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -419,12 +525,18 @@ fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("a blank LOOM_TOKEN opened the gateway on 0.0.0.0");
+            panic!("LOOM_TOKEN {token:?} with {extra:?} opened the gateway on 0.0.0.0");
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     let mut stderr = String::new();
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
+    let (status, stderr) = serve_refuses_to_start(&" ".repeat(20), "");
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("blank"), "{stderr}");
 
@@ -444,6 +556,27 @@ fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
             .unwrap();
         assert_eq!(header.status(), 200);
     });
+}
+
+#[test]
+fn a_loom_token_of_invisible_or_non_ascii_characters_is_refused() {
+    // Zero-width spaces are not blanks to `trim`, but no less invisible.
+    let (status, stderr) = serve_refuses_to_start(&"\u{200b}".repeat(17), "");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("blank"), "{stderr}");
+    let (status, stderr) = serve_refuses_to_start("visible-token-0123456789\u{200b}", "");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("visible ASCII"), "{stderr}");
+    let (status, stderr) = serve_refuses_to_start("tökén-with-accents-0123456789", "");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+}
+
+#[test]
+fn a_max_connections_beyond_reason_is_refused_at_start() {
+    // Once a panic (tokio's semaphore has a maximum of permits).
+    let (status, stderr) = serve_refuses_to_start(ALICE, "max_connections = 4611686018427387904");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("max_connections"), "{stderr}");
 }
 
 /// `Max open files` of a process: (soft, hard), from /proc.
@@ -489,4 +622,47 @@ fn serve_raises_its_descriptor_limit_to_the_hard_one() {
     assert!(listening);
     assert_ne!(hard, "256", "the hard limit is 256 here: nothing to raise");
     assert_eq!(soft, hard, "the soft limit stayed at {soft}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_configured_max_connections_is_held_under_the_descriptor_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), "max_connections = 100000");
+    let loom = common::loom_in(dir.path()).get_program().to_owned();
+    // A hard limit of 256 descriptors: 100 000 connections cannot be.
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"ulimit -n 256 && exec "$0" "$@""#)
+        .arg(loom)
+        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(dir.path().join("loom.toml"))
+        .arg("--workspace")
+        .arg(dir.path())
+        .current_dir(dir.path())
+        .env("OPENAI_API_KEY", "test-key")
+        .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut seen = Vec::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+        let listening = line.contains("listening on http://");
+        seen.push(line);
+        if listening {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let seen = seen.join("\n");
+    assert!(seen.contains("listening on http://"), "{seen}");
+    assert!(
+        seen.contains("max_connections = 100000") && seen.contains("using 192"),
+        "no word of the cap being lowered: {seen}"
+    );
 }

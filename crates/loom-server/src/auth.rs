@@ -40,11 +40,12 @@ pub enum TokenError {
     /// A token that is too short to be a secret.
     #[error("[[server.tokens]] '{0}': a token must have at least 16 characters (besides blanks around it)")]
     TooShort(String),
-    /// A token of blanks only (LOOM_TOKEN is named `default`).
-    #[error("[[server.tokens]] '{0}': the token is blank (LOOM_TOKEN is the token named 'default')")]
+    /// A token of blanks or other invisible characters only (LOOM_TOKEN is
+    /// named `default`).
+    #[error("[[server.tokens]] '{0}': the token is blank: it has no visible character (LOOM_TOKEN is the token named 'default')")]
     Blank(String),
-    /// A token with a blank or a control character inside.
-    #[error("[[server.tokens]] '{0}': a token must not contain spaces or control characters")]
+    /// A token with something other than visible ASCII inside.
+    #[error("[[server.tokens]] '{0}': a token must consist of visible ASCII characters only ('!' to '~': no spaces, control characters or other Unicode)")]
     BadCharacter(String),
 }
 
@@ -90,17 +91,21 @@ impl Tokens {
 
     /// Adds a token given in clear. Blanks around it are not part of it
     /// (a presented token is trimmed the same way); a token must be at
-    /// least 16 characters without them, and nothing inside it may be a
-    /// blank or a control character (a header could not carry it).
+    /// least 16 characters without them, all visible ASCII (`!` to `~`):
+    /// tokens travel in HTTP headers, and a zero-width space or a
+    /// look-alike letter would make a token that looks like another, or
+    /// like nothing at all.
     pub fn add_clear(&mut self, name: &str, token: &str) -> Result<(), TokenError> {
         let token = token.trim();
-        if token.is_empty() {
+        // `trim` keeps zero-width spaces and other format characters (they
+        // are not White_Space): a token of those is as blank as spaces.
+        if token.chars().all(is_invisible) {
             return Err(TokenError::Blank(name.to_string()));
         }
-        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::BadCharacter(name.to_string()));
         }
-        if token.chars().count() < 16 {
+        if token.len() < 16 {
             return Err(TokenError::TooShort(name.to_string()));
         }
         self.add(name, digest(token))
@@ -150,6 +155,27 @@ impl Tokens {
         }
         found
     }
+}
+
+/// A character that shows nothing: a blank, a control character, or a
+/// zero-width or other format character (Unicode category Cf, the common
+/// ones).
+fn is_invisible(c: char) -> bool {
+    c.is_whitespace()
+        || c.is_control()
+        || matches!(
+            c,
+            '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}' | '\u{17b5}'
+                | '\u{180b}'..='\u{180f}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2060}'..='\u{206f}'
+                | '\u{3164}'
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{feff}'
+                | '\u{ffa0}'
+                | '\u{fff0}'..='\u{fff8}'
+        )
 }
 
 fn parse_hex(hex: &str) -> Option<[u8; 32]> {
@@ -225,6 +251,31 @@ mod tests {
             tokens.add_clear("default", "token-with\u{7}-bell-inside"),
             Err(TokenError::BadCharacter(_))
         ));
+        // Invisible, though not blanks to `trim`: zero-width spaces, a
+        // byte-order mark, a non-breaking space.
+        for blank in [
+            "\u{200b}".repeat(17),
+            "\u{feff}\u{200b}\u{2060}".repeat(8),
+            "\u{a0}".repeat(20),
+        ] {
+            assert!(
+                matches!(tokens.add_clear("default", &blank), Err(TokenError::Blank(_))),
+                "{blank:?}"
+            );
+        }
+        // Anything but visible ASCII inside, or around.
+        for odd in [
+            "visible-token-0123456789\u{200b}",
+            "\u{200b}visible-token-0123456789",
+            "visible\u{200b}token-0123456789",
+            "tökén-with-accents-0123456789",
+            "visible-token-0123456789\u{a0}x",
+        ] {
+            assert!(
+                matches!(tokens.add_clear("default", odd), Err(TokenError::BadCharacter(_))),
+                "{odd:?}"
+            );
+        }
         tokens.add_clear("default", "  padded-token-0123456789 \n").unwrap();
         assert_eq!(tokens.check("padded-token-0123456789").unwrap().name(), "default");
         assert_eq!(tokens.check(" padded-token-0123456789 ").unwrap().name(), "default");

@@ -52,8 +52,10 @@ pub struct ServerSettings {
     pub idle_timeout_secs: Option<f64>,
     /// Seconds a request gets to send its whole body (default 30).
     pub body_timeout_secs: Option<f64>,
-    /// Client connections open at once; more are answered 503 and closed
-    /// (default: from the process's descriptor limit).
+    /// Client connections open at once; at the cap the one waiting
+    /// longest for a request is closed for a newcomer, and a newcomer is
+    /// answered 503 only when none is (default: from the process's
+    /// descriptor limit; at most `MAX_CONNECTIONS_LIMIT`).
     pub max_connections: Option<usize>,
 }
 
@@ -155,13 +157,34 @@ impl Default for ServerConfig {
 /// (`loom serve` derives its default from the limit: `max_connections_for`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 768;
 
-/// The connection cap for a process allowed `descriptors` open files: a
-/// quarter of them (at least 64) stay for the store, logs, tools and MCP
-/// servers; never more than 16 384 connections by default (memory).
-pub fn max_connections_for(descriptors: u64) -> usize {
+/// The largest `max_connections` loom.toml may give: each connection is a
+/// descriptor, and no kernel allows a process more than this by default
+/// (Linux's `nr_open`). Far beyond it a value is a typo, and tokio's
+/// semaphores (which once held the cap) panic.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1 << 20;
+
+/// Descriptors left for connections out of `descriptors`: a quarter of
+/// them (at least 64) stay for the store, logs, tools and MCP servers.
+fn descriptors_for_connections(descriptors: u64) -> u64 {
     let reserve = (descriptors / 4).max(64);
-    let usable = descriptors.saturating_sub(reserve).clamp(16, 16_384);
+    descriptors.saturating_sub(reserve)
+}
+
+/// The connection cap for a process allowed `descriptors` open files:
+/// what `descriptors_for_connections` leaves, at least 16, and never more
+/// than 16 384 connections by default (memory).
+pub fn max_connections_for(descriptors: u64) -> usize {
+    let usable = descriptors_for_connections(descriptors).clamp(16, 16_384);
     usize::try_from(usable).unwrap_or(16_384)
+}
+
+/// A configured `max_connections` held under what `descriptors` open
+/// files leave for connections (at least 16): more could not be open at
+/// once, and reaching the descriptor limit would fail the store and the
+/// tools instead of refusing a connection.
+pub fn bound_max_connections(configured: usize, descriptors: u64) -> usize {
+    let usable = usize::try_from(descriptors_for_connections(descriptors).max(16)).unwrap_or(usize::MAX);
+    configured.min(usable)
 }
 
 /// The settings could not be used.
@@ -239,6 +262,11 @@ impl ServerConfig {
                 return Err(ConfigError::Invalid(format!("{name} must be at least 1")));
             }
         }
+        if config.max_connections > MAX_CONNECTIONS_LIMIT {
+            return Err(ConfigError::Invalid(format!(
+                "max_connections must be at most {MAX_CONNECTIONS_LIMIT} (each connection is a file descriptor)"
+            )));
+        }
         if config.ping_interval < Duration::from_millis(10) {
             return Err(ConfigError::Invalid("ping_interval_secs must be at least 0.01".into()));
         }
@@ -283,5 +311,34 @@ mod tests {
         assert_eq!(max_connections_for(100), 36);
         assert_eq!(max_connections_for(10), 16);
         assert_eq!(max_connections_for(1 << 20), 16_384);
+    }
+
+    #[test]
+    fn a_configured_connection_cap_is_checked_and_held_under_the_descriptors() {
+        // Beyond tokio's `Semaphore::MAX_PERMITS` (usize::MAX >> 3): once
+        // a panic at start.
+        for huge in [usize::MAX >> 2, MAX_CONNECTIONS_LIMIT + 1] {
+            let settings = ServerSettings {
+                max_connections: Some(huge),
+                ..ServerSettings::default()
+            };
+            let err = ServerConfig::from_settings(&settings, None).unwrap_err();
+            assert!(err.to_string().contains("max_connections must be at most"), "{err}");
+        }
+        let settings = ServerSettings {
+            max_connections: Some(MAX_CONNECTIONS_LIMIT),
+            ..ServerSettings::default()
+        };
+        assert_eq!(
+            ServerConfig::from_settings(&settings, None).unwrap().max_connections,
+            MAX_CONNECTIONS_LIMIT
+        );
+        // The operator may go past the default's 16 384, not past the
+        // descriptors.
+        assert_eq!(bound_max_connections(100_000, 256), 192);
+        assert_eq!(bound_max_connections(100, 256), 100);
+        assert_eq!(bound_max_connections(100_000, 1 << 20), 100_000);
+        assert_eq!(bound_max_connections(1 << 20, 1 << 20), 786_432);
+        assert_eq!(bound_max_connections(100, 10), 16);
     }
 }

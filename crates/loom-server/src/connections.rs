@@ -6,12 +6,16 @@
 //!
 //! A client that opens connections and never finishes them must not hold
 //! descriptors for minutes: that is how a few hundred of them once made
-//! `/healthz` and every authenticated call time out.
+//! `/healthz` and every authenticated call time out. Nor may it hold the
+//! cap: at the cap, the connection that has waited longest without a
+//! request is closed to admit a newcomer (a flood of idle sockets that
+//! reopened each one closed once made `/healthz` fail 37 times in 40).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -34,6 +38,16 @@ const SEND_BUFFER: usize = 128 * 1024;
 /// extra connection is closed without a word (each one being told holds
 /// a descriptor for up to `REFUSAL_PATIENCE`).
 const REFUSALS_AT_ONCE: usize = 64;
+
+/// Connections closed to admit a newcomer that have not finished closing:
+/// beyond these, a newcomer is refused as if none were idle, so that
+/// evictions cannot outrun the closes and overshoot the cap by much.
+const CLOSING_AT_ONCE: usize = 64;
+
+/// Idle-looking connections passed over at the cap because a complete
+/// request already waits in their socket, before a newcomer is refused
+/// instead (each look is a system call under the registry's lock).
+const SPARED_AT_MOST: usize = 8;
 
 /// How long a refused connection is given to read its 503.
 const REFUSAL_PATIENCE: Duration = Duration::from_secs(1);
@@ -60,7 +74,7 @@ pub(crate) struct Limits {
 /// request it is on, and cuts those still open after `CLOSE_GRACE`.
 /// Connections upgraded to WebSocket are the caller's to close.
 pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits, stopping: impl Future<Output = ()>) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Registry::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let tracker = TaskTracker::new();
     let closing = CancellationToken::new();
@@ -80,13 +94,12 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
                 }
             },
         };
-        // At the cap, a new connection is refused at once (503, then
-        // closed) rather than left waiting in the kernel's queue: a health
-        // check or a client that retries gets in as soon as a slot frees
-        // (at worst after `header_timeout`, when the oldest unfinished
-        // connection is closed), not behind every connection queued
-        // before it.
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        // At the cap, the connection that has waited longest without a
+        // request makes room (`Registry::admit`); only when every one is
+        // busy is the newcomer refused at once (503, then closed) rather
+        // than left waiting in the kernel's queue, so a health check or a
+        // client that retries gets in as soon as a slot frees.
+        let Some(slot) = Registry::admit(&open) else {
             metrics::counter!("loom_http_connections_refused_total").increment(1);
             if let Ok(telling) = refusals.clone().try_acquire_owned() {
                 tokio::spawn(refuse(tcp, telling));
@@ -94,7 +107,7 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
             continue;
         };
         tune(&tcp);
-        let io = Watched::new(tcp, permit);
+        let io = Watched::new(tcp, slot);
         tracker.spawn(connection(io, router.clone(), limits, closing.clone(), cut.clone()));
     }
     drop(listener);
@@ -103,6 +116,87 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
     if tokio::time::timeout(CLOSE_GRACE, tracker.wait()).await.is_err() {
         tracing::warn!("HTTP connections still open {CLOSE_GRACE:?} after the shutdown; closing them");
         cut.cancel();
+    }
+}
+
+/// The open client connections, each with what it is doing, so that at
+/// the cap an idle one can be closed for a newcomer. The lock is a std
+/// one, held for a map operation (or, at the cap, one pass over the map)
+/// and never across an `.await`.
+struct Registry {
+    cap: usize,
+    epoch: Instant,
+    inner: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    next_id: u64,
+    connections: HashMap<u64, Arc<Activity>>,
+    /// Evicted connections whose tasks have not dropped them yet.
+    closing: usize,
+}
+
+impl Registry {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            epoch: Instant::now(),
+            inner: Mutex::new(Open::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A slot for a new connection: a free one, or the one of the
+    /// connection that has waited longest for a request, which is told to
+    /// close. `None` when every connection is busy (a request in its
+    /// handler or its answer still being sent, a WebSocket) or too many
+    /// evicted ones are still closing.
+    fn admit(registry: &Arc<Self>) -> Option<Slot> {
+        let mut open = registry.lock();
+        if open.connections.len() >= registry.cap {
+            if open.closing >= CLOSING_AT_ONCE {
+                return None;
+            }
+            // One pass per look, only at the cap. A connection whose
+            // complete request sits unread in its socket (its task has
+            // not run yet; under a flood the next connections come
+            // faster) has sent its request: it is spared.
+            let mut spared: Vec<u64> = Vec::new();
+            let (id, evicted) = loop {
+                let (&id, oldest) = open
+                    .connections
+                    .iter()
+                    .filter(|(id, activity)| activity.evictable() && !spared.contains(id))
+                    .min_by_key(|(_, activity)| activity.waiting_since.load(Ordering::Relaxed))?;
+                if !oldest.request_waiting() {
+                    break (id, oldest.clone());
+                }
+                spared.push(id);
+                if spared.len() >= SPARED_AT_MOST {
+                    return None;
+                }
+            };
+            open.connections.remove(&id);
+            evicted.evicted.store(true, Ordering::Relaxed);
+            evicted.evict.cancel();
+            open.closing += 1;
+            metrics::counter!("loom_http_connections_evicted_total").increment(1);
+        }
+        let id = open.next_id;
+        open.next_id += 1;
+        let activity = Arc::new(Activity::new(registry.epoch));
+        open.connections.insert(id, activity.clone());
+        drop(open);
+        metrics::gauge!("loom_http_connections").increment(1.0);
+        Some(Slot {
+            registry: registry.clone(),
+            id,
+            activity,
+        })
     }
 }
 
@@ -153,17 +247,34 @@ async fn connection(io: Watched, router: Router, limits: Limits, closing: Cancel
     let handled = activity.clone();
     let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
         let handling = Handling::enter(handled.clone());
+        // Busy from the moment its headers are in until its answer has
+        // been sent (an SSE stream: until it ends), so never evicted.
+        let answering = Answering::enter(handled.clone());
         let mut router = router.clone();
         // Router is always ready (its `poll_ready` returns at once).
         let response = tower_service::Service::call(&mut router, request);
         async move {
             let response = response.await;
             drop(handling);
-            response
+            response.map(|response| {
+                if response.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+                    // A WebSocket from here on: its own pings watch it.
+                    answering.0.upgraded.store(true, Ordering::Relaxed);
+                }
+                // The answer's body holds `answering` until hyper has
+                // sent it and dropped it.
+                response.map(|body| {
+                    axum::body::Body::new(Answered {
+                        body,
+                        _answering: answering,
+                    })
+                })
+            })
         }
     });
     let served = builder.serve_connection(TokioIo::new(io), service).with_upgrades();
     tokio::pin!(served);
+    let evict = activity.evict.clone();
     let idle = idle(activity, limits.idle_timeout);
     tokio::pin!(idle);
     let mut finishing = false;
@@ -189,6 +300,10 @@ async fn connection(io: Watched, router: Router, limits: Limits, closing: Cancel
                 served.as_mut().graceful_shutdown();
             }
             () = cut.cancelled() => return,
+            () = evict.cancelled() => {
+                tracing::debug!("connection waiting for a request closed for a newcomer at the cap");
+                return;
+            }
         }
     }
 }
@@ -209,14 +324,28 @@ async fn idle(activity: Arc<Activity>, limit: Duration) {
     }
 }
 
-/// When a connection last moved a byte, and whether a request is being
-/// handled on it.
+/// When a connection last moved a byte, whether a request is being
+/// handled on it, and whether it may be closed for a newcomer.
 struct Activity {
     opened: Instant,
     /// Milliseconds after `opened`.
     last: AtomicU64,
     /// Requests in a handler (0 or 1 on HTTP/1).
     handling: AtomicU64,
+    /// Requests from their headers to the end of their answer.
+    answering: AtomicU64,
+    /// Since when it has waited for a request: milliseconds after the
+    /// registry's epoch (its opening, or the end of its last answer).
+    waiting_since: AtomicU64,
+    /// Upgraded to a WebSocket: never evicted.
+    upgraded: AtomicBool,
+    /// The socket, to look at what waits unread in it (weak: the
+    /// connection owns it, and closes it when it ends).
+    socket: std::sync::OnceLock<std::sync::Weak<TcpStream>>,
+    /// Told to close for a newcomer (and already out of the registry).
+    evicted: AtomicBool,
+    evict: CancellationToken,
+    epoch: Instant,
 }
 
 /// A request in its handler: the connection is busy, not idle.
@@ -229,6 +358,50 @@ impl Handling {
     }
 }
 
+/// A request from its headers to the end of its answer.
+struct Answering(Arc<Activity>);
+
+impl Answering {
+    fn enter(activity: Arc<Activity>) -> Self {
+        activity.answering.fetch_add(1, Ordering::Relaxed);
+        Self(activity)
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        // Waiting for the next request from now on (keep-alive).
+        self.0.start_waiting();
+        self.0.answering.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body, with the request counted busy until it is dropped.
+struct Answered {
+    body: axum::body::Body,
+    _answering: Answering,
+}
+
+impl hyper::body::Body for Answered {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 impl Drop for Handling {
     fn drop(&mut self) {
         // The quiet time counts from the end of the handler.
@@ -238,6 +411,53 @@ impl Drop for Handling {
 }
 
 impl Activity {
+    fn new(epoch: Instant) -> Self {
+        let activity = Self {
+            opened: Instant::now(),
+            last: AtomicU64::new(0),
+            handling: AtomicU64::new(0),
+            answering: AtomicU64::new(0),
+            waiting_since: AtomicU64::new(0),
+            upgraded: AtomicBool::new(false),
+            socket: std::sync::OnceLock::new(),
+            evicted: AtomicBool::new(false),
+            evict: CancellationToken::new(),
+            epoch,
+        };
+        activity.start_waiting();
+        activity
+    }
+
+    fn start_waiting(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.waiting_since.store(now, Ordering::Relaxed);
+    }
+
+    /// Waiting for a request: no request being answered, not a WebSocket.
+    fn evictable(&self) -> bool {
+        self.answering.load(Ordering::Relaxed) == 0 && !self.upgraded.load(Ordering::Relaxed)
+    }
+
+    /// Whether the end of a request's headers waits unread in the socket
+    /// (in its first 2 KiB: a health check's or a small call's). Peeking
+    /// takes nothing from the socket.
+    fn request_waiting(&self) -> bool {
+        let Some(tcp) = self.socket.get().and_then(std::sync::Weak::upgrade) else {
+            return false;
+        };
+        let mut unread = [0u8; 2048];
+        match rustix::net::recv(
+            &*tcp,
+            &mut unread[..],
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok((n, _)) => unread
+                .get(..n)
+                .is_some_and(|bytes| bytes.windows(4).any(|w| w == b"\r\n\r\n")),
+            Err(_) => false,
+        }
+    }
+
     fn touch(&self) {
         let now = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last.store(now, Ordering::Relaxed);
@@ -251,23 +471,22 @@ impl Activity {
 
 /// A client's socket that notes when bytes move, and holds the
 /// connection's slot under the cap (and its place in the gauge) until it
-/// is dropped — after an upgrade, when the WebSocket ends.
+/// is dropped — after an upgrade, when the WebSocket ends. The socket is
+/// shared (weakly) with the registry, which may peek at it.
 struct Watched {
-    tcp: TcpStream,
+    tcp: Arc<TcpStream>,
     activity: Arc<Activity>,
     _slot: Slot,
 }
 
 impl Watched {
-    fn new(tcp: TcpStream, permit: OwnedSemaphorePermit) -> Self {
+    fn new(tcp: TcpStream, slot: Slot) -> Self {
+        let tcp = Arc::new(tcp);
+        let _ = slot.activity.socket.set(Arc::downgrade(&tcp));
         Self {
             tcp,
-            activity: Arc::new(Activity {
-                opened: Instant::now(),
-                last: AtomicU64::new(0),
-                handling: AtomicU64::new(0),
-            }),
-            _slot: Slot::new(permit),
+            activity: slot.activity.clone(),
+            _slot: slot,
         }
     }
 }
@@ -275,63 +494,96 @@ impl Watched {
 /// A place under the cap (given back when dropped), counted in
 /// `loom_http_connections`.
 struct Slot {
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Slot {
-    fn new(permit: OwnedSemaphorePermit) -> Self {
-        metrics::gauge!("loom_http_connections").increment(1.0);
-        Self { _permit: permit }
-    }
+    registry: Arc<Registry>,
+    id: u64,
+    activity: Arc<Activity>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        let mut open = self.registry.lock();
+        if self.activity.evicted.load(Ordering::Relaxed) {
+            // Out of the map since its eviction; now closed.
+            open.closing = open.closing.saturating_sub(1);
+        } else {
+            open.connections.remove(&self.id);
+        }
+        drop(open);
         metrics::gauge!("loom_http_connections").decrement(1.0);
     }
 }
 
+// What tokio's `TcpStream` does for `AsyncRead`/`AsyncWrite`, on a shared
+// socket: wait for readiness, then try without blocking.
 impl AsyncRead for Watched {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.tcp).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            std::task::ready!(this.tcp.poll_read_ready(cx))?;
+            match this.tcp.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    if n > 0 {
+                        this.activity.touch();
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(err) => return Poll::Ready(Err(err)),
+            }
         }
-        polled
     }
 }
 
 impl AsyncWrite for Watched {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.tcp).poll_write(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        loop {
+            std::task::ready!(this.tcp.poll_write_ready(cx))?;
+            match this.tcp.try_write(buf) {
+                Ok(n) => {
+                    if n > 0 {
+                        this.activity.touch();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(err) => return Poll::Ready(Err(err)),
+            }
         }
-        polled
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let polled = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
-        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+        let this = self.get_mut();
+        loop {
+            std::task::ready!(this.tcp.poll_write_ready(cx))?;
+            match this.tcp.try_write_vectored(bufs) {
+                Ok(n) => {
+                    if n > 0 {
+                        this.activity.touch();
+                    }
+                    return Poll::Ready(Ok(n));
+                }
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(err) => return Poll::Ready(Err(err)),
+            }
         }
-        polled
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // Nothing is buffered here: a write is in the kernel once done.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.tcp).shutdown(std::net::Shutdown::Write))
     }
 }

@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use agents::{AgentFactory, AgentSpec};
 pub use auth::Principal;
-pub use config::{max_connections_for, ServerConfig, ServerSettings, TokenEntry};
+pub use config::{bound_max_connections, max_connections_for, ServerConfig, ServerSettings, TokenEntry};
 pub use control::RunControl;
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};

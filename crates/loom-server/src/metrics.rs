@@ -77,7 +77,11 @@ fn describe() {
     );
     describe_counter!(
         "loom_http_connections_refused_total",
-        "Connections refused at max_connections."
+        "Connections refused at max_connections (none could be closed for them)."
+    );
+    describe_counter!(
+        "loom_http_connections_evicted_total",
+        "Connections waiting for a request closed at max_connections to admit a new one."
     );
     describe_counter!(
         "loom_http_timeouts_total",

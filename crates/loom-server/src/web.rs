@@ -42,6 +42,12 @@ const APP_JS: &str = include_str!("../web/app.js");
 const APP_CSS: &str = include_str!("../web/app.css");
 const ICON_SVG: &str = include_str!("../web/icon.svg");
 
+/// Sign-outs remembered at once. Each is a line of the revocation file,
+/// which every sign-out rewrites: past this many (not yet expired), new
+/// sign-ins are refused until the oldest expire, rather than a sign-out
+/// forgotten (docs/server.md, "Sessions").
+const MAX_SIGNED_OUT: usize = 10_000;
+
 /// How far ahead of the clock a cookie's expiry may be beyond the
 /// lifetime: a clock stepped back a little must not end every session,
 /// and a cookie forged with a leaked key must not live for years.
@@ -178,15 +184,34 @@ impl Sessions {
         Some((principal, mac.to_string(), expiry))
     }
 
+    /// `None` while a new session may be opened; when `MAX_SIGNED_OUT`
+    /// sign-outs are remembered, how long until the first of them expires.
+    /// Sessions opened before the list filled can still be signed out
+    /// (and are remembered): it is the sign-ins, limited per token by
+    /// `requests_per_minute`, that stop.
+    fn full(&self) -> Option<Duration> {
+        let mut signed_out = lock(&self.signed_out);
+        let now = now_secs();
+        signed_out.retain(|_, until| *until > now);
+        if signed_out.len() < MAX_SIGNED_OUT {
+            return None;
+        }
+        let first = signed_out.values().min().copied().unwrap_or(now);
+        Some(Duration::from_secs(first.saturating_sub(now).max(1)))
+    }
+
+    /// Remembers a sign-out in memory, until the session's expiry.
+    fn remember(&self, mac: String, expiry: u64) {
+        let mut signed_out = lock(&self.signed_out);
+        let now = now_secs();
+        signed_out.retain(|_, until| *until > now);
+        signed_out.insert(mac, expiry);
+    }
+
     /// Forgets a session (a genuine one: see `sign_out`) until it expires,
     /// and writes the list to the revocation file before returning.
     async fn close(&self, mac: String, expiry: u64) -> std::io::Result<()> {
-        {
-            let mut signed_out = lock(&self.signed_out);
-            let now = now_secs();
-            signed_out.retain(|_, until| *until > now);
-            signed_out.insert(mac, expiry);
-        }
+        self.remember(mac, expiry);
         let Some(path) = &self.revocations else {
             return Ok(());
         };
@@ -353,6 +378,19 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, raw
     let Some(principal) = principal else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
+    // A sign-in counts against its token's rate like any call: a loop of
+    // sign-ins and sign-outs is one of rewrites of the revocation file.
+    if let Err(err) = app.service.admit_request(&principal) {
+        return err.into_response();
+    }
+    if let Some(wait) = app.sessions.full() {
+        return ApiError::new(
+            Code::Overloaded,
+            "too many sessions were signed out lately; sign in again later or use the token",
+        )
+        .retry_after(wait)
+        .into_response();
+    }
     let Some(id) = app.sessions.open(&principal, &app) else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
@@ -376,7 +414,10 @@ pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) ->
     // It is on disk before the answer: a restart right after the
     // sign-out does not bring the session back.
     if let Some(id) = app.sessions.cookie(&headers) {
-        if let Some((_, mac, expiry)) = app.sessions.find(id, &app) {
+        if let Some((principal, mac, expiry)) = app.sessions.find(id, &app) {
+            if let Err(err) = app.service.admit_request(&principal) {
+                return err.into_response();
+            }
             if let Err(err) = app.sessions.close(mac, expiry).await {
                 return ApiError::internal("could not record the sign-out", err).into_response();
             }
@@ -438,5 +479,33 @@ mod tests {
         let list = parse_revocations(&text, 1000);
         assert_eq!(list.len(), 1, "{list:?}");
         assert_eq!(list.get(&live), Some(&2000));
+    }
+
+    #[test]
+    fn past_the_cap_of_sign_outs_sign_ins_stop_and_no_sign_out_is_forgotten() {
+        let sessions = Sessions::new(None, None);
+        let later = now_secs() + 3600;
+        for i in 0..MAX_SIGNED_OUT - 1 {
+            sessions.remember(format!("{i:064x}"), later + i as u64);
+        }
+        assert_eq!(sessions.full(), None);
+        sessions.remember("f".repeat(64), later);
+        let wait = sessions.full().unwrap();
+        assert!(
+            wait > Duration::from_secs(3500) && wait <= Duration::from_secs(3600),
+            "{wait:?}"
+        );
+        // A session opened before the list filled is still signed out.
+        sessions.remember("e".repeat(64), later);
+        assert_eq!(lock(&sessions.signed_out).len(), MAX_SIGNED_OUT + 1);
+        assert!(lock(&sessions.signed_out).contains_key(&"e".repeat(64)));
+        // Expired ones make room.
+        {
+            let mut signed_out = lock(&sessions.signed_out);
+            for until in signed_out.values_mut().take(2) {
+                *until = 1;
+            }
+        }
+        assert_eq!(sessions.full(), None);
     }
 }
