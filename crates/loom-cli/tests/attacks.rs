@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{json_lines, loom_in};
+use common::{json_lines, loom_in, tool_results};
 use serde_json::{json, Value};
 
 /// Secrets in Loom's own environment that no command may see.
@@ -87,20 +87,6 @@ fn call(name: &str, arguments: Value) -> Value {
     json!({"tool_calls": [{"name": name, "arguments": arguments}]})
 }
 
-/// Each tool result's (status, content).
-fn results(events: &[Value]) -> Vec<(String, String)> {
-    events
-        .iter()
-        .filter(|e| e["type"] == "tool.result")
-        .map(|e| {
-            (
-                e["status"].as_str().unwrap().to_string(),
-                e["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
 /// The command's stdout, base64-decoded (the commands encode what they
 /// found so that redaction cannot hide a leak from the test).
 fn decoded(content: &str) -> String {
@@ -163,7 +149,7 @@ fn from_bash_no_other_process_and_none_of_loom_secrets_can_be_seen() {
             &layout,
             &json!([bash(&snoop), bash("ps -e --no-headers | wc -l"), {"content": "done"}]),
         );
-        let results = results(&events);
+        let results = tool_results(&events);
         let seen = decoded(&results[0].1);
         assert!(!seen.is_empty(), "{config}: the command ran: {}", results[0].1);
         for secret in [API_KEY, GATEWAY_TOKEN, CONFIG_TOKEN, "--config"] {
@@ -224,7 +210,7 @@ fn loom_state_and_configuration_are_out_of_reach_of_bash_and_the_file_tools() {
                 {"content": "done"}
             ]),
         );
-        let results = results(&events);
+        let results = tool_results(&events);
         let seen = decoded(&results[0].1);
         assert!(
             !seen.contains("SQLite format 3"),
@@ -299,7 +285,7 @@ fn a_unix_socket_outside_the_workspace_cannot_be_reached_from_the_sandbox() {
         &layout,
         &json!([bash(&connect(&outside)), bash(&connect(&inside)), {"content": "done"}]),
     );
-    let results = results(&events);
+    let results = tool_results(&events);
     assert_eq!(results[0].0, "error", "{}", results[0].1);
     assert!(!results[0].1.contains("connected\n"), "{}", results[0].1);
     assert!(
@@ -351,7 +337,7 @@ fn without_namespaces_the_sandbox_says_landlock_only_or_refuses_when_told_to() {
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        results(&json_lines(&output.stdout)).remove(0)
+        tool_results(&json_lines(&output.stdout)).remove(0)
     };
     if std::path::Path::new("/usr/bin/bwrap").is_file() {
         let (status, content) = run_with(SANDBOXED);

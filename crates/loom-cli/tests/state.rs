@@ -9,25 +9,12 @@
 
 mod common;
 
-use common::{json_lines, loom_in, script_at, succeeded};
+use common::{json_lines, loom_in, script_at, succeeded, tool_results};
 
 use serde_json::{json, Value};
 
 fn call(name: &str, arguments: Value) -> Value {
     json!({"tool_calls": [{"name": name, "arguments": arguments}]})
-}
-
-fn results(events: &[Value]) -> Vec<(String, String)> {
-    events
-        .iter()
-        .filter(|e| e["type"] == "tool.result")
-        .map(|e| {
-            (
-                e["status"].as_str().unwrap().to_string(),
-                e["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -62,7 +49,7 @@ fn tools_cannot_touch_the_run_database_in_the_workspace() {
         &model,
         "poke around",
     ]));
-    let results = results(&json_lines(&output.stdout));
+    let results = tool_results(&json_lines(&output.stdout));
     for (status, content) in &results[..3] {
         assert_eq!(status, "error", "{content}");
         assert!(content.contains("Loom's own state"), "{content}");
@@ -123,7 +110,7 @@ fn a_database_configured_elsewhere_in_the_workspace_is_protected_too() {
     );
     let output =
         succeeded(loom_in(dir.path()).args(["run", "--json", "--db", "data/runs.db", "--model", &model, "look"]));
-    let results = results(&json_lines(&output.stdout));
+    let results = tool_results(&json_lines(&output.stdout));
     assert!(results[0].1.contains("Loom's own state"), "{}", results[0].1);
     assert!(
         results[1].1.contains("other.txt") && !results[1].1.contains("runs.db"),

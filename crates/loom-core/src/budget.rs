@@ -1,5 +1,5 @@
-//! Budgets: the tokens and the money a run may spend (seed 002's cost
-//! budgets). A run checks them before each turn: it is warned once a
+//! Budgets: the tokens and the money a run may spend (docs/context.md).
+//! A run checks them before each turn: it is warned once a
 //! budget is 80 % used and stops, `BUDGET_EXHAUSTED`, once one is used up.
 //! A model call cannot be stopped halfway, so a run ends at most one call
 //! past its budget.

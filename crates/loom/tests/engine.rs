@@ -56,7 +56,7 @@ async fn base_case_without_tools_finishes_in_one_turn() {
     assert!(!names(&events).contains(&"recursion"));
     assert!(
         !names(&events).contains(&"step.completed"),
-        "seed 004: no step.completed without tools"
+        "no step.completed without tools"
     );
     assert_eq!(model.played(), 1);
     // The text streamed as deltas that add up to the answer.

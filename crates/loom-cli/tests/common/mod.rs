@@ -110,6 +110,20 @@ pub(crate) fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Each `tool.result`'s (status, content), in order.
+pub(crate) fn tool_results(events: &[serde_json::Value]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "tool.result")
+        .map(|e| {
+            (
+                e["status"].as_str().unwrap().to_string(),
+                e["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 /// Writes a scripted-model script to `dir/NAME` and returns `scripted:PATH`.
 pub(crate) fn script_at(dir: &Path, name: &str, turns: &serde_json::Value) -> String {
     let path = dir.join(name);
