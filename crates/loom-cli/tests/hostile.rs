@@ -591,30 +591,46 @@ fn open_files_limit(pid: u32) -> (String, String) {
     (fields[3].to_string(), fields[4].to_string())
 }
 
+/// `loom serve` in `dir` (with `dir/loom.toml`) started by a shell that
+/// first runs `ulimit LIMIT`; stderr piped.
+#[cfg(target_os = "linux")]
+fn serve_under_ulimit(dir: &std::path::Path, limit: &str) -> std::process::Child {
+    let mut cmd = common::loom_in(dir);
+    cmd.args(["serve", "--addr", "127.0.0.1:0", "--config"])
+        .arg(dir.join("loom.toml"))
+        .arg("--workspace")
+        .arg(dir)
+        .env("OPENAI_API_KEY", "test-key")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // The same program, arguments and environment, through the shell.
+    let mut shell = std::process::Command::new("bash");
+    shell
+        .arg("-c")
+        .arg(format!(r#"ulimit {limit} && exec "$0" "$@""#))
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (name, value) in cmd.get_envs() {
+        match value {
+            Some(value) => shell.env(name, value),
+            None => shell.env_remove(name),
+        };
+    }
+    shell.spawn().unwrap()
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn serve_raises_its_descriptor_limit_to_the_hard_one() {
     let dir = tempfile::tempdir().unwrap();
     let model = PromptModel::start(PromptModelOptions::default());
     config(dir.path(), &model.url(), "");
-    let loom = common::loom_in(dir.path()).get_program().to_owned();
     // Started with a soft limit of 256, as a 1024 default would be.
-    let mut child = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(r#"ulimit -Sn 256 && exec "$0" "$@""#)
-        .arg(loom)
-        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("loom.toml"))
-        .arg("--workspace")
-        .arg(dir.path())
-        .current_dir(dir.path())
-        .env("OPENAI_API_KEY", "test-key")
-        .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = serve_under_ulimit(dir.path(), "-Sn 256");
     let stderr = child.stderr.take().unwrap();
     let listening = std::io::BufRead::lines(std::io::BufReader::new(stderr))
         .map_while(Result::ok)
@@ -633,24 +649,8 @@ fn a_configured_max_connections_is_held_under_the_descriptor_limit() {
     let dir = tempfile::tempdir().unwrap();
     let model = PromptModel::start(PromptModelOptions::default());
     config(dir.path(), &model.url(), "max_connections = 100000");
-    let loom = common::loom_in(dir.path()).get_program().to_owned();
     // A hard limit of 256 descriptors: 100 000 connections cannot be.
-    let mut child = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(r#"ulimit -n 256 && exec "$0" "$@""#)
-        .arg(loom)
-        .args(["serve", "--addr", "127.0.0.1:0", "--config"])
-        .arg(dir.path().join("loom.toml"))
-        .arg("--workspace")
-        .arg(dir.path())
-        .current_dir(dir.path())
-        .env("OPENAI_API_KEY", "test-key")
-        .env("XDG_CONFIG_HOME", dir.path().join("xdg"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = serve_under_ulimit(dir.path(), "-n 256");
     let stderr = child.stderr.take().unwrap();
     let mut seen = Vec::new();
     for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {

@@ -513,20 +513,28 @@ impl Drop for Slot {
     }
 }
 
-// What tokio's `TcpStream` does for `AsyncRead`/`AsyncWrite`, on a shared
-// socket: wait for readiness, then try without blocking.
-impl AsyncRead for Watched {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
+impl Watched {
+    /// What tokio's `TcpStream` does for `AsyncRead`/`AsyncWrite`, on a
+    /// shared socket: wait for readiness (`write` picks which), then try
+    /// without blocking; bytes that moved count as activity.
+    fn poll_io(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: bool,
+        mut attempt: impl FnMut(&TcpStream) -> std::io::Result<usize>,
+    ) -> Poll<std::io::Result<usize>> {
         loop {
-            std::task::ready!(this.tcp.poll_read_ready(cx))?;
-            match this.tcp.try_read(buf.initialize_unfilled()) {
+            if write {
+                std::task::ready!(self.tcp.poll_write_ready(cx))?;
+            } else {
+                std::task::ready!(self.tcp.poll_read_ready(cx))?;
+            }
+            match attempt(&self.tcp) {
                 Ok(n) => {
-                    buf.advance(n);
                     if n > 0 {
-                        this.activity.touch();
+                        self.activity.touch();
                     }
-                    return Poll::Ready(Ok(()));
+                    return Poll::Ready(Ok(n));
                 }
                 Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(err) => return Poll::Ready(Err(err)),
@@ -535,22 +543,19 @@ impl AsyncRead for Watched {
     }
 }
 
+impl AsyncRead for Watched {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let read = std::task::ready!(self
+            .get_mut()
+            .poll_io(cx, false, |tcp| tcp.try_read(buf.initialize_unfilled())))?;
+        buf.advance(read);
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        loop {
-            std::task::ready!(this.tcp.poll_write_ready(cx))?;
-            match this.tcp.try_write(buf) {
-                Ok(n) => {
-                    if n > 0 {
-                        this.activity.touch();
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(err) => return Poll::Ready(Err(err)),
-            }
-        }
+        self.get_mut().poll_io(cx, true, |tcp| tcp.try_write(buf))
     }
 
     fn poll_write_vectored(
@@ -558,20 +563,7 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        loop {
-            std::task::ready!(this.tcp.poll_write_ready(cx))?;
-            match this.tcp.try_write_vectored(bufs) {
-                Ok(n) => {
-                    if n > 0 {
-                        this.activity.touch();
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(err) => return Poll::Ready(Err(err)),
-            }
-        }
+        self.get_mut().poll_io(cx, true, |tcp| tcp.try_write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
