@@ -249,6 +249,11 @@ fn tool_call_ids_from_the_provider_are_made_unique() {
         for (index, call) in calls.iter().enumerate() {
             let id = call["id"].as_str().unwrap();
             assert!(!id.is_empty() && seen.insert(id.to_string()), "id {id} reused");
+            // An id Loom gives is nine letters and digits, as Mistral's chat
+            // templates demand; the provider's own first id is kept.
+            if id != "same" {
+                assert!(id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
+            }
             let result = &last[turn + 1 + index];
             assert_eq!(result["role"], "tool");
             assert_eq!(result["tool_call_id"], id);

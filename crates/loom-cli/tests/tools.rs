@@ -602,3 +602,58 @@ fn file_tools_of_a_run_never_escape_through_a_swapped_link() {
         results.len()
     );
 }
+
+#[test]
+fn optional_parameters_are_offered_without_null_and_an_explicit_null_is_accepted() {
+    use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "first line\nsecond line\n").unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call00001",
+            "read_file",
+            r#"{"path": "notes.txt", "offset": null, "limit": null}"#,
+        )])),
+        Reply::Sse(openai_text("Read it.", 4)),
+    ]);
+    let output = common::loom_in(dir.path())
+        .args(["run", "--json", "--model", "openai:local", "--base-url"])
+        .arg(server.url())
+        .arg("read the notes")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events = common::json_lines(&output.stdout);
+    let results = common::tool_results(&events);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].0, "success", "{results:?}");
+    assert!(results[0].1.contains("second line"), "{results:?}");
+
+    // What the model was offered: no type lists, no null, optional
+    // parameters outside `required`.
+    let tools = &server.requests()[0].body["tools"];
+    let text = tools.to_string();
+    assert!(!text.contains("null"), "{text}");
+    let read = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tool| tool["function"]["name"] == "read_file")
+        .unwrap();
+    let parameters = &read["function"]["parameters"];
+    assert_eq!(parameters["properties"]["limit"]["type"], "integer");
+    assert_eq!(parameters["required"], serde_json::json!(["path"]));
+    for tool in tools.as_array().unwrap() {
+        for (name, property) in tool["function"]["parameters"]["properties"].as_object().unwrap() {
+            assert!(
+                property["type"].is_string() || property.get("type").is_none(),
+                "{name}: {property}"
+            );
+        }
+    }
+}

@@ -44,6 +44,7 @@ pub mod store;
 pub mod tokens;
 pub mod tool;
 pub mod tool_result;
+pub mod tool_schema;
 pub mod tool_source;
 pub mod turn_state;
 mod wire;

@@ -392,10 +392,13 @@ impl ToolRegistry {
             name: name.clone(),
             message: err.to_string(),
         })?;
+        // The model is offered the schema without `null` types (chat
+        // templates choke on them); the validator keeps the schema as
+        // written, so an explicit `null` for an optional parameter passes.
         let spec = ToolSpec {
             name: name.clone(),
             description: tool.description().to_string(),
-            parameters,
+            parameters: crate::tool_schema::offered(&parameters),
         };
         self.by_name.insert(name, self.tools.len());
         self.specs.push(spec.clone());
@@ -437,5 +440,60 @@ impl ToolRegistry {
     /// Whether there are no tools.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A tool whose arguments are derived, as the built-in tools' are.
+    struct Reads;
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)] // only the schema is used
+    struct ReadArgs {
+        path: String,
+        limit: Option<u32>,
+        globs: Option<Vec<String>>,
+    }
+
+    impl DynTool for Reads {
+        fn name(&self) -> &str {
+            "reads"
+        }
+        fn description(&self) -> &str {
+            "Reads."
+        }
+        fn parameters_schema(&self) -> Value {
+            schemars::schema_for!(ReadArgs).to_value()
+        }
+        fn concurrency_safe(&self) -> bool {
+            true
+        }
+        fn read_only(&self) -> bool {
+            true
+        }
+        fn check_available(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn call_json(&self, _args: Value, _ctx: ToolContext) -> BoxFuture<'_, Result<ToolOutput, ToolError>> {
+            Box::pin(async { Ok(ToolOutput::from("")) })
+        }
+    }
+
+    #[test]
+    fn a_registered_tool_is_offered_without_null_and_still_accepts_one() {
+        let mut registry = ToolRegistry::new();
+        registry.register(std::sync::Arc::new(Reads)).unwrap();
+        let offered = registry.specs()[0].parameters.to_string();
+        assert!(!offered.contains("null"), "{offered}");
+        assert!(offered.contains(r#""limit":{"#), "{offered}");
+        let validator = &registry.get("reads").unwrap().validator;
+        assert!(validator.is_valid(&json!({"path": "a", "limit": null, "globs": null})));
+        assert!(validator.is_valid(&json!({"path": "a", "limit": 3, "globs": ["*.rs"]})));
+        assert!(!validator.is_valid(&json!({"path": "a", "limit": "three"})));
+        assert!(!validator.is_valid(&json!({"limit": 3})), "path stays required");
     }
 }

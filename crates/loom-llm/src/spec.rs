@@ -22,7 +22,8 @@ pub struct ProviderOptions {
     pub text_tool_calls: bool,
     /// Where guidance goes (OpenAI-compatible only; Anthropic always takes
     /// it inline). Default: a system message at the official OpenAI API, an
-    /// inline reminder at any other server.
+    /// inline reminder at any other server; `System` is refused at any
+    /// other server, whose chat template would not keep it.
     pub guidance: Option<GuidancePlacement>,
     /// Timeouts, retries, limits and extra headers.
     pub http: HttpSettings,
@@ -121,6 +122,11 @@ pub fn model_from_spec_with(
             }
             let mut config = OpenAiConfig::new(rest);
             config.base_url = base_url;
+            if options.guidance == Some(GuidancePlacement::System) && !config.is_official_api() {
+                return Err(ModelSpecError::Unsupported(crate::openai::system_guidance_refused(
+                    &config.base_url,
+                )));
+            }
             config.api_key = api_key;
             config.stream = options.stream.unwrap_or(true);
             config.max_tokens = options.max_tokens;

@@ -694,11 +694,14 @@ async fn context_length_exceeded_compresses_and_retries_once() {
     let too_big = requests[2].body["messages"].as_array().unwrap().len();
     let retried = requests[4].body["messages"].as_array().unwrap();
     assert!(retried.len() < too_big, "{} vs {too_big}", retried.len());
-    assert!(retried[1]["content"]
+    // A local server gets the summary joined to the one system message
+    // (docs/context.md, "What each server is sent").
+    assert!(retried[0]["content"]
         .as_str()
         .unwrap()
-        .starts_with("[compressed history]"));
-    assert_eq!(retried[2]["content"], "look up alpha, then beta", "the request is kept");
+        .contains("\n\n[compressed history]"));
+    assert_eq!(retried.iter().filter(|m| m["role"] == "system").count(), 1);
+    assert_eq!(retried[1]["content"], "look up alpha, then beta", "the request is kept");
     // The summary request itself offered no tools.
     assert!(requests[3].body.get("tools").is_none());
 }

@@ -234,7 +234,9 @@ async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     }
     let stream = if done < directives.steps && tools_offered {
         let step = done + 1;
-        let id = format!("call_{step}_{:04x}", fastrand::u16(..));
+        // Nine letters and digits, as the servers of Mistral models give
+        // ids (their chat templates refuse any other shape).
+        let id = format!("c{step:04}{:04x}", fastrand::u16(..));
         let args = match directives.tool.as_str() {
             "write_file" => format!(r#"{{"path":"out_{step}.txt","content":"step {step}"}}"#),
             "task" => {

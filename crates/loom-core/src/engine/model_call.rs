@@ -260,6 +260,27 @@ impl PartialCall {
     }
 }
 
+/// An id for a call the provider gave none (or a used one): nine letters
+/// and digits, the only shape Mistral's chat templates accept (they raise
+/// on any other), taken from the turn's random id and the call's index.
+fn invented_call_id(turn_id: &str, index: usize, attempt: usize) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let window: String = turn_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .skip(attempt)
+        .take(7)
+        .collect();
+    let mut id = window.clone();
+    id.push(DIGITS[(index / 36) % 36] as char);
+    id.push(DIGITS[index % 36] as char);
+    if window.len() < 7 || index >= 36 * 36 {
+        // Out of windows or of two-digit indexes (never in practice): longer, still unique.
+        id.push_str(&format!("{index}x{attempt}"));
+    }
+    id
+}
+
 /// The finished call, with an id that is unique in the run: a provider's id
 /// that is missing, empty or already used (in this answer or earlier) is
 /// replaced, so every result pairs with the right call.
@@ -277,16 +298,10 @@ fn finish_call(
     };
     let id = match call.id {
         Some(id) if !id.trim().is_empty() && !taken.contains(&id) => id,
-        _ => {
-            let turn_prefix: String = turn.turn_id.chars().take(8).collect();
-            let mut id = format!("call_{turn_prefix}_{index}");
-            let mut attempt = 1;
-            while taken.contains(&id) {
-                attempt += 1;
-                id = format!("call_{turn_prefix}_{index}_{attempt}");
-            }
-            id
-        }
+        _ => (0..)
+            .map(|attempt| invented_call_id(&turn.turn_id, index, attempt))
+            .find(|id| !taken.contains(id))
+            .unwrap_or_default(),
     };
     taken.insert(id.clone());
     ToolCall {

@@ -36,8 +36,9 @@ pub struct OpenAiConfig {
     /// from the text, for models without native tool calling.
     pub text_tool_calls: bool,
     /// Where a request's guidance goes; `None` chooses by the server: a
-    /// system message at the official API, an inline reminder anywhere else
-    /// (local chat templates often reject a second system message).
+    /// system message at the official API, an inline reminder anywhere else.
+    /// `System` is refused for any other server: local chat templates raise
+    /// on, drop, or put first a system message that is not the first one.
     pub guidance: Option<GuidancePlacement>,
     /// Timeouts, retries, limits, headers.
     pub http: HttpSettings,
@@ -74,6 +75,16 @@ impl OpenAiConfig {
     }
 }
 
+/// Why `guidance = "system"` is refused at `base_url`.
+pub(crate) fn system_guidance_refused(base_url: &str) -> String {
+    format!(
+        "guidance = \"system\" is only for the official OpenAI API ({OPENAI_BASE_URL}), not {base_url}: \
+         the chat templates of local servers (llama.cpp, vLLM, LM Studio, Ollama) raise on a system message \
+         after the first, drop it, or put it in place of the system prompt; leave guidance unset or write \
+         guidance = \"inline\""
+    )
+}
+
 /// A model behind an OpenAI-compatible chat completions API.
 #[derive(Debug)]
 pub struct OpenAiModel {
@@ -85,6 +96,9 @@ pub struct OpenAiModel {
 impl OpenAiModel {
     /// A provider with `config`.
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
+        if config.guidance == Some(GuidancePlacement::System) && !config.is_official_api() {
+            return Err(LlmError::InvalidRequest(system_guidance_refused(&config.base_url)));
+        }
         let name = format!("openai:{}", config.model);
         Ok(Self {
             transport: Transport::new(&name, config.http.clone())?,
@@ -109,6 +123,7 @@ impl OpenAiModel {
                 json_arguments_only: !self.config.is_official_api(),
                 text_mode,
                 instructions: instructions.as_deref(),
+                template_safe: !self.config.is_official_api(),
             },
             stream: self.config.stream,
             stream_options: self
@@ -471,15 +486,20 @@ mod tests {
             "hello\n\n<system-reminder>\nfix it\n</system-reminder>"
         );
 
-        // Configured either way.
+        // Inline can be chosen at the official API; a trailing system
+        // message is refused anywhere else.
+        let inline = OpenAiConfig {
+            guidance: Some(GuidancePlacement::Inline),
+            ..OpenAiConfig::new("gpt-x")
+        };
+        let out = body(inline, &history(), &tools(), Some("g"));
+        assert_eq!(out["messages"].as_array().unwrap().len(), 4);
         let forced = OpenAiConfig {
             guidance: Some(GuidancePlacement::System),
             ..local("llama")
         };
-        assert_eq!(
-            body(forced, &history(), &tools(), Some("g"))["messages"][4]["role"],
-            "system"
-        );
+        let refused = OpenAiModel::new(forced).unwrap_err().to_string();
+        assert!(refused.contains("only for the official OpenAI API"), "{refused}");
         // After the model's own words, the reminder is a user message.
         let mut continued = history();
         continued.push(Message::assistant("It says"));
@@ -487,6 +507,114 @@ mod tests {
         assert_eq!(
             out["messages"][5],
             json!({"role": "user", "content": "<system-reminder>\ncontinue\n</system-reminder>"})
+        );
+    }
+
+    #[test]
+    fn a_compression_summary_joins_the_system_prompt_except_at_the_official_api() {
+        let mut compressed = history();
+        compressed.insert(1, Message::system("[compressed history] the past"));
+        let official = body(OpenAiConfig::new("gpt-x"), &compressed, &tools(), None);
+        let roles: Vec<&str> = official["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "system", "user", "assistant", "tool"]);
+
+        let at_home = body(local("llama"), &compressed, &tools(), Some("careful"));
+        let messages = at_home["messages"].as_array().unwrap();
+        let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(messages[0]["content"], "base\n\n[compressed history] the past");
+        // The guidance still lands on the last tool result.
+        assert!(messages[3]["content"]
+            .as_str()
+            .unwrap()
+            .ends_with("careful\n</system-reminder>"));
+
+        // Text mode: the tool instructions come last in the one system message.
+        let text = OpenAiConfig {
+            text_tool_calls: true,
+            ..local("small")
+        };
+        let out = body(text, &compressed, &tools(), None);
+        let system = out["messages"][0]["content"].as_str().unwrap();
+        assert!(
+            system.starts_with("base\n\n[compressed history] the past\n\nYou can call tools."),
+            "{system}"
+        );
+        assert_eq!(
+            out["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "system")
+                .count(),
+            1
+        );
+
+        // A summary with no system prompt before it is the system message.
+        let out = body(local("llama"), &compressed[1..], &tools(), None);
+        assert_eq!(
+            out["messages"][0],
+            json!({"role": "system", "content": "[compressed history] the past"})
+        );
+    }
+
+    #[test]
+    fn user_and_assistant_alternate_at_other_servers() {
+        // A steer after tool results, then a second user turn: the official
+        // API gets them as they are; another server gets them folded so that
+        // user and assistant alternate (calls and results aside).
+        let mut steered = history();
+        steered.push(Message::user("also check b"));
+        steered.push(Message::user("and c"));
+        let official = body(OpenAiConfig::new("gpt-x"), &steered, &tools(), None);
+        assert_eq!(official["messages"].as_array().unwrap().len(), 6);
+
+        let at_home = body(local("llama"), &steered, &tools(), Some("careful"));
+        let messages = at_home["messages"].as_array().unwrap();
+        let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(messages[3]["tool_call_id"], "c1");
+        assert_eq!(
+            messages[3]["content"],
+            "hello\n\n<user-message>\nalso check b\n</user-message>\n\n<user-message>\nand c\n</user-message>\n\n<system-reminder>\ncareful\n</system-reminder>"
+        );
+
+        // Two user turns in a row (a session whose last run left no answer).
+        let doubled = vec![Message::system("base"), Message::user("first"), Message::user("second")];
+        let out = body(local("llama"), &doubled, &tools(), None);
+        assert_eq!(
+            out["messages"][1],
+            json!({"role": "user", "content": "first\n\nsecond"})
+        );
+        assert_eq!(out["messages"].as_array().unwrap().len(), 2);
+
+        // Text mode: parallel results (user turns there) become one user turn.
+        let mut parallel = history();
+        if let Message::Assistant { tool_calls, .. } = &mut parallel[2] {
+            tool_calls.push(ToolCall {
+                id: "c2".into(),
+                name: "read_file".into(),
+                arguments: json!({"path": "b"}),
+            });
+        }
+        parallel.push(Message::tool("c2", "read_file", "world"));
+        parallel.push(Message::user("thanks"));
+        let text = OpenAiConfig {
+            text_tool_calls: true,
+            ..local("small")
+        };
+        let out = body(text, &parallel, &tools(), None);
+        let messages = out["messages"].as_array().unwrap();
+        let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(
+            messages[3]["content"],
+            "<tool_result name=\"read_file\" id=\"c1\">\nhello\n</tool_result>\n\n<tool_result name=\"read_file\" id=\"c2\">\nworld\n</tool_result>\n\nthanks"
         );
     }
 
