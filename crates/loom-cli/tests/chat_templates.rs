@@ -285,6 +285,14 @@ fn captured_bodies() -> &'static [Captured] {
 
         all.extend(compressed());
         all.extend(steered());
+        // For rendering them elsewhere too (Python's Jinja, a real server).
+        if let Some(out) = std::env::var_os("LOOM_CAPTURED_BODIES") {
+            std::fs::create_dir_all(&out).unwrap();
+            for captured in &all {
+                let name = format!("{}.json", captured.shape.replace('#', "-"));
+                std::fs::write(PathBuf::from(&out).join(name), captured.body.to_string()).unwrap();
+            }
+        }
         all
     })
 }

@@ -5,8 +5,9 @@
 //! call's `arguments` parsed into an object (or left as text for the
 //! templates that want text) and a missing `content` made `""` (as vLLM
 //! and llama.cpp hand them to templates), `tojson` with
-//! Python's `json.dumps` spacing and keywords, `raise_exception` and
-//! `strftime_now`.
+//! Python's `json.dumps` spacing and keywords, `raise_exception`,
+//! `strftime_now`, `tools` `None` when none are offered and Python's
+//! `is iterable`.
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;
@@ -38,6 +39,8 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        // Python's: `None` is not iterable (MiniJinja's own test says it is).
+        env.add_test("iterable", |value: Jinja| !value.is_none() && value.try_iter().is_ok());
         // `{% generation %}` marks the assistant's tokens for training
         // masks; servers render its body as it is (transformers, vLLM).
         let mut source = source;
@@ -81,9 +84,8 @@ impl ChatTemplate {
             .unwrap_or_default();
         let mut context = Map::new();
         context.insert("messages".into(), Value::Array(messages));
-        if let Some(tools) = body.get("tools") {
-            context.insert("tools".into(), tools.clone());
-        }
+        // `None` when the request offers none, as transformers and vLLM pass it.
+        context.insert("tools".into(), body.get("tools").cloned().unwrap_or(Value::Null));
         context.insert("add_generation_prompt".into(), Value::Bool(true));
         context.insert("bos_token".into(), Value::from("<s>"));
         context.insert("eos_token".into(), Value::from("</s>"));
@@ -138,17 +140,25 @@ fn raise_exception(message: String) -> Result<Jinja, Error> {
     ))
 }
 
-/// A fixed day, so the prompt does not change with the date.
+/// A fixed moment (Friday 26 July 2024, 12:00:00), so the prompt does not
+/// change with the date; the codes templates use.
 fn strftime_now(format: String) -> String {
     [
         ("%d", "26"),
+        ("%e", "26"),
+        ("%a", "Fri"),
+        ("%A", "Friday"),
         ("%b", "Jul"),
         ("%B", "July"),
         ("%m", "07"),
         ("%Y", "2024"),
         ("%y", "24"),
         ("%H", "12"),
+        ("%I", "12"),
+        ("%p", "PM"),
         ("%M", "00"),
+        ("%S", "00"),
+        ("%j", "208"),
     ]
     .iter()
     .fold(format, |text, (code, value)| text.replace(code, value))
