@@ -49,9 +49,9 @@ pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<
 /// Cancels a stored run that no process executes (`QUEUED`, or
 /// `INTERRUPTED` after its process died): its event log is closed with
 /// `execution.cancelled` and `lifecycle.end`, continuing its `seq`, so the
-/// log ends like every other run's. A run a live process executes must be
-/// cancelled through that process instead.
-pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<(), StoreError> {
+/// log ends like every other run's; returns those two events. A run a
+/// live process executes must be cancelled through that process instead.
+pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> Result<Vec<Event>, StoreError> {
     let snapshot = store.load_run(run_id).await?;
     let state = snapshot.next_turn().cloned().unwrap_or_else(|| TurnState::initial(1));
     let log = cancelled_log(
@@ -63,7 +63,8 @@ pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> R
     );
     store
         .finish_run(run_id, RunStatus::Canceled, None, &snapshot.run.metrics, &log)
-        .await
+        .await?;
+    Ok(log)
 }
 
 /// The end of the log of a run cancelled while no process executes it:

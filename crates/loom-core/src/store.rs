@@ -154,6 +154,16 @@ pub struct RunSnapshot {
     pub last_seq: u64,
 }
 
+/// A run a gateway accepted and has not started, as it is stored: so
+/// that a restart — after a crash too — starts it rather than losing it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedRun {
+    /// Its record: status `QUEUED`, `owner` empty (nobody executes it yet).
+    pub record: RunRecord,
+    /// What starts it: the request as the gateway took it (JSON).
+    pub request: String,
+}
+
 /// A store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -194,8 +204,21 @@ pub enum StoreError {
 /// the tool journal.
 #[async_trait]
 pub trait Store: Send + Sync {
-    /// Records a new run (and its session, if new) with status `QUEUED`.
+    /// Records a new run (and its session, if new) with its status — or,
+    /// for a run the store holds `QUEUED` (see [`Store::queue_run`]), moves
+    /// that record to `run`'s status and owner. Any other run of that id is
+    /// an error.
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError>;
+
+    /// Records a run accepted and not started (`QUEUED`, no owner) with the
+    /// request that starts it, and — in the same write — the idempotency
+    /// key of the request that asked for it (`(key, request)`, owned by the
+    /// run's principal). Once this returns, the run outlives the process.
+    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError>;
+
+    /// The runs [`Store::queue_run`] recorded that are still `QUEUED`, in
+    /// the order they were accepted.
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError>;
 
     /// Moves a run to `to`, refusing transitions docs/architecture.md does not allow.
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError>;
@@ -336,6 +359,14 @@ impl Store for NoStore {
 
     async fn create_run(&self, _run: &RunRecord) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn queue_run(&self, _run: &QueuedRun, _key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        Ok(Vec::new())
     }
 
     async fn set_status(&self, _run_id: &str, _to: RunStatus) -> Result<(), StoreError> {

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use loom_core::async_trait;
 use loom_core::{
-    Checkpoint, Event, KeyedRequest, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus, Store, StoreError,
-    ToolCall, ToolResult,
+    Checkpoint, Event, KeyedRequest, QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus, Store,
+    StoreError, ToolCall, ToolResult,
 };
 
 use crate::feed::EventFeed;
@@ -36,6 +36,14 @@ async fn timed<T>(operation: &'static str, write: impl std::future::Future<Outpu
 impl Store for ObservedStore {
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
         timed("create_run", self.inner.create_run(run)).await
+    }
+
+    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        timed("queue_run", self.inner.queue_run(run, key)).await
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        self.inner.queued_runs().await
     }
 
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {

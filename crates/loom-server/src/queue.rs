@@ -61,9 +61,10 @@ pub trait RunQueue: Send + Sync {
     /// Takes a waiting run out of the line; `false` when it is not waiting
     /// (it started meanwhile, or was never here).
     fn withdraw(&self, run_id: &str) -> bool;
-    /// Counts a run that executes without having waited (a run resumed at
-    /// start-up).
-    fn executing(&self, ticket: Ticket);
+    /// Puts back in line a run accepted before a restart (one that was
+    /// executing or waiting): like [`RunQueue::push`] under the caps, but
+    /// never refused — it was accepted already.
+    fn readmit(&self, ticket: Ticket) -> Vec<Ticket>;
     /// An executing run ended: its place is free. Returns the runs that may
     /// start now (none when `start_more` is false: the gateway is closing).
     fn finished(&self, run_id: &str, start_more: bool) -> Vec<Ticket>;
@@ -165,8 +166,10 @@ impl RunQueue for LocalQueue {
         state.waiting.len() != before
     }
 
-    fn executing(&self, ticket: Ticket) {
-        self.state().start(ticket);
+    fn readmit(&self, ticket: Ticket) -> Vec<Ticket> {
+        let mut state = self.state();
+        state.waiting.push_back(ticket);
+        state.schedule(self.caps)
     }
 
     fn finished(&self, run_id: &str, start_more: bool) -> Vec<Ticket> {
@@ -287,10 +290,15 @@ mod tests {
     }
 
     #[test]
-    fn resumed_runs_count_against_the_caps() {
-        let queue = queue(1, 1, 10);
-        queue.executing(ticket("old", "a", "s1"));
-        assert!(queue.push(ticket("new", "a", "s2")).unwrap().is_empty());
-        assert_eq!(ids(&queue.finished("old", true)), ["new"]);
+    fn runs_taken_back_after_a_restart_count_against_the_caps_and_are_never_refused() {
+        let queue = queue(1, 1, 1);
+        assert_eq!(ids(&queue.readmit(ticket("old", "a", "s1"))), ["old"]);
+        // Over the cap, and past the line's bound: they wait, in order.
+        assert!(queue.readmit(ticket("older", "a", "s2")).is_empty());
+        assert!(queue.readmit(ticket("oldest", "a", "s3")).is_empty());
+        assert_eq!(queue.position("oldest"), Some(2));
+        assert_eq!(queue.push(ticket("new", "a", "s4")), Err(QueueFull));
+        assert_eq!(ids(&queue.finished("old", true)), ["older"]);
+        assert_eq!(ids(&queue.finished("older", true)), ["oldest"]);
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use loom_core::{Agent, Message, PermissionDecision, RunMetrics, RunRequest, RunStatus};
+use loom_core::{Agent, Message, PermissionDecision, RunMetrics, RunRecord, RunRequest, RunStatus};
 use tokio::sync::watch;
 
 use crate::auth::Principal;
@@ -28,7 +28,10 @@ pub(crate) struct LiveRun {
     pub(crate) content: Option<String>,
     pub(crate) last_seq: u64,
     /// What starts it, while queued.
-    pub(crate) start: Option<(Agent, RunRequest)>,
+    pub(crate) start: Option<(Agent, Start)>,
+    /// Whether its record is in the store (always, without one): the queue
+    /// may let it start before, but it is launched only after.
+    pub(crate) stored: bool,
     /// Its controls, once started.
     pub(crate) controller: Option<Arc<dyn RunControl>>,
     /// A cancel that came before the controls did.
@@ -43,6 +46,25 @@ pub(crate) struct LiveRun {
 }
 
 impl LiveRun {
+    /// Its record in the store, with `status` (no owner: nobody executes it yet).
+    pub(crate) fn record(&self, status: RunStatus) -> RunRecord {
+        RunRecord {
+            run_id: self.run_id.clone(),
+            session_id: self.session_id.clone(),
+            prompt: self.prompt.clone(),
+            model: self.model.clone(),
+            status,
+            owner: String::new(),
+            started_ms: self.started_ms,
+            ended_ms: None,
+            content: None,
+            metrics: RunMetrics::default(),
+            workspace: None,
+            principal: Some(self.principal.name().to_string()),
+            parent: None,
+        }
+    }
+
     pub(crate) fn view(&self, queue_position: Option<usize>) -> RunView {
         RunView {
             run_id: self.run_id.clone(),
@@ -63,11 +85,19 @@ impl LiveRun {
     }
 }
 
+/// How a queued run starts.
+pub(crate) enum Start {
+    /// A new run.
+    New(RunRequest),
+    /// A run a previous process left interrupted, from its checkpoint.
+    Resume,
+}
+
 /// A run that may start now.
 pub(crate) struct Launch {
     pub(crate) run_id: String,
     pub(crate) agent: Agent,
-    pub(crate) request: RunRequest,
+    pub(crate) start: Start,
 }
 
 /// Every run the gateway holds.
@@ -144,16 +174,40 @@ impl Registry {
             let Some(run) = self.runs.get_mut(&ticket.run_id) else {
                 continue;
             };
-            run.status = RunStatus::Running;
-            if let Some((agent, request)) = run.start.take() {
-                launches.push(Launch {
-                    run_id: ticket.run_id,
-                    agent,
-                    request,
-                });
-            }
+            // A run taken back after a restart may be waiting for answers.
+            run.status = if run.pending.is_empty() {
+                RunStatus::Running
+            } else {
+                RunStatus::WaitingPermission
+            };
+            launches.extend(Self::launch_of(run));
         }
         launches
+    }
+
+    /// What starts `run`, once it executes and is stored.
+    fn launch_of(run: &mut LiveRun) -> Option<Launch> {
+        if run.status == RunStatus::Queued || !run.stored {
+            return None;
+        }
+        let (agent, start) = run.start.take()?;
+        Some(Launch {
+            run_id: run.run_id.clone(),
+            agent,
+            start,
+        })
+    }
+
+    /// `run_id`'s record is stored: it starts if the queue let it.
+    pub(crate) fn stored(&mut self, run_id: &str) -> Option<Launch> {
+        let run = self.runs.get_mut(run_id)?;
+        run.stored = true;
+        Self::launch_of(run)
+    }
+
+    /// Forgets an idempotency key (its run was not taken after all).
+    pub(crate) fn forget_key(&mut self, principal: &Principal, key: &str) {
+        self.idempotency.remove(&(principal.clone(), key.to_string()));
     }
 
     /// A run leaves the registry (it ended, or left the queue).

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use loom_core::event::TurnIds;
 use loom_core::{
-    Event, EventKind, KeyedRequest, Message, PermissionDecision, RunHandle, RunMetrics, RunOutcome, RunQuery,
-    RunRecord, RunRequest, RunStatus, Store, StoreError,
+    Agent, Event, EventKind, KeyedRequest, Message, PermissionDecision, QueuedRun, RunHandle, RunMetrics, RunOutcome,
+    RunQuery, RunRecord, RunRequest, RunStatus, Store, StoreError,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;
@@ -25,7 +25,7 @@ use crate::feed::{EventFeed, LocalFeed};
 use crate::observed_store::ObservedStore;
 use crate::protocol::{Cancelled, ListParams, OnBusy, PendingAsk, RunAccepted, RunPage, RunView, StartRun};
 use crate::queue::{Caps, LocalQueue, QueueFull, RunQueue, Ticket};
-use crate::registry::{Launch, LiveRun, Registry};
+use crate::registry::{Launch, LiveRun, Registry, Start};
 
 /// What `admit` did with a start request.
 enum Admitted {
@@ -272,7 +272,8 @@ impl Service {
         let digest = digest(&params);
         match self.admit(principal, params).await? {
             Admitted::Run(accepted) => {
-                if let Some(key) = &key {
+                // A new run's key was stored with it; a steer's is stored here.
+                if let (Some(key), true) = (&key, accepted.steered) {
                     self.persist_key(principal, key, digest, &accepted.run_id).await;
                 }
                 Ok(accepted)
@@ -316,7 +317,8 @@ impl Service {
         let session_id = params.session_id.clone().unwrap_or_else(|| run_id.clone());
         let on_busy = params.on_busy.unwrap_or_default();
 
-        let (accepted, launches, to_cancel) = {
+        let queued;
+        let (accepted, mut launches, to_cancel) = {
             let mut registry = self.registry();
             // A retry with the same key may have raced this one.
             if let Some(key) = &params.idempotency_key {
@@ -382,47 +384,20 @@ impl Service {
                     OnBusy::Enqueue => {}
                 }
             }
-            let request = RunRequest {
-                prompt: params.prompt.clone(),
-                run_id: Some(run_id.clone()),
-                session_id: Some(session_id.clone()),
-                history: if self.inner.store.is_some() {
-                    None
-                } else {
-                    Some(
-                        registry
-                            .histories
-                            .get(&history_key(principal, &session_id))
-                            .cloned()
-                            .unwrap_or_default(),
-                    )
-                },
-                max_steps: params.max_steps,
-                principal: Some(principal.name().to_string()),
-            };
-            let (done, _) = watch::channel(None);
-            registry.add(LiveRun {
-                run_id: run_id.clone(),
-                session_id: session_id.clone(),
-                principal: principal.clone(),
-                prompt: params.prompt.clone(),
-                model: params
-                    .model
-                    .clone()
-                    .unwrap_or_else(|| self.inner.agents.default_model()),
-                status: RunStatus::Queued,
-                started_ms: now_ms(),
-                metrics: RunMetrics::default(),
-                content: None,
-                last_seq: 0,
-                start: Some((agent, request)),
-                controller: None,
-                cancel_requested: false,
-                pending: Vec::new(),
-                early: HashMap::new(),
-                seeded: false,
-                done,
+            let history = self.inner.store.is_none().then(|| {
+                registry
+                    .histories
+                    .get(&history_key(principal, &session_id))
+                    .cloned()
+                    .unwrap_or_default()
             });
+            let run = self.queued_run(principal, &params, agent, &run_id, &session_id, now_ms(), history);
+            // Stored before the answer, with its key, in one write (below).
+            queued = self.inner.store.is_some().then(|| QueuedRun {
+                record: run.record(RunStatus::Queued),
+                request: serde_json::to_string(&params).unwrap_or_default(),
+            });
+            registry.add(run);
             self.inner.feed.open(&run_id, 0);
             let ticket = Ticket {
                 run_id: run_id.clone(),
@@ -448,6 +423,31 @@ impl Service {
             let run = registry.runs.get(&run_id).ok_or_else(|| ApiError::no_run(&run_id))?;
             (accepted_of(run, position), launches, to_cancel)
         };
+        if let (Some(queued), Some(store)) = (queued, &self.inner.store) {
+            let keyed = params.idempotency_key.as_deref().map(|key| {
+                (
+                    key,
+                    KeyedRequest {
+                        digest,
+                        run_id: run_id.clone(),
+                    },
+                )
+            });
+            let written = store
+                .queue_run(&queued, keyed.as_ref().map(|(key, request)| (*key, request)))
+                .await;
+            match written {
+                Ok(()) => launches.extend(self.registry().stored(&run_id)),
+                Err(err) => {
+                    // Not accepted after all: the client gets no run id.
+                    launches.extend(self.unaccept(principal, &run_id, params.idempotency_key.as_deref()));
+                    for launch in launches {
+                        self.launch(launch);
+                    }
+                    return Err(store_error(err));
+                }
+            }
+        }
         for launch in launches {
             self.launch(launch);
         }
@@ -464,6 +464,74 @@ impl Service {
             });
         }
         Ok(Admitted::Run(accepted))
+    }
+
+    /// A new run of `params` as the registry holds it until it starts.
+    #[allow(clippy::too_many_arguments)] // the parts of one run, each from its own place
+    fn queued_run(
+        &self,
+        principal: &Principal,
+        params: &StartRun,
+        agent: Agent,
+        run_id: &str,
+        session_id: &str,
+        started_ms: u64,
+        history: Option<Vec<Message>>,
+    ) -> LiveRun {
+        let request = RunRequest {
+            prompt: params.prompt.clone(),
+            run_id: Some(run_id.to_string()),
+            session_id: Some(session_id.to_string()),
+            history,
+            max_steps: params.max_steps,
+            principal: Some(principal.name().to_string()),
+        };
+        let (done, _) = watch::channel(None);
+        LiveRun {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            principal: principal.clone(),
+            prompt: params.prompt.clone(),
+            model: params
+                .model
+                .clone()
+                .unwrap_or_else(|| self.inner.agents.default_model()),
+            status: RunStatus::Queued,
+            started_ms,
+            metrics: RunMetrics::default(),
+            content: None,
+            last_seq: 0,
+            start: Some((agent, Start::New(request))),
+            stored: self.inner.store.is_none(),
+            controller: None,
+            cancel_requested: false,
+            pending: Vec::new(),
+            early: HashMap::new(),
+            seeded: false,
+            done,
+        }
+    }
+
+    /// Takes back a run whose record could not be stored: it leaves the
+    /// registry, the queue and the feed. Returns the runs its place lets start.
+    fn unaccept(&self, principal: &Principal, run_id: &str, key: Option<&str>) -> Vec<Launch> {
+        let launches = {
+            let mut registry = self.registry();
+            registry.remove(run_id);
+            if let Some(key) = key {
+                registry.forget_key(principal, key);
+            }
+            let started = if self.inner.queue.withdraw(run_id) {
+                Vec::new()
+            } else {
+                self.inner.queue.finished(run_id, !self.shutting_down())
+            };
+            let launches = registry.starting(started);
+            self.publish_gauges(&registry);
+            launches
+        };
+        self.inner.feed.forget(run_id);
+        launches
     }
 
     fn validate(&self, params: &StartRun) -> Result<(), ApiError> {
@@ -598,13 +666,47 @@ impl Service {
 
     /// Starts a run the registry let go.
     fn launch(&self, launch: Launch) {
-        let Launch { run_id, agent, request } = launch;
+        let Launch { run_id, agent, start } = launch;
         let span = tracing::info_span!("run", run_id = %run_id);
-        let handle = {
-            let _entered = span.enter();
-            agent.run(request)
+        match start {
+            Start::New(request) => {
+                let handle = {
+                    let _entered = span.enter();
+                    agent.run(request)
+                };
+                self.attach(run_id, handle, span);
+            }
+            Start::Resume => {
+                let service = self.clone();
+                tokio::spawn(async move {
+                    match agent.resume(&run_id).instrument(span.clone()).await {
+                        Ok(handle) => {
+                            tracing::info!(parent: &span, "resuming the run");
+                            service.attach(run_id, handle, span);
+                        }
+                        Err(err) => {
+                            tracing::error!(parent: &span, error = %err, "could not resume the run");
+                            service.not_resumed(&run_id);
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// A run taken back after a restart could not resume: its place frees.
+    fn not_resumed(&self, run_id: &str) {
+        let launches = {
+            let mut registry = self.registry();
+            registry.remove(run_id);
+            let started = self.inner.queue.finished(run_id, !self.shutting_down());
+            self.publish_gauges(&registry);
+            registry.starting(started)
         };
-        self.attach(run_id, handle, span);
+        self.inner.feed.close(run_id);
+        for launch in launches {
+            self.launch(launch);
+        }
     }
 
     /// Follows a started run: its controls join the registry, and its
@@ -886,42 +988,45 @@ impl Service {
         }
     }
 
-    /// A queued run never started: its log is just the cancel.
+    /// A queued run never started (or, taken back after a restart, has not
+    /// resumed yet): its log ends with the cancel, recorded.
     async fn cancel_queued(&self, run: LiveRun, reason: &str) -> Result<Cancelled, ApiError> {
-        let turn = TurnIds {
-            turn_id: run.run_id.as_str().into(),
-            parent_turn_id: None,
-        };
-        let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
-        if let Some(store) = &self.inner.store {
-            let record = RunRecord {
-                run_id: run.run_id.clone(),
-                session_id: run.session_id.clone(),
-                prompt: run.prompt.clone(),
-                model: run.model.clone(),
-                status: RunStatus::Queued,
-                owner: loom_core::owner::this_process(),
-                started_ms: run.started_ms,
-                ended_ms: None,
-                content: None,
-                metrics: RunMetrics::default(),
-                workspace: None,
-                principal: Some(run.principal.name().to_string()),
-                parent: None,
-            };
-            store.create_run(&record).await.map_err(store_error)?;
-            store
-                .finish_run(&run.run_id, RunStatus::Canceled, None, &RunMetrics::default(), &log)
+        let log = match &self.inner.store {
+            Some(store) if run.stored => loom_core::recovery::close_cancelled(store.as_ref(), &run.run_id, reason)
                 .await
-                .map_err(store_error)?;
-        } else {
-            let mut view = run.view(None);
-            view.status = RunStatus::Canceled;
-            view.ended_ms = Some(now_ms());
-            view.last_seq = log.len() as u64;
-            self.registry()
-                .keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
-        }
+                .map_err(store_error)?,
+            Some(store) => {
+                // Cancelled before its record was written.
+                let turn = TurnIds {
+                    turn_id: run.run_id.as_str().into(),
+                    parent_turn_id: None,
+                };
+                let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
+                store
+                    .create_run(&run.record(RunStatus::Queued))
+                    .await
+                    .map_err(store_error)?;
+                store
+                    .finish_run(&run.run_id, RunStatus::Canceled, None, &RunMetrics::default(), &log)
+                    .await
+                    .map_err(store_error)?;
+                log
+            }
+            None => {
+                let turn = TurnIds {
+                    turn_id: run.run_id.as_str().into(),
+                    parent_turn_id: None,
+                };
+                let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
+                let mut view = run.view(None);
+                view.status = RunStatus::Canceled;
+                view.ended_ms = Some(now_ms());
+                view.last_seq = log.len() as u64;
+                self.registry()
+                    .keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
+                log
+            }
+        };
         let final_seq = log.last().map_or(0, |event| event.seq);
         for event in log {
             self.inner.feed.publish(Arc::new(event));
@@ -1194,8 +1299,10 @@ impl Service {
 
     // ----- life of the server -------------------------------------------
 
-    /// Resumes the runs a previous server left `INTERRUPTED` (or whose
-    /// process died), asks pending at the time included. Returns how many.
+    /// Takes back what a previous server left: the runs it left
+    /// `INTERRUPTED` (or whose process died), asks pending at the time
+    /// included, and the runs it had accepted and not started. Both wait in
+    /// the queue under its caps like any run. Returns how many.
     pub async fn resume_interrupted(&self) -> Result<usize, ApiError> {
         let Some(store) = self.inner.store.clone() else {
             return Ok(0);
@@ -1211,7 +1318,7 @@ impl Service {
             })
             .await
             .map_err(store_error)?;
-        let mut resumed = 0;
+        let mut taken = 0;
         for record in interrupted.into_iter().rev() {
             let Some(principal) = record.principal.clone() else {
                 continue;
@@ -1222,17 +1329,35 @@ impl Service {
                 continue;
             }
             match self
-                .resume_one(&record, Principal(principal.into()), store.as_ref())
+                .take_back_interrupted(&record, Principal(principal.into()), store.as_ref())
                 .await
             {
-                Ok(()) => resumed += 1,
+                Ok(()) => taken += 1,
                 Err(err) => tracing::error!(run_id = %record.run_id, error = %err, "could not resume the run"),
             }
         }
-        Ok(resumed)
+        for queued in store.queued_runs().await.map_err(store_error)? {
+            let run_id = queued.record.run_id.clone();
+            match self.take_back_queued(queued).await {
+                Ok(()) => taken += 1,
+                Err(reason) => {
+                    tracing::error!(run_id, error = %reason, "a queued run cannot start; it is cancelled");
+                    let why = format!("the run could not start after a restart: {reason}");
+                    if let Err(err) = loom_core::recovery::close_cancelled(store.as_ref(), &run_id, &why).await {
+                        tracing::error!(run_id, error = %err, "could not record the cancelled run");
+                    }
+                }
+            }
+        }
+        Ok(taken)
     }
 
-    async fn resume_one(&self, record: &RunRecord, principal: Principal, store: &dyn Store) -> Result<(), String> {
+    async fn take_back_interrupted(
+        &self,
+        record: &RunRecord,
+        principal: Principal,
+        store: &dyn Store,
+    ) -> Result<(), String> {
         let events = store.events(&record.run_id, 0).await.map_err(|err| err.to_string())?;
         let last_seq = events.last().map_or(0, |event| event.seq);
         let mut pending: Vec<PendingAsk> = Vec::new();
@@ -1260,7 +1385,8 @@ impl Service {
         .then(|| record.model.clone());
         let agent = self.inner.agents.get(model.as_deref(), None).await?;
         let (done, _) = watch::channel(None);
-        {
+        self.inner.feed.open(&record.run_id, last_seq);
+        let launches = {
             let mut registry = self.registry();
             registry.add(LiveRun {
                 run_id: record.run_id.clone(),
@@ -1268,16 +1394,13 @@ impl Service {
                 principal: principal.clone(),
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
-                status: if pending.is_empty() {
-                    RunStatus::Running
-                } else {
-                    RunStatus::WaitingPermission
-                },
+                status: RunStatus::Queued,
                 started_ms: record.started_ms,
                 metrics: record.metrics.clone(),
                 content: None,
                 last_seq,
-                start: None,
+                start: Some((agent, Start::Resume)),
+                stored: true,
                 controller: None,
                 cancel_requested: false,
                 seeded: !pending.is_empty(),
@@ -1285,42 +1408,65 @@ impl Service {
                 early: HashMap::new(),
                 done,
             });
-            self.inner.queue.executing(Ticket {
+            let started = self.inner.queue.readmit(Ticket {
                 run_id: record.run_id.clone(),
-                principal: principal.clone(),
+                principal,
                 session_id: record.session_id.clone(),
             });
+            let launches = registry.starting(started);
             self.publish_gauges(&registry);
+            launches
+        };
+        for launch in launches {
+            self.launch(launch);
         }
-        self.inner.feed.open(&record.run_id, last_seq);
-        let span = tracing::info_span!("run", run_id = %record.run_id);
-        match agent.resume(&record.run_id).await {
-            Ok(handle) => {
-                tracing::info!(parent: &span, "resuming the run");
-                self.attach(record.run_id.clone(), handle, span);
-                Ok(())
+        Ok(())
+    }
+
+    /// A run a previous server accepted and never started: back in line.
+    async fn take_back_queued(&self, queued: QueuedRun) -> Result<(), String> {
+        let record = queued.record;
+        let principal = Principal(record.principal.clone().ok_or("the run has no owner")?.into());
+        let params: StartRun =
+            serde_json::from_str(&queued.request).map_err(|err| format!("its stored request is unreadable: {err}"))?;
+        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
+        let agent = self.inner.agents.get(model.as_deref(), params.tools.as_deref()).await?;
+        let mut run = self.queued_run(
+            &principal,
+            &params,
+            agent,
+            &record.run_id,
+            &record.session_id,
+            record.started_ms,
+            None,
+        );
+        run.stored = true;
+        self.inner.feed.open(&record.run_id, 0);
+        let launches = {
+            let mut registry = self.registry();
+            if let Some(key) = &params.idempotency_key {
+                registry.remember(&principal, key.clone(), digest(&params), record.run_id.clone());
             }
-            Err(err) => {
-                let launches = {
-                    let mut registry = self.registry();
-                    registry.remove(&record.run_id);
-                    let started = self.inner.queue.finished(&record.run_id, !self.shutting_down());
-                    self.publish_gauges(&registry);
-                    registry.starting(started)
-                };
-                for launch in launches {
-                    self.launch(launch);
-                }
-                self.inner.feed.close(&record.run_id);
-                Err(err.to_string())
-            }
+            registry.add(run);
+            let started = self.inner.queue.readmit(Ticket {
+                run_id: record.run_id.clone(),
+                principal,
+                session_id: record.session_id.clone(),
+            });
+            let launches = registry.starting(started);
+            self.publish_gauges(&registry);
+            launches
+        };
+        for launch in launches {
+            self.launch(launch);
         }
+        Ok(())
     }
 
     /// Stops taking runs, interrupts the live ones (each checkpoints and
     /// stays `INTERRUPTED`, for the next start to resume) and waits for
-    /// them, at most the shutdown grace. Queued runs that never started end
-    /// `CANCELED` (recorded, with a reason).
+    /// them, at most the shutdown grace. Queued runs stay `QUEUED` in the
+    /// store for the next start; without a store they end `CANCELED`.
     pub async fn shutdown(&self) {
         self.inner.shutting_down.store(true, Ordering::SeqCst);
         let queued: Vec<LiveRun> = {
@@ -1340,12 +1486,19 @@ impl Service {
             self.publish_gauges(&registry);
             queued
         };
-        // Runs that never started end CANCELED, recorded with their log,
-        // so their ids still answer (and say why) after the restart.
-        if !queued.is_empty() {
+        if self.inner.store.is_some() {
+            // Their clients' streams end here; the next start takes them.
+            if !queued.is_empty() {
+                tracing::info!(count = queued.len(), "queued runs stay queued for the next start");
+            }
+            for run in &queued {
+                self.inner.feed.close(&run.run_id);
+            }
+        } else if !queued.is_empty() {
+            // Nothing outlives this process: they end CANCELED, with a reason.
             tracing::warn!(count = queued.len(), "queued runs that never started are cancelled");
         }
-        for run in queued {
+        for run in queued.into_iter().filter(|_| self.inner.store.is_none()) {
             let run_id = run.run_id.clone();
             if let Err(err) = self
                 .cancel_queued(run, "the server shut down before the run started")

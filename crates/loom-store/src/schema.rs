@@ -70,4 +70,8 @@ pub const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
      ALTER TABLE runs ADD COLUMN parent_turn_id TEXT;
      CREATE INDEX runs_by_parent ON runs(parent_run_id);",
+    // 6: what starts a run a gateway accepted and has not started (the
+    // client's request, JSON), so a restart starts it. NULL otherwise.
+    "ALTER TABLE runs ADD COLUMN request TEXT;
+     CREATE INDEX runs_by_status ON runs(status, started_ms);",
 ];

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, RunMetrics, RunQuery, RunRecord, RunSnapshot,
-    RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, QueuedRun, RunMetrics, RunQuery, RunRecord,
+    RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -184,6 +184,36 @@ fn checked_transition(
     Ok(current.transition(to)?)
 }
 
+/// The run's session, if it is new.
+fn insert_session(tx: &rusqlite::Transaction<'_>, run: &RunRecord) -> Result<usize, rusqlite::Error> {
+    tx.execute(
+        "INSERT OR IGNORE INTO sessions (id, created_ms) VALUES (?1, ?2)",
+        params![run.session_id, run.started_ms as i64],
+    )
+}
+
+/// Remembers an idempotency key (the first answer for a key stays), and
+/// forgets keys past their retention.
+fn insert_request_key(
+    tx: &rusqlite::Transaction<'_>,
+    owner: &str,
+    key: &str,
+    request: &KeyedRequest,
+) -> Result<(), rusqlite::Error> {
+    let now = now_ms();
+    tx.execute(
+        "DELETE FROM request_keys WHERE created_ms < ?1",
+        params![now.saturating_sub(REQUEST_KEY_RETENTION_MS) as i64],
+    )?;
+    // The digest is stored as the same 64 bits, signed: SQLite integers are.
+    tx.execute(
+        "INSERT INTO request_keys (owner, key, digest, run_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (owner, key) DO NOTHING",
+        params![owner, key, request.digest as i64, request.run_id, now as i64],
+    )?;
+    Ok(())
+}
+
 fn insert_events(tx: &rusqlite::Transaction<'_>, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
     let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")?;
     for event in events {
@@ -271,34 +301,101 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(&fail)?;
+            insert_session(&tx, &run).map_err(&fail)?;
+            // A run a gateway queued is taken over by whoever starts it: its
+            // start time (when it was accepted) and its request stay.
+            let written = tx
+                .execute(
+                    "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal,
+                                       parent_run_id, parent_turn_id)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                     ON CONFLICT (id) DO UPDATE SET status = excluded.status, owner = excluded.owner,
+                         model = excluded.model, workspace = excluded.workspace, metrics = excluded.metrics
+                     WHERE runs.status = 'QUEUED' AND runs.request IS NOT NULL AND excluded.status != 'QUEUED'",
+                    params![
+                        run.run_id,
+                        run.session_id,
+                        run.prompt,
+                        run.model,
+                        run.status.as_str(),
+                        run.owner,
+                        run.started_ms as i64,
+                        metrics,
+                        run.workspace,
+                        run.principal,
+                        run.parent.as_ref().map(|parent| parent.run_id.as_str()),
+                        run.parent.as_ref().map(|parent| parent.turn_id.as_str())
+                    ],
+                )
+                .map_err(&fail)?;
+            if written == 0 {
+                return Err(StoreError::Backend(format!("a run with id '{}' already exists", run.run_id)));
+            }
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
+    async fn queue_run(&self, queued: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        let run = queued.record.clone();
+        let request = queued.request.clone();
+        let key = key.map(|(key, request)| (key.to_string(), request.clone()));
+        let metrics = json(&run.metrics)?;
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            insert_session(&tx, &run).map_err(&fail)?;
             tx.execute(
-                "INSERT OR IGNORE INTO sessions (id, created_ms) VALUES (?1, ?2)",
-                params![run.session_id, run.started_ms as i64],
-            )
-            .map_err(&fail)?;
-            tx.execute(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal,
-                                   parent_run_id, parent_turn_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, principal, request)
+                 VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?6, ?7, ?8)",
                 params![
                     run.run_id,
                     run.session_id,
                     run.prompt,
                     run.model,
-                    run.status.as_str(),
-                    run.owner,
                     run.started_ms as i64,
                     metrics,
-                    run.workspace,
                     run.principal,
-                    run.parent.as_ref().map(|parent| parent.run_id.as_str()),
-                    run.parent.as_ref().map(|parent| parent.turn_id.as_str())
+                    request
                 ],
             )
             .map_err(&fail)?;
+            if let (Some((key, keyed)), Some(owner)) = (&key, &run.principal) {
+                insert_request_key(&tx, owner, key, keyed).map_err(&fail)?;
+            }
             tx.commit().map_err(&fail)
         })
         .await
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        let fail = self.fail();
+        let rows = self
+            .with(move |conn| {
+                let mut select = conn
+                    .prepare(&format!(
+                        "SELECT {RUN_COLUMNS}, request FROM runs
+                         WHERE status = 'QUEUED' AND request IS NOT NULL ORDER BY started_ms, id"
+                    ))
+                    .map_err(&fail)?;
+                let rows = select
+                    .query_map([], |row| Ok((row_to_record(row)?, row.get::<_, String>(14)?)))
+                    .map_err(&fail)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&fail)?;
+                Ok(rows)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(raw, request)| {
+                Ok(QueuedRun {
+                    record: record(raw)?,
+                    request,
+                })
+            })
+            .collect()
     }
 
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
@@ -704,26 +801,13 @@ impl Store for SqliteStore {
     }
 
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
-        let (owner, key, run_id) = (owner.to_string(), key.to_string(), request.run_id.clone());
-        // Stored as the same 64 bits, signed: SQLite integers are.
-        let digest = request.digest as i64;
+        let (owner, key, request) = (owner.to_string(), key.to_string(), request.clone());
         let fail = self.fail();
         self.with(move |conn| {
-            let now = now_ms();
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(&fail)?;
-            tx.execute(
-                "DELETE FROM request_keys WHERE created_ms < ?1",
-                params![now.saturating_sub(REQUEST_KEY_RETENTION_MS) as i64],
-            )
-            .map_err(&fail)?;
-            tx.execute(
-                "INSERT INTO request_keys (owner, key, digest, run_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (owner, key) DO NOTHING",
-                params![owner, key, digest, run_id, now as i64],
-            )
-            .map_err(&fail)?;
+            insert_request_key(&tx, &owner, &key, &request).map_err(&fail)?;
             tx.commit().map_err(&fail)
         })
         .await
