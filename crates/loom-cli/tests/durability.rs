@@ -146,3 +146,144 @@ async fn a_sigterm_leaves_queued_runs_queued_for_the_next_start() {
         assert_eq!(ends(&gateway, run).await, "DONE", "{run}: {}", gateway.log_text());
     }
 }
+
+/// The run's own events an SSE stream carried: `(seq, event)` per `id:`.
+fn sse_events(text: &str, run: &str) -> Vec<(u64, Value)> {
+    let mut events = Vec::new();
+    for block in text.split("\n\n") {
+        let mut id = None;
+        let mut data = None;
+        for line in block.lines() {
+            if let Some(rest) = line.strip_prefix("id:") {
+                id = rest.trim().parse::<u64>().ok();
+            } else if let Some(rest) = line.strip_prefix("data:") {
+                data = serde_json::from_str::<Value>(rest.trim()).ok();
+            }
+        }
+        if let (Some(id), Some(data)) = (id, data) {
+            if data["runId"] == run {
+                events.push((id, data));
+            }
+        }
+    }
+    events
+}
+
+/// Reads an SSE response until the connection ends; whole events only.
+async fn read_sse(mut response: reqwest::Response, run: String) -> Vec<(u64, Value)> {
+    let mut text = String::new();
+    while let Ok(Ok(Some(chunk))) = tokio::time::timeout(Duration::from_secs(60), response.chunk()).await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    // A block cut by the kill has no blank line after it: it is not whole.
+    let whole = text.rfind("\n\n").map_or("", |end| &text[..end + 2]);
+    sse_events(whole, &run)
+}
+
+async fn sse_from(gateway: &Gateway, run: &str, after: Option<u64>) -> reqwest::Response {
+    let mut request = http(ALICE).get(gateway.url(&format!("/v1/runs/{run}/events")));
+    if let Some(after) = after {
+        request = request.header("Last-Event-ID", after.to_string());
+    }
+    request.send().await.unwrap()
+}
+
+/// A WebSocket client's events of `run`: `(seq, event)`.
+fn ws_events(client: &common::gateway::Client, run: &str) -> Vec<(u64, Value)> {
+    client
+        .events
+        .iter()
+        .filter(|frame| frame["runId"] == run)
+        .map(|frame| (frame["seq"].as_u64().unwrap(), frame["payload"].clone()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_clients_saw_before_a_kill_9_and_after_the_restart_is_the_stored_log() {
+    // Trials at different moments of the run: before, during and after
+    // tool calls, while the model streams.
+    let trials: u64 = if std::env::var_os("LOOM_LONG_TRIALS").is_some() {
+        40
+    } else {
+        6
+    };
+    let mut mismatches = Vec::new();
+    for trial in 0..trials {
+        let seed = 1_000 + trial;
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let model = PromptModel::start(PromptModelOptions::default());
+        config(dir.path(), &model.url(), "");
+        let mut gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+        let mut client = gateway.ws(ALICE).await;
+        let accepted = client
+            .ok(
+                "agent.run",
+                json!({"prompt": "work steps=4 tool=write_file delay_ms=120 chunk_ms=15 long=6"}),
+            )
+            .await;
+        let run = run_id(&accepted);
+        client.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
+        let sse = tokio::spawn(read_sse(sse_from(&gateway, &run, None).await, run.clone()));
+        let reader = tokio::spawn(async move {
+            while client.frame().await.is_some() {}
+            client
+        });
+        tokio::time::sleep(Duration::from_millis(rng.u64(50..1_400))).await;
+        kill_9(&mut gateway);
+        drop(gateway);
+        let client = reader.await.unwrap();
+        let mut ws_seen = ws_events(&client, &run);
+        let mut sse_seen = sse.await.unwrap();
+
+        let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+        // Each client continues after the last seq it got.
+        let mut again = gateway.ws(ALICE).await;
+        let after = ws_seen.last().map_or(0, |(seq, _)| *seq);
+        again
+            .ok("run.subscribe", json!({"runId": run, "afterSeq": after}))
+            .await;
+        again.until(&run, "lifecycle.end").await;
+        ws_seen.extend(ws_events(&again, &run));
+        let after = sse_seen.last().map(|(seq, _)| *seq);
+        sse_seen.extend(read_sse(sse_from(&gateway, &run, after).await, run.clone()).await);
+
+        // The stored log, read whole by a new client.
+        let mut log_reader = gateway.ws(ALICE).await;
+        log_reader
+            .ok("run.subscribe", json!({"runId": run, "afterSeq": 0}))
+            .await;
+        let end = log_reader.until(&run, "lifecycle.end").await;
+        assert_eq!(end["payload"]["status"], "DONE", "trial {seed}: {}", gateway.log_text());
+        let log = ws_events(&log_reader, &run);
+        let seqs: Vec<u64> = log.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(
+            seqs,
+            (1..=seqs.len() as u64).collect::<Vec<_>>(),
+            "trial {seed}: the log has no gap"
+        );
+        for (client, seen) in [("websocket", &ws_seen), ("sse", &sse_seen)] {
+            if *seen != log {
+                let first = seen
+                    .iter()
+                    .zip(&log)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(seen.len().min(log.len()));
+                mismatches.push(format!(
+                    "trial {seed} ({client}): {} events seen, {} in the log; first difference at #{first}: saw {:?}, log has {:?}",
+                    seen.len(),
+                    log.len(),
+                    seen.get(first).map(|(seq, e)| (seq, e["type"].clone())),
+                    log.get(first).map(|(seq, e)| (seq, e["type"].clone())),
+                ));
+            }
+        }
+        // Every write ran once, whatever the moment of the kill.
+        let writes = log
+            .iter()
+            .filter(|(_, e)| e["type"] == "tool.result" && e["status"] == "success")
+            .count();
+        assert_eq!(writes, 4, "trial {seed}");
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}

@@ -960,3 +960,47 @@ async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_gauge_and_known_counter_is_exported_at_zero_from_start_up() {
+    // Before any run, connection or request: an alert needs the series.
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let text = http(ALICE)
+        .get(gateway.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "loom_runs_active 0",
+        "loom_runs_queued 0",
+        "loom_permission_pending 0",
+        "loom_ws_connections 0",
+        "loom_sse_connections 0",
+        "loom_turns_total 0",
+        "loom_subscribers_dropped_total 0",
+        "loom_runs_finished_total{status=\"DONE\"} 0",
+        "loom_runs_finished_total{status=\"CANCELED\"} 0",
+        "loom_tokens_total{kind=\"input\"} 0",
+        "loom_http_timeouts_total{kind=\"header\"} 0",
+        "loom_http_connections_refused_total 0",
+    ] {
+        assert!(text.lines().any(|line| line == series), "{series} in\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_route_and_a_wrong_method_answer_with_a_json_error() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let unknown = http(ALICE).get(gateway.url("/v1/nothing")).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+    let body: Value = unknown.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "METHOD_NOT_FOUND", "{body}");
+    let wrong = http(ALICE).delete(gateway.url("/v1/runs")).send().await.unwrap();
+    assert_eq!(wrong.status(), 405);
+    let body: Value = wrong.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "METHOD_NOT_FOUND", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("DELETE"), "{body}");
+}

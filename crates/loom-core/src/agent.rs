@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::BudgetNode;
 use crate::context::{Limits, RunContext};
-use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, Start, SubAgentSettings};
+use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, EventLog, Start, SubAgentSettings};
 use crate::event::EventEmitter;
 use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
@@ -730,16 +730,15 @@ impl Agent {
             status_rx,
             pending,
         };
+        // With a store, events reach the handle once stored (engine/event_log.rs).
+        let (log, emitter_tx) = match &self.engine.store {
+            Some(store) => EventLog::start(store.clone(), ctx.run_id_arc(), event_tx),
+            None => (EventLog::direct(event_tx.clone()), event_tx),
+        };
         let driver = Driver {
             engine: self.engine.clone(),
-            events: {
-                let emitter = EventEmitter::new(ctx.run_id_arc(), ctx.depth(), event_tx).continuing_after(last_seq);
-                if self.engine.store.is_some() {
-                    emitter.with_log()
-                } else {
-                    emitter
-                }
-            },
+            events: EventEmitter::new(ctx.run_id_arc(), ctx.depth(), emitter_tx).continuing_after(last_seq),
+            log,
             store: self.engine.store.clone().unwrap_or_else(|| Arc::new(NoStore)),
             ctx,
             workspace: self.workspace.clone(),

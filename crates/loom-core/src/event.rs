@@ -453,11 +453,6 @@ impl EventEmitter {
         self.stamp_locked(&mut seq, turn, kind)
     }
 
-    /// The run's stream, for a sub-agent's events to join it.
-    pub(crate) fn sender(&self) -> mpsc::UnboundedSender<Box<Event>> {
-        self.tx.clone()
-    }
-
     /// The run's depth.
     pub(crate) fn depth(&self) -> u32 {
         self.depth

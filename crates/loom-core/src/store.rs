@@ -220,6 +220,11 @@ pub trait Store: Send + Sync {
     /// the order they were accepted.
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError>;
 
+    /// Appends events to `run_id`'s log (events already there are kept as
+    /// they are). A run's events are appended as they happen, in small
+    /// groups, before anybody sees them.
+    async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError>;
+
     /// Moves a run to `to`, refusing transitions docs/architecture.md does not allow.
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError>;
 
@@ -367,6 +372,10 @@ impl Store for NoStore {
 
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn append_events(&self, _run_id: &str, _events: &[Event]) -> Result<(), StoreError> {
+        Ok(())
     }
 
     async fn set_status(&self, _run_id: &str, _to: RunStatus) -> Result<(), StoreError> {

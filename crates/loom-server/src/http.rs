@@ -333,7 +333,14 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, principal: Principal) -
 }
 
 pub(crate) async fn not_found() -> ApiError {
-    ApiError::new(Code::NotFound, "no such route")
+    ApiError::new(Code::MethodNotFound, "no such route")
+}
+
+/// A route asked with a method it does not take: 405, with the JSON error
+/// body every other answer has (axum's own 405 has none).
+pub(crate) async fn method_not_allowed(method: axum::http::Method) -> Response {
+    let error = ApiError::new(Code::MethodNotFound, format!("this route does not take {method}"));
+    (StatusCode::METHOD_NOT_ALLOWED, Json(json!({ "error": error }))).into_response()
 }
 
 /// One log line per request: method, path (never the query: it may hold a

@@ -114,6 +114,7 @@ impl App {
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .fallback(http::not_found)
+            .method_not_allowed_fallback(http::method_not_allowed)
             .layer(axum::middleware::from_fn(http::log_request))
             .with_state(self.clone())
     }

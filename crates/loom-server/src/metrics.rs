@@ -31,6 +31,7 @@ pub fn install() -> Option<PrometheusHandle> {
                 .map_err(|err| tracing::warn!(error = %err, "another metrics recorder is installed"))
                 .ok()?;
             describe();
+            start_at_zero();
             Some(handle)
         })
         .clone()
@@ -87,6 +88,42 @@ fn describe() {
         "loom_http_timeouts_total",
         "Connections or requests ended by a timeout, by kind (header, idle, body)."
     );
+}
+
+/// Every series whose labels are known ahead is exported from start-up,
+/// at 0: an alert on a series needs the series before the first event.
+fn start_at_zero() {
+    for gauge in [
+        "loom_runs_active",
+        "loom_runs_queued",
+        "loom_permission_pending",
+        "loom_ws_connections",
+        "loom_sse_connections",
+        "loom_http_connections",
+        "loom_cost_usd_total",
+    ] {
+        metrics::gauge!(gauge).set(0.0);
+    }
+    for counter in [
+        "loom_turns_total",
+        "loom_subscribers_dropped_total",
+        "loom_http_connections_refused_total",
+        "loom_http_connections_evicted_total",
+    ] {
+        metrics::counter!(counter).absolute(0);
+    }
+    for status in ["DONE", "ERROR", "CANCELED", "TIMEOUT", "INTERRUPTED"] {
+        metrics::counter!("loom_runs_finished_total", "status" => status).absolute(0);
+    }
+    for kind in ["input", "output"] {
+        metrics::counter!("loom_tokens_total", "kind" => kind).absolute(0);
+    }
+    for class in ["1xx", "2xx", "3xx", "4xx", "5xx"] {
+        metrics::counter!("loom_http_requests_total", "class" => class).absolute(0);
+    }
+    for kind in ["header", "idle", "body"] {
+        metrics::counter!("loom_http_timeouts_total", "kind" => kind).absolute(0);
+    }
 }
 
 /// Counts what an event says.

@@ -46,6 +46,14 @@ impl Store for ObservedStore {
         self.inner.queued_runs().await
     }
 
+    async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
+        timed("append_events", self.inner.append_events(run_id, events)).await?;
+        if let Some(last) = events.last() {
+            self.feed.persisted(run_id, last.seq);
+        }
+        Ok(())
+    }
+
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
         timed("set_status", self.inner.set_status(run_id, to)).await
     }

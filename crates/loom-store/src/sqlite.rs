@@ -398,6 +398,31 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
+        let run_id = run_id.to_string();
+        // Written out here, so the blocking side gets text, not a copy of the events.
+        let bodies = events
+            .iter()
+            .map(|event| Ok((event.seq as i64, json(event)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let fail = self.fail();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(&fail)?;
+            {
+                let mut insert = tx
+                    .prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")
+                    .map_err(&fail)?;
+                for (seq, body) in &bodies {
+                    insert.execute(params![run_id, seq, body]).map_err(&fail)?;
+                }
+            }
+            tx.commit().map_err(&fail)
+        })
+        .await
+    }
+
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
         let run_id = run_id.to_string();
         let fail = self.fail();

@@ -24,7 +24,7 @@ use crate::permission::PermissionGate;
 use crate::status::RunStatus;
 use crate::store::{ParentLink, RunRecord, Store, StoreError};
 
-use super::{Caches, Controls, Driver, Engine, Start};
+use super::{Caches, Controls, Driver, Engine, EventLog, Start};
 
 /// The name of the tool that starts sub-agents: removed from a child at
 /// the nesting limit.
@@ -76,7 +76,7 @@ impl Driver {
             turn: turn.clone(),
             depth,
             tools: self.tools.clone(),
-            stream: self.events.sender(),
+            stream: self.log.visible(),
             gate: self.gate.clone(),
             pause_rx: self.controls.pause_rx.clone(),
             store: self.store.clone(),
@@ -200,16 +200,15 @@ impl Children {
             cancel,
         )
         .under(&self.parent);
-        let events = {
-            let emitter = EventEmitter::new(ctx.run_id_arc(), depth, self.stream.clone())
-                .with_parent_run(self.parent.run_id_arc())
-                .continuing_after(last_seq);
-            if self.store.keeps_anything() {
-                emitter.with_log()
-            } else {
-                emitter
-            }
+        // Its events join the root's stream once stored, like the root's own.
+        let (log, emitter_tx) = if self.store.keeps_anything() {
+            EventLog::start(self.store.clone(), ctx.run_id_arc(), self.stream.clone())
+        } else {
+            (EventLog::direct(self.stream.clone()), self.stream.clone())
         };
+        let events = EventEmitter::new(ctx.run_id_arc(), depth, emitter_tx)
+            .with_parent_run(self.parent.run_id_arc())
+            .continuing_after(last_seq);
         let (_steer_tx, steer_rx) = mpsc::unbounded_channel();
         let status_tx = Arc::new(watch::channel(RunStatus::Queued).0);
         // Asks go to the same person as the parent's: the parent's
@@ -237,6 +236,7 @@ impl Children {
             workspace: self.workspace.clone(),
             store: self.store.clone(),
             events,
+            log,
             controls: Controls {
                 steer_rx,
                 pause_rx: self.pause_rx.clone(),

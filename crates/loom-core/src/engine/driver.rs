@@ -74,6 +74,10 @@ impl Driver {
             Ok(history) => self.open_record(&prompt, principal).await.map(|()| history),
             Err(reason) => Err(reason),
         };
+        if opened.is_ok() {
+            // The log belongs to the record: its events may be written now.
+            self.log.open();
+        }
         match opened {
             Ok(history) => self.start_history(&mut machine, history, prompt).await,
             Err(reason) => machine.fail_to_start(reason),
@@ -95,6 +99,7 @@ impl Driver {
         self.budget.seed(&run.metrics);
         self.principal.clone_from(&run.principal);
         let state = state.with_metrics(run.metrics);
+        self.log.open();
         self.emit_start(&state, &run.prompt, true);
         self.caches.journal = journal;
         if messages.is_empty() {
@@ -311,6 +316,13 @@ impl Driver {
             machine.memory_mut().mark_saved();
             return Ok(());
         }
+        // The log holds every event up to the state this records.
+        if let Err(err) = self.log.flush().await {
+            return Err(StopReason::error(
+                ErrorCode::Store,
+                format!("cannot write the run's events: {err}"),
+            ));
+        }
         let events = self.events.take_log();
         machine.metrics_mut().duration_ms = self.ctx.elapsed().as_millis() as u64;
         let (new_messages, replaced_history) = match machine.memory().unsaved() {
@@ -390,7 +402,11 @@ impl Driver {
                 metrics: metrics.clone(),
             },
         );
-        let events = self.events.take_log();
+        if let Err(err) = self.log.flush().await {
+            tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the run's last events");
+        }
+        let mut events = self.events.take_log();
+        events.push(last.clone());
         if let Err(err) = self
             .store
             .finish_run(self.ctx.run_id(), status, content.as_deref(), &metrics, &events)
@@ -399,7 +415,7 @@ impl Driver {
             tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
         }
         self.controls.show(status);
-        self.events.send(last);
+        self.log.send_stored(last);
         RunOutcome {
             run_id: self.ctx.run_id().to_string(),
             status,
@@ -420,6 +436,9 @@ impl Driver {
             // Nothing can resume this run: its transcript ends before the
             // calls it could not answer, so it stays valid for a provider.
             memory.pop();
+        }
+        if let Err(err) = self.log.flush().await {
+            tracing::error!(run_id, error = %err, "could not record the run's last events");
         }
         if self.engine.store.is_some() {
             if let Err(err) = self.store.mark_interrupted(run_id, &self.engine.owner).await {

@@ -8,6 +8,7 @@ mod children;
 mod context;
 mod controls;
 mod driver;
+mod event_log;
 mod model_call;
 mod tools;
 
@@ -31,6 +32,7 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use controls::Controls;
 pub(crate) use driver::Start;
+pub(crate) use event_log::EventLog;
 
 /// What every run of one agent shares.
 pub(crate) struct Engine {
@@ -100,6 +102,8 @@ pub(crate) struct Driver {
     /// The engine's store, or one that keeps nothing: one path either way.
     pub store: Arc<dyn Store>,
     pub events: EventEmitter,
+    /// Where the emitter's events are stored before the run's stream gets them.
+    pub log: EventLog,
     pub controls: Controls,
     pub gate: PermissionGate,
     pub caches: Caches,
