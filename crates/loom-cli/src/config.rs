@@ -129,9 +129,10 @@ pub(crate) struct ProviderConfig {
     /// Read `<tool_call>` blocks from text, for models without tool calling.
     #[serde(default)]
     pub text_tool_calls: bool,
-    /// Where guidance goes: "system" (a system message) or "inline" (a
-    /// reminder in the last tool or user message). Default: "system" at the
-    /// official OpenAI API, "inline" anywhere else.
+    /// Where guidance goes: "system" (a system message; the official OpenAI
+    /// API only, refused for any other server) or "inline" (a reminder in
+    /// the last tool or user message). Default: "system" at the official
+    /// OpenAI API, "inline" anywhere else.
     pub guidance: Option<String>,
     /// Extra HTTP headers.
     #[serde(default)]

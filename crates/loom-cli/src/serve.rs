@@ -172,7 +172,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         .with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr().context("the listening address")?;
     tracing::info!(addr = %bound, tokens = ?tokens, resumed, "loom serve is listening");
-    say!("loom serve: listening on http://{bound} (resumed {resumed} interrupted runs)");
+    say!("loom serve: listening on http://{bound} (resumed {resumed} runs left interrupted or queued)");
     app.serve(listener, stop_signal())
         .await
         .map_err(|err| Failure::Runtime(err.into()))?;

@@ -1004,3 +1004,66 @@ async fn an_unknown_route_and_a_wrong_method_answer_with_a_json_error() {
     assert_eq!(body["error"]["code"], "METHOD_NOT_FOUND", "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("DELETE"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_parsed_strictly() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    // A payload is an object: a positional list is refused.
+    assert_eq!(client.error("agent.run", json!(["hello"])).await, "INVALID_PARAMS");
+    // A frame has type, id, method and payload: nothing else.
+    client
+        .send_text(json!({"type": "request", "id": "x1", "method": "run.list", "payload": {}, "extra": 1}).to_string())
+        .await;
+    let answer = client.frame().await.unwrap();
+    assert_eq!(answer["error"]["code"], "INVALID_REQUEST", "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("extra"),
+        "{answer}"
+    );
+    // The connection is still usable.
+    client.ok("run.list", json!({})).await;
+
+    // A body without Content-Type: application/json is refused.
+    for content_type in [None, Some("text/plain")] {
+        let mut request = http(ALICE)
+            .post(gateway.url("/v1/runs"))
+            .body(r#"{"prompt": "hello steps=0"}"#);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let refused = request.send().await.unwrap();
+        assert_eq!(refused.status(), 400, "{content_type:?}");
+        let body: Value = refused.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "INVALID_REQUEST", "{body}");
+    }
+    let fine = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .header("content-type", "application/json; charset=utf-8")
+        .body(r#"{"prompt": "hello steps=0"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fine.status(), 202);
+    // The header's key and the body's must agree.
+    let conflict = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .header("Idempotency-Key", "one")
+        .json(&json!({"prompt": "hello steps=0", "idempotencyKey": "two"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), 400);
+    assert_eq!(
+        conflict.json::<Value>().await.unwrap()["error"]["code"],
+        "INVALID_PARAMS"
+    );
+    let agree = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .header("Idempotency-Key", "same")
+        .json(&json!({"prompt": "hello steps=0", "idempotencyKey": "same"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(agree.status(), 202);
+}

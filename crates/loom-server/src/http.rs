@@ -89,7 +89,7 @@ impl FromRequestParts<Arc<App>> for Principal {
 /// protocol's error codes. A client that sends less than its
 /// `Content-Length` and waits gets `REQUEST_TIMEOUT`, and the connection
 /// closes with the answer (its body was not read to the end).
-pub(crate) async fn body<T: DeserializeOwned>(app: &App, body: Body) -> Result<T, ApiError> {
+pub(crate) async fn body<T: DeserializeOwned>(app: &App, headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
     let config = app.service.config();
     let limit = config.max_frame_bytes;
     let patience = config.body_timeout;
@@ -110,7 +110,22 @@ pub(crate) async fn body<T: DeserializeOwned>(app: &App, body: Body) -> Result<T
     })?;
     let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
         .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
-    serde_json::from_value(value).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+    if !bytes.is_empty() && !is_json(headers) {
+        return Err(ApiError::new(
+            Code::InvalidRequest,
+            "a body must be sent with Content-Type: application/json",
+        ));
+    }
+    crate::protocol::object_params(value)
+}
+
+/// Whether the request says its body is JSON (`application/json`, any parameters).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
 pub(crate) async fn start_run(
@@ -120,8 +135,19 @@ pub(crate) async fn start_run(
     raw: Body,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let mut params: StartRun = body(&app, raw).await?;
-    if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+    let mut params: StartRun = body(&app, &headers, raw).await?;
+    if let Some(key) = headers.get("idempotency-key") {
+        let key = key
+            .to_str()
+            .map_err(|_| ApiError::new(Code::InvalidParams, "Idempotency-Key must be visible ASCII"))?;
+        // The header and the body naming two keys: which one the client
+        // meant cannot be guessed.
+        if params.idempotency_key.as_deref().is_some_and(|own| own != key) {
+            return Err(ApiError::new(
+                Code::InvalidParams,
+                "the Idempotency-Key header and the body's idempotencyKey differ",
+            ));
+        }
         params.idempotency_key = Some(key.to_string());
     }
     let accepted = app.service.start(&principal, params).await?;
@@ -175,10 +201,11 @@ pub(crate) async fn steer_run(
     State(app): State<Arc<App>>,
     principal: Principal,
     Path(run_id): Path<String>,
+    headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let steer: SteerBody = body(&app, raw).await?;
+    let steer: SteerBody = body(&app, &headers, raw).await?;
     app.service.steer(&principal, &run_id, steer.message).await?;
     Ok(Json(json!({"runId": run_id, "accepted": true})).into_response())
 }
@@ -187,10 +214,11 @@ pub(crate) async fn respond(
     State(app): State<Arc<App>>,
     principal: Principal,
     Path((run_id, request_id)): Path<(String, String)>,
+    headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let answer: DecisionBody = body(&app, raw).await?;
+    let answer: DecisionBody = body(&app, &headers, raw).await?;
     app.service
         .respond(&principal, &run_id, &request_id, answer.decision)
         .await?;

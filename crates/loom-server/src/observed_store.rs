@@ -1,6 +1,6 @@
 //! The store as the gateway hands it to its agents: the same store, with
-//! every write timed for `/metrics` and every checkpoint told to the feed
-//! (the events it holds may leave memory).
+//! every write timed for `/metrics` and every append of events told to the
+//! feed (the events it holds may leave memory).
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -225,3 +225,17 @@ pub struct Cancelled {
     /// The `seq` of the run's last event (`lifecycle.end`).
     pub final_seq: u64,
 }
+
+/// A request's params: a JSON object (or nothing), never a list or a
+/// scalar, parsed into `T` (whose unknown fields are refused).
+pub(crate) fn object_params<T: serde::de::DeserializeOwned>(
+    payload: serde_json::Value,
+) -> Result<T, crate::error::ApiError> {
+    use crate::error::{ApiError, Code};
+    let payload = match payload {
+        serde_json::Value::Null => serde_json::Value::Object(serde_json::Map::new()),
+        object @ serde_json::Value::Object(_) => object,
+        _ => return Err(ApiError::new(Code::InvalidParams, "the payload must be a JSON object")),
+    };
+    serde_json::from_value(payload).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+}

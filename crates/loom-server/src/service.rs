@@ -37,6 +37,22 @@ enum Admitted {
     EndedMeanwhile,
 }
 
+/// Why a stored queued run was not taken back at start-up.
+enum NotTaken {
+    /// It can never start here: it is cancelled, with the reason.
+    Never(String),
+    /// Not now (its model cannot be set up): it stays queued.
+    NotNow(String),
+}
+
+/// What becomes of a run once its record is written.
+enum AfterStored {
+    /// It starts, if the queue let it.
+    Launch(Option<Box<Launch>>),
+    /// A cancel came while it was written: it is cancelled now.
+    Cancel(Box<LiveRun>),
+}
+
 /// How long a cancel waits for a run to stop before it answers `INTERNAL`
 /// (the engine stops a run within its tools' cancel grace; this only
 /// guards against a run that never does).
@@ -328,6 +344,7 @@ impl Service {
                     }
                     let position = self.inner.queue.position(&existing);
                     return match registry.run(principal, &existing) {
+                        Some(run) if !run.stored => Err(being_accepted()),
                         Some(run) => Ok(Admitted::Run(accepted_of(run, position))),
                         // It ended meanwhile: where it is now.
                         None => Ok(Admitted::EndedMeanwhile),
@@ -393,10 +410,14 @@ impl Service {
             });
             let run = self.queued_run(principal, &params, agent, &run_id, &session_id, now_ms(), history);
             // Stored before the answer, with its key, in one write (below).
-            queued = self.inner.store.is_some().then(|| QueuedRun {
-                record: run.record(RunStatus::Queued),
-                request: serde_json::to_string(&params).unwrap_or_default(),
-            });
+            queued = match &self.inner.store {
+                Some(_) => Some(QueuedRun {
+                    record: run.record(RunStatus::Queued),
+                    request: serde_json::to_string(&params)
+                        .map_err(|err| ApiError::internal("the request could not be written", err))?,
+                }),
+                None => None,
+            };
             registry.add(run);
             self.inner.feed.open(&run_id, 0);
             let ticket = Ticket {
@@ -437,7 +458,19 @@ impl Service {
                 .queue_run(&queued, keyed.as_ref().map(|(key, request)| (*key, request)))
                 .await;
             match written {
-                Ok(()) => launches.extend(self.registry().stored(&run_id)),
+                Ok(()) => match self.after_stored(&run_id) {
+                    AfterStored::Launch(launch) => launches.extend(launch.map(|launch| *launch)),
+                    AfterStored::Cancel(run) => {
+                        // Cancelled while its record was written: now it can be.
+                        for launch in launches {
+                            self.launch(launch);
+                        }
+                        if let Err(err) = self.cancel_queued(*run, "cancelled by the client").await {
+                            tracing::error!(run_id, error = %err, "could not record a cancelled run");
+                        }
+                        return Ok(Admitted::Run(accepted));
+                    }
+                },
                 Err(err) => {
                     // Not accepted after all: the client gets no run id.
                     launches.extend(self.unaccept(principal, &run_id, params.idempotency_key.as_deref()));
@@ -509,6 +542,39 @@ impl Service {
             early: HashMap::new(),
             seeded: false,
             done,
+        }
+    }
+
+    /// A run's record is written: it starts (if the queue let it), or — if a
+    /// cancel came meanwhile — leaves to be cancelled; during a shutdown it
+    /// stays queued in the store for the next start.
+    fn after_stored(&self, run_id: &str) -> AfterStored {
+        let mut registry = self.registry();
+        let cancelled = registry.runs.get(run_id).is_some_and(|run| run.cancel_requested);
+        if !cancelled && !self.shutting_down() {
+            return AfterStored::Launch(registry.stored(run_id).map(Box::new));
+        }
+        let started = if self.inner.queue.withdraw(run_id) {
+            Vec::new()
+        } else {
+            self.inner.queue.finished(run_id, !self.shutting_down())
+        };
+        let launches = registry.starting(started);
+        let run = registry.remove(run_id);
+        self.publish_gauges(&registry);
+        drop(registry);
+        for launch in launches {
+            self.launch(launch);
+        }
+        match run {
+            Some(mut run) if cancelled => {
+                run.stored = true;
+                AfterStored::Cancel(Box::new(run))
+            }
+            _ => {
+                self.inner.feed.close(run_id);
+                AfterStored::Launch(None)
+            }
         }
     }
 
@@ -621,6 +687,9 @@ impl Service {
         {
             let registry = self.registry();
             if let Some(run) = registry.run(principal, &run_id) {
+                if !run.stored {
+                    return Err(being_accepted());
+                }
                 return Ok(Some(accepted_of(run, self.inner.queue.position(&run_id))));
             }
         }
@@ -678,7 +747,8 @@ impl Service {
             }
             Start::Resume => {
                 let service = self.clone();
-                tokio::spawn(async move {
+                // Tracked with the pumps: a shutdown waits for it too.
+                self.inner.pumps.spawn(async move {
                     match agent.resume(&run_id).instrument(span.clone()).await {
                         Ok(handle) => {
                             tracing::info!(parent: &span, "resuming the run");
@@ -718,6 +788,10 @@ impl Service {
             if let Some(run) = registry.runs.get_mut(&run_id) {
                 if run.cancel_requested {
                     controller.cancel("cancelled by the client");
+                } else if self.shutting_down() {
+                    // Started while the gateway closes (a resume that was
+                    // still loading): it checkpoints and waits for the next start.
+                    controller.interrupt("the server is shutting down");
                 }
                 run.controller = Some(controller);
             }
@@ -929,7 +1003,13 @@ impl Service {
         let found = {
             let mut registry = self.registry();
             let found = match registry.run_mut(principal, run_id) {
-                Some(run) if run.status == RunStatus::Queued => None,
+                Some(run) if run.status == RunStatus::Queued && run.stored => None,
+                // Its record is being written: the admission cancels it
+                // once it is (docs/server.md), and this waits for that.
+                Some(run) if run.status == RunStatus::Queued => {
+                    run.cancel_requested = true;
+                    Some(Found::Running(run.done.subscribe()))
+                }
                 // Its lifecycle.end is out: it ended before this cancel.
                 Some(run) if run.status.is_terminal() => Some(Found::Ended),
                 Some(run) => {
@@ -1340,12 +1420,15 @@ impl Service {
             let run_id = queued.record.run_id.clone();
             match self.take_back_queued(queued).await {
                 Ok(()) => taken += 1,
-                Err(reason) => {
-                    tracing::error!(run_id, error = %reason, "a queued run cannot start; it is cancelled");
-                    let why = format!("the run could not start after a restart: {reason}");
+                Err(NotTaken::Never(reason)) => {
+                    tracing::error!(run_id, error = %reason, "a queued run can never start; it is cancelled");
+                    let why = format!("the run cannot start: {reason}");
                     if let Err(err) = loom_core::recovery::close_cancelled(store.as_ref(), &run_id, &why).await {
                         tracing::error!(run_id, error = %err, "could not record the cancelled run");
                     }
+                }
+                Err(NotTaken::NotNow(reason)) => {
+                    tracing::error!(run_id, error = %reason, "a queued run cannot start now; it stays queued for the next start");
                 }
             }
         }
@@ -1423,14 +1506,26 @@ impl Service {
         Ok(())
     }
 
-    /// A run a previous server accepted and never started: back in line.
-    async fn take_back_queued(&self, queued: QueuedRun) -> Result<(), String> {
+    /// A run a previous server accepted and never started: back in line,
+    /// if this server can still run it as it was asked for.
+    async fn take_back_queued(&self, queued: QueuedRun) -> Result<(), NotTaken> {
         let record = queued.record;
-        let principal = Principal(record.principal.clone().ok_or("the run has no owner")?.into());
-        let params: StartRun =
-            serde_json::from_str(&queued.request).map_err(|err| format!("its stored request is unreadable: {err}"))?;
+        let owner = record
+            .principal
+            .clone()
+            .ok_or_else(|| NotTaken::Never("the run has no owner".into()))?;
+        let principal = Principal(owner.into());
+        let params: StartRun = serde_json::from_str(&queued.request)
+            .map_err(|err| NotTaken::Never(format!("its stored request is unreadable: {err}")))?;
+        // The configuration may have changed since (a model no longer offered, a lower step limit).
+        self.validate(&params).map_err(|err| NotTaken::Never(err.to_string()))?;
         let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
-        let agent = self.inner.agents.get(model.as_deref(), params.tools.as_deref()).await?;
+        let agent = self
+            .inner
+            .agents
+            .get(model.as_deref(), params.tools.as_deref())
+            .await
+            .map_err(NotTaken::NotNow)?;
         let mut run = self.queued_run(
             &principal,
             &params,
@@ -1552,6 +1647,15 @@ fn session_taken(session: &str) -> ApiError {
 /// so a session id can never lead to another token's messages.
 fn history_key(principal: &Principal, session: &str) -> String {
     format!("{}\u{0}{session}", principal.name())
+}
+
+/// A retry of a request whose run is being stored: it has no answer yet.
+fn being_accepted() -> ApiError {
+    ApiError::new(
+        Code::Overloaded,
+        "the first request with this idempotency key is still being accepted; try again",
+    )
+    .retry_after(Duration::from_millis(200))
 }
 
 fn conflicting_key() -> ApiError {

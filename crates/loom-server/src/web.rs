@@ -365,7 +365,7 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, raw
     }
     // Read by the helper every body goes through: with the size limit and
     // the body timeout (this route is open to anyone).
-    let body: SignIn = match crate::http::body(&app, raw).await {
+    let body: SignIn = match crate::http::body(&app, &headers, raw).await {
         Ok(body) => body,
         Err(err) => return err.into_response(),
     };

@@ -286,9 +286,11 @@ fn close(code: u16, reason: String) -> Message {
 }
 
 fn params<T: DeserializeOwned>(payload: Value) -> Result<T, ApiError> {
-    let payload = if payload.is_null() { json!({}) } else { payload };
-    serde_json::from_value(payload).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+    crate::protocol::object_params(payload)
 }
+
+/// The fields a request frame has.
+const FRAME_FIELDS: [&str; 4] = ["type", "id", "method", "payload"];
 
 type SubChanges = mpsc::UnboundedSender<SubChange>;
 
@@ -323,6 +325,13 @@ impl Conn {
         };
         let id = frame.get("id").cloned().unwrap_or(Value::Null);
         let valid_id = matches!(id, Value::String(_) | Value::Number(_));
+        let unknown = frame
+            .as_object()
+            .and_then(|fields| fields.keys().find(|key| !FRAME_FIELDS.contains(&key.as_str())));
+        if let Some(field) = unknown {
+            let error = ApiError::new(Code::InvalidRequest, format!("unknown field '{field}' in the frame"));
+            return self.respond(id, Err(error)).await;
+        }
         let (Some("request"), Some(method), true) = (
             frame.get("type").and_then(Value::as_str),
             frame.get("method").and_then(Value::as_str),

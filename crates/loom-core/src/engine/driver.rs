@@ -415,7 +415,7 @@ impl Driver {
             tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
         }
         self.controls.show(status);
-        self.log.send_stored(last);
+        self.log.send_stored(last).await;
         RunOutcome {
             run_id: self.ctx.run_id().to_string(),
             status,

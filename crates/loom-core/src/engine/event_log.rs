@@ -35,8 +35,9 @@ enum Command {
     Open,
     /// Answer once every event sent so far is written.
     Flush(oneshot::Sender<Result<(), StoreError>>),
-    /// An event the store recorded already, after every event before it.
-    Stored(Box<Event>),
+    /// An event the store recorded already, after every event before it;
+    /// answered once it is on the stream.
+    Stored(Box<Event>, oneshot::Sender<()>),
 }
 
 impl EventLog {
@@ -61,6 +62,7 @@ impl EventLog {
             visible: visible.clone(),
             opened: false,
             group: Vec::new(),
+            failed: None,
         };
         tokio::spawn(writer.run(events, commands));
         (
@@ -97,19 +99,23 @@ impl EventLog {
     }
 
     /// Sends an event the store has already recorded (`lifecycle.end`,
-    /// written with the run's end) to the stream, after every event before it.
-    pub(crate) fn send_stored(&self, event: Event) {
-        match &self.writer {
-            Some(writer) => {
-                if let Err(mpsc::error::SendError(Command::Stored(event))) =
-                    writer.send(Command::Stored(Box::new(event)))
-                {
-                    let _ = self.visible.send(event);
-                }
+    /// written with the run's end) to the stream, after every event before
+    /// it; returns once it is there (a sub-agent's end is on the root's
+    /// stream before its parent goes on).
+    pub(crate) async fn send_stored(&self, event: Event) {
+        let Some(writer) = &self.writer else {
+            let _ = self.visible.send(Box::new(event));
+            return;
+        };
+        let (ack, sent) = oneshot::channel();
+        match writer.send(Command::Stored(Box::new(event), ack)) {
+            Ok(()) => {
+                let _ = sent.await;
             }
-            None => {
-                let _ = self.visible.send(Box::new(event));
+            Err(mpsc::error::SendError(Command::Stored(event, _))) => {
+                let _ = self.visible.send(event);
             }
+            Err(_) => {}
         }
     }
 }
@@ -121,6 +127,9 @@ struct Writer {
     opened: bool,
     /// Events received and not written yet.
     group: Vec<Event>,
+    /// The store refused a group: the log has a gap from then on, so every
+    /// flush fails and the run stops (its next checkpoint cannot be written).
+    failed: Option<String>,
 }
 
 impl Writer {
@@ -145,12 +154,14 @@ impl Writer {
                         self.gather(&mut events);
                         let _ = ack.send(self.write().await);
                     }
-                    Some(Command::Stored(event)) => {
+                    Some(Command::Stored(event, ack)) => {
                         self.gather(&mut events);
-                        if self.write().await.is_ok() && !self.opened {
+                        let _ = self.write().await;
+                        if !self.opened {
                             self.pass_on();
                         }
                         let _ = self.visible.send(event);
+                        let _ = ack.send(());
                     }
                     None => commands_done = true,
                 },
@@ -181,17 +192,24 @@ impl Writer {
         }
     }
 
-    /// Writes the group (once the record exists) and passes it on.
+    /// Writes the group (once the record exists) and passes it on. Fails
+    /// from the first refused write on.
     async fn write(&mut self) -> Result<(), StoreError> {
-        if !self.opened || self.group.is_empty() {
-            return Ok(());
+        if self.opened && !self.group.is_empty() && self.failed.is_none() {
+            if let Err(err) = self.store.append_events(&self.run_id, &self.group).await {
+                tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
+                self.failed = Some(err.to_string());
+            }
         }
-        let written = self.store.append_events(&self.run_id, &self.group).await;
-        if let Err(err) = &written {
-            tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
+        if self.opened {
+            self.pass_on();
         }
-        self.pass_on();
-        written
+        match &self.failed {
+            Some(err) => Err(StoreError::Backend(format!(
+                "an earlier write of the run's events failed: {err}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn pass_on(&mut self) {
