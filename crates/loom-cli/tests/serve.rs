@@ -1067,3 +1067,20 @@ async fn requests_are_parsed_strictly() {
         .unwrap();
     assert_eq!(agree.status(), 202);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_breaks_the_websocket_protocol_closes_with_its_status_code() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    // Text that is not UTF-8: 1007.
+    let mut client = gateway.ws(ALICE).await;
+    client.send_raw_text(vec![b'{', 0xff, 0xfe, b'}']).await;
+    while client.frame().await.is_some() {}
+    let (code, reason) = client.closed.clone().expect("a close frame");
+    assert_eq!(code, 1007, "{reason}");
+    assert!(!reason.is_empty());
+    // A frame that is not JSON is answered, and the connection stays.
+    let mut client = gateway.ws(ALICE).await;
+    client.send_text("{not json".into()).await;
+    assert_eq!(client.frame().await.unwrap()["error"]["code"], "PARSE_ERROR");
+    client.ok("run.list", json!({})).await;
+}

@@ -36,6 +36,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Close codes: going away (shutdown), policy (no pong), try again later
 /// (a subscriber fell behind), too big (over the transport's hard limit).
 const GOING_AWAY: u16 = 1001;
+const PROTOCOL_ERROR: u16 = 1002;
+const INVALID_DATA: u16 = 1007;
+const TOO_BIG: u16 = 1009;
 const POLICY: u16 = 1008;
 const TRY_AGAIN_LATER: u16 = 1013;
 
@@ -118,7 +121,14 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
                 conn.close(POLICY, "no answer to ping".into());
                 break;
             }
-            Ok(None) | Ok(Some(Err(_))) => break,
+            Ok(None) => break,
+            Ok(Some(Err(err))) => {
+                // Not a frame Loom can read: the close says why (a JSON
+                // frame that does not parse gets an answer instead).
+                let (code, reason) = unreadable(&err);
+                conn.close(code, reason);
+                break;
+            }
             Ok(Some(Ok(message))) => message,
         };
         match message {
@@ -276,6 +286,27 @@ impl Subscriptions {
             task.abort();
         }
     }
+}
+
+/// The close code and reason for a frame the WebSocket layer could not
+/// read (RFC 6455, 7.4.1): text that is not UTF-8, a message past the
+/// size limit, or any other breach of the protocol.
+fn unreadable(err: &axum::Error) -> (u16, String) {
+    let text = err.to_string();
+    let lowered = text.to_ascii_lowercase();
+    let code = if lowered.contains("utf-8") || lowered.contains("utf8") {
+        INVALID_DATA
+    } else if lowered.contains("space limit") || lowered.contains("too long") || lowered.contains("too big") {
+        TOO_BIG
+    } else {
+        PROTOCOL_ERROR
+    };
+    // A close reason holds at most 123 bytes.
+    let mut reason = text;
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    (code, reason)
 }
 
 fn close(code: u16, reason: String) -> Message {

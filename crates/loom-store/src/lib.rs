@@ -1,10 +1,13 @@
 //! Durable storage behind [`loom_core::Store`]: SQLite, embedded, in WAL
-//! mode with a busy timeout, every call on tokio's blocking pool, and a
+//! mode with a busy timeout, every call on tokio's blocking pool (the
+//! frequent writes of all runs committed in groups by one writer thread,
+//! `group_commit.rs`), and a
 //! versioned schema migrated forward on open (never backward: a database
 //! from a newer Loom is refused, not rewritten).
 
 #![warn(missing_docs)]
 
+mod group_commit;
 mod schema;
 mod sqlite;
 

@@ -11,6 +11,7 @@ use loom_core::{
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
+use crate::group_commit::GroupCommit;
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 
 /// The columns [`row_to_record`] reads, in its order.
@@ -28,6 +29,8 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    /// The frequent writes of all runs (events, checkpoints, ends), committed in groups.
+    group: Arc<GroupCommit>,
     path: PathBuf,
     busy: Duration,
 }
@@ -78,8 +81,12 @@ impl SqliteStore {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(fail)?;
             tx.commit().map_err(fail)?;
         }
+        let conn = Arc::new(Mutex::new(conn));
+        let shown = path.display().to_string();
+        let group = GroupCommit::start(conn.clone(), move |err| map_error(err, &shown, busy))?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
+            group: Arc::new(group),
             path,
             busy,
         })
@@ -169,7 +176,7 @@ fn status_of(text: &str) -> Result<RunStatus, StoreError> {
 /// The run's status after a move to `to`, if docs/architecture.md allows it (read
 /// inside the caller's write transaction, so no other writer interleaves).
 fn checked_transition(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Connection,
     run_id: &str,
     to: RunStatus,
     fail: &impl Fn(rusqlite::Error) -> StoreError,
@@ -214,7 +221,7 @@ fn insert_request_key(
     Ok(())
 }
 
-fn insert_events(tx: &rusqlite::Transaction<'_>, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
+fn insert_events(tx: &Connection, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
     let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")?;
     for event in events {
         let body = serde_json::to_string(event).unwrap_or_default();
@@ -400,27 +407,23 @@ impl Store for SqliteStore {
 
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
         let run_id = run_id.to_string();
-        // Written out here, so the blocking side gets text, not a copy of the events.
+        // Written out here, so the writer gets text, not a copy of the events.
         let bodies = events
             .iter()
             .map(|event| Ok((event.seq as i64, json(event)?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            {
-                let mut insert = tx
+        self.group
+            .write(Box::new(move |conn| {
+                let mut insert = conn
                     .prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")
                     .map_err(&fail)?;
                 for (seq, body) in &bodies {
                     insert.execute(params![run_id, seq, body]).map_err(&fail)?;
                 }
-            }
-            tx.commit().map_err(&fail)
-        })
-        .await
+                Ok(())
+            }))
+            .await
     }
 
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
@@ -453,50 +456,48 @@ impl Store for SqliteStore {
         let new: Vec<String> = checkpoint.new_messages.iter().map(json).collect::<Result<_, _>>()?;
         let events = checkpoint.events.to_vec();
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            let mut position: i64 = if let Some(history) = &replaced {
-                tx.execute("DELETE FROM messages WHERE run_id = ?1", params![run_id])
-                    .map_err(&fail)?;
-                let mut insert = tx
-                    .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
-                    .map_err(&fail)?;
-                for (index, body) in history.iter().enumerate() {
-                    insert.execute(params![run_id, index as i64, body]).map_err(&fail)?;
+        self.group
+            .write(Box::new(move |tx| {
+                let mut position: i64 = if let Some(history) = &replaced {
+                    tx.execute("DELETE FROM messages WHERE run_id = ?1", params![run_id])
+                        .map_err(&fail)?;
+                    let mut insert = tx
+                        .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                        .map_err(&fail)?;
+                    for (index, body) in history.iter().enumerate() {
+                        insert.execute(params![run_id, index as i64, body]).map_err(&fail)?;
+                    }
+                    history.len() as i64
+                } else {
+                    tx.query_row(
+                        "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE run_id = ?1",
+                        params![run_id],
+                        |row| row.get(0),
+                    )
+                    .map_err(&fail)?
+                };
+                {
+                    let mut insert = tx
+                        .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                        .map_err(&fail)?;
+                    for body in &new {
+                        insert.execute(params![run_id, position, body]).map_err(&fail)?;
+                        position += 1;
+                    }
                 }
-                history.len() as i64
-            } else {
-                tx.query_row(
-                    "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE run_id = ?1",
-                    params![run_id],
-                    |row| row.get(0),
-                )
-                .map_err(&fail)?
-            };
-            {
-                let mut insert = tx
-                    .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                insert_events(tx, &run_id, &events).map_err(&fail)?;
+                let updated = tx
+                    .execute(
+                        "UPDATE runs SET next_turn = ?2, metrics = ?3 WHERE id = ?1",
+                        params![run_id, next, metrics],
+                    )
                     .map_err(&fail)?;
-                for body in &new {
-                    insert.execute(params![run_id, position, body]).map_err(&fail)?;
-                    position += 1;
+                if updated == 0 {
+                    return Err(StoreError::NotFound(run_id));
                 }
-            }
-            insert_events(&tx, &run_id, &events).map_err(&fail)?;
-            let updated = tx
-                .execute(
-                    "UPDATE runs SET next_turn = ?2, metrics = ?3 WHERE id = ?1",
-                    params![run_id, next, metrics],
-                )
-                .map_err(&fail)?;
-            if updated == 0 {
-                return Err(StoreError::NotFound(run_id));
-            }
-            tx.commit().map_err(&fail)
-        })
-        .await
+                Ok(())
+            }))
+            .await
     }
 
     async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
@@ -550,20 +551,18 @@ impl Store for SqliteStore {
         let metrics = json(metrics)?;
         let events = events.to_vec();
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
+        self.group
+            .write(Box::new(move |tx| {
+                let next = checked_transition(tx, &run_id, status, &fail)?;
+                insert_events(tx, &run_id, &events).map_err(&fail)?;
+                tx.execute(
+                    "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
+                    params![run_id, next.as_str(), now_ms() as i64, content, metrics],
+                )
                 .map_err(&fail)?;
-            let next = checked_transition(&tx, &run_id, status, &fail)?;
-            insert_events(&tx, &run_id, &events).map_err(&fail)?;
-            tx.execute(
-                "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
-                params![run_id, next.as_str(), now_ms() as i64, content, metrics],
-            )
-            .map_err(&fail)?;
-            tx.commit().map_err(&fail)
-        })
-        .await
+                Ok(())
+            }))
+            .await
     }
 
     async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {

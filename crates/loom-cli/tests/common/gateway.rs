@@ -206,6 +206,14 @@ impl Client {
         self.socket.send(Message::text(text)).await.unwrap();
     }
 
+    /// A text frame of any bytes (not necessarily UTF-8), as a broken client sends.
+    pub(crate) async fn send_raw_text(&mut self, bytes: Vec<u8>) {
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+        let frame = Frame::message(bytes, OpCode::Data(Data::Text), true);
+        self.socket.send(Message::Frame(frame)).await.unwrap();
+    }
+
     /// The next frame (events are kept in `events` too); `None` once closed.
     pub(crate) async fn frame(&mut self) -> Option<Value> {
         loop {
