@@ -1469,9 +1469,8 @@ impl Service {
         let agent = self.inner.agents.get(model.as_deref(), None).await?;
         let (done, _) = watch::channel(None);
         self.inner.feed.open(&record.run_id, last_seq);
-        let launches = {
-            let mut registry = self.registry();
-            registry.add(LiveRun {
+        self.back_in_line(
+            LiveRun {
                 run_id: record.run_id.clone(),
                 session_id: record.session_id.clone(),
                 principal: principal.clone(),
@@ -1490,19 +1489,9 @@ impl Service {
                 pending,
                 early: HashMap::new(),
                 done,
-            });
-            let started = self.inner.queue.readmit(Ticket {
-                run_id: record.run_id.clone(),
-                principal,
-                session_id: record.session_id.clone(),
-            });
-            let launches = registry.starting(started);
-            self.publish_gauges(&registry);
-            launches
-        };
-        for launch in launches {
-            self.launch(launch);
-        }
+            },
+            None,
+        );
         Ok(())
     }
 
@@ -1537,17 +1526,26 @@ impl Service {
         );
         run.stored = true;
         self.inner.feed.open(&record.run_id, 0);
+        let key = params.idempotency_key.clone().map(|key| (key, digest(&params)));
+        self.back_in_line(run, key);
+        Ok(())
+    }
+
+    /// A run taken back after a restart joins the registry (with the
+    /// idempotency key that names it) and waits in line under the caps.
+    fn back_in_line(&self, run: LiveRun, key: Option<(String, u64)>) {
+        let ticket = Ticket {
+            run_id: run.run_id.clone(),
+            principal: run.principal.clone(),
+            session_id: run.session_id.clone(),
+        };
         let launches = {
             let mut registry = self.registry();
-            if let Some(key) = &params.idempotency_key {
-                registry.remember(&principal, key.clone(), digest(&params), record.run_id.clone());
+            if let Some((key, digest)) = key {
+                registry.remember(&ticket.principal, key, digest, ticket.run_id.clone());
             }
             registry.add(run);
-            let started = self.inner.queue.readmit(Ticket {
-                run_id: record.run_id.clone(),
-                principal,
-                session_id: record.session_id.clone(),
-            });
+            let started = self.inner.queue.readmit(ticket);
             let launches = registry.starting(started);
             self.publish_gauges(&registry);
             launches
@@ -1555,7 +1553,6 @@ impl Service {
         for launch in launches {
             self.launch(launch);
         }
-        Ok(())
     }
 
     /// Stops taking runs, interrupts the live ones (each checkpoints and
