@@ -234,14 +234,7 @@ fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
 
 /// A metric's value in `/metrics` (0 when it is not there yet).
 async fn metric(gateway: &Gateway, name: &str) -> f64 {
-    let metrics = http(ALICE)
-        .get(gateway.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gateway.metrics_text().await;
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(&format!("{name} ")))

@@ -525,16 +525,7 @@ async fn a_slow_subscriber_is_dropped_while_the_run_and_the_others_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_change_as_runs_finish() {
     let (_dir, _model, gateway) = gateway("", &[]);
-    let metrics = || async {
-        http(ALICE)
-            .get(gateway.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics = || gateway.metrics_text();
     let value = |text: &str, name: &str| -> f64 {
         text.lines()
             .find(|line| line.starts_with(name))
@@ -965,14 +956,7 @@ async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway
 async fn every_gauge_and_known_counter_is_exported_at_zero_from_start_up() {
     // Before any run, connection or request: an alert needs the series.
     let (_dir, _model, gateway) = gateway("", &[]);
-    let text = http(ALICE)
-        .get(gateway.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gateway.metrics_text().await;
     for series in [
         "loom_runs_active 0",
         "loom_runs_queued 0",

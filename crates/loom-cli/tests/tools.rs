@@ -616,17 +616,11 @@ fn optional_parameters_are_offered_without_null_and_an_explicit_null_is_accepted
         )])),
         Reply::Sse(openai_text("Read it.", 4)),
     ]);
-    let output = common::loom_in(dir.path())
-        .args(["run", "--json", "--model", "openai:local", "--base-url"])
-        .arg(server.url())
-        .arg("read the notes")
-        .output()
-        .unwrap();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = common::succeeded(
+        common::loom_in(dir.path())
+            .args(["run", "--json", "--model", "openai:local", "--base-url"])
+            .arg(server.url())
+            .arg("read the notes"),
     );
     let events = common::json_lines(&output.stdout);
     let results = common::tool_results(&events);

@@ -148,6 +148,18 @@ impl Gateway {
         panic!("loom serve did not stop after SIGTERM: {}", self.log_text());
     }
 
+    /// The text of `/metrics`.
+    pub(crate) async fn metrics_text(&self) -> String {
+        http(ALICE)
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub(crate) async fn ws(&self, token: &str) -> Client {
         Client::connect(&self.addr, token).await
     }
