@@ -106,6 +106,8 @@ struct Server {
     child: Child,
     addr: String,
     _dir: tempfile::TempDir,
+    /// The server's state (its database), removed with the harness.
+    _state: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -128,6 +130,7 @@ impl Drop for Server {
 
 fn start_server(options: &Options, model_url: &str) -> Result<Server> {
     let dir = tempfile::tempdir()?;
+    let state = tempfile::tempdir()?;
     let store = if options.store == "none" {
         "store = \"none\"\n"
     } else {
@@ -165,6 +168,7 @@ token = "{TOKEN}"
         .arg("--workspace")
         .arg(dir.path())
         .env("OPENAI_API_KEY", "load")
+        .env("LOOM_STATE_DIR", state.path())
         .env("LOOM_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -189,7 +193,12 @@ token = "{TOKEN}"
     let addr = rx
         .recv_timeout(Duration::from_secs(30))
         .context("loom serve did not start")?;
-    Ok(Server { child, addr, _dir: dir })
+    Ok(Server {
+        child,
+        addr,
+        _dir: dir,
+        _state: state,
+    })
 }
 
 /// What the clients saw.

@@ -187,8 +187,7 @@ async fn one_task(
     });
     let outcome = follow(handle, input, args).await?;
     if !with_store {
-        // Everything but the system prompt, which each run writes anew.
-        session.history = outcome.messages.into_iter().skip(1).collect();
+        session.history = loom::history::without_system_prompt(outcome.messages);
     }
     Ok(())
 }

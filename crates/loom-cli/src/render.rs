@@ -229,11 +229,7 @@ pub(crate) fn compression_note(kind: &EventKind) -> Option<String> {
 }
 
 fn clip(text: &str, max: usize) -> String {
-    let one_line = text.replace('\n', "⏎");
-    match one_line.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &one_line[..cut]),
-        None => one_line,
-    }
+    crate::text::clip(&text.replace('\n', "⏎"), max)
 }
 
 /// The run summary of `--verbose` (docs/context.md, run metrics).

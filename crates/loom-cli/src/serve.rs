@@ -88,7 +88,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         }
         _ => {}
     }
-    if config.tokens.is_empty() && !addr.ip().is_loopback() {
+    if !config.may_listen_on(addr) {
         return Err(Failure::Usage(anyhow!(
             "refusing to listen on {addr} without a token: add [[server.tokens]] to the file named with --config or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
         )));

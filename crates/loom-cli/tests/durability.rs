@@ -222,8 +222,8 @@ async fn what_clients_saw_before_a_kill_9_and_after_the_restart_is_the_stored_lo
                 json!({"prompt": "work steps=4 tool=write_file delay_ms=120 chunk_ms=15 long=6"}),
             )
             .await;
+        // The run's events follow on this connection.
         let run = run_id(&accepted);
-        client.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
         let sse = tokio::spawn(read_sse(sse_from(&gateway, &run, None).await, run.clone()));
         let reader = tokio::spawn(async move {
             while client.frame().await.is_some() {}
@@ -289,7 +289,15 @@ async fn what_clients_saw_before_a_kill_9_and_after_the_restart_is_the_stored_lo
         let results = calls.len();
         calls.sort();
         calls.dedup();
-        assert_eq!((results, calls.len()), (4, 4), "trial {seed}");
+        let story: Vec<String> = log
+            .iter()
+            .filter(|(_, e)| {
+                let kind = e["type"].as_str().unwrap_or_default();
+                kind.starts_with("tool.") || kind.starts_with("lifecycle.") || kind == "llm.finish"
+            })
+            .map(|(seq, e)| format!("{seq} {} {}", e["type"], e["callId"]))
+            .collect();
+        assert_eq!((results, calls.len()), (4, 4), "trial {seed}: {story:#?}");
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }

@@ -1053,6 +1053,24 @@ async fn requests_are_parsed_strictly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_that_never_answers_the_close_does_not_stretch_the_shutdown_grace() {
+    let (_dir, _model, mut gateway) = gateway("shutdown_grace_secs = 1", &[]);
+    // Connected, then deaf: it never reads, so never answers the close frame.
+    let mut client = gateway.ws(ALICE).await;
+    client.ok("run.list", json!({})).await;
+    let started = std::time::Instant::now();
+    let status = gateway.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "{}", gateway.log_text());
+    // The grace is 1 s; before, the connection alone was waited for 2 s.
+    assert!(
+        took < Duration::from_millis(1700),
+        "the shutdown took {took:?} with a grace of 1 s"
+    );
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_that_breaks_the_websocket_protocol_closes_with_its_status_code() {
     let (_dir, _model, gateway) = gateway("", &[]);
     // Text that is not UTF-8: 1007.

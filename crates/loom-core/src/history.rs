@@ -50,6 +50,15 @@ pub enum HistoryError {
     },
 }
 
+/// A run's conversation without its system prompt, which each run writes
+/// anew: what the next run of the session continues from.
+pub fn without_system_prompt(mut messages: Vec<Message>) -> Vec<Message> {
+    if matches!(messages.first(), Some(Message::System { .. })) {
+        messages.remove(0);
+    }
+    messages
+}
+
 /// The tool calls at the end of `messages` that have no result yet.
 pub fn dangling_calls(messages: &[Message]) -> Vec<ToolCall> {
     let Some(position) = messages

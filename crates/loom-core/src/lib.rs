@@ -41,6 +41,7 @@ pub mod resume;
 pub mod retrieval;
 pub mod status;
 pub mod store;
+pub mod text;
 pub mod tokens;
 pub mod tool;
 pub mod tool_result;

@@ -36,10 +36,7 @@ pub async fn session_history(store: &dyn Store, session_id: &str) -> Result<Vec<
         if snapshot.messages.is_empty() {
             continue;
         }
-        let mut messages = snapshot.messages;
-        if matches!(messages.first(), Some(Message::System { .. })) {
-            messages.remove(0);
-        }
+        let mut messages = crate::history::without_system_prompt(snapshot.messages);
         crate::resume::close_dangling(&mut messages, &snapshot.journal);
         return Ok(messages);
     }

@@ -33,6 +33,20 @@ pub enum CallRepair {
     Interrupted(ToolResult),
     /// It never started, or is read-only: run it (again).
     Rerun(ToolCall),
+    /// The journal holds its result, and the run's event log told it
+    /// before the crash (the checkpoint that would hold it was not
+    /// written): the result is reused and not told again.
+    Told(ToolResult),
+}
+
+impl CallRepair {
+    /// The call this settles.
+    pub fn call_id(&self) -> &str {
+        match self {
+            Self::Recorded(result) | Self::Interrupted(result) | Self::Told(result) => &result.call_id,
+            Self::Rerun(call) => &call.id,
+        }
+    }
 }
 
 /// How each of `calls` is settled, in call order.
@@ -105,7 +119,7 @@ pub fn close_dangling(messages: &mut Vec<Message>, journal: &[JournalEntry]) {
     let calls = dangling_calls(messages);
     for repair in plan(&calls, journal) {
         let result = match repair {
-            CallRepair::Recorded(result) | CallRepair::Interrupted(result) => result,
+            CallRepair::Recorded(result) | CallRepair::Interrupted(result) | CallRepair::Told(result) => result,
             CallRepair::Rerun(call) => not_run_result(&call),
         };
         messages.push(Message::tool(&result.call_id, &result.name, &result.content));

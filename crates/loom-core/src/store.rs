@@ -60,6 +60,35 @@ pub struct RunRecord {
     pub parent: Option<ParentLink>,
 }
 
+impl RunRecord {
+    /// A run that has not ended, with nothing recorded of it yet: no owner,
+    /// answer, metrics, workspace, principal or parent.
+    pub fn new(
+        run_id: impl Into<String>,
+        session_id: impl Into<String>,
+        prompt: impl Into<String>,
+        model: impl Into<String>,
+        status: RunStatus,
+        started_ms: u64,
+    ) -> Self {
+        Self {
+            run_id: run_id.into(),
+            session_id: session_id.into(),
+            prompt: prompt.into(),
+            model: model.into(),
+            status,
+            owner: String::new(),
+            started_ms,
+            ended_ms: None,
+            content: None,
+            metrics: RunMetrics::default(),
+            workspace: None,
+            principal: None,
+            parent: None,
+        }
+    }
+}
+
 /// Where a sub-agent's run hangs in its run tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

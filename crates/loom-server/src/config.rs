@@ -199,6 +199,12 @@ pub enum ConfigError {
 }
 
 impl ServerConfig {
+    /// Whether the gateway may listen on `addr`: without a token only on a
+    /// loopback address (anyone who can reach it could run agents).
+    pub fn may_listen_on(&self, addr: std::net::SocketAddr) -> bool {
+        !self.tokens.is_empty() || addr.ip().is_loopback()
+    }
+
     /// The settings of loom.toml, plus `LOOM_TOKEN` (named `default`) when given.
     pub fn from_settings(settings: &ServerSettings, env_token: Option<&str>) -> Result<Self, ConfigError> {
         let defaults = Self::default();

@@ -61,6 +61,10 @@ pub struct App {
     /// Cancelled at shutdown: WebSocket connections close with a reason,
     /// SSE streams end.
     closing: CancellationToken,
+    /// When a shutdown must be over: its start plus `shutdown_grace`.
+    /// WebSocket clients that do not answer the close frame are not waited
+    /// for beyond it.
+    shutdown_deadline: std::sync::OnceLock<tokio::time::Instant>,
     /// The WebSocket connections (axum does not wait for upgraded
     /// connections at shutdown; the server waits for these to say goodbye).
     connections: tokio_util::task::TaskTracker,
@@ -80,6 +84,18 @@ pub enum ServeError {
 }
 
 impl App {
+    /// How long a WebSocket connection closed by the shutdown waits for its
+    /// client's close frame: 2 s, but never past the shutdown grace (save a
+    /// moment to send its own).
+    pub(crate) fn close_patience(&self) -> std::time::Duration {
+        const AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+        const TO_SEND_OURS: std::time::Duration = std::time::Duration::from_millis(100);
+        let left = self.shutdown_deadline.get().map_or(AT_MOST, |deadline| {
+            deadline.saturating_duration_since(tokio::time::Instant::now())
+        });
+        left.min(AT_MOST).max(TO_SEND_OURS)
+    }
+
     /// The gateway around `service`.
     pub fn new(service: Service) -> Arc<Self> {
         let config = service.config();
@@ -88,6 +104,7 @@ impl App {
             service,
             metrics: metrics::install(),
             closing: CancellationToken::new(),
+            shutdown_deadline: std::sync::OnceLock::new(),
             connections: tokio_util::task::TaskTracker::new(),
             sessions,
         })
@@ -129,12 +146,14 @@ impl App {
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         let addr = listener.local_addr()?;
-        if self.service.config().tokens.is_empty() && !addr.ip().is_loopback() {
+        if !self.service.config().may_listen_on(addr) {
             return Err(ServeError::OpenToTheNetwork(addr));
         }
         let app = self.clone();
         let stopping = async move {
             stop.await;
+            let grace = app.service.config().shutdown_grace;
+            let _ = app.shutdown_deadline.set(tokio::time::Instant::now() + grace);
             tracing::info!("shutting down: interrupting live runs");
             app.service.shutdown().await;
             app.closing.cancel();
@@ -149,7 +168,7 @@ impl App {
         // WebSocket connections send their close frame and wait a moment
         // for the client's answer.
         self.connections.close();
-        let grace = connections::CLOSE_GRACE;
+        let grace = self.close_patience().max(connections::CLOSE_GRACE);
         if tokio::time::timeout(grace, self.connections.wait()).await.is_err() {
             tracing::warn!("WebSocket connections still open {grace:?} after the shutdown; closing them");
         }

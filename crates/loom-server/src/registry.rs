@@ -49,19 +49,15 @@ impl LiveRun {
     /// Its record in the store, with `status` (no owner: nobody executes it yet).
     pub(crate) fn record(&self, status: RunStatus) -> RunRecord {
         RunRecord {
-            run_id: self.run_id.clone(),
-            session_id: self.session_id.clone(),
-            prompt: self.prompt.clone(),
-            model: self.model.clone(),
-            status,
-            owner: String::new(),
-            started_ms: self.started_ms,
-            ended_ms: None,
-            content: None,
-            metrics: RunMetrics::default(),
-            workspace: None,
             principal: Some(self.principal.name().to_string()),
-            parent: None,
+            ..RunRecord::new(
+                &self.run_id,
+                &self.session_id,
+                &self.prompt,
+                &self.model,
+                status,
+                self.started_ms,
+            )
         }
     }
 

@@ -175,9 +175,7 @@ fn digest(params: &StartRun) -> u64 {
     let mut params = params.clone();
     params.idempotency_key = None;
     let text = serde_json::to_string(&params).unwrap_or_default();
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    loom_core::text::fnv1a(text.bytes())
 }
 
 impl Service {
@@ -940,10 +938,7 @@ impl Service {
                 view.pending_asks.clear();
                 view.ended_ms = Some(now_ms());
                 registry.keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
-                let mut history = outcome.messages;
-                if matches!(history.first(), Some(Message::System { .. })) {
-                    history.remove(0);
-                }
+                let history = loom_core::history::without_system_prompt(outcome.messages);
                 if !history.is_empty() {
                     let key = history_key(&run.principal, &run.session_id);
                     registry.remember_history(key, history, self.inner.config.keep_finished_runs);

@@ -170,7 +170,7 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
         }
     };
     let patience = if app.closing.is_cancelled() {
-        Duration::from_secs(2)
+        app.close_patience()
     } else {
         WRITE_TIMEOUT + Duration::from_secs(5)
     };

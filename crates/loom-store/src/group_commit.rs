@@ -1,8 +1,10 @@
 //! Group commit: the frequent writes of many runs — their events as they
 //! happen, their checkpoints, their ends — share transactions. One writer
-//! thread takes every write waiting, runs each in a savepoint of one
-//! transaction (a write that fails is rolled back alone), commits once and
-//! answers them all. SQLite has one writer at a time, and a commit is its
+//! thread takes every write waiting, runs them all in one transaction,
+//! commits once and answers them all. Should one fail, the transaction is
+//! rolled back and the group done again with each write in a savepoint of
+//! its own (a write that fails is undone alone); savepoints are not the
+//! rule because each copies every page its write touches. SQLite has one writer at a time, and a commit is its
 //! cost: a thousand runs each writing alone wait in line behind each
 //! other's commits, in groups they wait for one.
 
@@ -13,8 +15,11 @@ use loom_core::StoreError;
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
-/// One write: statements on the open transaction.
-pub(crate) type Write = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
+use crate::wal_checkpointer::WalCheckpointer;
+
+/// One write: statements on the open transaction. It may run twice (the
+/// second time after its first was rolled back).
+pub(crate) type Write = Box<dyn Fn(&Connection) -> Result<(), StoreError> + Send>;
 
 /// Writes waiting are taken at most this many at a time, so one
 /// transaction stays short.
@@ -36,9 +41,11 @@ pub(crate) struct GroupCommit {
 
 impl GroupCommit {
     /// Starts the writer on `conn` (shared with the store's other calls);
-    /// it ends when the store is dropped.
+    /// it ends when the store is dropped. Each commit is reported to
+    /// `checkpointer`, which moves the log into the database.
     pub(crate) fn start(
         conn: Arc<Mutex<Connection>>,
+        checkpointer: Arc<WalCheckpointer>,
         fail: impl Fn(rusqlite::Error) -> StoreError + Send + 'static,
     ) -> Result<Self, StoreError> {
         let (jobs, waiting) = mpsc::channel::<Job>();
@@ -56,6 +63,7 @@ impl GroupCommit {
                     let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     let answers = commit(&mut conn, group, &fail);
                     drop(conn);
+                    checkpointer.committed();
                     for (done, result) in answers {
                         let _ = done.send(result);
                     }
@@ -84,8 +92,37 @@ fn stopped() -> StoreError {
     StoreError::Backend("the store's writer has stopped".into())
 }
 
-/// One transaction for the group: each write in a savepoint of its own.
+/// One transaction for the group.
 fn commit(
+    conn: &mut Connection,
+    group: Vec<Job>,
+    fail: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Vec<(Done, Result<(), StoreError>)> {
+    match all_at_once(conn, &group, fail) {
+        Ok(()) => group.into_iter().map(|job| (job.done, Ok(()))).collect(),
+        // Rolled back: which write failed (or whether the commit did) is
+        // for the careful pass to tell.
+        Err(_) => one_by_one(conn, group, fail),
+    }
+}
+
+/// Every write of the group, then the commit; any failure rolls it all back.
+fn all_at_once(
+    conn: &mut Connection,
+    group: &[Job],
+    fail: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(fail)?;
+    for job in group {
+        (job.write)(&tx)?;
+    }
+    tx.commit().map_err(fail)
+}
+
+/// One transaction for the group, each write in a savepoint of its own.
+fn one_by_one(
     conn: &mut Connection,
     group: Vec<Job>,
     fail: &impl Fn(rusqlite::Error) -> StoreError,

@@ -13,6 +13,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use crate::group_commit::GroupCommit;
 use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
+use crate::wal_checkpointer::WalCheckpointer;
 
 /// The columns [`row_to_record`] reads, in its order.
 const RUN_COLUMNS: &str =
@@ -25,12 +26,17 @@ const REQUEST_KEY_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 /// How long a write waits for another process's lock.
 const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The connection's page cache, in KiB (SQLite's default is 2 000).
+const CACHE_KIB: i64 = 8 * 1024;
+
 /// A SQLite database file (WAL mode), shared safely by several processes.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     /// The frequent writes of all runs (events, checkpoints, ends), committed in groups.
     group: Arc<GroupCommit>,
+    /// Moves the log into the database, off the writer's path.
+    checkpointer: Arc<WalCheckpointer>,
     path: PathBuf,
     busy: Duration,
 }
@@ -67,6 +73,14 @@ impl SqliteStore {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(fail)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(fail)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
+        // The checkpointer's thread moves the log into the database
+        // (wal_checkpointer.rs), never the writer.
+        conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(fail)?;
+        // Runs write all over the events and messages tables (their rows
+        // are ordered by run): with SQLite's 2 MB default the pages of a
+        // thousand live runs do not fit, and every write reads its page
+        // back from the log.
+        conn.pragma_update(None, "cache_size", -CACHE_KIB).map_err(fail)?;
         if version < SCHEMA_VERSION {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -83,10 +97,14 @@ impl SqliteStore {
         }
         let conn = Arc::new(Mutex::new(conn));
         let shown = path.display().to_string();
-        let group = GroupCommit::start(conn.clone(), move |err| map_error(err, &shown, busy))?;
+        let checkpointer = Arc::new(WalCheckpointer::start(&path, busy, conn.clone())?);
+        let group = GroupCommit::start(conn.clone(), checkpointer.clone(), move |err| {
+            map_error(err, &shown, busy)
+        })?;
         Ok(Self {
             conn,
             group: Arc::new(group),
+            checkpointer,
             path,
             busy,
         })
@@ -104,9 +122,14 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let conn = self.conn.clone();
+        let checkpointer = self.checkpointer.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            work(&mut conn)
+            let result = work(&mut conn);
+            drop(conn);
+            // It may have written (a status, the journal).
+            checkpointer.committed();
+            result
         })
         .await
         .map_err(|err| StoreError::Backend(format!("the store's worker failed: {err}")))?
@@ -493,7 +516,7 @@ impl Store for SqliteStore {
                     )
                     .map_err(&fail)?;
                 if updated == 0 {
-                    return Err(StoreError::NotFound(run_id));
+                    return Err(StoreError::NotFound(run_id.clone()));
                 }
                 Ok(())
             }))

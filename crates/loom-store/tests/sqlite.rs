@@ -609,3 +609,64 @@ async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it
     again.status = RunStatus::Running;
     assert!(store.create_run(&again).await.is_err());
 }
+
+/// Many runs appending at once keep the writer in a transaction nearly all
+/// the time; the log must still be copied into the database and started
+/// over, not grow with every commit (it did: 360 MB for a thousand runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_ahead_log_stays_small_while_many_runs_write_at_once() {
+    const RUNS: usize = 200;
+    const WRITES: u64 = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("loom.db");
+    let store = std::sync::Arc::new(SqliteStore::open(&path).unwrap());
+    for i in 0..RUNS {
+        store.create_run(&record(&format!("run-{i}"))).await.unwrap();
+    }
+    let wal = path.with_extension("db-wal");
+    let mut largest = 0;
+    let writers: Vec<_> = (0..RUNS)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let run_id = format!("run-{i}");
+                for write in 0..WRITES {
+                    let events: Vec<Event> = (1..=3).map(|n| event(write * 3 + n)).collect();
+                    store.append_events(&run_id, &events).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut writers = futures_join(writers);
+    loop {
+        tokio::select! {
+            () = &mut writers => break,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {
+                largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+            }
+        }
+    }
+    // Every event is there.
+    for i in [0, RUNS / 2, RUNS - 1] {
+        assert_eq!(
+            store.events(&format!("run-{i}"), 0).await.unwrap().len() as u64,
+            WRITES * 3
+        );
+    }
+    let database = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        largest < 64 * 1024 * 1024,
+        "the log reached {largest} bytes for a database of {database}"
+    );
+}
+
+/// Resolves once every task has ended (each must succeed).
+fn futures_join(
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    })
+}

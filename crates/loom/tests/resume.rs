@@ -131,8 +131,9 @@ fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
     }
 }
 
-/// Runs until `record(b)` hangs, then drops the whole runtime — every task,
-/// mid-call — as a crash would. Returns the run id.
+/// Runs until `record(b)` hangs and `record(a)`'s result is in the stored
+/// log, then drops the whole runtime — every task, mid-call — as a crash
+/// would (before the checkpoint of the tool turn). Returns the run id.
 fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> String {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let started = Arc::new(Notify::new());
@@ -146,14 +147,25 @@ fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<M
             started: started.clone(),
         })
         .workspace(workspace)
-        .store(store)
+        .store(store.clone())
         .owner(dead_owner())
         .build()
         .unwrap();
     let run_id = runtime.block_on(async {
         let handle = agent.run("record a, b and c");
         started.notified().await;
-        handle.run_id().to_string()
+        let run_id = handle.run_id().to_string();
+        for _ in 0..500 {
+            let stored = store.events(&run_id, 0).await.unwrap();
+            if stored
+                .iter()
+                .any(|e| matches!(&e.kind, EventKind::ToolResult { call_id, .. } if call_id == "c_a"))
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        run_id
     });
     runtime.shutdown_background();
     run_id
@@ -222,6 +234,18 @@ async fn a_run_killed_mid_tools_resumes_without_losing_or_repeating_a_call() {
     ));
     let stored = store.events(&run_id, 0).await.unwrap();
     assert!(stored.windows(2).all(|pair| pair[0].seq < pair[1].seq));
+    // Each call's result is told once — a's, logged before the crash, is
+    // not told again when the resumed run takes it from the journal —
+    // but for the read-only look, which ran again and is told again.
+    let mut told: Vec<&str> = stored
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    told.sort_unstable();
+    assert_eq!(told, ["c_a", "c_b", "c_c", "c_look", "c_look"]);
     assert!(matches!(stored.last().unwrap().kind, EventKind::LifecycleEnd { .. }));
     let after = store.load_run(&run_id).await.unwrap();
     assert_eq!(after.run.status, RunStatus::Done);

@@ -40,7 +40,7 @@ max_attempts = 1
 monitor = false
 
 [server]
-shutdown_grace_secs = 10
+{grace}
 {ping}
 {extra}
 
@@ -53,6 +53,11 @@ name = "bob"
 token_sha256 = "{bob}"
 "#,
         bob = sha256_hex(BOB),
+        grace = if extra.contains("shutdown_grace_secs") {
+            ""
+        } else {
+            "shutdown_grace_secs = 10"
+        },
         ping = if extra.contains("ping_interval_secs") {
             ""
         } else {

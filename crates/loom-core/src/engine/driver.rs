@@ -2,6 +2,8 @@
 //! reports back, until the run is over; then the final events and the
 //! store's record of the end. New and resumed runs take the same loop.
 
+use std::collections::HashSet;
+
 use crate::budget::WARN_AT;
 use crate::context::{Deadline, RunContext, StopCause};
 use crate::event::{EventKind, Phase, TurnIds};
@@ -85,6 +87,25 @@ impl Driver {
         machine
     }
 
+    /// The calls whose `tool.result` the run's stored log holds. A log that
+    /// cannot be read counts as holding none: a result told twice is
+    /// better than one never told.
+    async fn logged_results(&self) -> HashSet<String> {
+        match self.store.events(self.ctx.run_id(), 0).await {
+            Ok(events) => events
+                .into_iter()
+                .filter_map(|event| match event.kind {
+                    EventKind::ToolResult { call_id, .. } => Some(call_id),
+                    _ => None,
+                })
+                .collect(),
+            Err(err) => {
+                tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
+                HashSet::new()
+            }
+        }
+    }
+
     /// A stored run, re-entered where its last checkpoint left it.
     async fn reenter(&mut self, snapshot: RunSnapshot) -> TurnMachine {
         let RunSnapshot {
@@ -101,6 +122,9 @@ impl Driver {
         let state = state.with_metrics(run.metrics);
         self.log.open();
         self.emit_start(&state, &run.prompt, true);
+        if !journal.is_empty() {
+            self.caches.logged_results = self.logged_results().await;
+        }
         self.caches.journal = journal;
         if messages.is_empty() {
             // The process died before the first checkpoint: start over.
@@ -285,23 +309,23 @@ impl Driver {
     /// leave it `QUEUED` behind a process that was running it.
     async fn open_record(&self, prompt: &str, principal: Option<String>) -> Result<(), StopReason> {
         let ctx = &self.ctx;
+        let started_ms = ctx
+            .started_at()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let record = RunRecord {
-            run_id: ctx.run_id().to_string(),
-            session_id: ctx.session_id().to_string(),
-            prompt: prompt.to_string(),
-            model: self.engine.llm.model_name().to_string(),
-            status: RunStatus::Running,
             owner: self.engine.owner.clone(),
-            started_ms: ctx
-                .started_at()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-            ended_ms: None,
-            content: None,
-            metrics: RunMetrics::default(),
             workspace: Some(self.workspace.display().to_string()),
             principal,
             parent: self.parent.clone(),
+            ..RunRecord::new(
+                ctx.run_id(),
+                ctx.session_id(),
+                prompt,
+                self.engine.llm.model_name(),
+                RunStatus::Running,
+                started_ms,
+            )
         };
         self.store
             .create_run(&record)

@@ -22,9 +22,6 @@ use tokio::sync::{mpsc, oneshot};
 use crate::event::Event;
 use crate::store::{Store, StoreError};
 
-/// How long a write waits for more events to join it.
-const GATHER: std::time::Duration = std::time::Duration::from_millis(3);
-
 /// A run's event log writer, as the driver holds it.
 pub(crate) struct EventLog {
     /// Commands to the writer; none without a store.
@@ -171,12 +168,6 @@ impl Writer {
                 event = events.recv(), if !events_done => match event {
                     Some(event) => {
                         self.group.push(*event);
-                        // A few milliseconds for the events that follow (a
-                        // streamed answer's deltas) to join this write: fewer,
-                        // larger writes when many runs stream at once.
-                        if self.opened {
-                            tokio::time::sleep(GATHER).await;
-                        }
                         self.gather(&mut events);
                         let _ = self.write().await;
                     }

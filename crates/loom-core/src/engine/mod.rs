@@ -136,6 +136,10 @@ pub(crate) struct Caches {
     pub call_ids: HashSet<String>,
     /// The journal of a resumed run, for the calls its crash cut short.
     pub journal: Vec<JournalEntry>,
+    /// The calls whose `tool.result` a resumed run's log holds: a call the
+    /// crash cut short after its journaled result was told (before the
+    /// checkpoint) is settled with that result and not told again.
+    pub logged_results: HashSet<String>,
 }
 
 impl Caches {

@@ -3,6 +3,8 @@
 //! [`crate::resume`]) — and every call gets exactly one result, in call
 //! order, also when the run is cancelled.
 
+use std::collections::HashSet;
+
 use crate::event::{EventKind, Phase, TurnIds};
 use crate::machine::TurnMachine;
 use crate::message::ToolCall;
@@ -16,13 +18,15 @@ impl Driver {
     /// Runs the turn's `calls` and hands the results to the machine.
     pub(super) async fn run_tools(&mut self, machine: &mut TurnMachine, calls: Vec<ToolCall>) {
         let turn = machine.ids().clone();
-        // Only the first tool turn of a resumed run can have journaled calls.
+        // Only the first tool turn of a resumed run can have journaled
+        // calls, or calls whose result its log told already.
         let journal = std::mem::take(&mut self.caches.journal);
+        let logged = std::mem::take(&mut self.caches.logged_results);
         self.phase(&turn, Phase::Tools, true);
         let results = if journal.is_empty() {
             self.pipeline(machine, &calls, &turn).await
         } else {
-            self.settle(machine, &calls, &journal, &turn).await
+            self.settle(machine, &calls, &journal, &logged, &turn).await
         };
         self.phase(&turn, Phase::Tools, false);
         self.events
@@ -38,14 +42,16 @@ impl Driver {
         machine.tools_returned(&calls, results, end);
     }
 
-    /// Calls cut short by a crash: recorded results are reused, calls that
-    /// may have had an effect get an "interrupted" result, and only calls
-    /// that never started or have no side effects run.
+    /// Calls cut short by a crash: recorded results are reused (and not
+    /// told again when the log has them, `logged`), calls that may have had
+    /// an effect get an "interrupted" result, and only calls that never
+    /// started or have no side effects run.
     async fn settle(
         &mut self,
         machine: &mut TurnMachine,
         calls: &[ToolCall],
         journal: &[crate::store::JournalEntry],
+        logged: &HashSet<String>,
         turn: &TurnIds,
     ) -> Vec<ToolResult> {
         let tools = self.tools.clone();
@@ -55,7 +61,14 @@ impl Driver {
                 .get(&call.name)
                 .is_some_and(|registered| registered.tool.resumable())
         };
-        let repairs = crate::resume::plan_resuming(calls, journal, resumable);
+        let repairs: Vec<CallRepair> = crate::resume::plan_resuming(calls, journal, resumable)
+            .into_iter()
+            .map(|repair| match repair {
+                // The journal's result, told before the crash already.
+                CallRepair::Recorded(result) if logged.contains(&result.call_id) => CallRepair::Told(result),
+                repair => repair,
+            })
+            .collect();
         let resumable_names: Vec<String> = calls
             .iter()
             .filter(|call| resumable(call))
@@ -88,6 +101,13 @@ impl Driver {
                 CallRepair::Recorded(result) | CallRepair::Interrupted(result) => {
                     record_tool_metrics(machine, &result);
                     self.events.emit(turn, EventKind::tool_result(&result));
+                    result
+                }
+                CallRepair::Told(result) => {
+                    if resumable_names.contains(&result.name) {
+                        self.account_recorded_child(&result.call_id).await;
+                    }
+                    record_tool_metrics(machine, &result);
                     result
                 }
             };

@@ -128,10 +128,7 @@ pub fn summarizer_request(
 }
 
 fn render(message: &Message) -> String {
-    let clip = |text: &str| match text.char_indices().nth(MAX_CHARS_PER_MESSAGE) {
-        Some((cut, _)) => format!("{}… [cut]", &text[..cut]),
-        None => text.to_string(),
-    };
+    let clip = |text: &str| crate::text::clip(text, MAX_CHARS_PER_MESSAGE, "… [cut]");
     match message {
         Message::Assistant { content, tool_calls } if !tool_calls.is_empty() => {
             let calls: Vec<String> = tool_calls

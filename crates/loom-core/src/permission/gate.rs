@@ -75,11 +75,7 @@ pub(crate) struct AskRequest<'a> {
 /// Rust releases), so a resumed run asks again under the id a client
 /// already holds.
 pub(crate) fn request_id(run_id: &str, call_id: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in run_id.bytes().chain([0]).chain(call_id.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
+    let hash = crate::text::fnv1a(run_id.bytes().chain([0]).chain(call_id.bytes()));
     format!("perm_{hash:016x}")
 }
 

@@ -401,10 +401,7 @@ fn error_from_body(status: u16, retry_after: Option<Duration>, error: &Value) ->
 }
 
 fn clip(text: &str) -> String {
-    match text.char_indices().nth(300) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
+    loom_core::text::clip(text, 300, "…")
 }
 
 #[cfg(test)]

@@ -76,10 +76,7 @@ fn looks_binary(bytes: &[u8]) -> bool {
 
 /// Cuts `line` to at most `max` characters, marking the cut.
 fn clip_line(line: &str, max: usize) -> String {
-    match line.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}… [line cut at {max} characters]", &line[..cut]),
-        None => line.to_string(),
-    }
+    loom_core::text::clip(line, max, &format!("… [line cut at {max} characters]"))
 }
 
 fn default_dot() -> String {
