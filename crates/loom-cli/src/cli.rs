@@ -102,6 +102,10 @@ pub(crate) struct ServeArgs {
     /// Log lines as text for people or as JSON for machines.
     #[arg(long, value_enum, default_value = "human")]
     pub log_format: LogFormat,
+
+    /// Print the protocol's JSON Schema (requests, answers, event frames) and exit.
+    #[arg(long)]
+    pub print_schema: bool,
 }
 
 /// How `loom serve` writes its log.

@@ -40,6 +40,12 @@ impl AgentFactory for ConfiguredAgents {
 }
 
 pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
+    if args.print_schema {
+        let schema = serde_json::to_string_pretty(&loom_server::protocol::schema())
+            .map_err(|err| Failure::Usage(anyhow!("cannot write the schema: {err}")))?;
+        println!("{schema}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let addr: SocketAddr = args.addr.parse().map_err(|err| {
         Failure::Usage(anyhow!(
             "--addr {}: {err} (expected HOST:PORT, e.g. 127.0.0.1:8080)",

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A person's answer to a permission request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PermissionDecision {
     /// Run this call.

@@ -18,7 +18,7 @@ use crate::status::RunStatus;
 use crate::tool_result::{StageTimings, ToolStatus};
 
 /// One event of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Event {
     /// The run the event belongs to.
@@ -83,7 +83,7 @@ crate::wire::wire_enum! {
 }
 
 /// A tool call as announced in `tool_calls.start`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CallSummary {
     /// The call id.
@@ -96,7 +96,7 @@ pub struct CallSummary {
 
 event_kinds! {
 /// The name and fields of an event. `type` on the wire.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all_fields = "camelCase")]
 pub enum EventKind {
     /// The run begins.

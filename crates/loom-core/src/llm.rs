@@ -103,7 +103,7 @@ pub const REMINDER_OPEN: &str = "<system-reminder>";
 pub const REMINDER_CLOSE: &str = "</system-reminder>";
 
 /// Token counts of one call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Usage {
     /// Prompt tokens.

@@ -8,7 +8,7 @@ use crate::llm::Usage;
 
 /// What a run did, counted as it went. Fields missing from a stored copy
 /// (written by an older Loom) read as zero.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RunMetrics {
     /// Turns started.
@@ -52,7 +52,7 @@ pub struct RunMetrics {
 }
 
 /// What one tool did in a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ToolStats {
     /// Calls.

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// How a tool call ended. Serialized in lowercase in `tool.result` events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ToolStatus {
     /// The tool ran and produced output.
@@ -41,7 +41,7 @@ impl ToolStatus {
 }
 
 /// Microseconds spent in each stage of the tool pipeline for one call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StageTimings {
     /// Looking the tool up and checking it is available.

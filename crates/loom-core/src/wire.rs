@@ -12,7 +12,7 @@ macro_rules! wire_enum {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
         $vis enum $name {
             $( $(#[$variant_meta])* #[serde(rename = $wire)] $variant ),*
         }

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::Serialize;
 
 /// An error code of the protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Code {
     /// The frame or body is not JSON.
@@ -60,15 +60,16 @@ impl Code {
 }
 
 /// An error answered to a client.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApiError {
     /// The code.
     pub code: Code,
     /// What happened, for a person.
     pub message: String,
-    /// When to try again, for `RATE_LIMITED` and `OVERLOADED`.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "millis")]
+    /// When to try again, in milliseconds, for `RATE_LIMITED` and `OVERLOADED`.
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis")]
+    #[schemars(with = "Option<u64>")]
     pub retry_after_ms: Option<Duration>,
 }
 

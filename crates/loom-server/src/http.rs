@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, Path, Query, RawQuery, Request, State};
+use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -22,9 +22,18 @@ use serde_json::json;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, Code};
-use crate::protocol::{DecisionBody, ListParams, StartRun, SteerBody};
+use crate::protocol::{
+    Answer, DecisionBody, ListParams, PermissionListParams, Request, RespondParams, RunIdParams, StartRun, SteerBody,
+    SteerParams,
+};
 use crate::service::Next;
 use crate::App;
+
+/// Answers `request` as JSON with `status`.
+async fn answer(app: &App, who: &Principal, request: Request, status: StatusCode) -> Result<Response, ApiError> {
+    let (answer, _): (Answer, _) = crate::requests::answer(&app.service, who, request).await?;
+    Ok((status, Json(answer)).into_response())
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -150,8 +159,7 @@ pub(crate) async fn start_run(
         }
         params.idempotency_key = Some(key.to_string());
     }
-    let accepted = app.service.start(&principal, params).await?;
-    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+    answer(&app, &principal, Request::Run(params), StatusCode::ACCEPTED).await
 }
 
 pub(crate) async fn list_runs(
@@ -161,7 +169,7 @@ pub(crate) async fn list_runs(
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
     let params = list_params(query.as_deref().unwrap_or_default())?;
-    Ok(Json(app.service.list(&principal, params).await?).into_response())
+    answer(&app, &principal, Request::List(params), StatusCode::OK).await
 }
 
 /// The list's filters from a query string. `token` signs the request in
@@ -185,7 +193,7 @@ pub(crate) async fn get_run(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    Ok(Json(app.service.get(&principal, &run_id).await?).into_response())
+    answer(&app, &principal, Request::Get(RunIdParams { run_id }), StatusCode::OK).await
 }
 
 pub(crate) async fn cancel_run(
@@ -194,7 +202,13 @@ pub(crate) async fn cancel_run(
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    Ok(Json(app.service.cancel(&principal, &run_id).await?).into_response())
+    answer(
+        &app,
+        &principal,
+        Request::Cancel(RunIdParams { run_id }),
+        StatusCode::OK,
+    )
+    .await
 }
 
 pub(crate) async fn steer_run(
@@ -205,9 +219,9 @@ pub(crate) async fn steer_run(
     raw: Body,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let steer: SteerBody = body(&app, &headers, raw).await?;
-    app.service.steer(&principal, &run_id, steer.message).await?;
-    Ok(Json(json!({"runId": run_id, "accepted": true})).into_response())
+    let SteerBody { message } = body(&app, &headers, raw).await?;
+    let request = Request::Steer(SteerParams { run_id, message });
+    answer(&app, &principal, request, StatusCode::OK).await
 }
 
 pub(crate) async fn respond(
@@ -218,11 +232,13 @@ pub(crate) async fn respond(
     raw: Body,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let answer: DecisionBody = body(&app, &headers, raw).await?;
-    app.service
-        .respond(&principal, &run_id, &request_id, answer.decision)
-        .await?;
-    Ok(Json(json!({"runId": run_id, "requestId": request_id, "decision": answer.decision})).into_response())
+    let DecisionBody { decision } = body(&app, &headers, raw).await?;
+    let request = Request::Respond(RespondParams {
+        run_id,
+        request_id,
+        decision,
+    });
+    answer(&app, &principal, request, StatusCode::OK).await
 }
 
 pub(crate) async fn list_permissions(
@@ -231,11 +247,10 @@ pub(crate) async fn list_permissions(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     app.service.admit_request(&principal)?;
-    let asks = app
-        .service
-        .pending(&principal, query.get("runId").map(String::as_str))
-        .await?;
-    Ok(Json(json!({ "asks": asks })).into_response())
+    let request = Request::Asks(PermissionListParams {
+        run_id: query.get("runId").cloned(),
+    });
+    answer(&app, &principal, request, StatusCode::OK).await
 }
 
 /// `GET /v1/runs/{id}/events`: SSE, `id:` = seq, after `Last-Event-ID`
@@ -373,7 +388,7 @@ pub(crate) async fn method_not_allowed(method: axum::http::Method) -> Response {
 
 /// One log line per request: method, path (never the query: it may hold a
 /// token), status and latency.
-pub(crate) async fn log_request(request: Request, next: MiddlewareNext) -> Response {
+pub(crate) async fn log_request(request: axum::extract::Request, next: MiddlewareNext) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let started = Instant::now();

@@ -22,6 +22,7 @@ mod observed_store;
 pub mod protocol;
 pub mod queue;
 mod registry;
+mod requests;
 mod service;
 mod web;
 mod ws;

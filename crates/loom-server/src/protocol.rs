@@ -1,12 +1,18 @@
-//! What clients send and receive: method payloads and the views of runs,
-//! shared by the WebSocket methods and the HTTP routes (docs/server.md).
+//! What clients send and receive, as types: each request with its typed
+//! params ([`Request`]), each answer ([`Answer`]), the frames around them
+//! and the views of runs — shared by the WebSocket methods and the HTTP
+//! routes (docs/server.md), and published as a JSON Schema
+//! ([`schema`], `loom serve --print-schema`, docs/protocol.schema.json).
 
-use loom_core::{PermissionDecision, RunMetrics, RunStatus};
+use loom_core::{Event, PermissionDecision, RunMetrics, RunStatus};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::{ApiError, Code};
+
 /// What happens to a new run on a session that already has a live one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum OnBusy {
     /// Wait for the live run to end, then continue its conversation.
@@ -21,7 +27,7 @@ pub enum OnBusy {
 }
 
 /// `agent.run` / `POST /v1/runs`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StartRun {
     /// The task.
@@ -47,7 +53,7 @@ pub struct StartRun {
 }
 
 /// A run id.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunIdParams {
     /// The run.
@@ -55,7 +61,7 @@ pub struct RunIdParams {
 }
 
 /// `agent.steer`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SteerParams {
     /// The run.
@@ -65,7 +71,7 @@ pub struct SteerParams {
 }
 
 /// `POST /v1/runs/{id}/steer`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SteerBody {
     /// The user message that joins at the next turn.
@@ -73,7 +79,7 @@ pub struct SteerBody {
 }
 
 /// `permission.respond`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RespondParams {
     /// The run.
@@ -85,7 +91,7 @@ pub struct RespondParams {
 }
 
 /// `POST /v1/runs/{id}/permissions/{requestId}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DecisionBody {
     /// The answer.
@@ -93,7 +99,7 @@ pub struct DecisionBody {
 }
 
 /// `permission.list`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PermissionListParams {
     /// Only this run's asks.
@@ -102,7 +108,7 @@ pub struct PermissionListParams {
 }
 
 /// `run.list` / `GET /v1/runs`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListParams {
     /// Only runs in this status.
@@ -120,7 +126,7 @@ pub struct ListParams {
 }
 
 /// `run.subscribe`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SubscribeParams {
     /// The run.
@@ -131,7 +137,7 @@ pub struct SubscribeParams {
 }
 
 /// The answer to a started run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunAccepted {
     /// The run (for `onBusy: steer`, the live run the prompt joined).
@@ -141,15 +147,15 @@ pub struct RunAccepted {
     /// `QUEUED` or `RUNNING` (or where a run of an idempotent retry is now).
     pub status: RunStatus,
     /// Its place in the queue, 1 first, while `QUEUED`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,
     /// True when the prompt joined a live run (`onBusy: steer`).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub steered: bool,
 }
 
 /// An ask waiting for an answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingAsk {
     /// The run.
@@ -161,14 +167,14 @@ pub struct PendingAsk {
     /// Its arguments.
     pub args: Value,
     /// The rule that asks.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
     /// The `seq` of its `permission.request`.
     pub seq: u64,
 }
 
 /// A run as `run.get` and `run.list` show it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunView {
     /// The run.
@@ -184,38 +190,38 @@ pub struct RunView {
     /// Start (or submission, while queued), ms since the epoch.
     pub started_ms: u64,
     /// End.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
     /// The answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// Steps, tokens, cost, tools.
     pub metrics: RunMetrics,
     /// Asks waiting for an answer.
     pub pending_asks: Vec<PendingAsk>,
     /// Its place in the queue while `QUEUED`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<usize>,
     /// The `seq` of its last event seen by the server.
     pub last_seq: u64,
     /// The run whose `task` call started it, for a sub-agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
 }
 
 /// A page of `run.list`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPage {
     /// Newest first.
     pub runs: Vec<RunView>,
     /// Pass as `cursor` for the next page; absent on the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
 
 /// The answer to a cancel: given once the run has stopped.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Cancelled {
     /// The run.
@@ -226,16 +232,314 @@ pub struct Cancelled {
     pub final_seq: u64,
 }
 
-/// A request's params: a JSON object (or nothing), never a list or a
-/// scalar, parsed into `T` (whose unknown fields are refused).
-pub(crate) fn object_params<T: serde::de::DeserializeOwned>(
-    payload: serde_json::Value,
-) -> Result<T, crate::error::ApiError> {
-    use crate::error::{ApiError, Code};
+/// A request: its method and typed params (`payload` on the WebSocket, the
+/// path and body over HTTP).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(tag = "method", content = "payload", deny_unknown_fields)]
+pub enum Request {
+    /// Start a run (its events then follow on the connection).
+    #[serde(rename = "agent.run")]
+    Run(StartRun),
+    /// Cancel a run; answered once it has stopped.
+    #[serde(rename = "agent.cancel")]
+    Cancel(RunIdParams),
+    /// A user message for a live run's next turn.
+    #[serde(rename = "agent.steer")]
+    Steer(SteerParams),
+    /// Answer a permission ask.
+    #[serde(rename = "permission.respond")]
+    Respond(RespondParams),
+    /// The asks waiting for an answer.
+    #[serde(rename = "permission.list")]
+    Asks(PermissionListParams),
+    /// One run.
+    #[serde(rename = "run.get")]
+    Get(RunIdParams),
+    /// A page of runs.
+    #[serde(rename = "run.list")]
+    List(ListParams),
+    /// Follow a run's events after a seq.
+    #[serde(rename = "run.subscribe")]
+    Subscribe(SubscribeParams),
+    /// Stop following a run.
+    #[serde(rename = "run.unsubscribe")]
+    Unsubscribe(RunIdParams),
+}
+
+impl Request {
+    /// Every method's name.
+    pub const METHODS: [&'static str; 9] = [
+        "agent.run",
+        "agent.cancel",
+        "agent.steer",
+        "permission.respond",
+        "permission.list",
+        "run.get",
+        "run.list",
+        "run.subscribe",
+        "run.unsubscribe",
+    ];
+
+    /// The request `method` with `payload`: `METHOD_NOT_FOUND` for a method
+    /// there is not; `INVALID_PARAMS` for a payload that is not an object
+    /// (absent is `{}`), lacks a field, or has one the method does not know.
+    pub fn parse(method: &str, payload: Value) -> Result<Self, ApiError> {
+        if !Self::METHODS.contains(&method) {
+            return Err(ApiError::new(Code::MethodNotFound, format!("no method '{method}'")));
+        }
+        let payload = match payload {
+            Value::Null => Value::Object(serde_json::Map::new()),
+            object @ Value::Object(_) => object,
+            _ => return Err(ApiError::new(Code::InvalidParams, "the payload must be a JSON object")),
+        };
+        let mut request = serde_json::Map::new();
+        request.insert("method".into(), Value::String(method.into()));
+        request.insert("payload".into(), payload);
+        serde_json::from_value(Value::Object(request))
+            .map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+    }
+}
+
+/// An HTTP body: a JSON object (or nothing), never a list or a scalar,
+/// parsed into `T` (whose unknown fields are refused).
+pub(crate) fn object_params<T: serde::de::DeserializeOwned>(payload: Value) -> Result<T, ApiError> {
     let payload = match payload {
-        serde_json::Value::Null => serde_json::Value::Object(serde_json::Map::new()),
-        object @ serde_json::Value::Object(_) => object,
+        Value::Null => Value::Object(serde_json::Map::new()),
+        object @ Value::Object(_) => object,
         _ => return Err(ApiError::new(Code::InvalidParams, "the payload must be a JSON object")),
     };
     serde_json::from_value(payload).map_err(|err| ApiError::new(Code::InvalidParams, err.to_string()))
+}
+
+/// `agent.steer`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Steered {
+    /// The run.
+    pub run_id: String,
+    /// Always true: the message joins at the run's next turn.
+    pub accepted: bool,
+}
+
+/// `permission.respond`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Responded {
+    /// The run.
+    pub run_id: String,
+    /// The ask.
+    pub request_id: String,
+    /// The answer given.
+    pub decision: PermissionDecision,
+}
+
+/// `permission.list`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Asks {
+    /// Oldest first.
+    pub asks: Vec<PendingAsk>,
+}
+
+/// `run.subscribe`'s answer; the events follow.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Subscribed {
+    /// The run.
+    pub run_id: String,
+    /// Events after this seq follow.
+    pub after_seq: u64,
+}
+
+/// `run.unsubscribe`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Unsubscribed {
+    /// The run.
+    pub run_id: String,
+    /// Always true.
+    pub unsubscribed: bool,
+}
+
+/// The answer to a [`Request`], one type per method.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Answer {
+    /// `agent.run`.
+    Accepted(RunAccepted),
+    /// `agent.cancel`.
+    Cancelled(Cancelled),
+    /// `agent.steer`.
+    Steered(Steered),
+    /// `permission.respond`.
+    Responded(Responded),
+    /// `permission.list`.
+    Asks(Asks),
+    /// `run.get`.
+    Run(Box<RunView>),
+    /// `run.list`.
+    Page(RunPage),
+    /// `run.subscribe`.
+    Subscribed(Subscribed),
+    /// `run.unsubscribe`.
+    Unsubscribed(Unsubscribed),
+}
+
+/// `"request"`, `"response"`, `"event"`: what a WebSocket frame is.
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FrameType {
+    /// A client's request.
+    Request,
+    /// The server's answer to one.
+    Response,
+    /// An event of a run the connection follows.
+    Event,
+}
+
+/// A request's `id`: the client's, echoed in the response.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum FrameId {
+    /// A number.
+    Number(serde_json::Number),
+    /// A string.
+    Text(String),
+}
+
+/// What a client sends over the WebSocket.
+#[derive(Debug, Clone, JsonSchema)]
+#[allow(dead_code)] // described for the schema; read field by field (ws.rs)
+pub struct RequestFrame {
+    /// Always `"request"`.
+    r#type: FrameType,
+    /// Echoed in the response.
+    id: FrameId,
+    /// The method and its payload.
+    #[schemars(flatten)]
+    request: Request,
+}
+
+/// The server's answer to a request frame.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ResponseFrame {
+    /// It worked.
+    Ok {
+        /// Always `"response"`.
+        r#type: FrameType,
+        /// The request's id (null when the frame could not be read).
+        id: Option<FrameId>,
+        /// Always true.
+        ok: bool,
+        /// The method's answer.
+        payload: Answer,
+    },
+    /// It did not.
+    Failed {
+        /// Always `"response"`.
+        r#type: FrameType,
+        /// The request's id (null when the frame could not be read).
+        id: Option<FrameId>,
+        /// Always false.
+        ok: bool,
+        /// Why.
+        error: ApiError,
+    },
+}
+
+/// An event of a followed run (or of its sub-agents).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventFrame {
+    /// Always `"event"`.
+    pub r#type: FrameType,
+    /// The event's name (its payload's `type`).
+    pub event: String,
+    /// The run it belongs to.
+    pub run_id: String,
+    /// Its seq in that run.
+    pub seq: u64,
+    /// The event (docs/events.md).
+    pub payload: Event,
+}
+
+/// Everything the protocol sends, for the schema's root.
+#[derive(JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // a shape for the schema, never built
+struct Protocol {
+    /// A client's WebSocket frame.
+    request: RequestFrame,
+    /// The server's answer frame.
+    response: ResponseFrame,
+    /// An event frame.
+    event: EventFrame,
+    /// The body of every HTTP error: `{"error": …}`.
+    http_error: HttpError,
+}
+
+/// An HTTP error's body.
+#[derive(JsonSchema)]
+#[allow(dead_code)] // a shape for the schema, never built
+struct HttpError {
+    /// The error.
+    error: ApiError,
+}
+
+/// The protocol's JSON Schema (draft 2020-12): the root's properties name
+/// the frames, `$defs` every type. Clients in other languages generate
+/// their types from it; docs/protocol.schema.json is a copy a test keeps
+/// current.
+pub fn schema() -> Value {
+    let schema = schemars::schema_for!(Protocol);
+    serde_json::to_value(schema).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_method_parses_and_nothing_else_does() {
+        let minimal = |method: &str| match method {
+            "agent.run" => json!({"prompt": "hi"}),
+            "agent.steer" => json!({"runId": "r", "message": "m"}),
+            "permission.respond" => json!({"runId": "r", "requestId": "q", "decision": "allow"}),
+            "permission.list" | "run.list" => json!({}),
+            _ => json!({"runId": "r"}),
+        };
+        for method in Request::METHODS {
+            let parsed = Request::parse(method, minimal(method));
+            assert!(parsed.is_ok(), "{method}: {parsed:?}");
+        }
+        let unknown = Request::parse("agent.fly", json!({})).unwrap_err();
+        assert_eq!(unknown.code, Code::MethodNotFound);
+    }
+
+    #[test]
+    fn params_are_objects_of_known_fields() {
+        for (payload, why) in [
+            (json!(["hi"]), "a list"),
+            (json!("hi"), "a string"),
+            (json!({"prompt": "hi", "colour": "red"}), "an unknown field"),
+            (json!({}), "no prompt"),
+        ] {
+            let refused = Request::parse("agent.run", payload).unwrap_err();
+            assert_eq!(refused.code, Code::InvalidParams, "{why}");
+        }
+        assert!(Request::parse("run.list", Value::Null).is_ok(), "absent is {{}}");
+    }
+
+    #[test]
+    fn the_schema_names_every_method_and_event() {
+        let text = schema().to_string();
+        for method in Request::METHODS {
+            assert!(text.contains(&format!("\"{method}\"")), "{method}");
+        }
+        for event in loom_core::EventKind::NAMES {
+            assert!(text.contains(&format!("\"{event}\"")), "{event}");
+        }
+    }
 }

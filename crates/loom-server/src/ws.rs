@@ -12,15 +12,15 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgr
 use axum::extract::State;
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
-use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, Code};
-use crate::protocol::{PermissionListParams, RespondParams, RunIdParams, StartRun, SteerParams, SubscribeParams};
+use crate::protocol::{Answer, FrameId, FrameType, Request, ResponseFrame};
+use crate::requests;
 use crate::service::{Next, Subscription};
 use crate::App;
 use loom_core::Event;
@@ -136,7 +136,7 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
                 let Ok(permit) = requests.clone().try_acquire_owned() else {
                     let busy = ApiError::new(Code::Overloaded, "too many requests in progress on this connection")
                         .retry_after(Duration::from_millis(100));
-                    conn.respond(Value::Null, Err(busy)).await;
+                    conn.respond(None, Err(busy)).await;
                     continue;
                 };
                 let conn = conn.clone();
@@ -147,11 +147,8 @@ async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
                 });
             }
             Message::Binary(_) => {
-                conn.respond(
-                    Value::Null,
-                    Err(ApiError::new(Code::InvalidRequest, "frames are JSON text")),
-                )
-                .await;
+                conn.respond(None, Err(ApiError::new(Code::InvalidRequest, "frames are JSON text")))
+                    .await;
             }
             Message::Close(_) => break,
             Message::Ping(_) | Message::Pong(_) => {}
@@ -316,22 +313,29 @@ fn close(code: u16, reason: String) -> Message {
     }))
 }
 
-fn params<T: DeserializeOwned>(payload: Value) -> Result<T, ApiError> {
-    crate::protocol::object_params(payload)
-}
-
 /// The fields a request frame has.
 const FRAME_FIELDS: [&str; 4] = ["type", "id", "method", "payload"];
 
 type SubChanges = mpsc::UnboundedSender<SubChange>;
 
 impl Conn {
-    async fn respond(&self, id: Value, result: Result<Value, ApiError>) {
+    async fn respond(&self, id: Option<FrameId>, result: Result<Answer, ApiError>) {
         let frame = match result {
-            Ok(payload) => json!({"type": "response", "id": id, "ok": true, "payload": payload}),
-            Err(error) => json!({"type": "response", "id": id, "ok": false, "error": error}),
+            Ok(payload) => ResponseFrame::Ok {
+                r#type: FrameType::Response,
+                id,
+                ok: true,
+                payload,
+            },
+            Err(error) => ResponseFrame::Failed {
+                r#type: FrameType::Response,
+                id,
+                ok: false,
+                error,
+            },
         };
-        let _ = self.out.send(frame.to_string()).await;
+        let text = serde_json::to_string(&frame).unwrap_or_default();
+        let _ = self.out.send(text).await;
     }
 
     async fn request(&self, text: &str, subs: &SubChanges) {
@@ -341,21 +345,18 @@ impl Conn {
                 Code::PayloadTooLarge,
                 format!("the frame has {} bytes; the limit is {limit}", text.len()),
             );
-            return self.respond(Value::Null, Err(error)).await;
+            return self.respond(None, Err(error)).await;
         }
         let frame: Value = match serde_json::from_str(text) {
             Ok(frame) => frame,
             Err(err) => {
-                return self
-                    .respond(
-                        Value::Null,
-                        Err(ApiError::new(Code::ParseError, format!("not JSON: {err}"))),
-                    )
-                    .await
+                let error = ApiError::new(Code::ParseError, format!("not JSON: {err}"));
+                return self.respond(None, Err(error)).await;
             }
         };
-        let id = frame.get("id").cloned().unwrap_or(Value::Null);
-        let valid_id = matches!(id, Value::String(_) | Value::Number(_));
+        let id = frame
+            .get("id")
+            .and_then(|id| serde_json::from_value::<FrameId>(id.clone()).ok());
         let unknown = frame
             .as_object()
             .and_then(|fields| fields.keys().find(|key| !FRAME_FIELDS.contains(&key.as_str())));
@@ -363,10 +364,10 @@ impl Conn {
             let error = ApiError::new(Code::InvalidRequest, format!("unknown field '{field}' in the frame"));
             return self.respond(id, Err(error)).await;
         }
-        let (Some("request"), Some(method), true) = (
+        let (Some("request"), Some(method), Some(_)) = (
             frame.get("type").and_then(Value::as_str),
             frame.get("method").and_then(Value::as_str),
-            valid_id,
+            &id,
         ) else {
             let error = ApiError::new(
                 Code::InvalidRequest,
@@ -379,16 +380,14 @@ impl Conn {
         }
         let payload = frame.get("payload").cloned().unwrap_or(Value::Null);
         let (result, follow) = match self.call(method, payload).await {
-            Ok((value, follow)) => (Ok(value), follow),
+            Ok((answer, follow)) => (Ok(answer), follow),
             Err(error) => (Err(error), None),
         };
-        if let (Ok(answer), "run.unsubscribe") = (&result, method) {
-            if let Some(run_id) = answer["runId"].as_str() {
-                let _ = subs.send(SubChange::Ended {
-                    run_id: run_id.to_string(),
-                    generation: None,
-                });
-            }
+        if let Ok(Answer::Unsubscribed(gone)) = &result {
+            let _ = subs.send(SubChange::Ended {
+                run_id: gone.run_id.clone(),
+                generation: None,
+            });
         }
         // The answer first, then the events it promised.
         self.respond(id, result).await;
@@ -397,60 +396,23 @@ impl Conn {
         }
     }
 
-    /// Runs a method. `agent.run` and `run.subscribe` also return the
+    /// Runs a request. A started run and `run.subscribe` also return the
     /// subscription to follow once the answer is out.
-    async fn call(&self, method: &str, payload: Value) -> Result<(Value, Option<(String, Subscription)>), ApiError> {
-        let service = &self.app.service;
-        let who = &self.principal;
-        let value = match method {
-            "agent.run" => {
-                let accepted = service.start(who, params::<StartRun>(payload)?).await?;
-                // The run's events follow on this connection (not for a
-                // prompt that joined another run).
-                let follow = if accepted.steered {
-                    None
-                } else {
-                    let subscription = service.subscribe(who, &accepted.run_id, 0).await?;
-                    Some((accepted.run_id.clone(), subscription))
-                };
-                return Ok((to_value(accepted), follow));
+    async fn call(&self, method: &str, payload: Value) -> Result<(Answer, Option<(String, Subscription)>), ApiError> {
+        let (service, who) = (&self.app.service, &self.principal);
+        let request = Request::parse(method, payload)?;
+        let (answer, subscription) = requests::answer(service, who, request).await?;
+        let follow = match (&answer, subscription) {
+            (Answer::Subscribed(subscribed), Some(subscription)) => Some((subscribed.run_id.clone(), subscription)),
+            // The run's events follow on this connection (not for a
+            // prompt that joined another run).
+            (Answer::Accepted(accepted), _) if !accepted.steered => {
+                let subscription = service.subscribe(who, &accepted.run_id, 0).await?;
+                Some((accepted.run_id.clone(), subscription))
             }
-            "agent.cancel" => {
-                let p: RunIdParams = params(payload)?;
-                to_value(service.cancel(who, &p.run_id).await?)
-            }
-            "agent.steer" => {
-                let p: SteerParams = params(payload)?;
-                service.steer(who, &p.run_id, p.message).await?;
-                json!({"runId": p.run_id, "accepted": true})
-            }
-            "permission.respond" => {
-                let p: RespondParams = params(payload)?;
-                service.respond(who, &p.run_id, &p.request_id, p.decision).await?;
-                json!({"runId": p.run_id, "requestId": p.request_id, "decision": p.decision})
-            }
-            "permission.list" => {
-                let p: PermissionListParams = params(payload)?;
-                json!({"asks": service.pending(who, p.run_id.as_deref()).await?})
-            }
-            "run.get" => {
-                let p: RunIdParams = params(payload)?;
-                to_value(service.get(who, &p.run_id).await?)
-            }
-            "run.list" => to_value(service.list(who, params(payload)?).await?),
-            "run.subscribe" => {
-                let p: SubscribeParams = params(payload)?;
-                let subscription = service.subscribe(who, &p.run_id, p.after_seq).await?;
-                let answer = json!({"runId": p.run_id, "afterSeq": p.after_seq});
-                return Ok((answer, Some((p.run_id, subscription))));
-            }
-            "run.unsubscribe" => {
-                let p: RunIdParams = params(payload)?;
-                json!({"runId": p.run_id, "unsubscribed": true})
-            }
-            other => return Err(ApiError::new(Code::MethodNotFound, format!("no method '{other}'"))),
+            _ => None,
         };
-        Ok((value, None))
+        Ok((answer, follow))
     }
 
     /// Forwards a subscription's events to this connection until the run
@@ -506,8 +468,4 @@ fn event_frame(event: &Event) -> String {
         event.kind.name(),
         event.seq
     )
-}
-
-fn to_value(value: impl serde::Serialize) -> Value {
-    serde_json::to_value(value).unwrap_or(Value::Null)
 }
