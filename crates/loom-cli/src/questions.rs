@@ -82,7 +82,7 @@ impl Questions {
                         // The question is on the screen: end its line.
                         say!("");
                     }
-                    if reason == "timeout" {
+                    if *reason == loom::event::Unanswered::Timeout {
                         say!("loom: no answer in time: {} was denied", question.tool);
                     }
                 }

@@ -188,7 +188,7 @@ fn fold(events: &[Event]) -> Folded {
                         stages.execute_us,
                         stages.format_us
                     );
-                    if call.name == "task" {
+                    if call.name == loom::delegate::TASK_TOOL {
                         call.child = content
                             .strip_prefix("sub-agent ")
                             .and_then(|rest| rest.split_whitespace().next())

@@ -4,6 +4,11 @@
 
 use crate::metrics::RunMetrics;
 
+/// The name of the tool that starts sub-agents (loom-tools' `Task`): a
+/// child at the nesting limit does not get it, and people's views show
+/// its calls as sub-agents.
+pub const TASK_TOOL: &str = "task";
+
 /// A sub-agent to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildRequest {

@@ -82,6 +82,19 @@ crate::wire::wire_enum! {
     }
 }
 
+crate::wire::wire_enum! {
+    /// Why a permission ask was settled without a person's answer (in
+    /// `permission.resolved`; the decision is then `deny`).
+    pub enum Unanswered {
+        /// No answer within the permission timeout.
+        Timeout = "timeout",
+        /// The run was cancelled while it waited.
+        Cancelled = "cancelled",
+        /// Nobody could answer: whoever would have was gone.
+        NobodyToAsk = "nobody_to_ask",
+    }
+}
+
 /// A tool call as announced in `tool_calls.start`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -255,8 +268,8 @@ pub enum EventKind {
         tool: String,
         /// `allow`, `deny` or `always`.
         decision: crate::control::PermissionDecision,
-        /// Why, when it was not a person's answer (`timeout`, …).
-        reason: Option<String>,
+        /// Why, when it was not a person's answer.
+        reason: Option<Unanswered>,
     },
     /// All calls of the turn are done.
     "tool_calls.complete" => ToolCallsComplete {

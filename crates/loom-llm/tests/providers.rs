@@ -417,7 +417,7 @@ async fn a_reset_before_any_answer_is_retried_but_not_after() {
     );
     match outcome.stop_reason {
         Some(StopReason::Error { code, message }) => {
-            assert_eq!(code, "LLM_CONNECTION");
+            assert_eq!(code.as_str(), "LLM_CONNECTION");
             assert!(message.contains("mid-stream"), "{message}");
         }
         other => panic!("{other:?}"),
@@ -684,11 +684,11 @@ async fn context_length_exceeded_compresses_and_retries_once() {
     assert_eq!(outcome.content.as_deref(), Some("Alpha and beta are known."));
     let recoverable = events
         .iter()
-        .any(|e| matches!(&e.kind, EventKind::Error { code, recoverable: true, .. } if code == "LLM_CONTEXT_LENGTH"));
+        .any(|e| matches!(&e.kind, EventKind::Error { code, recoverable: true, .. } if code.as_str() == "LLM_CONTEXT_LENGTH"));
     assert!(recoverable, "the overflow is reported as recoverable");
     assert!(events
         .iter()
-        .any(|e| matches!(&e.kind, EventKind::CompressionApplied { method, .. } if method == "summary")));
+        .any(|e| matches!(&e.kind, EventKind::CompressionApplied { method, .. } if method.as_str() == "summary")));
     let requests = server.requests();
     assert_eq!(requests.len(), 5);
     let too_big = requests[2].body["messages"].as_array().unwrap().len();

@@ -319,7 +319,7 @@ fn sse_stream(
             };
             match next {
                 Next::Event(event) => {
-                    let last = event.kind.name() == "lifecycle.end";
+                    let last = matches!(event.kind, loom_core::EventKind::LifecycleEnd { .. });
                     let data = serde_json::to_string(&*event).unwrap_or_default();
                     // A sub-agent's event carries no `id:`: the stream's cursor
                     // is the subscribed run's seq (the sub-agent has its own).

@@ -36,7 +36,7 @@ impl Tool for Task {
     type Args = TaskArgs;
 
     fn name(&self) -> &str {
-        "task"
+        loom_core::delegate::TASK_TOOL
     }
 
     fn description(&self) -> &str {

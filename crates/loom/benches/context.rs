@@ -109,7 +109,7 @@ fn main() {
         ));
         let after = counter.count_messages(&done.messages);
         times.push(started.elapsed());
-        assert_eq!(done.method, "summary");
+        assert_eq!(done.method.as_str(), "summary");
         assert!(validate_history(&done.messages, false).is_ok());
         assert!(after < tokens / 10);
     }

@@ -224,7 +224,7 @@ async fn matrix_max_steps_without_answer_is_an_error_with_its_own_reason() {
     assert_eq!(outcome.status, RunStatus::Error);
     assert!(events
         .iter()
-        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "MAX_STEPS_NO_ANSWER")));
+        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code.as_str() == "MAX_STEPS_NO_ANSWER")));
     validate_history(&outcome.messages, false).unwrap();
 }
 
@@ -251,7 +251,7 @@ async fn matrix_run_timeout_stops_a_slow_tool() {
     assert_eq!(tool_results(&events)[0].1, "timeout");
     assert!(events
         .iter()
-        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "RUN_TIMEOUT")));
+        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code.as_str() == "RUN_TIMEOUT")));
     validate_history(&outcome.messages, false).unwrap();
 }
 
@@ -270,7 +270,7 @@ async fn matrix_step_timeout_stops_a_slow_model() {
     assert_eq!(outcome.stop_reason, Some(StopReason::Timeout(TimeoutKind::Step)));
     assert!(events
         .iter()
-        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code == "STEP_TIMEOUT")));
+        .any(|e| matches!(&e.kind, EventKind::Error { code, .. } if code.as_str() == "STEP_TIMEOUT")));
 }
 
 #[tokio::test]
@@ -570,7 +570,7 @@ async fn an_exhausted_script_ends_the_run_with_a_clear_error() {
             _ => None,
         })
         .unwrap();
-    assert_eq!(error.0, "SCRIPT_EXHAUSTED");
+    assert_eq!(error.0.as_str(), "SCRIPT_EXHAUSTED");
     assert!(error.1.contains("all 1 turns"), "{}", error.1);
 }
 

@@ -53,7 +53,9 @@ fn resolutions(events: &[Event]) -> Vec<(String, Option<String>)> {
     events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::PermissionResolved { decision, reason, .. } => Some((decision.to_string(), reason.clone())),
+            EventKind::PermissionResolved { decision, reason, .. } => {
+                Some((decision.to_string(), reason.map(|r| r.to_string())))
+            }
             _ => None,
         })
         .collect()

@@ -26,9 +26,7 @@ use crate::store::{ParentLink, RunRecord, Store, StoreError};
 
 use super::{Caches, Controls, Driver, Engine, EventLog, Start};
 
-/// The name of the tool that starts sub-agents: removed from a child at
-/// the nesting limit.
-pub(crate) const TASK_TOOL: &str = "task";
+use crate::delegate::TASK_TOOL;
 
 /// What a `task` call needs of the run that makes it.
 pub(crate) struct Children {

@@ -404,7 +404,8 @@ mod tests {
         let verdict = monitor.check(2, 50);
         assert_eq!(verdict.terminate, None);
         assert_eq!(
-            verdict.warnings[0].0, "repetition_warning",
+            verdict.warnings[0].0.as_str(),
+            "repetition_warning",
             "warned at 80 % of the limit"
         );
         monitor.observe("", &[call("search", 1)], &ok(1));
@@ -487,7 +488,7 @@ mod tests {
         }
         let verdict = monitor.check(12, 50);
         assert_eq!(verdict.terminate, None);
-        assert_eq!(verdict.warnings[0].0, "error_rate_warning");
+        assert_eq!(verdict.warnings[0].0.as_str(), "error_rate_warning");
         assert!(
             verdict.warnings[0].1.contains("7 of your last 10"),
             "{:?}",
@@ -505,7 +506,7 @@ mod tests {
             assert_eq!(monitor.check(turn as u32 + 1, 50), Verdict::default());
         }
         monitor.observe("", &[call("read", 6)], &failed(1));
-        assert_eq!(monitor.check(7, 50).warnings[0].0, "error_rate_warning");
+        assert_eq!(monitor.check(7, 50).warnings[0].0.as_str(), "error_rate_warning");
         monitor.observe("", &[call("read", 7)], &failed(1));
         assert_eq!(
             monitor.check(8, 50).terminate.unwrap().detail,
@@ -520,7 +521,7 @@ mod tests {
         monitor.observe("", &guesses, &failed(10));
         let verdict = monitor.check(1, 50);
         assert_eq!(verdict.terminate, None, "one turn of failures");
-        assert_eq!(verdict.warnings[0].0, "error_rate_warning", "but a warning");
+        assert_eq!(verdict.warnings[0].0.as_str(), "error_rate_warning", "but a warning");
         monitor.observe("", &[call("read", 11), call("read", 12)], &failed(2));
         assert_eq!(monitor.check(2, 50).terminate, None, "two turns");
         monitor.observe("", &[call("read", 13)], &failed(1));
@@ -538,7 +539,7 @@ mod tests {
             assert_eq!(monitor.check(turn + 1, 50), Verdict::default());
         }
         // The step limit's warning is not the monitor's: it stays.
-        assert_eq!(monitor.check(40, 50).warnings[0].0, "iteration_warning");
+        assert_eq!(monitor.check(40, 50).warnings[0].0.as_str(), "iteration_warning");
     }
 
     #[test]

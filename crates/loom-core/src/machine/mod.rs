@@ -275,7 +275,7 @@ impl TurnMachine {
             let warned_of_errors = verdict
                 .warnings
                 .iter()
-                .any(|(reason, _)| *reason == "error_rate_warning");
+                .any(|(reason, _)| *reason == GuidanceReason::ErrorRateWarning);
             let part = guidance::feedback(&self.settings.task_handlers, &self.state.task, &results, counter + 1)
                 .filter(|part| !(warned_of_errors && part.reason == GuidanceReason::Error));
             self.state.guidance.extend(part);

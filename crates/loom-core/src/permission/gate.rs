@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use crate::control::PermissionDecision;
-use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::event::{EventEmitter, EventKind, TurnIds, Unanswered};
 use crate::status::RunStatus;
 
 /// How a wait for a person ended.
@@ -140,7 +140,7 @@ impl PermissionGate {
         };
         let (outcome, decision, reason) = tokio::select! {
             biased;
-            _ = cancel.cancelled() => (AskOutcome::Cancelled, PermissionDecision::Deny, Some("the run was cancelled".to_string())),
+            _ = cancel.cancelled() => (AskOutcome::Cancelled, PermissionDecision::Deny, Some(Unanswered::Cancelled)),
             reply = rx => match reply {
                 Ok(PermissionDecision::Allow) => (AskOutcome::Allowed, PermissionDecision::Allow, None),
                 Ok(PermissionDecision::Always) => {
@@ -155,7 +155,7 @@ impl PermissionGate {
                 Err(_) => (
                     AskOutcome::Denied(format!("Permission to run '{}' could not be asked for, so it was denied.", request.tool)),
                     PermissionDecision::Deny,
-                    Some("nobody can answer".to_string()),
+                    Some(Unanswered::NobodyToAsk),
                 ),
             },
             _ = timeout => (
@@ -164,7 +164,7 @@ impl PermissionGate {
                     request.tool
                 )),
                 PermissionDecision::Deny,
-                Some("timeout".to_string()),
+                Some(Unanswered::Timeout),
             ),
         };
         drop(person);
