@@ -65,6 +65,10 @@ impl FromRequestParts<Arc<App>> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
+        // Signed in once already, by the API's layer (`admitted`).
+        if let Some(principal) = parts.extensions.get::<Principal>() {
+            return Ok(principal.clone());
+        }
         let tokens = &app.service.config().tokens;
         if tokens.is_empty() {
             // Open to whoever reaches the loopback address: not to a web
@@ -143,7 +147,6 @@ pub(crate) async fn start_run(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let mut params: StartRun = body(&app, &headers, raw).await?;
     if let Some(key) = headers.get("idempotency-key") {
         let key = key
@@ -167,7 +170,6 @@ pub(crate) async fn list_runs(
     principal: Principal,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let params = list_params(query.as_deref().unwrap_or_default())?;
     answer(&app, &principal, Request::List(params), StatusCode::OK).await
 }
@@ -192,7 +194,6 @@ pub(crate) async fn get_run(
     principal: Principal,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     answer(&app, &principal, Request::Get(RunIdParams { run_id }), StatusCode::OK).await
 }
 
@@ -201,7 +202,6 @@ pub(crate) async fn cancel_run(
     principal: Principal,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     answer(
         &app,
         &principal,
@@ -218,7 +218,6 @@ pub(crate) async fn steer_run(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let SteerBody { message } = body(&app, &headers, raw).await?;
     let request = Request::Steer(SteerParams { run_id, message });
     answer(&app, &principal, request, StatusCode::OK).await
@@ -231,7 +230,6 @@ pub(crate) async fn respond(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let DecisionBody { decision } = body(&app, &headers, raw).await?;
     let request = Request::Respond(RespondParams {
         run_id,
@@ -246,7 +244,6 @@ pub(crate) async fn list_permissions(
     principal: Principal,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let request = Request::Asks(PermissionListParams {
         run_id: query.get("runId").cloned(),
     });
@@ -264,7 +261,6 @@ pub(crate) async fn events(
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    app.service.admit_request(&principal)?;
     let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let after = match last_event_id.or(query.get("afterSeq").map(String::as_str)) {
         Some(text) => text
@@ -384,6 +380,26 @@ pub(crate) async fn not_found() -> ApiError {
 pub(crate) async fn method_not_allowed(method: axum::http::Method) -> Response {
     let error = ApiError::new(Code::MethodNotFound, format!("this route does not take {method}"));
     (StatusCode::METHOD_NOT_ALLOWED, Json(json!({ "error": error }))).into_response()
+}
+
+/// The layer in front of every API route: who is asking (the token, or the
+/// web page's cookie) and whether their request rate allows one more, for
+/// every route alike; the principal is left in the request for the route.
+pub(crate) async fn admitted(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: MiddlewareNext,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let principal = match Principal::from_request_parts(&mut parts, &app).await {
+        Ok(principal) => principal,
+        Err(refused) => return refused.into_response(),
+    };
+    if let Err(refused) = app.service.admit_request(&principal) {
+        return refused.into_response();
+    }
+    parts.extensions.insert(principal);
+    next.run(axum::extract::Request::from_parts(parts, body)).await
 }
 
 /// One log line per request: method, path (never the query: it may hold a

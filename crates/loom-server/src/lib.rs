@@ -113,8 +113,8 @@ impl App {
 
     /// The routes.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
-            .route("/ws", get(ws::upgrade))
+        // The HTTP API: signed in and rate-limited by one layer.
+        let api = Router::new()
             .route("/v1/runs", post(http::start_run).get(http::list_runs))
             .route("/v1/runs/{id}", get(http::get_run))
             .route("/v1/runs/{id}/events", get(http::events))
@@ -122,6 +122,10 @@ impl App {
             .route("/v1/runs/{id}/steer", post(http::steer_run))
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
+            .route_layer(axum::middleware::from_fn_with_state(self.clone(), http::admitted));
+        Router::new()
+            .merge(api)
+            .route("/ws", get(ws::upgrade))
             .route("/metrics", get(http::metrics))
             .route("/", get(web::index))
             .route("/assets/app.js", get(web::script))
