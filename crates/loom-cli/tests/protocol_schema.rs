@@ -92,6 +92,23 @@ async fn every_frame_and_body_a_client_gets_fits_the_schema() {
         assert_fits(&responses, frame);
     }
     assert!(client.events.len() > 10, "{:?}", client.events);
+    // What a client may send, and what the server refuses.
+    let requests = validator(&schema, "RequestFrame");
+    let frame =
+        |method: &str, payload: Value| json!({"type": "request", "id": 1, "method": method, "payload": payload});
+    assert_fits(&requests, &frame("run.list", json!({"limit": 1})));
+    assert_fits(
+        &requests,
+        &frame("agent.run", json!({"prompt": "hi", "onBusy": "steer"})),
+    );
+    for refused in [
+        frame("agent.fly", json!({})),
+        frame("agent.run", json!({"prompt": "hi", "colour": "red"})),
+        frame("agent.run", json!(["hi"])),
+        json!({"type": "request", "id": 1, "method": "run.list", "payload": {}, "extra": true}),
+    ] {
+        assert!(!requests.is_valid(&refused), "the schema takes {refused}");
+    }
     for event in &client.events {
         assert_fits(&events, event);
     }

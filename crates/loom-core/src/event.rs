@@ -88,9 +88,12 @@ crate::wire::wire_enum! {
     pub enum Unanswered {
         /// No answer within the permission timeout.
         Timeout = "timeout",
-        /// The run was cancelled while it waited.
+        /// The run was cancelled while it waited (logs written before
+        /// this was a type say it in words).
+        #[serde(alias = "the run was cancelled")]
         Cancelled = "cancelled",
         /// Nobody could answer: whoever would have was gone.
+        #[serde(alias = "nobody can answer")]
         NobodyToAsk = "nobody_to_ask",
     }
 }
@@ -500,6 +503,30 @@ impl EventEmitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resolution_stored_before_its_reason_was_a_type_still_reads() {
+        let stored = |reason: &str| {
+            serde_json::json!({
+                "runId": "r", "turnId": "t", "parentTurnId": null, "depth": 0, "seq": 3,
+                "ts": "2026-11-20T00:00:00.000Z", "type": "permission.resolved",
+                "requestId": "perm_1", "tool": "write_file", "decision": "deny", "reason": reason,
+            })
+        };
+        for (old, now) in [
+            ("the run was cancelled", Unanswered::Cancelled),
+            ("nobody can answer", Unanswered::NobodyToAsk),
+            ("timeout", Unanswered::Timeout),
+        ] {
+            let event: Event = serde_json::from_value(stored(old)).unwrap();
+            let EventKind::PermissionResolved { reason, .. } = event.kind else {
+                panic!("{event:?}")
+            };
+            assert_eq!(reason, Some(now));
+            // Written anew, it has the new name.
+            assert_eq!(serde_json::to_value(now).unwrap(), now.as_str());
+        }
+    }
 
     #[test]
     fn event_serializes_common_fields_and_camel_case_kind_fields() {

@@ -173,7 +173,9 @@ impl App {
         // WebSocket connections send their close frame and wait a moment
         // for the client's answer.
         self.connections.close();
-        let grace = self.close_patience().max(connections::CLOSE_GRACE);
+        // Each connection waits `close_patience` at most; a moment more
+        // for their tasks to end.
+        let grace = self.close_patience() + std::time::Duration::from_millis(200);
         if tokio::time::timeout(grace, self.connections.wait()).await.is_err() {
             tracing::warn!("WebSocket connections still open {grace:?} after the shutdown; closing them");
         }

@@ -407,8 +407,11 @@ pub enum FrameId {
     Text(String),
 }
 
-/// What a client sends over the WebSocket.
+/// What a client sends over the WebSocket: these fields and no other. The
+/// server also takes a request without `payload` when all of its method's
+/// params are optional (`run.list`, `permission.list`).
 #[derive(Debug, Clone, JsonSchema)]
+#[schemars(extend("unevaluatedProperties" = false))]
 #[allow(dead_code)] // described for the schema; read field by field (ws.rs)
 pub struct RequestFrame {
     /// Always `"request"`.

@@ -334,7 +334,13 @@ impl Conn {
                 error,
             },
         };
-        let text = serde_json::to_string(&frame).unwrap_or_default();
+        let text = serde_json::to_string(&frame).unwrap_or_else(|err| {
+            let error = ApiError::internal("an answer could not be written", err);
+            format!(
+                r#"{{"type":"response","id":null,"ok":false,"error":{}}}"#,
+                serde_json::to_string(&error).unwrap_or_else(|_| "null".into())
+            )
+        });
         let _ = self.out.send(text).await;
     }
 

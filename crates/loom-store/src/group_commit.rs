@@ -100,10 +100,21 @@ fn commit(
 ) -> Vec<(Done, Result<(), StoreError>)> {
     match all_at_once(conn, &group, fail) {
         Ok(()) => group.into_iter().map(|job| (job.done, Ok(()))).collect(),
+        // No transaction could begin (the database is locked past the busy
+        // timeout): a second try would wait as long again.
+        Err(Failed::Begin(err)) => failed_all(group.into_iter().map(|job| job.done), &err),
         // Rolled back: which write failed (or whether the commit did) is
         // for the careful pass to tell.
-        Err(_) => one_by_one(conn, group, fail),
+        Err(Failed::Later) => one_by_one(conn, group, fail),
     }
+}
+
+/// Why a group's single transaction did not commit.
+enum Failed {
+    /// It could not begin.
+    Begin(StoreError),
+    /// A write or the commit failed; everything was rolled back.
+    Later,
 }
 
 /// Every write of the group, then the commit; any failure rolls it all back.
@@ -111,14 +122,21 @@ fn all_at_once(
     conn: &mut Connection,
     group: &[Job],
     fail: &impl Fn(rusqlite::Error) -> StoreError,
-) -> Result<(), StoreError> {
+) -> Result<(), Failed> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(fail)?;
+        .map_err(|err| Failed::Begin(fail(err)))?;
     for job in group {
-        (job.write)(&tx)?;
+        (job.write)(&tx).map_err(|_| Failed::Later)?;
     }
-    tx.commit().map_err(fail)
+    tx.commit().map_err(|_| Failed::Later)
+}
+
+/// The same error for every one of `done`.
+fn failed_all(done: impl Iterator<Item = Done>, err: &StoreError) -> Vec<(Done, Result<(), StoreError>)> {
+    let message = err.to_string();
+    done.map(|done| (done, Err(StoreError::Backend(message.clone()))))
+        .collect()
 }
 
 /// One transaction for the group, each write in a savepoint of its own.
@@ -129,16 +147,22 @@ fn one_by_one(
 ) -> Vec<(Done, Result<(), StoreError>)> {
     let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
-        Err(err) => {
-            let message = fail(err).to_string();
-            return group
-                .into_iter()
-                .map(|job| (job.done, Err(StoreError::Backend(message.clone()))))
-                .collect();
-        }
+        Err(err) => return failed_all(group.into_iter().map(|job| job.done), &fail(err)),
     };
     let mut answers = Vec::with_capacity(group.len());
-    for job in group {
+    let mut jobs = group.into_iter();
+    while let Some(job) = jobs.next() {
+        if tx.is_autocommit() {
+            // SQLite rolled the whole transaction back (a full disk, an I/O
+            // error): what was written is gone, and what follows would
+            // commit alone. Everything of the group fails.
+            let gone = StoreError::Backend("the group's transaction was rolled back by the database".into());
+            let done = answers.into_iter().map(|(done, _)| done);
+            return failed_all(
+                done.chain(std::iter::once(job.done)).chain(jobs.map(|job| job.done)),
+                &gone,
+            );
+        }
         let statement = |sql: &str| tx.prepare_cached(sql).and_then(|mut statement| statement.execute([]));
         let result = statement("SAVEPOINT write")
             .map_err(fail)

@@ -2,7 +2,7 @@
 //! reports back, until the run is over; then the final events and the
 //! store's record of the end. New and resumed runs take the same loop.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::budget::WARN_AT;
 use crate::context::{Deadline, RunContext, StopCause};
@@ -14,6 +14,7 @@ use crate::metrics::RunMetrics;
 use crate::outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
 use crate::status::RunStatus;
 use crate::store::{Checkpoint, RunRecord, RunSnapshot};
+use crate::tool_result::ToolStatus;
 use crate::turn_state::TurnState;
 
 use super::Driver;
@@ -87,21 +88,27 @@ impl Driver {
         machine
     }
 
-    /// The calls whose `tool.result` the run's stored log holds. A log that
+    /// The last result the run's stored log told for each call. A log that
     /// cannot be read counts as holding none: a result told twice is
     /// better than one never told.
-    async fn logged_results(&self) -> HashSet<String> {
+    async fn logged_results(&self) -> HashMap<String, (ToolStatus, String)> {
         match self.store.events(self.ctx.run_id(), 0).await {
+            // In log order: a later result of a call replaces an earlier one.
             Ok(events) => events
                 .into_iter()
                 .filter_map(|event| match event.kind {
-                    EventKind::ToolResult { call_id, .. } => Some(call_id),
+                    EventKind::ToolResult {
+                        call_id,
+                        status,
+                        content,
+                        ..
+                    } => Some((call_id, (status, content))),
                     _ => None,
                 })
                 .collect(),
             Err(err) => {
                 tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
-                HashSet::new()
+                HashMap::new()
             }
         }
     }

@@ -12,7 +12,7 @@ mod event_log;
 mod model_call;
 mod tools;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -136,10 +136,12 @@ pub(crate) struct Caches {
     pub call_ids: HashSet<String>,
     /// The journal of a resumed run, for the calls its crash cut short.
     pub journal: Vec<JournalEntry>,
-    /// The calls whose `tool.result` a resumed run's log holds: a call the
-    /// crash cut short after its journaled result was told (before the
-    /// checkpoint) is settled with that result and not told again.
-    pub logged_results: HashSet<String>,
+    /// The last `tool.result` a resumed run's log holds for each call, as
+    /// (status, content): a call the crash cut short after its journaled
+    /// result was told (before the checkpoint) is settled with that result
+    /// and not told again. Only that very result counts: a call's log may
+    /// hold an earlier one (`cancelled` before it ran, then run again).
+    pub logged_results: HashMap<String, (crate::tool_result::ToolStatus, String)>,
 }
 
 impl Caches {

@@ -3,7 +3,7 @@
 //! [`crate::resume`]) — and every call gets exactly one result, in call
 //! order, also when the run is cancelled.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::event::{EventKind, Phase, TurnIds};
 use crate::machine::TurnMachine;
@@ -51,7 +51,7 @@ impl Driver {
         machine: &mut TurnMachine,
         calls: &[ToolCall],
         journal: &[crate::store::JournalEntry],
-        logged: &HashSet<String>,
+        logged: &HashMap<String, (crate::tool_result::ToolStatus, String)>,
         turn: &TurnIds,
     ) -> Vec<ToolResult> {
         let tools = self.tools.clone();
@@ -64,8 +64,14 @@ impl Driver {
         let repairs: Vec<CallRepair> = crate::resume::plan_resuming(calls, journal, resumable)
             .into_iter()
             .map(|repair| match repair {
-                // The journal's result, told before the crash already.
-                CallRepair::Recorded(result) if logged.contains(&result.call_id) => CallRepair::Told(result),
+                // The journal's result, the very one the log told last.
+                CallRepair::Recorded(result)
+                    if logged
+                        .get(&result.call_id)
+                        .is_some_and(|(status, content)| *status == result.status && *content == result.content) =>
+                {
+                    CallRepair::Told(result)
+                }
                 repair => repair,
             })
             .collect();

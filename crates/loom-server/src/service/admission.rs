@@ -1,0 +1,540 @@
+//! Taking a run in: checking the request, its idempotency key and its
+//! session, storing the run before the answer, then starting it or
+//! putting it in line.
+
+use super::*;
+
+/// What `admit` did with a start request.
+enum Admitted {
+    /// Started, queued, or joined (steer) a run — or found the live run of
+    /// the same idempotency key.
+    Run(RunAccepted),
+    /// The run of the same idempotency key ended while this request was
+    /// being checked: answer with where it is now.
+    EndedMeanwhile,
+}
+
+/// What becomes of a run once its record is written.
+pub(super) enum AfterStored {
+    /// It starts, if the queue let it.
+    Launch(Option<Box<Launch>>),
+    /// A cancel came while it was written: it is cancelled now.
+    Cancel(Box<LiveRun>),
+}
+
+/// A stable digest of a start request without its key (FNV-1a over its JSON).
+pub(super) fn digest(params: &StartRun) -> u64 {
+    let mut params = params.clone();
+    params.idempotency_key = None;
+    let text = serde_json::to_string(&params).unwrap_or_default();
+    loom_core::text::fnv1a(text.bytes())
+}
+
+impl Service {
+    /// `agent.run`.
+    pub async fn start(&self, principal: &Principal, params: StartRun) -> Result<RunAccepted, ApiError> {
+        let key = params.idempotency_key.clone();
+        let digest = digest(&params);
+        match self.admit(principal, params).await? {
+            Admitted::Run(accepted) => {
+                // A new run's key was stored with it; a steer's is stored here.
+                if let (Some(key), true) = (&key, accepted.steered) {
+                    self.persist_key(principal, key, digest, &accepted.run_id).await;
+                }
+                Ok(accepted)
+            }
+            // A request with the same key started a run that ended while
+            // this one was being checked: answer with that run.
+            Admitted::EndedMeanwhile => match key {
+                Some(key) => self
+                    .idempotent(principal, &key, digest)
+                    .await?
+                    .ok_or_else(|| ApiError::internal("an idempotency key lost its run", key)),
+                None => Err(ApiError::internal("an idempotency key lost its run", "no key")),
+            },
+        }
+    }
+
+    async fn admit(&self, principal: &Principal, params: StartRun) -> Result<Admitted, ApiError> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(
+                ApiError::new(Code::Overloaded, "the server is shutting down").retry_after(Duration::from_secs(5))
+            );
+        }
+        self.validate(&params)?;
+        let digest = digest(&params);
+        if let Some(key) = &params.idempotency_key {
+            if let Some(accepted) = self.idempotent(principal, key, digest).await? {
+                return Ok(Admitted::Run(accepted));
+            }
+        }
+        if let Some(session) = &params.session_id {
+            self.check_session_owner(principal, session).await?;
+        }
+        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
+        let agent = self
+            .inner
+            .agents
+            .get(model.as_deref(), params.tools.as_deref())
+            .await
+            .map_err(|err| ApiError::new(Code::InvalidParams, err))?;
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let session_id = params.session_id.clone().unwrap_or_else(|| run_id.clone());
+        let on_busy = params.on_busy.unwrap_or_default();
+
+        let queued;
+        let (accepted, mut launches, to_cancel) = {
+            let mut registry = self.registry();
+            // A retry with the same key may have raced this one.
+            if let Some(key) = &params.idempotency_key {
+                if let Some((known, existing)) = registry.remembered(principal, key).cloned() {
+                    if known != digest {
+                        return Err(conflicting_key());
+                    }
+                    let position = self.inner.queue.position(&existing);
+                    return match registry.run(principal, &existing) {
+                        Some(run) if !run.stored => Err(being_accepted()),
+                        Some(run) => Ok(Admitted::Run(accepted_of(run, position))),
+                        // It ended meanwhile: where it is now.
+                        None => Ok(Admitted::EndedMeanwhile),
+                    };
+                }
+            }
+            // Checked again under the lock: two tokens naming one new
+            // session at once must not share it.
+            if registry
+                .on_session(&session_id)
+                .iter()
+                .any(|run| &run.principal != principal)
+            {
+                return Err(session_taken(&session_id));
+            }
+            let live: Vec<(String, RunStatus)> = registry
+                .on_session(&session_id)
+                .iter()
+                .map(|run| (run.run_id.clone(), run.status))
+                .collect();
+            let mut to_cancel = Vec::new();
+            if let Some((busy_id, busy_status)) = live.first() {
+                match on_busy {
+                    OnBusy::Reject => {
+                        return Err(ApiError::new(
+                            Code::Conflict,
+                            format!("session '{session_id}' has a live run ({busy_id})"),
+                        ))
+                    }
+                    OnBusy::Steer => {
+                        let run = registry.runs.get(busy_id);
+                        let steered = match run.and_then(|run| run.controller.as_ref()) {
+                            Some(controller) if *busy_status != RunStatus::Queued => {
+                                controller.steer(params.prompt.clone()).is_ok()
+                            }
+                            _ => false,
+                        };
+                        if !steered {
+                            return Err(ApiError::new(
+                                Code::Conflict,
+                                format!("the live run {busy_id} of session '{session_id}' cannot take a message now"),
+                            ));
+                        }
+                        let run = registry.runs.get(busy_id).ok_or_else(|| ApiError::no_run(busy_id))?;
+                        let mut accepted = accepted_of(run, None);
+                        accepted.steered = true;
+                        // A retry of this request must not steer twice.
+                        if let Some(key) = &params.idempotency_key {
+                            registry.remember(principal, key.clone(), digest, busy_id.clone());
+                        }
+                        return Ok(Admitted::Run(accepted));
+                    }
+                    OnBusy::Interrupt => to_cancel = live.iter().map(|(id, _)| id.clone()).collect(),
+                    OnBusy::Enqueue => {}
+                }
+            }
+            let history = self.inner.store.is_none().then(|| {
+                registry
+                    .histories
+                    .get(&history_key(principal, &session_id))
+                    .cloned()
+                    .unwrap_or_default()
+            });
+            let run = self.queued_run(principal, &params, agent, &run_id, &session_id, now_ms(), history);
+            // Stored before the answer, with its key, in one write (below).
+            queued = match &self.inner.store {
+                Some(_) => Some(QueuedRun {
+                    record: run.record(RunStatus::Queued),
+                    request: serde_json::to_string(&params)
+                        .map_err(|err| ApiError::internal("the request could not be written", err))?,
+                }),
+                None => None,
+            };
+            registry.add(run);
+            self.inner.feed.open(&run_id, 0);
+            let ticket = Ticket {
+                run_id: run_id.clone(),
+                principal: principal.clone(),
+                session_id,
+            };
+            let launches = match self.inner.queue.push(ticket) {
+                Ok(started) => registry.starting(started),
+                Err(QueueFull) => {
+                    registry.remove(&run_id);
+                    self.inner.feed.forget(&run_id);
+                    return Err(
+                        ApiError::new(Code::Overloaded, "too many runs are waiting; try again later")
+                            .retry_after(Duration::from_secs(1)),
+                    );
+                }
+            };
+            if let Some(key) = &params.idempotency_key {
+                registry.remember(principal, key.clone(), digest, run_id.clone());
+            }
+            self.publish_gauges(&registry);
+            let position = self.inner.queue.position(&run_id);
+            let run = registry.runs.get(&run_id).ok_or_else(|| ApiError::no_run(&run_id))?;
+            (accepted_of(run, position), launches, to_cancel)
+        };
+        if let (Some(queued), Some(store)) = (queued, &self.inner.store) {
+            let keyed = params.idempotency_key.as_deref().map(|key| {
+                (
+                    key,
+                    KeyedRequest {
+                        digest,
+                        run_id: run_id.clone(),
+                    },
+                )
+            });
+            let written = store
+                .queue_run(&queued, keyed.as_ref().map(|(key, request)| (*key, request)))
+                .await;
+            match written {
+                Ok(()) => match self.after_stored(&run_id) {
+                    AfterStored::Launch(launch) => launches.extend(launch.map(|launch| *launch)),
+                    AfterStored::Cancel(run) => {
+                        // Cancelled while its record was written: now it can be.
+                        for launch in launches {
+                            self.launch(launch);
+                        }
+                        if let Err(err) = self.cancel_queued(*run, "cancelled by the client").await {
+                            tracing::error!(run_id, error = %err, "could not record a cancelled run");
+                        }
+                        return Ok(Admitted::Run(accepted));
+                    }
+                },
+                Err(err) => {
+                    // Not accepted after all: the client gets no run id.
+                    launches.extend(self.unaccept(principal, &run_id, params.idempotency_key.as_deref()));
+                    for launch in launches {
+                        self.launch(launch);
+                    }
+                    return Err(store_error(err));
+                }
+            }
+        }
+        for launch in launches {
+            self.launch(launch);
+        }
+        if !to_cancel.is_empty() {
+            // The new run starts once the session's live runs have stopped.
+            let service = self.clone();
+            let principal = principal.clone();
+            tokio::spawn(async move {
+                for id in to_cancel {
+                    let _ = service
+                        .cancel_with(&principal, &id, "interrupted by a new run of the session")
+                        .await;
+                }
+            });
+        }
+        Ok(Admitted::Run(accepted))
+    }
+
+    /// A new run of `params` as the registry holds it until it starts.
+    #[allow(clippy::too_many_arguments)] // the parts of one run, each from its own place
+    pub(super) fn queued_run(
+        &self,
+        principal: &Principal,
+        params: &StartRun,
+        agent: Agent,
+        run_id: &str,
+        session_id: &str,
+        started_ms: u64,
+        history: Option<Vec<Message>>,
+    ) -> LiveRun {
+        let request = RunRequest {
+            prompt: params.prompt.clone(),
+            run_id: Some(run_id.to_string()),
+            session_id: Some(session_id.to_string()),
+            history,
+            max_steps: params.max_steps,
+            principal: Some(principal.name().to_string()),
+        };
+        let (done, _) = watch::channel(None);
+        LiveRun {
+            run_id: run_id.to_string(),
+            session_id: session_id.to_string(),
+            principal: principal.clone(),
+            prompt: params.prompt.clone(),
+            model: params
+                .model
+                .clone()
+                .unwrap_or_else(|| self.inner.agents.default_model()),
+            status: RunStatus::Queued,
+            started_ms,
+            metrics: RunMetrics::default(),
+            content: None,
+            last_seq: 0,
+            start: Some((agent, Start::New(request))),
+            stored: self.inner.store.is_none(),
+            controller: None,
+            cancel_requested: false,
+            pending: Vec::new(),
+            early: HashMap::new(),
+            seeded: false,
+            done,
+        }
+    }
+
+    /// A run's record is written: it starts (if the queue let it), or — if a
+    /// cancel came meanwhile — leaves to be cancelled; during a shutdown it
+    /// stays queued in the store for the next start.
+    pub(super) fn after_stored(&self, run_id: &str) -> AfterStored {
+        let mut registry = self.registry();
+        let cancelled = registry.runs.get(run_id).is_some_and(|run| run.cancel_requested);
+        if !cancelled && !self.shutting_down() {
+            return AfterStored::Launch(registry.stored(run_id).map(Box::new));
+        }
+        let started = if self.inner.queue.withdraw(run_id) {
+            Vec::new()
+        } else {
+            self.inner.queue.finished(run_id, !self.shutting_down())
+        };
+        let launches = registry.starting(started);
+        let run = registry.remove(run_id);
+        self.publish_gauges(&registry);
+        drop(registry);
+        for launch in launches {
+            self.launch(launch);
+        }
+        match run {
+            Some(mut run) if cancelled => {
+                run.stored = true;
+                AfterStored::Cancel(Box::new(run))
+            }
+            _ => {
+                self.inner.feed.close(run_id);
+                AfterStored::Launch(None)
+            }
+        }
+    }
+
+    /// Takes back a run whose record could not be stored: it leaves the
+    /// registry, the queue and the feed. Returns the runs its place lets start.
+    pub(super) fn unaccept(&self, principal: &Principal, run_id: &str, key: Option<&str>) -> Vec<Launch> {
+        let launches = {
+            let mut registry = self.registry();
+            registry.remove(run_id);
+            if let Some(key) = key {
+                registry.forget_key(principal, key);
+            }
+            let started = if self.inner.queue.withdraw(run_id) {
+                Vec::new()
+            } else {
+                self.inner.queue.finished(run_id, !self.shutting_down())
+            };
+            let launches = registry.starting(started);
+            self.publish_gauges(&registry);
+            launches
+        };
+        self.inner.feed.forget(run_id);
+        launches
+    }
+
+    pub(super) fn validate(&self, params: &StartRun) -> Result<(), ApiError> {
+        if params.prompt.trim().is_empty() {
+            return Err(ApiError::new(Code::InvalidParams, "prompt must not be empty"));
+        }
+        if let Some(steps) = params.max_steps {
+            let limit = self.inner.config.max_steps_limit;
+            if steps == 0 || steps > limit {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    format!("maxSteps must be between 1 and {limit}"),
+                ));
+            }
+        }
+        if let Some(model) = &params.model {
+            if *model != self.inner.agents.default_model() && !self.inner.config.models.contains(model) {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    format!("model '{model}' is not offered by this server"),
+                ));
+            }
+        }
+        if let Some(session) = &params.session_id {
+            let fine = !session.is_empty()
+                && session.len() <= 128
+                && session.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if !fine {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    "sessionId: 1 to 128 characters of A-Z a-z 0-9 - _ . :",
+                ));
+            }
+        }
+        if params
+            .idempotency_key
+            .as_ref()
+            .is_some_and(|key| key.is_empty() || key.len() > 256)
+        {
+            return Err(ApiError::new(
+                Code::InvalidParams,
+                "idempotencyKey: 1 to 256 characters",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Makes an idempotency key outlive this process: a retry after a
+    /// restart gets the same run. Before the answer, so a client that got
+    /// one can count on it; a store that fails here costs only that.
+    pub(super) async fn persist_key(&self, principal: &Principal, key: &str, digest: u64, run_id: &str) {
+        let Some(store) = &self.inner.store else { return };
+        let request = KeyedRequest {
+            digest,
+            run_id: run_id.to_string(),
+        };
+        if let Err(err) = store.remember_request(principal.name(), key, &request).await {
+            tracing::warn!(run_id, error = %err, "an idempotency key could not be stored; it holds until a restart");
+        }
+    }
+
+    /// The run an earlier request with this key started, if any: one this
+    /// process remembers, or one the store does (from before a restart).
+    pub(super) async fn idempotent(
+        &self,
+        principal: &Principal,
+        key: &str,
+        digest: u64,
+    ) -> Result<Option<RunAccepted>, ApiError> {
+        let remembered = self.registry().remembered(principal, key).cloned();
+        let (known, run_id) = match remembered {
+            Some(found) => found,
+            None => {
+                let Some(store) = &self.inner.store else {
+                    return Ok(None);
+                };
+                let Some(found) = store
+                    .remembered_request(principal.name(), key)
+                    .await
+                    .map_err(store_error)?
+                else {
+                    return Ok(None);
+                };
+                self.registry()
+                    .remember(principal, key.to_string(), found.digest, found.run_id.clone());
+                (found.digest, found.run_id)
+            }
+        };
+        if known != digest {
+            return Err(conflicting_key());
+        }
+        {
+            let registry = self.registry();
+            if let Some(run) = registry.run(principal, &run_id) {
+                if !run.stored {
+                    return Err(being_accepted());
+                }
+                return Ok(Some(accepted_of(run, self.inner.queue.position(&run_id))));
+            }
+        }
+        // It has ended: where it is now.
+        let view = self.get(principal, &run_id).await?;
+        Ok(Some(RunAccepted {
+            run_id: view.run_id,
+            session_id: view.session_id,
+            status: view.status,
+            queue_position: None,
+            steered: false,
+        }))
+    }
+
+    /// A session id belongs to the token that first used it.
+    pub(super) async fn check_session_owner(&self, principal: &Principal, session: &str) -> Result<(), ApiError> {
+        let taken = {
+            let registry = self.registry();
+            registry
+                .on_session(session)
+                .iter()
+                .any(|run| &run.principal != principal)
+                || registry
+                    .finished
+                    .values()
+                    .any(|(owner, view)| view.session_id == session && owner != principal)
+        };
+        let taken = taken
+            || match &self.inner.store {
+                Some(store) => store
+                    .session_runs(session)
+                    .await
+                    .map_err(store_error)?
+                    .iter()
+                    .any(|run| run.principal.as_deref() != Some(principal.name())),
+                None => false,
+            };
+        if taken {
+            return Err(session_taken(session));
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn session_taken(session: &str) -> ApiError {
+    ApiError::new(Code::Conflict, format!("session '{session}' belongs to another token"))
+}
+
+/// A retry of a request whose run is being stored: it has no answer yet.
+pub(super) fn being_accepted() -> ApiError {
+    ApiError::new(
+        Code::Overloaded,
+        "the first request with this idempotency key is still being accepted; try again",
+    )
+    .retry_after(Duration::from_millis(200))
+}
+
+pub(super) fn conflicting_key() -> ApiError {
+    ApiError::new(Code::Conflict, "this idempotency key was used with another payload")
+}
+
+pub(super) fn accepted_of(run: &LiveRun, queue_position: Option<usize>) -> RunAccepted {
+    RunAccepted {
+        run_id: run.run_id.clone(),
+        session_id: run.session_id.clone(),
+        status: run.status,
+        queue_position,
+        steered: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(prompt: &str, key: Option<&str>) -> StartRun {
+        StartRun {
+            prompt: prompt.into(),
+            session_id: None,
+            model: None,
+            max_steps: None,
+            tools: None,
+            idempotency_key: key.map(str::to_string),
+            on_busy: None,
+        }
+    }
+
+    #[test]
+    fn a_retry_is_the_same_payload_whatever_its_key_and_another_payload_is_not() {
+        assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", Some("b"))));
+        assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", None)));
+        assert_ne!(digest(&request("hi", Some("a"))), digest(&request("hello", Some("a"))));
+    }
+}

@@ -1,0 +1,244 @@
+//! Telling a run something: cancel, steer, answer an ask.
+
+use super::*;
+
+/// How long a cancel waits for a run to stop before it answers `INTERNAL`
+/// (the engine stops a run within its tools' cancel grace; this only
+/// guards against a run that never does).
+const CANCEL_WAIT: Duration = Duration::from_secs(60);
+
+impl Service {
+    /// `agent.cancel`: answers once the run has stopped.
+    pub async fn cancel(&self, principal: &Principal, run_id: &str) -> Result<Cancelled, ApiError> {
+        self.cancel_with(principal, run_id, "cancelled by the client").await
+    }
+
+    pub(super) async fn cancel_with(
+        &self,
+        principal: &Principal,
+        run_id: &str,
+        reason: &str,
+    ) -> Result<Cancelled, ApiError> {
+        self.refuse_sub_agent(principal, run_id, "cancel")?;
+        enum Found {
+            Queued(Option<Box<LiveRun>>),
+            Running(watch::Receiver<Option<(u64, RunStatus)>>),
+            Ended,
+        }
+        let found = {
+            let mut registry = self.registry();
+            let found = match registry.run_mut(principal, run_id) {
+                Some(run) if run.status == RunStatus::Queued && run.stored => None,
+                // Its record is being written: the admission cancels it
+                // once it is (docs/server.md), and this waits for that.
+                Some(run) if run.status == RunStatus::Queued => {
+                    run.cancel_requested = true;
+                    Some(Found::Running(run.done.subscribe()))
+                }
+                // Its lifecycle.end is out: it ended before this cancel.
+                Some(run) if run.status.is_terminal() => Some(Found::Ended),
+                Some(run) => {
+                    let done = run.done.subscribe();
+                    match &run.controller {
+                        Some(controller) => controller.cancel(reason),
+                        None => run.cancel_requested = true,
+                    }
+                    Some(Found::Running(done))
+                }
+                None => Some(Found::Ended),
+            };
+            found.unwrap_or_else(|| {
+                // Queued in the registry, so waiting in the queue: nothing
+                // starts a run without the registry's lock.
+                self.inner.queue.withdraw(run_id);
+                let run = registry.remove(run_id);
+                self.publish_gauges(&registry);
+                Found::Queued(run.map(Box::new))
+            })
+        };
+        let waiting = match found {
+            Found::Queued(Some(run)) => return self.cancel_queued(*run, reason).await,
+            Found::Queued(None) => return Err(ApiError::no_run(run_id)),
+            Found::Running(done) => Some(done),
+            Found::Ended => None,
+        };
+        let Some(mut done) = waiting else {
+            let view = self.get(principal, run_id).await?;
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} has already ended ({})", view.status.as_str()),
+            ));
+        };
+        let stopped = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
+        match stopped {
+            Ok(Ok(ended)) => match *ended {
+                Some((final_seq, RunStatus::Canceled)) => Ok(Cancelled {
+                    run_id: run_id.to_string(),
+                    cancelled: true,
+                    final_seq,
+                }),
+                Some((_, RunStatus::Interrupted)) => Err(ApiError::new(
+                    Code::InvalidState,
+                    format!(
+                        "run {run_id} was interrupted by a server shutdown; it resumes when the server starts again"
+                    ),
+                )),
+                Some((_, status)) => Err(ApiError::new(
+                    Code::InvalidState,
+                    format!("run {run_id} ended ({}) before it could be cancelled", status.as_str()),
+                )),
+                None => Err(ApiError::internal("the run did not stop in time", run_id)),
+            },
+            _ => Err(ApiError::internal("the run did not stop in time", run_id)),
+        }
+    }
+
+    /// A queued run never started (or, taken back after a restart, has not
+    /// resumed yet): its log ends with the cancel, recorded.
+    pub(super) async fn cancel_queued(&self, run: LiveRun, reason: &str) -> Result<Cancelled, ApiError> {
+        let log = match &self.inner.store {
+            Some(store) if run.stored => loom_core::recovery::close_cancelled(store.as_ref(), &run.run_id, reason)
+                .await
+                .map_err(store_error)?,
+            Some(store) => {
+                // Cancelled before its record was written.
+                let turn = TurnIds {
+                    turn_id: run.run_id.as_str().into(),
+                    parent_turn_id: None,
+                };
+                let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
+                store
+                    .create_run(&run.record(RunStatus::Queued))
+                    .await
+                    .map_err(store_error)?;
+                store
+                    .finish_run(&run.run_id, RunStatus::Canceled, None, &RunMetrics::default(), &log)
+                    .await
+                    .map_err(store_error)?;
+                log
+            }
+            None => {
+                let turn = TurnIds {
+                    turn_id: run.run_id.as_str().into(),
+                    parent_turn_id: None,
+                };
+                let log = loom_core::recovery::cancelled_log(&run.run_id, 0, &turn, reason, &RunMetrics::default());
+                let mut view = run.view(None);
+                view.status = RunStatus::Canceled;
+                view.ended_ms = Some(now_ms());
+                view.last_seq = log.len() as u64;
+                self.registry()
+                    .keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
+                log
+            }
+        };
+        let final_seq = log.last().map_or(0, |event| event.seq);
+        for event in log {
+            self.inner.feed.publish(Arc::new(event));
+        }
+        self.inner.feed.close(&run.run_id);
+        run.done.send_replace(Some((final_seq, RunStatus::Canceled)));
+        metrics::counter!("loom_runs_finished_total", "status" => RunStatus::Canceled.as_str()).increment(1);
+        Ok(Cancelled {
+            run_id: run.run_id,
+            cancelled: true,
+            final_seq,
+        })
+    }
+
+    /// `agent.steer`.
+    pub async fn steer(&self, principal: &Principal, run_id: &str, message: String) -> Result<(), ApiError> {
+        if message.trim().is_empty() {
+            return Err(ApiError::new(Code::InvalidParams, "message must not be empty"));
+        }
+        self.refuse_sub_agent(principal, run_id, "steer")?;
+        let refused = {
+            let registry = self.registry();
+            match registry.run(principal, run_id) {
+                Some(run) => match (&run.controller, run.status) {
+                    (Some(controller), status) if status != RunStatus::Queued => match controller.steer(message) {
+                        Ok(()) => return Ok(()),
+                        Err(err) => err.to_string(),
+                    },
+                    _ => "the run has not started yet".to_string(),
+                },
+                None => String::new(),
+            }
+        };
+        if refused.is_empty() {
+            let view = self.get(principal, run_id).await?;
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} has already ended ({})", view.status.as_str()),
+            ));
+        }
+        Err(ApiError::new(Code::InvalidState, refused))
+    }
+
+    /// A live sub-agent is controlled through the run that started it.
+    pub(super) fn refuse_sub_agent(&self, principal: &Principal, run_id: &str, what: &str) -> Result<(), ApiError> {
+        let registry = self.registry();
+        match registry.sub_agents.get(run_id) {
+            Some(root) if registry.run(principal, root).is_some() => Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} is a sub-agent of run {root}: {what} {root} instead"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `permission.respond`.
+    pub async fn respond(
+        &self,
+        principal: &Principal,
+        run_id: &str,
+        request_id: &str,
+        decision: PermissionDecision,
+    ) -> Result<(), ApiError> {
+        let live = {
+            let mut registry = self.registry();
+            // A sub-agent's ask is answered by the run whose stream carries it.
+            let answering = registry
+                .sub_agents
+                .get(run_id)
+                .cloned()
+                .unwrap_or_else(|| run_id.to_string());
+            match registry.run_mut(principal, &answering) {
+                Some(run) => {
+                    let pending = run.pending.iter().any(|ask| ask.request_id == request_id);
+                    if !pending {
+                        return Err(ApiError::new(
+                            Code::InvalidState,
+                            format!("no ask '{request_id}' is waiting for an answer"),
+                        ));
+                    }
+                    let delivered = run
+                        .controller
+                        .as_ref()
+                        .is_some_and(|controller| controller.respond_permission(request_id, decision).is_ok());
+                    if !delivered {
+                        if !run.seeded {
+                            return Err(ApiError::new(
+                                Code::InvalidState,
+                                format!("no ask '{request_id}' is waiting for an answer"),
+                            ));
+                        }
+                        // Asked before the restart; the resumed run asks
+                        // again under the same id, and gets this answer.
+                        run.early.insert(request_id.to_string(), decision);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if live {
+            return Ok(());
+        }
+        self.get(principal, run_id).await?;
+        Err(ApiError::new(
+            Code::InvalidState,
+            format!("no ask '{request_id}' is waiting for an answer: the run has ended"),
+        ))
+    }
+}

@@ -1,0 +1,159 @@
+//! The gateway's operations — start, cancel, steer, answer, look, follow —
+//! one implementation that the WebSocket methods and the HTTP routes both
+//! call, so the two protocols cannot drift apart. One file per job:
+//! `rate.rs` (requests per minute), `admission.rs` (taking a run in),
+//! `pump.rs` (a started run's events and end), `controls.rs` (cancel,
+//! steer, answer), `queries.rs` (runs and asks), `subscription.rs`
+//! (following a run), `restart.rs` (taking runs back, shutting down); here
+//! the state they share.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use loom_core::event::TurnIds;
+use loom_core::{
+    Agent, Event, EventKind, KeyedRequest, Message, PermissionDecision, QueuedRun, RunHandle, RunMetrics, RunOutcome,
+    RunQuery, RunRecord, RunRequest, RunStatus, Store, StoreError,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::agents::{AgentFactory, Agents};
+use crate::auth::Principal;
+use crate::config::ServerConfig;
+use crate::control::RunControl;
+use crate::error::{ApiError, Code};
+use crate::feed::{EventFeed, LocalFeed};
+use crate::observed_store::ObservedStore;
+use crate::protocol::{Cancelled, ListParams, OnBusy, PendingAsk, RunAccepted, RunPage, RunView, StartRun};
+use crate::queue::{Caps, LocalQueue, QueueFull, RunQueue, Ticket};
+use crate::registry::{Launch, LiveRun, Registry, Start};
+
+mod admission;
+mod controls;
+mod pump;
+mod queries;
+mod rate;
+mod restart;
+mod subscription;
+
+use rate::Bucket;
+pub use subscription::{Next, Subscription};
+
+/// The gateway's state and operations. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ServerConfig,
+    agents: Agents,
+    store: Option<Arc<dyn Store>>,
+    feed: Arc<dyn EventFeed>,
+    /// Which runs execute and which wait. Locked after `registry`, never before.
+    queue: Arc<dyn RunQueue>,
+    registry: Mutex<Registry>,
+    limiter: Mutex<HashMap<Principal, Bucket>>,
+    shutting_down: AtomicBool,
+    pumps: TaskTracker,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn store_error(err: StoreError) -> ApiError {
+    ApiError::internal("the store failed", err)
+}
+
+impl Service {
+    /// A service running agents from `factory`, recording runs in `store`
+    /// (none: runs live in memory, and the newest finished ones are kept).
+    pub fn new(config: ServerConfig, factory: Arc<dyn AgentFactory>, store: Option<Arc<dyn Store>>) -> Self {
+        let feed: Arc<dyn EventFeed> = Arc::new(LocalFeed::new(
+            config.subscriber_buffer,
+            store.is_none().then_some(config.keep_finished_runs),
+        ));
+        let queue: Arc<dyn RunQueue> = Arc::new(LocalQueue::new(Caps {
+            max_runs: config.max_runs,
+            per_token: config.max_runs_per_token,
+            max_queued: config.max_queued,
+        }));
+        Self::with_seams(config, factory, store, queue, feed)
+    }
+
+    /// A service whose admission queue and event fan-out are given: the
+    /// seams a gateway shared by many processes fills with its own.
+    pub fn with_seams(
+        config: ServerConfig,
+        factory: Arc<dyn AgentFactory>,
+        store: Option<Arc<dyn Store>>,
+        queue: Arc<dyn RunQueue>,
+        feed: Arc<dyn EventFeed>,
+    ) -> Self {
+        let store: Option<Arc<dyn Store>> =
+            store.map(|store| Arc::new(ObservedStore::new(store, feed.clone())) as Arc<dyn Store>);
+        Self {
+            inner: Arc::new(Inner {
+                agents: Agents::new(factory, store.clone()),
+                config,
+                store,
+                feed,
+                queue,
+                registry: Mutex::default(),
+                limiter: Mutex::default(),
+                shutting_down: AtomicBool::new(false),
+                pumps: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sets the gauges of runs and asks; call with the registry locked, so
+    /// that two updates cannot publish out of order.
+    fn publish_gauges(&self, registry: &Registry) {
+        let counts = self.inner.queue.counts();
+        metrics::gauge!("loom_runs_active").set(counts.executing as f64);
+        metrics::gauge!("loom_runs_queued").set(counts.waiting as f64);
+        metrics::gauge!("loom_permission_pending").set(registry.pending_total() as f64);
+    }
+
+    /// Whether the store answers and the gateway is not shutting down.
+    pub async fn ready(&self) -> Result<(), String> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err("shutting down".into());
+        }
+        if let Some(store) = &self.inner.store {
+            store.list_runs(1).await.map_err(|err| format!("store: {err}"))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// Without a store, a session's conversation is kept under its token too,
+/// so a session id can never lead to another token's messages.
+pub(super) fn history_key(principal: &Principal, session: &str) -> String {
+    format!("{}\u{0}{session}", principal.name())
+}
