@@ -21,14 +21,13 @@ macro_rules! say_partial {
 mod chat;
 mod cli;
 mod config;
-mod context;
-mod control;
 mod lines;
 mod mcp;
 mod permissions;
 mod prompt;
 mod provider;
 mod questions;
+mod recorded_runs;
 mod render;
 mod run;
 mod runs;
@@ -38,6 +37,7 @@ mod state;
 mod store;
 mod text;
 mod trust;
+mod tuning;
 mod turn_tree;
 
 use std::process::ExitCode;

@@ -15,7 +15,7 @@ use crate::lines::Lines;
 use crate::questions::Questions;
 use crate::render::{Human, JsonLines, Renderer};
 use crate::signals::{Signal, Signals};
-use crate::{context, permissions, provider, store};
+use crate::{permissions, provider, store, tuning};
 
 /// Exit codes (docs/cli.md).
 pub(crate) mod exit {
@@ -311,7 +311,7 @@ pub(crate) async fn configure_agent(
     if let Some(secs) = file.step_timeout_secs {
         builder = builder.step_timeout(seconds(secs));
     }
-    builder = context::apply(builder, file, dir.as_deref(), args.base_url.as_deref()).await?;
+    builder = tuning::apply(builder, file, dir.as_deref(), args.base_url.as_deref()).await?;
     let store = match server {
         Some(server) => server.store,
         None => store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await?,

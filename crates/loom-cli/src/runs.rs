@@ -50,9 +50,9 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
     match args.command {
         RunsCommand::Resume { id, agent } => {
-            return crate::control::resume(&store, path, args.workspace, &id, &agent, args.json).await
+            return crate::recorded_runs::resume(&store, path, args.workspace, &id, &agent, args.json).await
         }
-        RunsCommand::Cancel { id } => return crate::control::cancel(&store, &id, args.json).await,
+        RunsCommand::Cancel { id } => return crate::recorded_runs::cancel(&store, &id, args.json).await,
         RunsCommand::List { limit, session } => {
             let runs = match session {
                 Some(session) => {

@@ -42,8 +42,9 @@ pub enum Control {
     },
     /// Hold the run at the next turn boundary.
     Pause,
-    /// Let a paused run go on.
-    Resume,
+    /// Let a paused run go on (not the resume of a stopped run:
+    /// [`crate::Agent::resume`]).
+    Unpause,
     /// Add a user message at the next turn boundary.
     Steer(String),
     /// Answer a `permission.request`.

@@ -62,8 +62,9 @@ impl RunController {
         self.pause_tx.send_replace(true);
     }
 
-    /// Lets a paused run go on.
-    pub fn resume(&self) {
+    /// Lets a paused run go on (a stopped run is resumed with
+    /// [`crate::Agent::resume`]).
+    pub fn unpause(&self) {
         self.pause_tx.send_replace(false);
     }
 
@@ -89,7 +90,7 @@ impl RunController {
         match control {
             Control::Cancel { reason } => self.cancel(reason),
             Control::Pause => self.pause(),
-            Control::Resume => self.resume(),
+            Control::Unpause => self.unpause(),
             Control::Steer(message) => return self.steer(message),
             Control::PermissionReply { request_id, decision } => return self.respond_permission(&request_id, decision),
         }
@@ -132,9 +133,10 @@ impl RunHandle {
         self.controller.pause();
     }
 
-    /// Lets a paused run go on.
-    pub fn resume(&self) {
-        self.controller.resume();
+    /// Lets a paused run go on (a stopped run is resumed with
+    /// [`crate::Agent::resume`]).
+    pub fn unpause(&self) {
+        self.controller.unpause();
     }
 
     /// Adds a user message at the next turn boundary.

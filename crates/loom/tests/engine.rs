@@ -530,7 +530,7 @@ async fn pause_holds_the_run_until_resume() {
     assert_eq!(handle.status(), RunStatus::Running);
     let first = handle.next_event().await.unwrap();
     assert_eq!(first.kind.name(), "lifecycle.start");
-    handle.resume();
+    handle.unpause();
     let (mut rest, outcome) = handle.collect().await;
     rest.insert(0, first);
     assert_contract(&rest);

@@ -725,7 +725,7 @@ async fn a_persons_time_does_not_count_against_the_run_or_step_limit() {
     let handle = agent.run("go");
     handle.pause();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    handle.resume();
+    handle.unpause();
     let (_, outcome) = handle.collect().await;
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
 }

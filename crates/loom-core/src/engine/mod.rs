@@ -5,12 +5,12 @@
 //! reports the result back. See docs/architecture.md.
 
 mod children;
-mod context;
 mod controls;
 mod driver;
 mod event_log;
 mod model_call;
 mod tools;
+mod window;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Phase 1 of a turn: the context. Counting, the warning at 80 %, structured
+//! Phase 1 of a turn: the context window. Counting, the warning at 80 %, structured
 //! compression at the threshold (with a model-free fallback), and — once per
 //! run — the system prompt assembled by priority from the base instructions,
 //! project instructions, retrieved context and the tool list.
