@@ -13,9 +13,10 @@ use anyhow::Context;
 use loom::{Agent, Message, RunHandle, RunOutcome, RunRequest, RunStatus};
 
 use crate::cli::ChatArgs;
+use crate::follow::Shown;
 use crate::lines::Lines;
 use crate::questions::Questions;
-use crate::render::{Human, Renderer};
+use crate::render::Human;
 use crate::run::{build_agent, Failure};
 use crate::signals::{Signal, Signals};
 
@@ -213,35 +214,22 @@ async fn resume_task(agent: &Agent, session: &mut Session, input: &mut Input, ar
 /// SIGTERM or SIGHUP interrupt the run (it stays resumable) and end the chat.
 async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Result<RunOutcome, Failure> {
     let controller = handle.controller();
-    let mut renderer = Human::new(args.agent.verbose);
-    let mut questions = Questions::new(args.agent.yes);
+    let mut shown = Shown::new(Box::new(Human::new(args.agent.verbose)), Questions::new(args.agent.yes));
     let mut stopping = false;
-    let mut output_failed = false;
     loop {
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
-                // As in `loom run`: a settled question ends its line first.
-                let settles = matches!(event.kind, loom::EventKind::PermissionResolved { .. });
-                if settles {
-                    questions.on_event(&controller, &event, &mut input.lines);
-                }
-                if !output_failed {
-                    if let Err(err) = renderer.event(&event) {
-                        // The terminal is gone: stop the task resumably, end the chat.
-                        output_failed = true;
-                        if !stopping {
-                            stopping = true;
-                            controller.interrupt(format!("loom's output failed: {err}"));
-                            input.quit = Some(Signal::Hangup);
-                        }
+                if let Some(err) = shown.event(&controller, &event, &mut input.lines) {
+                    // The terminal is gone: stop the task resumably, end the chat.
+                    if !stopping {
+                        stopping = true;
+                        controller.interrupt(format!("loom's output failed: {err}"));
+                        input.quit = Some(Signal::Hangup);
                     }
                 }
-                if !settles {
-                    questions.on_event(&controller, &event, &mut input.lines);
-                }
             }
-            line = input.lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
+            line = input.lines.recv(), if shown.asking() => shown.answer(&controller, line),
             signal = input.signals.recv(), if !stopping => {
                 stopping = true;
                 if signal == Signal::Interrupt {

@@ -21,6 +21,7 @@ macro_rules! say_partial {
 mod chat;
 mod cli;
 mod config;
+mod follow;
 mod lines;
 mod mcp;
 mod permissions;

@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use loom::tools::file_tools;
-use loom::{Agent, EventKind, RunHandle, RunOutcome, RunStatus, StopReason};
+use loom::{Agent, RunHandle, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
+use crate::follow::Shown;
 use crate::lines::Lines;
 use crate::questions::Questions;
 use crate::render::{Human, JsonLines, Renderer};
@@ -70,43 +71,32 @@ enum Stopped {
 /// run; SIGTERM, SIGHUP or a closed stdout interrupt it (it stays
 /// resumable, recorded `INTERRUPTED`); a second signal quits at once.
 pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
-    let mut renderer: Box<dyn Renderer> = if json {
+    let renderer: Box<dyn Renderer> = if json {
         Box::new(JsonLines)
     } else {
         Box::new(Human::new(agent.verbose))
     };
+    let mut shown = Shown::new(renderer, Questions::new(agent.yes));
     let controller = handle.controller();
     let mut signals = Signals::listen().context("cannot listen for signals")?;
     let mut lines = Lines::default();
-    let mut questions = Questions::new(agent.yes);
     let mut stopped: Option<Stopped> = None;
     loop {
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
-                // A question the run settled ends its line before anything
-                // else is printed; a new one is asked after its event.
-                let settles = matches!(event.kind, EventKind::PermissionResolved { .. });
-                if settles {
-                    questions.on_event(&controller, &event, &mut lines);
-                }
-                if stopped != Some(Stopped::OutputClosed) {
-                    if let Err(err) = renderer.event(&event) {
-                        // Nobody can read any more (a closed pipe, a terminal
-                        // gone, a full disk): stop, resumably, and write
-                        // nothing more on stdout.
-                        if stopped.is_none() {
-                            say!("loom: cannot write output ({err}); stopping the run, which can be resumed with `loom runs resume {}`", controller.run_id());
-                            controller.interrupt(format!("loom's output failed: {err}"));
-                        }
-                        stopped = Some(Stopped::OutputClosed);
+                if let Some(err) = shown.event(&controller, &event, &mut lines) {
+                    // Nobody can read any more (a closed pipe, a terminal
+                    // gone, a full disk): stop, resumably, and write
+                    // nothing more on stdout.
+                    if stopped.is_none() {
+                        say!("loom: cannot write output ({err}); stopping the run, which can be resumed with `loom runs resume {}`", controller.run_id());
+                        controller.interrupt(format!("loom's output failed: {err}"));
                     }
-                }
-                if !settles {
-                    questions.on_event(&controller, &event, &mut lines);
+                    stopped = Some(Stopped::OutputClosed);
                 }
             }
-            line = lines.recv(), if questions.waiting() => questions.on_line(&controller, line),
+            line = lines.recv(), if shown.asking() => shown.answer(&controller, line),
             signal = signals.recv() => {
                 if stopped.is_some() {
                     say!("loom: {} again; quitting now", signal.name());

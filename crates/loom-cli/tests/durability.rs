@@ -64,6 +64,61 @@ async fn accept_three(gateway: &Gateway) -> [String; 3] {
     [run_id(&busy), run_id(&first), run_id(&second)]
 }
 
+/// The names of the tools a model request offered.
+fn offered(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|tool| tool["function"]["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_taken_back_after_a_kill_9_keeps_the_tools_its_request_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions {
+        keep_bodies: true,
+        ..PromptModelOptions::default()
+    });
+    config(dir.path(), &model.url(), "");
+    let mut gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+    let response = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "look steps=3 delay_ms=300", "tools": ["list_dir"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 202);
+    let run = run_id(&response.json().await.unwrap());
+    let mut client = gateway.ws(ALICE).await;
+    client.ok("run.subscribe", json!({"runId": run, "afterSeq": 0})).await;
+    client.until(&run, "step.completed").await;
+    kill_9(&mut gateway);
+    drop(gateway);
+    let before = model.request_count();
+
+    let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+    assert_eq!(ends(&gateway, &run).await, "DONE", "{}", gateway.log_text());
+    let bodies = model.bodies();
+    assert!(bodies.len() > before, "the resumed run asked the model again");
+    for (n, body) in bodies.iter().enumerate() {
+        let tools = offered(body);
+        assert!(
+            tools.is_empty() || tools == ["list_dir"],
+            "request {n} ({}) offered {tools:?}",
+            if n < before {
+                "before the kill"
+            } else {
+                "after the restart"
+            }
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_accepted_before_a_kill_9_are_executed_after_the_restart_and_their_keys_find_them() {
     let dir = tempfile::tempdir().unwrap();

@@ -249,6 +249,11 @@ pub trait Store: Send + Sync {
     /// the order they were accepted.
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError>;
 
+    /// The request a gateway stored with the run ([`Store::queue_run`]),
+    /// kept after it started: what a run resumed after a restart was
+    /// allowed (its tools). `None` for runs no gateway queued.
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError>;
+
     /// Appends events to `run_id`'s log (events already there are kept as
     /// they are). A run's events are appended as they happen, in small
     /// groups, before anybody sees them.
@@ -401,6 +406,10 @@ impl Store for NoStore {
 
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn run_request(&self, _run_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(None)
     }
 
     async fn append_events(&self, _run_id: &str, _events: &[Event]) -> Result<(), StoreError> {

@@ -46,6 +46,10 @@ impl Store for ObservedStore {
         self.inner.queued_runs().await
     }
 
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        self.inner.run_request(run_id).await
+    }
+
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
         timed("append_events", self.inner.append_events(run_id, events)).await?;
         if let Some(last) = events.last() {

@@ -400,6 +400,21 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.with(move |conn| {
+            let found: Option<Option<String>> = conn
+                .query_row("SELECT request FROM runs WHERE id = ?1", params![run_id], |row| {
+                    row.get(0)
+                })
+                .optional()
+                .map_err(&fail)?;
+            found.ok_or(StoreError::NotFound(run_id))
+        })
+        .await
+    }
+
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
         let fail = self.fail();
         let rows = self

@@ -601,6 +601,8 @@ async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it
         (RunStatus::Running, "worker-1", 1)
     );
     assert!(store.queued_runs().await.unwrap().is_empty());
+    // Its request stays with it (what a resume after a restart may use).
+    assert_eq!(store.run_request("q1").await.unwrap(), Some(run.request.clone()));
     // It is not queued any more: a second start is refused.
     assert!(store.create_run(&starting).await.is_err());
     // A run nobody queued cannot be taken over either.
@@ -608,6 +610,11 @@ async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it
     let mut again = record("plain");
     again.status = RunStatus::Running;
     assert!(store.create_run(&again).await.is_err());
+    assert_eq!(store.run_request("plain").await.unwrap(), None);
+    assert!(matches!(
+        store.run_request("nobody").await,
+        Err(StoreError::NotFound(_))
+    ));
 }
 
 /// Many runs appending at once keep the writer in a transaction nearly all

@@ -31,6 +31,13 @@ pub(super) fn digest(params: &StartRun) -> u64 {
 }
 
 impl Service {
+    /// The agent a start request asks for: its model (the default when it
+    /// names none, or names the default) and its tools.
+    pub(super) async fn agent_for(&self, params: &StartRun) -> Result<Agent, String> {
+        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
+        self.inner.agents.get(model.as_deref(), params.tools.as_deref()).await
+    }
+
     /// `agent.run`.
     pub async fn start(&self, principal: &Principal, params: StartRun) -> Result<RunAccepted, ApiError> {
         let key = params.idempotency_key.clone();
@@ -71,11 +78,8 @@ impl Service {
         if let Some(session) = &params.session_id {
             self.check_session_owner(principal, session).await?;
         }
-        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
         let agent = self
-            .inner
-            .agents
-            .get(model.as_deref(), params.tools.as_deref())
+            .agent_for(&params)
             .await
             .map_err(|err| ApiError::new(Code::InvalidParams, err))?;
         let run_id = uuid::Uuid::new_v4().to_string();

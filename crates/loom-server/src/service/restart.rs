@@ -99,7 +99,17 @@ impl Service {
         let model = (record.model != self.inner.agents.default_model()
             && self.inner.config.models.contains(&record.model))
         .then(|| record.model.clone());
-        let agent = self.inner.agents.get(model.as_deref(), None).await?;
+        // The tools its request was given, no more: a restart must not widen
+        // what a client allowed its run.
+        let tools = match store.run_request(&record.run_id).await.map_err(|err| err.to_string())? {
+            Some(request) => {
+                let params: StartRun =
+                    serde_json::from_str(&request).map_err(|err| format!("its stored request is unreadable: {err}"))?;
+                params.tools
+            }
+            None => None,
+        };
+        let agent = self.inner.agents.get(model.as_deref(), tools.as_deref()).await?;
         let (done, _) = watch::channel(None);
         self.inner.feed.open(&record.run_id, last_seq);
         self.back_in_line(
@@ -141,13 +151,7 @@ impl Service {
             .map_err(|err| NotTaken::Never(format!("its stored request is unreadable: {err}")))?;
         // The configuration may have changed since (a model no longer offered, a lower step limit).
         self.validate(&params).map_err(|err| NotTaken::Never(err.to_string()))?;
-        let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
-        let agent = self
-            .inner
-            .agents
-            .get(model.as_deref(), params.tools.as_deref())
-            .await
-            .map_err(NotTaken::NotNow)?;
+        let agent = self.agent_for(&params).await.map_err(NotTaken::NotNow)?;
         let mut run = self.queued_run(
             &principal,
             &params,
