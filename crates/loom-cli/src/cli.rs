@@ -21,6 +21,7 @@ pub(crate) enum Command {
     /// Look at, resume or cancel recorded runs.
     Runs(Box<RunsArgs>),
     /// The gateway: runs as a service over WebSocket JSON-RPC and HTTP with SSE.
+    /// Every tool that is not read-only is denied unless --allow or --ask names it.
     Serve(Box<ServeArgs>),
     /// The MCP servers of loom.toml.
     Mcp(McpArgs),
@@ -67,37 +68,8 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub place: PlaceArgs,
 
-    /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
-    #[arg(long, env = "LOOM_MODEL")]
-    pub model: Option<String>,
-
-    /// The API base of the model's provider (else OPENAI_BASE_URL / ANTHROPIC_BASE_URL).
-    #[arg(long, value_name = "URL")]
-    pub base_url: Option<String>,
-
-    /// Tool turns before the model must answer, for runs that do not say.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_steps: Option<u32>,
-
-    /// Time limit of each run in seconds (0: none).
-    #[arg(long, value_name = "SECS")]
-    pub timeout: Option<u64>,
-
-    /// Allow a tool (or rule) without asking. Repeatable. In server mode every tool that is not read-only is denied unless allowed or asked.
-    #[arg(long, value_name = "TOOL")]
-    pub allow: Vec<String>,
-
-    /// Ask the client before a tool (or rule) runs. Repeatable.
-    #[arg(long, value_name = "TOOL")]
-    pub ask: Vec<String>,
-
-    /// Never run a tool (or rule). Repeatable.
-    #[arg(long, value_name = "TOOL")]
-    pub deny: Vec<String>,
-
-    /// Configuration file (default: ./loom.toml, then the user's config directory).
-    #[arg(long, value_name = "PATH")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub agent: CommonAgentArgs,
 
     /// Log lines as text for people or as JSON for machines.
     #[arg(long, value_enum, default_value = "human")]
@@ -230,9 +202,10 @@ pub(crate) struct PlaceArgs {
     pub db: Option<PathBuf>,
 }
 
-/// How the agent is configured: model, limits, permissions.
+/// How every command configures its agents alike: the model, the step and
+/// time limits, permissions, the configuration file.
 #[derive(Debug, Args)]
-pub(crate) struct AgentArgs {
+pub(crate) struct CommonAgentArgs {
     /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
     #[arg(long, env = "LOOM_MODEL")]
     pub model: Option<String>,
@@ -241,25 +214,13 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
 
-    /// Write the model's answers to PATH as a script, to replay the run offline with --model scripted:PATH.
-    #[arg(long, value_name = "PATH")]
-    pub record: Option<PathBuf>,
-
     /// Tool turns before the model must give its final answer.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
 
-    /// Time limit of the whole run in seconds (0: none).
+    /// Time limit of a run in seconds (0: none).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
-
-    /// Tokens (prompt and completion, over all model calls) the run may spend; then it stops (BUDGET_EXHAUSTED).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_tokens: Option<u64>,
-
-    /// US dollars the run may spend at the model's prices ([prices] in loom.toml); then it stops (BUDGET_EXHAUSTED).
-    #[arg(long, value_name = "USD", value_parser = positive_dollars)]
-    pub max_cost: Option<f64>,
 
     /// Allow a tool (or a rule such as 'write_file(path=docs/**)') without asking. Repeatable.
     #[arg(long, value_name = "TOOL")]
@@ -273,6 +234,30 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "TOOL")]
     pub deny: Vec<String>,
 
+    /// Configuration file (default for run and chat: ./loom.toml, then the user's config directory; serve reads only this one).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+}
+
+/// How a run on the terminal is configured: the common settings, and what
+/// only a person at a terminal asks for.
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    #[command(flatten)]
+    pub common: CommonAgentArgs,
+
+    /// Write the model's answers to PATH as a script, to replay the run offline with --model scripted:PATH.
+    #[arg(long, value_name = "PATH")]
+    pub record: Option<PathBuf>,
+
+    /// Tokens (prompt and completion, over all model calls) the run may spend; then it stops (BUDGET_EXHAUSTED).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens: Option<u64>,
+
+    /// US dollars the run may spend at the model's prices ([prices] in loom.toml); then it stops (BUDGET_EXHAUSTED).
+    #[arg(long, value_name = "USD", value_parser = positive_dollars)]
+    pub max_cost: Option<f64>,
+
     /// Approve every permission request without asking.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -280,10 +265,6 @@ pub(crate) struct AgentArgs {
     /// Show guidance, compression and retrieval as they happen, and a run summary with suggestions at the end.
     #[arg(long, short = 'v')]
     pub verbose: bool,
-
-    /// Configuration file (default: ./loom.toml, then the user's config directory).
-    #[arg(long, value_name = "PATH")]
-    pub config: Option<PathBuf>,
 }
 
 /// A budget in dollars: a finite number above zero.

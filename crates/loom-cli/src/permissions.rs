@@ -36,9 +36,9 @@ pub(crate) fn policy(
         }
     }
     for (patterns, decision) in [
-        (&args.allow, Decision::Allow),
-        (&args.ask, Decision::Ask),
-        (&args.deny, Decision::Deny),
+        (&args.common.allow, Decision::Allow),
+        (&args.common.ask, Decision::Ask),
+        (&args.common.deny, Decision::Deny),
     ] {
         for pattern in patterns {
             policy.add_override(pattern, decision)?;

@@ -142,7 +142,7 @@ pub(crate) fn exit_code(outcome: &RunOutcome) -> u8 {
 /// The agent the flags and loom.toml describe. `default_model` is used when
 /// neither names one (a resumed run's recorded model).
 pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_model: Option<&str>) -> Result<Agent> {
-    let loaded = config::load(args.config.as_deref())?;
+    let loaded = config::load(args.common.config.as_deref())?;
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
@@ -166,7 +166,7 @@ pub(crate) struct ServerAgent {
 /// The model the flags and loom.toml name.
 pub(crate) fn configured_model(args: &AgentArgs, loaded: &LoadedConfig, default_model: Option<&str>) -> Result<String> {
     let LoadedConfig { file, dir, .. } = loaded;
-    Ok(match (&args.model, &file.model, default_model) {
+    Ok(match (&args.common.model, &file.model, default_model) {
         (Some(model), _, _) => model.clone(),
         (None, Some(model), _) => config::model_from_file(model, dir.as_deref()),
         (None, None, Some(model)) => model.to_string(),
@@ -194,7 +194,7 @@ pub(crate) async fn configure_agent(
         Some(model) => model,
         None => configured_model(args, loaded, default_model)?,
     };
-    let llm = provider::model(&model, args.base_url.as_deref(), file, args.record.as_deref())?;
+    let llm = provider::model(&model, args.common.base_url.as_deref(), file, args.record.as_deref())?;
 
     let workspace = match &place.workspace {
         Some(dir) => dir.clone(),
@@ -286,7 +286,7 @@ pub(crate) async fn configure_agent(
             builder = builder.tool_timeout_for(tool, seconds(*secs).unwrap_or(Duration::MAX));
         }
     }
-    if let Some(steps) = args.max_steps.or(file.max_steps) {
+    if let Some(steps) = args.common.max_steps.or(file.max_steps) {
         builder = builder.max_steps(steps);
     }
     if let Some(tokens) = args.max_tokens.or(file.max_tokens) {
@@ -295,13 +295,13 @@ pub(crate) async fn configure_agent(
     if let Some(dollars) = args.max_cost.or(file.max_cost_usd) {
         builder = builder.max_cost_usd(dollars);
     }
-    if let Some(secs) = args.timeout.or(file.run_timeout_secs) {
+    if let Some(secs) = args.common.timeout.or(file.run_timeout_secs) {
         builder = builder.run_timeout(seconds(secs));
     }
     if let Some(secs) = file.step_timeout_secs {
         builder = builder.step_timeout(seconds(secs));
     }
-    builder = tuning::apply(builder, file, dir.as_deref(), args.base_url.as_deref()).await?;
+    builder = tuning::apply(builder, file, dir.as_deref(), args.common.base_url.as_deref()).await?;
     let store = match server {
         Some(server) => server.store,
         None => store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await?,

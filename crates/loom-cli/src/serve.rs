@@ -54,8 +54,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     })?;
     // Only the file named on the command line: a loom.toml in a workspace
     // the gateway serves may have been written by a model.
-    let loaded = config::load_explicit(args.config.as_deref()).map_err(Failure::Usage)?;
-    if args.config.is_none() {
+    let loaded = config::load_explicit(args.agent.config.as_deref()).map_err(Failure::Usage)?;
+    if args.agent.config.is_none() {
         // Tokens kept in a file that is no longer read must not be lost
         // quietly (a gateway without them is open to every local process).
         if let Some(own) = config::user_config_file().filter(|own| own.is_file()) {
@@ -100,20 +100,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         )));
     }
     let agent_args = AgentArgs {
-        model: args.model,
-        base_url: args.base_url,
+        common: args.agent,
         record: None,
-        max_steps: args.max_steps,
-        timeout: args.timeout,
         // Budgets of served runs come from loom.toml.
         max_tokens: None,
         max_cost: None,
-        allow: args.allow,
-        ask: args.ask,
-        deny: args.deny,
         yes: false,
         verbose: false,
-        config: args.config,
     };
     let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
     let workspace = match &args.place.workspace {
