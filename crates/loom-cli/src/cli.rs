@@ -21,6 +21,7 @@ pub(crate) enum Command {
     /// Look at, resume or cancel recorded runs.
     Runs(Box<RunsArgs>),
     /// The gateway: runs as a service over WebSocket JSON-RPC and HTTP with SSE.
+    ///
     /// Every tool that is not read-only is denied unless --allow or --ask names it.
     Serve(Box<ServeArgs>),
     /// The MCP servers of loom.toml.
@@ -214,7 +215,7 @@ pub(crate) struct CommonAgentArgs {
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
 
-    /// Tool turns before the model must give its final answer.
+    /// Tool turns before the model must give its final answer (for served runs: those that do not say).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_steps: Option<u32>,
 

@@ -66,7 +66,7 @@ impl FromRequestParts<Arc<App>> for Principal {
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
         // Signed in once already, by the API's layer (`admitted`).
-        if let Some(principal) = parts.extensions.get::<Principal>() {
+        if let Some(SignedIn(principal)) = parts.extensions.get::<SignedIn>() {
             return Ok(principal.clone());
         }
         let tokens = &app.service.config().tokens;
@@ -398,9 +398,14 @@ pub(crate) async fn admitted(
     if let Err(refused) = app.service.admit_request(&principal) {
         return refused.into_response();
     }
-    parts.extensions.insert(principal);
+    parts.extensions.insert(SignedIn(principal));
     next.run(axum::extract::Request::from_parts(parts, body)).await
 }
+
+/// Who `admitted` signed in, as it leaves them in the request: a type of
+/// this module, so nothing else (an embedder's layer) can put one there.
+#[derive(Clone)]
+struct SignedIn(Principal);
 
 /// One log line per request: method, path (never the query: it may hold a
 /// token), status and latency.

@@ -520,7 +520,7 @@ async fn steer_during_a_final_answer_gets_another_turn() {
 }
 
 #[tokio::test]
-async fn pause_holds_the_run_until_resume() {
+async fn pause_holds_the_run_until_unpause() {
     let model = scripted(vec![answer("done")]);
     let agent = agent(&model, 10).build().unwrap();
     let mut handle = agent.run("go");

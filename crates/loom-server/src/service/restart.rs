@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Why a stored queued run was not taken back at start-up.
+/// Why a run left by a previous server was not taken back at start-up.
 enum NotTaken {
     /// It can never start here: it is cancelled, with the reason.
     Never(String),
@@ -41,25 +41,23 @@ impl Service {
             if record.parent.is_some() {
                 continue;
             }
+            let run_id = record.run_id.clone();
             match self
                 .take_back_interrupted(&record, Principal(principal.into()), store.as_ref())
                 .await
             {
                 Ok(()) => taken += 1,
-                Err(err) => tracing::error!(run_id = %record.run_id, error = %err, "could not resume the run"),
+                Err(NotTaken::Never(reason)) => self.never_taken(store.as_ref(), &run_id, &reason).await,
+                Err(NotTaken::NotNow(reason)) => {
+                    tracing::error!(run_id, error = %reason, "an interrupted run cannot resume now; it stays interrupted for the next start");
+                }
             }
         }
         for queued in store.queued_runs().await.map_err(store_error)? {
             let run_id = queued.record.run_id.clone();
             match self.take_back_queued(queued).await {
                 Ok(()) => taken += 1,
-                Err(NotTaken::Never(reason)) => {
-                    tracing::error!(run_id, error = %reason, "a queued run can never start; it is cancelled");
-                    let why = format!("the run cannot start: {reason}");
-                    if let Err(err) = loom_core::recovery::close_cancelled(store.as_ref(), &run_id, &why).await {
-                        tracing::error!(run_id, error = %err, "could not record the cancelled run");
-                    }
-                }
+                Err(NotTaken::Never(reason)) => self.never_taken(store.as_ref(), &run_id, &reason).await,
                 Err(NotTaken::NotNow(reason)) => {
                     tracing::error!(run_id, error = %reason, "a queued run cannot start now; it stays queued for the next start");
                 }
@@ -68,13 +66,26 @@ impl Service {
         Ok(taken)
     }
 
-    pub(super) async fn take_back_interrupted(
+    /// A run left by a previous server that can never run here: cancelled,
+    /// with the reason in its log.
+    async fn never_taken(&self, store: &dyn Store, run_id: &str, reason: &str) {
+        tracing::error!(run_id, error = %reason, "a run left by the previous server can never run here; it is cancelled");
+        let why = format!("the run cannot go on: {reason}");
+        if let Err(err) = loom_core::recovery::close_cancelled(store, run_id, &why).await {
+            tracing::error!(run_id, error = %err, "could not record the cancelled run");
+        }
+    }
+
+    async fn take_back_interrupted(
         &self,
         record: &RunRecord,
         principal: Principal,
         store: &dyn Store,
-    ) -> Result<(), String> {
-        let events = store.events(&record.run_id, 0).await.map_err(|err| err.to_string())?;
+    ) -> Result<(), NotTaken> {
+        let events = store
+            .events(&record.run_id, 0)
+            .await
+            .map_err(|err| NotTaken::NotNow(err.to_string()))?;
         let last_seq = events.last().map_or(0, |event| event.seq);
         let mut pending: Vec<PendingAsk> = Vec::new();
         for event in &events {
@@ -101,15 +112,26 @@ impl Service {
         .then(|| record.model.clone());
         // The tools its request was given, no more: a restart must not widen
         // what a client allowed its run.
-        let tools = match store.run_request(&record.run_id).await.map_err(|err| err.to_string())? {
+        let request = store
+            .run_request(&record.run_id)
+            .await
+            .map_err(|err| NotTaken::NotNow(err.to_string()))?;
+        let tools = match request {
             Some(request) => {
-                let params: StartRun =
-                    serde_json::from_str(&request).map_err(|err| format!("its stored request is unreadable: {err}"))?;
+                let params: StartRun = serde_json::from_str(&request)
+                    .map_err(|err| NotTaken::Never(format!("its stored request is unreadable: {err}")))?;
                 params.tools
             }
             None => None,
         };
-        let agent = self.inner.agents.get(model.as_deref(), tools.as_deref()).await?;
+        // A tool it was given that this server lacks now (an MCP server
+        // down, a tool turned off): not now; it stays interrupted.
+        let agent = self
+            .inner
+            .agents
+            .get(model.as_deref(), tools.as_deref())
+            .await
+            .map_err(NotTaken::NotNow)?;
         let (done, _) = watch::channel(None);
         self.inner.feed.open(&record.run_id, last_seq);
         self.back_in_line(
