@@ -114,24 +114,16 @@ async fn every_frame_and_body_a_client_gets_fits_the_schema() {
     }
 
     // The HTTP answers are the same types; errors are {"error": …}.
-    let started: Value = http(ALICE)
-        .post(gateway.url("/v1/runs"))
-        .json(&json!({"prompt": "hello steps=0"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let payload_validator = validator(&schema, "Answer");
-    assert_fits(&payload_validator, &started);
-    let missing: Value = http(ALICE)
-        .get(gateway.url("/v1/runs/nope"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body =
+        |request: reqwest::RequestBuilder| async move { request.send().await.unwrap().json::<Value>().await.unwrap() };
+    let client = http(ALICE);
+    let started = body(
+        client
+            .post(gateway.url("/v1/runs"))
+            .json(&json!({"prompt": "hello steps=0"})),
+    )
+    .await;
+    assert_fits(&validator(&schema, "Answer"), &started);
+    let missing = body(client.get(gateway.url("/v1/runs/nope"))).await;
     assert_fits(&http_errors, &missing);
 }

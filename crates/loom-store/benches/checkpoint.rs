@@ -114,19 +114,15 @@ fn main() {
     runtime.block_on(async {
         store
             .create_run(&RunRecord {
-                run_id: "bench".into(),
-                session_id: "bench".into(),
-                prompt: "refactor the modules".into(),
-                model: "scripted:bench".into(),
-                status: RunStatus::Queued,
                 owner: "bench".into(),
-                started_ms: 0,
-                ended_ms: None,
-                content: None,
-                metrics: RunMetrics::default(),
-                workspace: None,
-                principal: None,
-                parent: None,
+                ..RunRecord::new(
+                    "bench",
+                    "bench",
+                    "refactor the modules",
+                    "scripted:bench",
+                    RunStatus::Queued,
+                    0,
+                )
             })
             .await
             .expect("run");

@@ -14,19 +14,8 @@ use serde_json::json;
 
 fn record(run_id: &str) -> RunRecord {
     RunRecord {
-        run_id: run_id.to_string(),
-        session_id: "session-1".into(),
-        prompt: "do it".into(),
-        model: "scripted:x".into(),
-        status: RunStatus::Queued,
         owner: "test".into(),
-        started_ms: 1,
-        ended_ms: None,
-        content: None,
-        metrics: RunMetrics::default(),
-        workspace: None,
-        principal: None,
-        parent: None,
+        ..RunRecord::new(run_id, "session-1", "do it", "scripted:x", RunStatus::Queued, 1)
     }
 }
 
