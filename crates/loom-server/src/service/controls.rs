@@ -242,3 +242,53 @@ impl Service {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{alice, service, start};
+    use super::*;
+
+    #[tokio::test]
+    async fn a_live_run_is_cancelled_and_answers_with_its_last_seq() {
+        let service = service(5_000);
+        let accepted = service.start(&alice(), start("wait")).await.unwrap();
+        let cancelled = service.cancel(&alice(), &accepted.run_id).await.unwrap();
+        assert!(cancelled.cancelled);
+        assert!(cancelled.final_seq > 0);
+        assert_eq!(
+            service.get(&alice(), &accepted.run_id).await.unwrap().status,
+            RunStatus::Canceled
+        );
+        // Once ended, a run cannot be steered.
+        let late = service
+            .steer(&alice(), &accepted.run_id, "more".into())
+            .await
+            .unwrap_err();
+        assert_eq!(late.code, Code::InvalidState, "{late:?}");
+    }
+
+    #[tokio::test]
+    async fn another_tokens_run_or_no_run_is_not_found() {
+        let service = service(5_000);
+        let accepted = service.start(&alice(), start("wait")).await.unwrap();
+        let bob = Principal("bob".into());
+        for err in [
+            service.cancel(&bob, &accepted.run_id).await.unwrap_err(),
+            service.steer(&bob, &accepted.run_id, "x".into()).await.unwrap_err(),
+            service
+                .respond(&bob, &accepted.run_id, "perm_1", PermissionDecision::Allow)
+                .await
+                .unwrap_err(),
+            service.cancel(&alice(), "nope").await.unwrap_err(),
+        ] {
+            assert_eq!(err.code, Code::NotFound, "{err:?}");
+        }
+        // The run is there, but no such ask waits: a state the run is not in.
+        let unknown = service
+            .respond(&alice(), &accepted.run_id, "perm_none", PermissionDecision::Allow)
+            .await
+            .unwrap_err();
+        assert_eq!(unknown.code, Code::InvalidState, "{unknown:?}");
+        service.cancel(&alice(), &accepted.run_id).await.unwrap();
+    }
+}

@@ -157,3 +157,59 @@ impl Service {
 pub(super) fn history_key(principal: &Principal, session: &str) -> String {
     format!("{}\u{0}{session}", principal.name())
 }
+
+/// A service for the unit tests beside each job: no store, one token
+/// (`alice`), agents whose scripted model answers after `delay_ms`.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::*;
+    use loom_core::async_trait;
+    use loom_llm::{ScriptTurn, ScriptedModel};
+
+    struct Answering {
+        delay_ms: u64,
+    }
+
+    #[async_trait]
+    impl AgentFactory for Answering {
+        fn default_model(&self) -> String {
+            "scripted:inline".into()
+        }
+
+        async fn build(&self, _spec: crate::agents::AgentSpec) -> Result<Agent, String> {
+            let turn = ScriptTurn {
+                content: Some("done".into()),
+                delay_ms: Some(self.delay_ms),
+                ..ScriptTurn::default()
+            };
+            Agent::builder()
+                .model(ScriptedModel::new(vec![turn; 20]))
+                .build()
+                .map_err(|err| err.to_string())
+        }
+    }
+
+    pub(crate) fn service(delay_ms: u64) -> Service {
+        let settings: crate::config::ServerSettings =
+            serde_json::from_value(serde_json::json!({"tokens": [{"name": "alice", "token": "alice-token-0123"}]}))
+                .unwrap_or_default();
+        let config = ServerConfig::from_settings(&settings, None).unwrap_or_default();
+        Service::new(config, Arc::new(Answering { delay_ms }), None)
+    }
+
+    pub(crate) fn alice() -> Principal {
+        Principal("alice".into())
+    }
+
+    pub(crate) fn start(prompt: &str) -> StartRun {
+        StartRun {
+            prompt: prompt.into(),
+            session_id: None,
+            model: None,
+            max_steps: None,
+            tools: None,
+            idempotency_key: None,
+            on_busy: None,
+        }
+    }
+}

@@ -277,3 +277,33 @@ pub(super) fn pending_ask(event: &Event) -> Option<PendingAsk> {
         seq: event.seq,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{alice, service, start};
+    use super::*;
+
+    #[tokio::test]
+    async fn a_started_runs_events_reach_a_subscriber_and_its_end_is_recorded() {
+        let service = service(0);
+        let accepted = service.start(&alice(), start("hello")).await.unwrap();
+        let mut subscription = service.subscribe(&alice(), &accepted.run_id, 0).await.unwrap();
+        let mut seqs = Vec::new();
+        let mut last = None;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), subscription.next()).await {
+                Ok(Next::Event(event)) => {
+                    seqs.push(event.seq);
+                    last = Some(event.kind.name());
+                }
+                Ok(Next::End) => break,
+                Ok(Next::Lagged) | Err(_) => panic!("the run's events did not all come: {seqs:?}"),
+            }
+        }
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "every seq, in order");
+        assert_eq!(last, Some("lifecycle.end"));
+        let view = service.get(&alice(), &accepted.run_id).await.unwrap();
+        assert_eq!((view.status, view.content.as_deref()), (RunStatus::Done, Some("done")));
+        assert_eq!(view.last_seq, *seqs.last().unwrap_or(&0));
+    }
+}
