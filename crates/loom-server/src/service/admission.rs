@@ -525,13 +525,8 @@ mod tests {
 
     fn request(prompt: &str, key: Option<&str>) -> StartRun {
         StartRun {
-            prompt: prompt.into(),
-            session_id: None,
-            model: None,
-            max_steps: None,
-            tools: None,
             idempotency_key: key.map(str::to_string),
-            on_busy: None,
+            ..super::super::testing::start(prompt)
         }
     }
 
