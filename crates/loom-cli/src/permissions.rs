@@ -44,10 +44,14 @@ pub(crate) fn policy(
             policy.add_override(pattern, decision)?;
         }
     }
-    if !server && !args.yes && !std::io::stdin().is_terminal() {
-        policy.set_unattended("loom runs without a terminal to ask on; rerun with --yes or --allow TOOL to approve");
-    }
     Ok(policy)
+}
+
+/// Why nobody can answer this command's asks, when nobody can: `loom run`
+/// or `chat` without a terminal on stdin (and without `--yes`).
+pub(crate) fn nobody_to_ask(args: &AgentArgs, server: bool) -> Option<&'static str> {
+    (!server && !args.yes && !std::io::stdin().is_terminal())
+        .then_some("loom runs without a terminal to ask on; rerun with --yes or --allow TOOL to approve")
 }
 
 /// Prints the permission question for `shown` (a call as `tool(args)`).

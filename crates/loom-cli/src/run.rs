@@ -233,6 +233,9 @@ pub(crate) async fn configure_agent(
         // A project's configuration in the workspace may be read but never
         // changed (docs/security.md).
         .read_only(workspace.join("loom.toml"));
+    if let Some(why) = permissions::nobody_to_ask(args, server.is_some()) {
+        builder = builder.nobody_to_ask(why);
+    }
     // Loom's state (every workspace's database, session keys, the trust
     // records) is out of every tool's reach. Made now if missing, so that
     // `bash` gets an empty mount there rather than a place to plant trust

@@ -15,6 +15,7 @@ use crate::event::EventEmitter;
 use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
 use crate::hooks::{PermissionHook, ToolHook};
+use crate::live_state::{LiveState, RunStream};
 use crate::llm::Llm;
 use crate::machine;
 use crate::memory::MemoryConfig;
@@ -23,7 +24,6 @@ use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, Sessi
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 pub use crate::recovery::ResumeError;
 use crate::retrieval::Retriever;
-use crate::status::RunStatus;
 use crate::store::{NoStore, Store};
 use crate::tokens::{TiktokenCounter, TokenCounter};
 use crate::tool::{DynTool, RegistryError, ToolRegistry};
@@ -64,6 +64,7 @@ pub struct AgentBuilder {
     hooks: Vec<Arc<dyn ToolHook>>,
     policy: PermissionPolicy,
     permission_timeout: Option<Duration>,
+    nobody_to_ask: Option<Arc<str>>,
     pipeline: PipelineConfig,
     redactor: Option<Redactor>,
     pricing: Option<Pricing>,
@@ -98,6 +99,7 @@ impl Default for AgentBuilder {
             hooks: Vec::new(),
             policy: PermissionPolicy::default(),
             permission_timeout: Some(Duration::from_secs(300)),
+            nobody_to_ask: None,
             pipeline: PipelineConfig::default(),
             redactor: None,
             pricing: None,
@@ -169,6 +171,14 @@ impl AgentBuilder {
     /// (default 300 s); `None` to wait as long as the run lives.
     pub fn permission_timeout(mut self, limit: Option<Duration>) -> Self {
         self.permission_timeout = limit;
+        self
+    }
+
+    /// Declares that nobody can answer this agent's asks (a terminal
+    /// program without a terminal): every `ask` is denied at once, and the
+    /// model reads `why`.
+    pub fn nobody_to_ask(mut self, why: impl Into<String>) -> Self {
+        self.nobody_to_ask = Some(why.into().into());
         self
     }
 
@@ -519,6 +529,7 @@ impl AgentBuilder {
             }),
             limits: self.limits,
             permission_timeout: self.permission_timeout,
+            nobody_to_ask: self.nobody_to_ask,
             workspace: workspace.into(),
             sessions: Arc::default(),
         })
@@ -619,6 +630,7 @@ pub struct Agent {
     engine: Arc<Engine>,
     limits: Limits,
     permission_timeout: Option<Duration>,
+    nobody_to_ask: Option<Arc<str>>,
     workspace: Arc<Path>,
     /// "Always" grants per session id.
     sessions: Arc<Mutex<HashMap<String, SessionGrants>>>,
@@ -668,7 +680,7 @@ impl Agent {
         if let Some(max_steps) = request.max_steps.filter(|steps| *steps > 0) {
             limits.max_steps = max_steps;
         }
-        let (driver, handle) = self.prepare(request.run_id, request.session_id, 0, limits);
+        let (driver, handle) = self.prepare(request.run_id, request.session_id, LiveState::default(), limits);
         handle.spawn(driver.drive(Start::New {
             prompt: request.prompt,
             history: request.history,
@@ -682,62 +694,87 @@ impl Agent {
     /// checkpoint, in this process. Its events continue the stored `seq`.
     /// See [`crate::resume`] for how calls cut short by the crash are settled.
     pub async fn resume(&self, run_id: &str) -> Result<RunHandle, ResumeError> {
+        self.prepare_resume(run_id).await?.start().await
+    }
+
+    /// Makes ready to resume a stopped run (as [`Agent::resume`]) without
+    /// taking it over yet: its controller exists at once, showing the asks
+    /// the run left open — an answer sent now applies when the resumed run
+    /// asks again — while it waits for [`ResumingRun::start`] (a gateway's
+    /// run waiting for a free slot).
+    pub async fn prepare_resume(&self, run_id: &str) -> Result<ResumingRun, ResumeError> {
         let store = self.engine.store.clone().ok_or(ResumeError::NoStore)?;
-        if let Some(parent) = store.load_run(run_id).await?.run.parent {
+        let record = store.load_run(run_id).await?.run;
+        if let Some(parent) = record.parent {
             return Err(ResumeError::SubAgent {
                 run_id: run_id.to_string(),
                 parent: parent.run_id,
             });
         }
-        let snapshot = crate::recovery::take_over(store.as_ref(), run_id, &self.engine.owner).await?;
+        crate::recovery::check_resumable(&record)?;
+        let log = store.events(run_id, 0).await?;
+        let state = LiveState::from_log(run_id, &log);
         let (driver, handle) = self.prepare(
-            Some(snapshot.run.run_id.clone()),
-            Some(snapshot.run.session_id.clone()),
-            snapshot.last_seq,
+            Some(record.run_id.clone()),
+            Some(record.session_id.clone()),
+            state,
             self.limits.clone(),
         );
-        Ok(handle.spawn(driver.drive(Start::Resumed(Box::new(snapshot)))))
+        Ok(ResumingRun {
+            run_id: run_id.to_string(),
+            store,
+            owner: self.engine.owner.clone(),
+            log,
+            driver,
+            handle,
+        })
     }
 
     /// The run's driver and the handle that controls it, not started yet.
+    /// `state` is what the run shows until it starts (a resumed run's
+    /// open asks and last `seq`); its events continue after its `last_seq`.
     fn prepare(
         &self,
         run_id: Option<String>,
         session_id: Option<String>,
-        last_seq: u64,
+        state: LiveState,
         limits: Limits,
     ) -> (Driver, PreparedHandle) {
+        let last_seq = state.last_seq;
         let cancel = CancellationToken::new();
         let budget = BudgetNode::root(limits.budget);
         let ctx = RunContext::new(run_id, session_id, self.workspace.to_path_buf(), limits, cancel);
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let (steer_tx, steer_rx) = mpsc::unbounded_channel();
         let (pause_tx, pause_rx) = watch::channel(false);
-        let (status_tx, status_rx) = watch::channel(RunStatus::Queued);
-        let status_tx = Arc::new(status_tx);
-        let pending = Arc::new(PendingRequests::default());
+        let (state_tx, state_rx) = watch::channel(state);
+        let state_tx = Arc::new(state_tx);
+        let pending = Arc::new(PendingRequests::new(state_tx.clone()));
         let gate = PermissionGate {
             pending: pending.clone(),
             grants: self.session_grants(ctx.session_id()),
             timeout: self.permission_timeout,
-            status_tx: status_tx.clone(),
+            nobody_to_ask: self.nobody_to_ask.clone(),
+            state: state_tx.clone(),
             store: self.engine.store.clone().map(|store| (store, ctx.run_id_arc())),
         };
         let controller = RunController {
             ctx: ctx.clone(),
             pause_tx: Arc::new(pause_tx),
             steer_tx,
-            status_rx,
+            state: state_rx,
             pending,
         };
-        // With a store, events reach the handle once stored (engine/event_log.rs).
-        let (log, emitter_tx) = match &self.engine.store {
-            Some(store) => EventLog::start(store.clone(), ctx.run_id_arc(), event_tx),
-            None => (EventLog::direct(event_tx.clone()), event_tx),
+        // Events become visible on the run's stream, after its state.
+        let stream = RunStream::new(ctx.run_id_arc(), state_tx.clone(), event_tx);
+        // With a store, only once stored (engine/event_log.rs).
+        let (log, sink) = match &self.engine.store {
+            Some(store) => EventLog::start(store.clone(), ctx.run_id_arc(), stream),
+            None => EventLog::direct(stream),
         };
         let driver = Driver {
             engine: self.engine.clone(),
-            events: EventEmitter::new(ctx.run_id_arc(), ctx.depth(), emitter_tx).continuing_after(last_seq),
+            events: EventEmitter::to_sink(ctx.run_id_arc(), ctx.depth(), sink).continuing_after(last_seq),
             log,
             store: self.engine.store.clone().unwrap_or_else(|| Arc::new(NoStore)),
             ctx,
@@ -745,7 +782,7 @@ impl Agent {
             controls: Controls {
                 steer_rx,
                 pause_rx,
-                status_tx,
+                state: state_tx,
             },
             gate,
             caches: Caches::default(),
@@ -765,6 +802,45 @@ impl Agent {
                 controller,
             },
         )
+    }
+}
+
+/// A stopped run made ready to resume ([`Agent::prepare_resume`]).
+pub struct ResumingRun {
+    run_id: String,
+    store: Arc<dyn Store>,
+    owner: String,
+    /// Its stored log, read once: its open asks, and the results it told.
+    log: Vec<crate::event::Event>,
+    driver: Driver,
+    handle: PreparedHandle,
+}
+
+impl std::fmt::Debug for ResumingRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumingRun").field("run_id", &self.run_id).finish()
+    }
+}
+
+impl ResumingRun {
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The run's controls and state, before it starts and after.
+    pub fn controller(&self) -> RunController {
+        self.handle.controller.clone()
+    }
+
+    /// Takes the run over in the store (of two processes, one gets it) and
+    /// continues it from its last checkpoint.
+    pub async fn start(self) -> Result<RunHandle, ResumeError> {
+        let snapshot = crate::recovery::take_over(self.store.as_ref(), &self.run_id, &self.owner).await?;
+        Ok(self.handle.spawn(self.driver.drive(Start::Resumed {
+            snapshot: Box::new(snapshot),
+            log: Some(self.log),
+        })))
     }
 }
 

@@ -32,12 +32,20 @@ impl std::fmt::Display for PermissionDecision {
     }
 }
 
-/// A control sent to a live run.
+/// A command to a live run: the one way anything — the CLI, a gateway, an
+/// embedding application — tells a run what to do
+/// ([`crate::RunController::send`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// Stop the run now: the model stream and running tools are aborted.
     Cancel {
         /// Why, as shown in `execution.cancelled`.
+        reason: String,
+    },
+    /// Stop the run now but leave it resumable: it checkpoints and ends
+    /// `INTERRUPTED` (a process going away).
+    Interrupt {
+        /// Why, as logged.
         reason: String,
     },
     /// Hold the run at the next turn boundary.

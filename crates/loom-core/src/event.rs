@@ -404,17 +404,41 @@ pub struct EventEmitter {
     // The lock makes "take the next seq" and "send" one step, so events
     // emitted from parallel tools still reach the stream in `seq` order.
     seq: Mutex<u64>,
+    tx: EventSink,
+    /// Events kept for the store's event log until the next checkpoint.
+    log: Option<Mutex<Vec<Event>>>,
+}
+
+/// Where an emitter's events go: a channel (a run's event log writer, a
+/// test), or straight to a run's stream (a run without a store).
+#[derive(Debug, Clone)]
+pub(crate) enum EventSink {
     // Boxed: the channel allocates its slots in blocks of 32, and 32 whole
     // events (~9 KB) per block held by every live run was a gateway's
     // largest cost per run after its model connections.
-    tx: mpsc::UnboundedSender<Box<Event>>,
-    /// Events kept for the store's event log until the next checkpoint.
-    log: Option<Mutex<Vec<Event>>>,
+    Channel(mpsc::UnboundedSender<Box<Event>>),
+    Stream(crate::live_state::RunStream),
+}
+
+impl EventSink {
+    /// A sink nobody reads any more is not an error.
+    fn send(&self, event: Box<Event>) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.send(event);
+            }
+            Self::Stream(stream) => stream.send(event),
+        }
+    }
 }
 
 impl EventEmitter {
     /// An emitter for `run_id` writing to `tx`.
     pub fn new(run_id: Arc<str>, depth: u32, tx: mpsc::UnboundedSender<Box<Event>>) -> Self {
+        Self::to_sink(run_id, depth, EventSink::Channel(tx))
+    }
+
+    pub(crate) fn to_sink(run_id: Arc<str>, depth: u32, tx: EventSink) -> Self {
         Self {
             run_id,
             depth,
@@ -457,7 +481,7 @@ impl EventEmitter {
         let mut seq = self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let event = self.stamp_locked(&mut seq, turn, kind);
         // Sent under the lock: parallel emitters reach the stream in `seq` order.
-        let _ = self.tx.send(Box::new(event));
+        self.tx.send(Box::new(event));
     }
 
     /// Numbers (and logs) one event without sending it, for an event that
@@ -476,7 +500,7 @@ impl EventEmitter {
 
     /// Sends an event made by [`EventEmitter::stamp`].
     pub fn send(&self, event: Event) {
-        let _ = self.tx.send(Box::new(event));
+        self.tx.send(Box::new(event));
     }
 
     fn stamp_locked(&self, seq: &mut u64, turn: &TurnIds, kind: EventKind) -> Event {

@@ -12,6 +12,7 @@ use crate::context::{RunContext, StopCause};
 pub use crate::control::Control;
 use crate::control::PermissionDecision;
 use crate::event::Event;
+use crate::live_state::LiveState;
 use crate::metrics::RunMetrics;
 pub use crate::outcome::RunOutcome;
 use crate::outcome::{ErrorCode, StopReason};
@@ -29,13 +30,15 @@ pub enum ControlError {
     UnknownRequest(String),
 }
 
-/// Cloneable controls of a live run.
+/// Cloneable controls of a live run: one way to command it
+/// ([`RunController::send`], with a [`Control`]) and one way to observe it
+/// ([`RunController::state`]).
 #[derive(Debug, Clone)]
 pub struct RunController {
     pub(crate) ctx: RunContext,
     pub(crate) pause_tx: Arc<watch::Sender<bool>>,
     pub(crate) steer_tx: mpsc::UnboundedSender<String>,
-    pub(crate) status_rx: watch::Receiver<RunStatus>,
+    pub(crate) state: watch::Receiver<LiveState>,
     pub(crate) pending: Arc<PendingRequests>,
 }
 
@@ -76,19 +79,18 @@ impl RunController {
         self.steer_tx.send(message.into()).map_err(|_| ControlError::Finished)
     }
 
-    /// Answers a `permission.request`.
+    /// Answers a `permission.request` of the run or of one of its
+    /// sub-agents — also one the run left open before a restart and has
+    /// not asked again yet (the answer applies when it does).
     pub fn respond_permission(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError> {
-        if self.pending.answer(request_id, decision) {
-            Ok(())
-        } else {
-            Err(ControlError::UnknownRequest(request_id.to_string()))
-        }
+        self.pending.answer(request_id, decision)
     }
 
     /// Delivers any control.
     pub fn send(&self, control: Control) -> Result<(), ControlError> {
         match control {
             Control::Cancel { reason } => self.cancel(reason),
+            Control::Interrupt { reason } => self.interrupt(reason),
             Control::Pause => self.pause(),
             Control::Unpause => self.unpause(),
             Control::Steer(message) => return self.steer(message),
@@ -99,7 +101,18 @@ impl RunController {
 
     /// The run's current status.
     pub fn status(&self) -> RunStatus {
-        *self.status_rx.borrow()
+        self.state.borrow().status
+    }
+
+    /// What the run shows of itself now: status, asks waiting, usage, last `seq`.
+    pub fn state(&self) -> LiveState {
+        self.state.borrow().clone()
+    }
+
+    /// The run's state as it changes (after each visible event, each
+    /// change of status).
+    pub fn watch_state(&self) -> watch::Receiver<LiveState> {
+        self.state.clone()
     }
 }
 

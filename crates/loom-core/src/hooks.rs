@@ -95,20 +95,14 @@ impl ToolHook for PermissionHook {
                     call.call.name
                 ),
             }),
-            Decision::Ask => match self.policy.unattended() {
-                Some(why) => HookDecision::Deny(format!(
-                    "Permission denied: '{}' needs approval, but nobody can approve it here ({why}). Do not retry it; find another way or tell the user what you need.",
-                    call.call.name
-                )),
-                None => HookDecision::Ask {
-                    // "always" grants the rule that asked when it constrains
-                    // arguments, otherwise the whole tool.
-                    grant_key: match (&verdict.rule, verdict.rule_has_arguments) {
-                        (Some(rule), true) => format!("rule:{rule}"),
-                        _ => format!("tool:{}", call.call.name),
-                    },
-                    reason: verdict.rule,
+            Decision::Ask => HookDecision::Ask {
+                // "always" grants the rule that asked when it constrains
+                // arguments, otherwise the whole tool.
+                grant_key: match (&verdict.rule, verdict.rule_has_arguments) {
+                    (Some(rule), true) => format!("rule:{rule}"),
+                    _ => format!("tool:{}", call.call.name),
                 },
+                reason: verdict.rule,
             },
         }
     }

@@ -6,7 +6,7 @@ use crate::event::{Event, EventEmitter, EventKind, TurnIds};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
-use crate::store::{RunSnapshot, Store, StoreError};
+use crate::store::{RunRecord, RunSnapshot, Store, StoreError};
 use crate::turn_state::TurnState;
 
 /// Marks every active run whose owner process is known to be dead as
@@ -128,29 +128,41 @@ pub enum ResumeError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// Whether a stored run can be resumed now: `INTERRUPTED`, or active with
+/// an owner process that is gone. Reads only; [`take_over`] decides.
+pub fn check_resumable(record: &RunRecord) -> Result<(), ResumeError> {
+    match record.status {
+        RunStatus::Interrupted => Ok(()),
+        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission => {
+            if crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead {
+                Ok(())
+            } else {
+                Err(ResumeError::StillRunning {
+                    run_id: record.run_id.clone(),
+                    status: record.status.as_str(),
+                    owner: record.owner.clone(),
+                })
+            }
+        }
+        status => Err(ResumeError::NotResumable {
+            run_id: record.run_id.clone(),
+            status: status.as_str(),
+        }),
+    }
+}
+
 /// Takes a stored run over to resume it in this process (`owner`): an
 /// `INTERRUPTED` run, or an active one whose owner is dead. Of two
 /// processes taking the same run, one gets it.
 pub async fn take_over(store: &dyn Store, run_id: &str, owner: &str) -> Result<RunSnapshot, ResumeError> {
     let record = store.load_run(run_id).await?.run;
-    match record.status {
-        RunStatus::Interrupted => {}
-        RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission => {
-            let dead = crate::owner::liveness(&record.owner) == crate::owner::Liveness::Dead;
-            if !(dead && store.mark_interrupted(run_id, &record.owner).await?) {
-                return Err(ResumeError::StillRunning {
-                    run_id: run_id.to_string(),
-                    status: record.status.as_str(),
-                    owner: record.owner,
-                });
-            }
-        }
-        status => {
-            return Err(ResumeError::NotResumable {
-                run_id: run_id.to_string(),
-                status: status.as_str(),
-            })
-        }
+    check_resumable(&record)?;
+    if record.status != RunStatus::Interrupted && !store.mark_interrupted(run_id, &record.owner).await? {
+        return Err(ResumeError::StillRunning {
+            run_id: run_id.to_string(),
+            status: record.status.as_str(),
+            owner: record.owner,
+        });
     }
     store.reclaim_run(run_id, owner).await?;
     Ok(store.load_run(run_id).await?)

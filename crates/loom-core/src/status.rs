@@ -3,10 +3,11 @@
 use serde::{Deserialize, Serialize};
 
 /// Where a run is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RunStatus {
     /// Accepted, not started.
+    #[default]
     Queued,
     /// The loop is working.
     Running,

@@ -1,38 +1,27 @@
 //! How the gateway reaches a run it admitted, wherever the run executes:
 //! the engine's [`RunController`] for a run in this process; for a run in
 //! a `loom worker` (docs/server.md), a message through Redis to the worker
-//! that holds it. The registry keeps one per run and never knows which.
+//! that holds it. One way to command a run, one way to observe it; the
+//! registry keeps one per run and never knows which kind.
 
-use loom_core::{ControlError, PermissionDecision, RunController};
+use loom_core::{Control, ControlError, LiveState, RunController};
 
-/// The controls of one live run.
+/// The controls and the state of one live run.
 pub trait RunControl: Send + Sync {
-    /// Stops the run: it ends `CANCELED` once its model stream and tools
-    /// have stopped.
-    fn cancel(&self, reason: &str);
-    /// Stops the run for a shutdown: it checkpoints and stays `INTERRUPTED`
-    /// for the next start to resume.
-    fn interrupt(&self, reason: &str);
-    /// A user message that joins the run at its next turn.
-    fn steer(&self, message: String) -> Result<(), ControlError>;
-    /// A person's answer to one of the run's asks.
-    fn respond_permission(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError>;
+    /// Tells the run something: cancel, interrupt, pause, unpause, steer,
+    /// or a person's answer to one of its asks.
+    fn send(&self, control: Control) -> Result<(), ControlError>;
+    /// What the run shows of itself now: status, asks waiting (its
+    /// sub-agents' included), usage, last `seq`.
+    fn state(&self) -> LiveState;
 }
 
 impl RunControl for RunController {
-    fn cancel(&self, reason: &str) {
-        RunController::cancel(self, reason);
+    fn send(&self, control: Control) -> Result<(), ControlError> {
+        RunController::send(self, control)
     }
 
-    fn interrupt(&self, reason: &str) {
-        RunController::interrupt(self, reason);
-    }
-
-    fn steer(&self, message: String) -> Result<(), ControlError> {
-        RunController::steer(self, message)
-    }
-
-    fn respond_permission(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError> {
-        RunController::respond_permission(self, request_id, decision)
+    fn state(&self) -> LiveState {
+        RunController::state(self)
     }
 }

@@ -7,7 +7,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
 use axum::http::request::Parts;
@@ -17,10 +16,10 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::Stream;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::auth::Principal;
+use crate::body::JsonBody;
 use crate::error::{ApiError, Code};
 use crate::protocol::{
     Answer, DecisionBody, ListParams, PermissionListParams, Request, RespondParams, RunIdParams, StartRun, SteerBody,
@@ -98,56 +97,12 @@ impl FromRequestParts<Arc<App>> for Principal {
     }
 }
 
-/// A JSON body within the size limit and the body timeout, with the
-/// protocol's error codes. A client that sends less than its
-/// `Content-Length` and waits gets `REQUEST_TIMEOUT`, and the connection
-/// closes with the answer (its body was not read to the end).
-pub(crate) async fn body<T: DeserializeOwned>(app: &App, headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
-    let config = app.service.config();
-    let limit = config.max_frame_bytes;
-    let patience = config.body_timeout;
-    let read = tokio::time::timeout(patience, axum::body::to_bytes(body, limit))
-        .await
-        .map_err(|_| {
-            metrics::counter!("loom_http_timeouts_total", "kind" => "body").increment(1);
-            ApiError::new(
-                Code::RequestTimeout,
-                format!("the body did not arrive within {} s", patience.as_secs_f64()),
-            )
-        })?;
-    let bytes = read.map_err(|_| {
-        ApiError::new(
-            Code::PayloadTooLarge,
-            format!("the body is over the limit of {limit} bytes"),
-        )
-    })?;
-    let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
-        .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
-    if !bytes.is_empty() && !is_json(headers) {
-        return Err(ApiError::new(
-            Code::InvalidRequest,
-            "a body must be sent with Content-Type: application/json",
-        ));
-    }
-    crate::protocol::object_params(value)
-}
-
-/// Whether the request says its body is JSON (`application/json`, any parameters).
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
-}
-
 pub(crate) async fn start_run(
     State(app): State<Arc<App>>,
     principal: Principal,
     headers: HeaderMap,
-    raw: Body,
+    JsonBody(mut params): JsonBody<StartRun>,
 ) -> Result<Response, ApiError> {
-    let mut params: StartRun = body(&app, &headers, raw).await?;
     if let Some(key) = headers.get("idempotency-key") {
         let key = key
             .to_str()
@@ -215,10 +170,8 @@ pub(crate) async fn steer_run(
     State(app): State<Arc<App>>,
     principal: Principal,
     Path(run_id): Path<String>,
-    headers: HeaderMap,
-    raw: Body,
+    JsonBody(SteerBody { message }): JsonBody<SteerBody>,
 ) -> Result<Response, ApiError> {
-    let SteerBody { message } = body(&app, &headers, raw).await?;
     let request = Request::Steer(SteerParams { run_id, message });
     answer(&app, &principal, request, StatusCode::OK).await
 }
@@ -227,10 +180,8 @@ pub(crate) async fn respond(
     State(app): State<Arc<App>>,
     principal: Principal,
     Path((run_id, request_id)): Path<(String, String)>,
-    headers: HeaderMap,
-    raw: Body,
+    JsonBody(DecisionBody { decision }): JsonBody<DecisionBody>,
 ) -> Result<Response, ApiError> {
-    let DecisionBody { decision } = body(&app, &headers, raw).await?;
     let request = Request::Respond(RespondParams {
         run_id,
         request_id,

@@ -11,6 +11,7 @@
 
 mod agents;
 pub mod auth;
+pub(crate) mod body;
 pub mod config;
 mod connections;
 pub mod control;
@@ -122,9 +123,16 @@ impl App {
             .route("/v1/runs/{id}/steer", post(http::steer_run))
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
+            // Outermost last: signed in and rate-limited, then the body read.
+            .route_layer(axum::middleware::from_fn_with_state(self.clone(), body::bounded))
             .route_layer(axum::middleware::from_fn_with_state(self.clone(), http::admitted));
+        // Open to anyone: its body is read within the same bounds.
+        let session = Router::new()
+            .route("/v1/session", post(web::sign_in).get(web::whoami).delete(web::sign_out))
+            .route_layer(axum::middleware::from_fn_with_state(self.clone(), body::bounded));
         Router::new()
             .merge(api)
+            .merge(session)
             .route("/ws", get(ws::upgrade))
             .route("/metrics", get(http::metrics))
             .route("/", get(web::index))
@@ -132,7 +140,6 @@ impl App {
             .route("/assets/app.css", get(web::style))
             .route("/assets/icon.svg", get(web::icon))
             .route("/favicon.ico", get(web::icon))
-            .route("/v1/session", post(web::sign_in).get(web::whoami).delete(web::sign_out))
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .fallback(http::not_found)

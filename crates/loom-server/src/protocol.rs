@@ -154,24 +154,8 @@ pub struct RunAccepted {
     pub steered: bool,
 }
 
-/// An ask waiting for an answer.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingAsk {
-    /// The run.
-    pub run_id: String,
-    /// The ask, as in `permission.request`.
-    pub request_id: String,
-    /// The tool.
-    pub tool: String,
-    /// Its arguments.
-    pub args: Value,
-    /// The rule that asks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    /// The `seq` of its `permission.request`.
-    pub seq: u64,
-}
+/// An ask waiting for an answer, as the run shows it.
+pub use loom_core::PendingAsk;
 
 /// A run as `run.get` and `run.list` show it.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]

@@ -1,46 +1,44 @@
 //! The runs this gateway holds: queued and executing runs with their
-//! controls and pending asks, idempotency keys, and (without a store) the
-//! finished runs kept in memory. Plain data under one lock;
+//! controls, idempotency keys, and (without a store) the finished runs
+//! kept in memory. Plain data under one lock;
 //! [`crate::service`] does the IO around it, and [`crate::queue`] decides
 //! which runs execute.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use loom_core::{Agent, Message, PermissionDecision, RunMetrics, RunRecord, RunRequest, RunStatus};
+use loom_core::{Agent, LiveState, Message, ResumingRun, RunRecord, RunRequest, RunStatus};
 use tokio::sync::watch;
 
 use crate::auth::Principal;
 use crate::control::RunControl;
-use crate::protocol::{PendingAsk, RunView};
+use crate::protocol::RunView;
 use crate::queue::Ticket;
 
-/// A run the gateway holds, queued or executing.
+/// A run the gateway holds, queued or executing. What it shows of itself
+/// once it has controls — status, asks, usage, last seq — it publishes
+/// ([`RunControl::state`]); the gateway keeps no copy.
 pub(crate) struct LiveRun {
     pub(crate) run_id: String,
     pub(crate) session_id: String,
     pub(crate) principal: Principal,
     pub(crate) prompt: String,
     pub(crate) model: String,
-    pub(crate) status: RunStatus,
     pub(crate) started_ms: u64,
-    pub(crate) metrics: RunMetrics,
-    pub(crate) content: Option<String>,
-    pub(crate) last_seq: u64,
-    /// What starts it, while queued.
-    pub(crate) start: Option<(Agent, Start)>,
+    /// Waiting in the gateway's line: the queue has not let it start.
+    pub(crate) queued: bool,
+    /// What starts it, until it is launched.
+    pub(crate) start: Option<Start>,
     /// Whether its record is in the store (always, without one): the queue
     /// may let it start before, but it is launched only after.
     pub(crate) stored: bool,
-    /// Its controls, once started.
+    /// Its controls: once started (a run taken back after a restart has
+    /// them while it waits, to show and take answers to the asks it left open).
     pub(crate) controller: Option<Arc<dyn RunControl>>,
     /// A cancel that came before the controls did.
     pub(crate) cancel_requested: bool,
-    pub(crate) pending: Vec<PendingAsk>,
-    /// Answers to asks a resumed run has not asked again yet.
-    pub(crate) early: HashMap<String, PermissionDecision>,
-    /// The pending asks came from the log of a run before its restart.
-    pub(crate) seeded: bool,
+    /// Its asks counted in the `loom_permission_pending` gauge.
+    pub(crate) asks_counted: usize,
     /// The `seq` of its last event, once it has stopped.
     pub(crate) done: watch::Sender<Option<(u64, RunStatus)>>,
 }
@@ -61,20 +59,38 @@ impl LiveRun {
         }
     }
 
+    /// What the run shows now: its own state, once it has controls.
+    pub(crate) fn state(&self) -> LiveState {
+        let mut state = self.controller.as_ref().map(|c| c.state()).unwrap_or_default();
+        state.status = match (self.queued, state.status) {
+            (true, _) => RunStatus::Queued,
+            // Let go by the queue, its loop not started yet.
+            (false, RunStatus::Queued) => RunStatus::Running,
+            (false, status) => status,
+        };
+        state
+    }
+
+    /// Its status now.
+    pub(crate) fn status(&self) -> RunStatus {
+        self.state().status
+    }
+
     pub(crate) fn view(&self, queue_position: Option<usize>) -> RunView {
+        let state = self.state();
         RunView {
             run_id: self.run_id.clone(),
             session_id: self.session_id.clone(),
-            status: self.status,
+            status: state.status,
             prompt: self.prompt.clone(),
             model: self.model.clone(),
             started_ms: self.started_ms,
             ended_ms: None,
-            content: self.content.clone(),
-            metrics: self.metrics.clone(),
-            pending_asks: self.pending.clone(),
+            content: state.content,
+            metrics: state.metrics,
+            pending_asks: state.pending_asks,
             queue_position,
-            last_seq: self.last_seq,
+            last_seq: state.last_seq,
             // A live sub-agent is not in the registry's runs.
             parent_run_id: None,
         }
@@ -84,15 +100,14 @@ impl LiveRun {
 /// How a queued run starts.
 pub(crate) enum Start {
     /// A new run.
-    New(RunRequest),
+    New(Agent, Box<RunRequest>),
     /// A run a previous process left interrupted, from its checkpoint.
-    Resume,
+    Resume(Box<ResumingRun>),
 }
 
 /// A run that may start now.
 pub(crate) struct Launch {
     pub(crate) run_id: String,
-    pub(crate) agent: Agent,
     pub(crate) start: Start,
 }
 
@@ -136,7 +151,7 @@ impl Registry {
             .entry(run.session_id.clone())
             .or_default()
             .push(run.run_id.clone());
-        self.pending_total += run.pending.len();
+        self.pending_total += run.asks_counted;
         self.runs.insert(run.run_id.clone(), run);
     }
 
@@ -144,7 +159,7 @@ impl Registry {
     pub(crate) fn on_session(&self, session_id: &str) -> Vec<&LiveRun> {
         let ids = self.by_session.get(session_id).map(Vec::as_slice).unwrap_or_default();
         let mut runs: Vec<&LiveRun> = ids.iter().filter_map(|id| self.runs.get(id)).collect();
-        runs.sort_by_key(|run| (run.status == RunStatus::Queued, run.started_ms));
+        runs.sort_by_key(|run| (run.queued, run.started_ms));
         runs
     }
 
@@ -170,12 +185,7 @@ impl Registry {
             let Some(run) = self.runs.get_mut(&ticket.run_id) else {
                 continue;
             };
-            // A run taken back after a restart may be waiting for answers.
-            run.status = if run.pending.is_empty() {
-                RunStatus::Running
-            } else {
-                RunStatus::WaitingPermission
-            };
+            run.queued = false;
             launches.extend(Self::launch_of(run));
         }
         launches
@@ -183,13 +193,12 @@ impl Registry {
 
     /// What starts `run`, once it executes and is stored.
     fn launch_of(run: &mut LiveRun) -> Option<Launch> {
-        if run.status == RunStatus::Queued || !run.stored {
+        if run.queued || !run.stored {
             return None;
         }
-        let (agent, start) = run.start.take()?;
+        let start = run.start.take()?;
         Some(Launch {
             run_id: run.run_id.clone(),
-            agent,
             start,
         })
     }
@@ -209,7 +218,7 @@ impl Registry {
     /// A run leaves the registry (it ended, or left the queue).
     pub(crate) fn remove(&mut self, run_id: &str) -> Option<LiveRun> {
         let run = self.runs.remove(run_id)?;
-        self.pending_total = self.pending_total.saturating_sub(run.pending.len());
+        self.pending_total = self.pending_total.saturating_sub(run.asks_counted);
         if let Some(ids) = self.by_session.get_mut(&run.session_id) {
             ids.retain(|id| id != run_id);
             if ids.is_empty() {
@@ -245,10 +254,12 @@ impl Registry {
         }
     }
 
-    /// `run_id`'s pending asks changed from `before` to what it holds now.
-    pub(crate) fn pending_changed(&mut self, run_id: &str, before: usize) {
-        let now = self.runs.get(run_id).map_or(0, |run| run.pending.len());
-        self.pending_total = (self.pending_total + now).saturating_sub(before);
+    /// `run_id` has `now` asks waiting.
+    pub(crate) fn count_asks(&mut self, run_id: &str, now: usize) {
+        if let Some(run) = self.runs.get_mut(run_id) {
+            self.pending_total = (self.pending_total + now).saturating_sub(run.asks_counted);
+            run.asks_counted = now;
+        }
     }
 
     /// Asks waiting over all runs.

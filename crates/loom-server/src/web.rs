@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HOST, ORIGIN, SET_COOKIE, UPGRADE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -24,6 +24,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use crate::auth::Principal;
+use crate::body::JsonBody;
 use crate::error::{ApiError, Code};
 use crate::App;
 
@@ -359,14 +360,14 @@ pub(crate) struct SignIn {
 }
 
 /// `POST /v1/session {token}`: a cookie for a valid token.
-pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, raw: Body) -> Response {
+/// Its body was read within the size limit and the body timeout by the
+/// layer every body goes through (this route is open to anyone).
+pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, request: Request) -> Response {
     if !same_origin(&headers, &app) {
         return ApiError::new(Code::Forbidden, "sign in from the page itself").into_response();
     }
-    // Read by the helper every body goes through: with the size limit and
-    // the body timeout (this route is open to anyone).
-    let body: SignIn = match crate::http::body(&app, &headers, raw).await {
-        Ok(body) => body,
+    let body: SignIn = match JsonBody::from_request(request, &app).await {
+        Ok(JsonBody(body)) => body,
         Err(err) => return err.into_response(),
     };
     let tokens = &app.service.config().tokens;

@@ -488,3 +488,113 @@ async fn a_run_whose_process_died_before_it_started_resumes_from_its_prompt() {
     let outcome = agent.resume("q2").await.unwrap().outcome().await;
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
 }
+
+/// An agent whose `record` asks a person first, on `store`.
+fn asking_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<Vec<String>>>) -> Agent {
+    Agent::builder()
+        .model(ScriptedModel::new(vec![
+            ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "record".into(),
+                    arguments: json!({"item": "x"}),
+                    id: Some("c_x".into()),
+                }],
+                ..ScriptTurn::default()
+            },
+            ScriptTurn {
+                content: Some("ok".into()),
+                ..ScriptTurn::default()
+            },
+        ]))
+        .tool(Record {
+            log,
+            hang_on: None,
+            started: Arc::default(),
+        })
+        .permissions(loom::PermissionPolicy::new(loom::Decision::Ask))
+        // An answer lost would deny the call after this, not hang the test.
+        .permission_timeout(Some(std::time::Duration::from_secs(5)))
+        .workspace(dir)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the_run_asks_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let agent = asking_agent(dir.path(), store.clone(), log.clone());
+    let mut handle = agent.run("record x");
+    let controller = handle.controller();
+    let mut asked = None;
+    while let Some(event) = handle.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            // The run shows the ask it waits on, the moment it is visible.
+            let state = controller.state();
+            assert_eq!(state.status, RunStatus::WaitingPermission);
+            assert_eq!(state.pending_asks[0].request_id, *request_id);
+            assert_eq!(state.last_seq, event.seq);
+            asked = Some((request_id.clone(), event.seq));
+            controller
+                .send(loom::Control::Interrupt {
+                    reason: "the process goes away".into(),
+                })
+                .unwrap();
+        }
+    }
+    let (request_id, asked_at) = asked.expect("the run asked");
+    assert_eq!(handle.outcome().await.status, RunStatus::Interrupted);
+    assert!(log.lock().unwrap().is_empty(), "nothing ran unanswered");
+
+    // Another process: the run is ready to resume, not taken yet.
+    let agent = asking_agent(dir.path(), store.clone(), log.clone());
+    let resuming = agent.prepare_resume(&handle_run_id(&store).await).await.unwrap();
+    let controller = resuming.controller();
+    let state = controller.state();
+    assert_eq!(state.status, RunStatus::Queued);
+    assert_eq!(state.pending_asks.len(), 1, "{state:?}");
+    assert_eq!(
+        (state.pending_asks[0].request_id.as_str(), state.pending_asks[0].seq),
+        (request_id.as_str(), asked_at)
+    );
+    assert_eq!(
+        store.load_run(resuming.run_id()).await.unwrap().run.status,
+        RunStatus::Interrupted,
+        "not taken over before it starts"
+    );
+    // Answered before the resumed run asks again: kept for it, once.
+    controller
+        .respond_permission(&request_id, loom::PermissionDecision::Allow)
+        .unwrap();
+    assert!(controller
+        .respond_permission(&request_id, loom::PermissionDecision::Deny)
+        .is_err());
+    assert!(controller
+        .respond_permission("perm_unknown", loom::PermissionDecision::Allow)
+        .is_err());
+
+    let (events, outcome) = resuming.start().await.unwrap().collect().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(*log.lock().unwrap(), ["x"], "the early answer let the call run");
+    let resolved: Vec<_> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::PermissionResolved {
+                request_id, decision, ..
+            } => Some((request_id.clone(), *decision)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resolved, [(request_id, loom::PermissionDecision::Allow)]);
+    assert!(events.first().unwrap().seq > asked_at, "the log continues");
+    let state = controller.state();
+    assert_eq!((state.status, state.pending_asks.len()), (RunStatus::Done, 0));
+    assert_eq!(state.last_seq, events.last().unwrap().seq);
+}
+
+/// The one run in `store`.
+async fn handle_run_id(store: &SqliteStore) -> String {
+    store.list_runs(1).await.unwrap()[0].run_id.clone()
+}

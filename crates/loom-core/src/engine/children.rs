@@ -18,6 +18,7 @@ use crate::budget::{Budget, BudgetNode};
 use crate::context::RunContext;
 use crate::delegate::{ChildEnd, ChildReport, ChildRequest, DelegateError, SubAgents};
 use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::live_state::LiveState;
 use crate::machine::TurnMachine;
 use crate::outcome::{ErrorCode, RunOutcome, StopReason};
 use crate::permission::PermissionGate;
@@ -35,7 +36,7 @@ pub(crate) struct Children {
     turn: TurnIds,
     depth: u32,
     tools: Arc<crate::pipeline::ToolPipeline>,
-    stream: mpsc::UnboundedSender<Box<crate::event::Event>>,
+    stream: crate::live_state::RunStream,
     gate: PermissionGate,
     pause_rx: watch::Receiver<bool>,
     store: Arc<dyn Store>,
@@ -199,20 +200,22 @@ impl Children {
         )
         .under(&self.parent);
         // Its events join the root's stream once stored, like the root's own.
-        let (log, emitter_tx) = if self.store.keeps_anything() {
+        let (log, sink) = if self.store.keeps_anything() {
             EventLog::start(self.store.clone(), ctx.run_id_arc(), self.stream.clone())
         } else {
-            (EventLog::direct(self.stream.clone()), self.stream.clone())
+            EventLog::direct(self.stream.clone())
         };
-        let events = EventEmitter::new(ctx.run_id_arc(), depth, emitter_tx)
+        let events = EventEmitter::to_sink(ctx.run_id_arc(), depth, sink)
             .with_parent_run(self.parent.run_id_arc())
             .continuing_after(last_seq);
         let (_steer_tx, steer_rx) = mpsc::unbounded_channel();
-        let status_tx = Arc::new(watch::channel(RunStatus::Queued).0);
-        // Asks go to the same person as the parent's: the parent's
+        // Its own status is its parent's business (its asks show in the
+        // root's state, through the root's stream).
+        let state = Arc::new(watch::channel(LiveState::default()).0);
+        // Asks go to the same person as the parent's: the root's
         // controller answers them (request ids differ by run).
         let gate = PermissionGate {
-            status_tx: status_tx.clone(),
+            state: state.clone(),
             store: self
                 .gate
                 .store
@@ -238,7 +241,7 @@ impl Children {
             controls: Controls {
                 steer_rx,
                 pause_rx: self.pause_rx.clone(),
-                status_tx,
+                state,
             },
             gate,
             caches: Caches::default(),
@@ -303,7 +306,11 @@ impl SubAgents for Children {
                     .map_err(|err| DelegateError::Resume(format!("the sub-agent {run_id} cannot be resumed: {err}")))?;
                 spent_before = Some(snapshot.run.metrics.clone());
                 let last_seq = snapshot.last_seq;
-                (Start::Resumed(Box::new(snapshot)), last_seq)
+                let start = Start::Resumed {
+                    snapshot: Box::new(snapshot),
+                    log: None,
+                };
+                (start, last_seq)
             }
             Err(err) => {
                 return Err(DelegateError::Resume(format!(

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use crate::context::RunContext;
+use crate::live_state::LiveState;
 use crate::status::RunStatus;
 
 /// The run's end of its controller's channels.
 pub(crate) struct Controls {
     pub steer_rx: mpsc::UnboundedReceiver<String>,
     pub pause_rx: watch::Receiver<bool>,
-    pub status_tx: Arc<watch::Sender<RunStatus>>,
+    /// Where the run shows its status.
+    pub state: Arc<watch::Sender<LiveState>>,
 }
 
 impl Controls {
@@ -49,6 +51,6 @@ impl Controls {
 
     /// Shows the run's status to its controllers.
     pub(crate) fn show(&self, status: RunStatus) {
-        self.status_tx.send_replace(status);
+        self.state.send_if_modified(|state| state.set_own_status(status));
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::budget::WARN_AT;
 use crate::context::{Deadline, RunContext, StopCause};
-use crate::event::{EventKind, Phase, TurnIds};
+use crate::event::{Event, EventKind, Phase, TurnIds};
 use crate::machine::{Ending, Next, RunState, TurnEnd, TurnMachine, TurnPhase};
 use crate::memory::{Memory, Unsaved};
 use crate::message::Message;
@@ -31,7 +31,11 @@ pub(crate) enum Start {
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
-    Resumed(Box<RunSnapshot>),
+    Resumed {
+        snapshot: Box<RunSnapshot>,
+        /// Its stored log, when read already (else it is read if needed).
+        log: Option<Vec<Event>>,
+    },
 }
 
 /// How long a run that ends waits for its sub-agents to stop.
@@ -56,7 +60,7 @@ impl Driver {
                 history,
                 principal,
             } => self.begin(prompt, history, principal).await,
-            Start::Resumed(snapshot) => self.reenter(*snapshot).await,
+            Start::Resumed { snapshot, log } => self.reenter(*snapshot, log).await,
         };
         let ending = self.run(&mut machine).await;
         self.close(machine, ending).await
@@ -91,30 +95,33 @@ impl Driver {
     /// The last result the run's stored log told for each call. A log that
     /// cannot be read counts as holding none: a result told twice is
     /// better than one never told.
-    async fn logged_results(&self) -> HashMap<String, (ToolStatus, String)> {
-        match self.store.events(self.ctx.run_id(), 0).await {
-            // In log order: a later result of a call replaces an earlier one.
-            Ok(events) => events
-                .into_iter()
-                .filter_map(|event| match event.kind {
-                    EventKind::ToolResult {
-                        call_id,
-                        status,
-                        content,
-                        ..
-                    } => Some((call_id, (status, content))),
-                    _ => None,
-                })
-                .collect(),
-            Err(err) => {
-                tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
-                HashMap::new()
-            }
-        }
+    async fn logged_results(&self, log: Option<Vec<Event>>) -> HashMap<String, (ToolStatus, String)> {
+        let log = match log {
+            Some(log) => log,
+            None => match self.store.events(self.ctx.run_id(), 0).await {
+                Ok(log) => log,
+                Err(err) => {
+                    tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
+                    return HashMap::new();
+                }
+            },
+        };
+        // In log order: a later result of a call replaces an earlier one.
+        log.into_iter()
+            .filter_map(|event| match event.kind {
+                EventKind::ToolResult {
+                    call_id,
+                    status,
+                    content,
+                    ..
+                } => Some((call_id, (status, content))),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A stored run, re-entered where its last checkpoint left it.
-    async fn reenter(&mut self, snapshot: RunSnapshot) -> TurnMachine {
+    async fn reenter(&mut self, snapshot: RunSnapshot, log: Option<Vec<Event>>) -> TurnMachine {
         let RunSnapshot {
             run,
             messages,
@@ -130,7 +137,7 @@ impl Driver {
         self.log.open();
         self.emit_start(&state, &run.prompt, true);
         if !journal.is_empty() {
-            self.caches.logged_results = self.logged_results().await;
+            self.caches.logged_results = self.logged_results(log).await;
         }
         self.caches.journal = journal;
         if messages.is_empty() {

@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::event::Event;
+use crate::event::{Event, EventSink};
+use crate::live_state::RunStream;
 use crate::store::{Store, StoreError};
 
 /// A run's event log writer, as the driver holds it.
@@ -27,7 +28,7 @@ pub(crate) struct EventLog {
     /// Commands to the writer; none without a store.
     writer: Option<mpsc::UnboundedSender<Command>>,
     /// The run's stream: where stored events go.
-    visible: mpsc::UnboundedSender<Box<Event>>,
+    visible: RunStream,
 }
 
 enum Command {
@@ -41,19 +42,17 @@ enum Command {
 }
 
 impl EventLog {
-    /// Events go straight to `visible` (a run without a store).
-    pub(crate) fn direct(visible: mpsc::UnboundedSender<Box<Event>>) -> Self {
-        Self { writer: None, visible }
+    /// Events go straight to `visible` (a run without a store); returns
+    /// the log and the sink its emitter writes to.
+    pub(crate) fn direct(visible: RunStream) -> (Self, EventSink) {
+        let sink = EventSink::Stream(visible.clone());
+        (Self { writer: None, visible }, sink)
     }
 
     /// Starts the writer of `run_id`'s log in `store`; returns the log and
-    /// the sender its emitter writes to. Nothing is written before
+    /// the sink its emitter writes to. Nothing is written before
     /// [`EventLog::open`].
-    pub(crate) fn start(
-        store: Arc<dyn Store>,
-        run_id: Arc<str>,
-        visible: mpsc::UnboundedSender<Box<Event>>,
-    ) -> (Self, mpsc::UnboundedSender<Box<Event>>) {
+    pub(crate) fn start(store: Arc<dyn Store>, run_id: Arc<str>, visible: RunStream) -> (Self, EventSink) {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (commands_tx, commands) = mpsc::unbounded_channel();
         let writer = Writer {
@@ -70,13 +69,13 @@ impl EventLog {
                 writer: Some(commands_tx),
                 visible,
             },
-            events_tx,
+            EventSink::Channel(events_tx),
         )
     }
 
     /// The run's stream, where events arrive once stored: a sub-agent's
     /// stored events join it.
-    pub(crate) fn visible(&self) -> mpsc::UnboundedSender<Box<Event>> {
+    pub(crate) fn visible(&self) -> RunStream {
         self.visible.clone()
     }
 
@@ -104,7 +103,7 @@ impl EventLog {
     /// stream before its parent goes on).
     pub(crate) async fn send_stored(&self, event: Event) {
         let Some(writer) = &self.writer else {
-            let _ = self.visible.send(Box::new(event));
+            self.visible.send(Box::new(event));
             return;
         };
         let (ack, sent) = oneshot::channel();
@@ -112,9 +111,7 @@ impl EventLog {
             Ok(()) => {
                 let _ = sent.await;
             }
-            Err(mpsc::error::SendError(Command::Stored(event, _))) => {
-                let _ = self.visible.send(event);
-            }
+            Err(mpsc::error::SendError(Command::Stored(event, _))) => self.visible.send(event),
             Err(_) => {}
         }
     }
@@ -123,7 +120,7 @@ impl EventLog {
 struct Writer {
     store: Arc<dyn Store>,
     run_id: Arc<str>,
-    visible: mpsc::UnboundedSender<Box<Event>>,
+    visible: RunStream,
     opened: bool,
     /// Events received and not written yet.
     group: Vec<Event>,
@@ -160,7 +157,7 @@ impl Writer {
                         if !self.opened {
                             self.pass_on();
                         }
-                        let _ = self.visible.send(event);
+                        self.visible.send(event);
                         let _ = ack.send(());
                     }
                     None => commands_done = true,
@@ -214,7 +211,7 @@ impl Writer {
 
     fn pass_on(&mut self) {
         for event in self.group.drain(..) {
-            let _ = self.visible.send(Box::new(event));
+            self.visible.send(Box::new(event));
         }
     }
 }

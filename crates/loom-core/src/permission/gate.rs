@@ -1,5 +1,8 @@
-//! Asking a person: `permission.request`, a wait for the reply through the
-//! `RunHandle`, `permission.resolved`.
+//! Approvals: asking a person (`permission.request`, a wait for the reply
+//! through the run's controller, `permission.resolved`), the requests
+//! waiting with their stable ids, answers that come before a resumed run
+//! asks again, and runs nobody can answer for. The CLI, the gateway and
+//! sub-agents (whose asks their root's controller answers) all use this.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,6 +13,8 @@ use tokio::sync::{oneshot, watch};
 
 use crate::control::PermissionDecision;
 use crate::event::{EventEmitter, EventKind, TurnIds, Unanswered};
+use crate::handle::ControlError;
+use crate::live_state::LiveState;
 use crate::status::RunStatus;
 
 /// How a wait for a person ended.
@@ -30,19 +35,68 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Pending requests of one run, shared by the run and its controller.
-#[derive(Debug, Default)]
+/// The requests of one run tree waiting for answers, shared by the run,
+/// its sub-agents and its controller.
+#[derive(Debug)]
 pub(crate) struct PendingRequests {
-    waiting: Mutex<HashMap<String, oneshot::Sender<PermissionDecision>>>,
+    asks: Mutex<Asks>,
+    /// The run's state: which asks a previous process left open.
+    state: Arc<watch::Sender<LiveState>>,
+}
+
+/// One lock over both, so an answer and the ask it answers cannot pass
+/// each other.
+#[derive(Debug, Default)]
+struct Asks {
+    waiting: HashMap<String, oneshot::Sender<PermissionDecision>>,
+    /// Answers to asks left open before a restart, for when the resumed
+    /// run asks them again (under the same ids).
+    early: HashMap<String, PermissionDecision>,
 }
 
 impl PendingRequests {
-    /// Delivers a reply. `false` when no such request is waiting.
-    pub(crate) fn answer(&self, request_id: &str, decision: PermissionDecision) -> bool {
-        match lock(&self.waiting).remove(request_id) {
-            Some(sender) => sender.send(decision).is_ok(),
-            None => false,
+    pub(crate) fn new(state: Arc<watch::Sender<LiveState>>) -> Self {
+        Self {
+            asks: Mutex::default(),
+            state,
         }
+    }
+
+    /// Delivers a person's answer to the ask `request_id`, or keeps it for
+    /// the resumed run that will ask it again.
+    pub(crate) fn answer(&self, request_id: &str, decision: PermissionDecision) -> Result<(), ControlError> {
+        let mut asks = lock(&self.asks);
+        if let Some(sender) = asks.waiting.remove(request_id) {
+            return sender
+                .send(decision)
+                .map_err(|_| ControlError::UnknownRequest(request_id.to_string()));
+        }
+        let left_open = self.state.borrow().asked_before_restart(request_id);
+        if left_open && !asks.early.contains_key(request_id) {
+            asks.early.insert(request_id.to_string(), decision);
+            return Ok(());
+        }
+        Err(ControlError::UnknownRequest(request_id.to_string()))
+    }
+
+    /// Waits for the answer to `request_id` from now on (at once, when it
+    /// came before the ask).
+    fn expect(&self, request_id: &str) -> oneshot::Receiver<PermissionDecision> {
+        let (tx, rx) = oneshot::channel();
+        let mut asks = lock(&self.asks);
+        match asks.early.remove(request_id) {
+            Some(decision) => {
+                let _ = tx.send(decision);
+            }
+            None => {
+                asks.waiting.insert(request_id.to_string(), tx);
+            }
+        }
+        rx
+    }
+
+    fn forget(&self, request_id: &str) {
+        lock(&self.asks).waiting.remove(request_id);
     }
 }
 
@@ -52,7 +106,11 @@ pub(crate) struct PermissionGate {
     pub pending: Arc<PendingRequests>,
     pub grants: SessionGrants,
     pub timeout: Option<Duration>,
-    pub status_tx: Arc<watch::Sender<RunStatus>>,
+    /// Why nobody can answer, when nobody can (the CLI without a
+    /// terminal): every ask is then denied with this reason.
+    pub nobody_to_ask: Option<Arc<str>>,
+    /// Where the run shows its status.
+    pub state: Arc<watch::Sender<LiveState>>,
     /// Where `WAITING_PERMISSION` is recorded, so other processes see it.
     pub store: Option<(Arc<dyn crate::store::Store>, Arc<str>)>,
 }
@@ -105,18 +163,19 @@ impl PermissionGate {
         turn: &TurnIds,
         ctx: &crate::context::RunContext,
     ) -> AskOutcome {
+        if let Some(why) = &self.nobody_to_ask {
+            return AskOutcome::Denied(format!(
+                "Permission denied: '{}' needs approval, but nobody can approve it here ({why}). Do not retry it; find another way or tell the user what you need.",
+                request.tool
+            ));
+        }
         let cancel = ctx.cancel_token();
         let request_id = request_id(ctx.run_id(), request.call_id);
-        let (tx, rx) = oneshot::channel();
-        lock(&self.pending.waiting).insert(request_id.clone(), tx);
+        let rx = self.pending.expect(&request_id);
         // The status is recorded before the question goes out, so whoever
         // sees the request finds the run WAITING_PERMISSION in the store.
-        let waiting = self.status_tx.send_if_modified(|status| {
-            let waiting = *status == RunStatus::Running;
-            if waiting {
-                *status = RunStatus::WaitingPermission;
-            }
-            waiting
+        let waiting = self.state.send_if_modified(|state| {
+            state.own_status() == RunStatus::Running && state.set_own_status(RunStatus::WaitingPermission)
         });
         if waiting {
             self.record(RunStatus::WaitingPermission).await;
@@ -168,7 +227,7 @@ impl PermissionGate {
             ),
         };
         drop(person);
-        lock(&self.pending.waiting).remove(&request_id);
+        self.pending.forget(&request_id);
         if outcome == AskOutcome::Cancelled
             && matches!(ctx.stop_cause(), Some(crate::context::StopCause::Interrupted(_)))
         {
@@ -177,12 +236,8 @@ impl PermissionGate {
             // `permission.resolved`) and an answer sent later applies.
             return outcome;
         }
-        let resumed = self.status_tx.send_if_modified(|status| {
-            let resumed = *status == RunStatus::WaitingPermission;
-            if resumed {
-                *status = RunStatus::Running;
-            }
-            resumed
+        let resumed = self.state.send_if_modified(|state| {
+            state.own_status() == RunStatus::WaitingPermission && state.set_own_status(RunStatus::Running)
         });
         if resumed {
             self.record(RunStatus::Running).await;

@@ -252,7 +252,6 @@ pub struct PermissionPolicy {
     overrides: Vec<Rule>,
     rules: Vec<Rule>,
     default: Decision,
-    unattended: Option<String>,
 }
 
 impl Default for PermissionPolicy {
@@ -269,19 +268,7 @@ impl PermissionPolicy {
             overrides: Vec::new(),
             rules: Vec::new(),
             default,
-            unattended: None,
         }
-    }
-
-    /// Declares that nobody can answer questions: every `ask` becomes a
-    /// deny whose result tells the model `why`.
-    pub fn set_unattended(&mut self, why: impl Into<String>) {
-        self.unattended = Some(why.into());
-    }
-
-    /// Why nobody can be asked, when nobody can.
-    pub fn unattended(&self) -> Option<&str> {
-        self.unattended.as_deref()
     }
 
     /// Changes the default.

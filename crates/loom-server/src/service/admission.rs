@@ -113,13 +113,13 @@ impl Service {
             {
                 return Err(session_taken(&session_id));
             }
-            let live: Vec<(String, RunStatus)> = registry
+            let live: Vec<(String, bool)> = registry
                 .on_session(&session_id)
                 .iter()
-                .map(|run| (run.run_id.clone(), run.status))
+                .map(|run| (run.run_id.clone(), run.queued))
                 .collect();
             let mut to_cancel = Vec::new();
-            if let Some((busy_id, busy_status)) = live.first() {
+            if let Some((busy_id, busy_queued)) = live.first() {
                 match on_busy {
                     OnBusy::Reject => {
                         return Err(ApiError::new(
@@ -130,8 +130,8 @@ impl Service {
                     OnBusy::Steer => {
                         let run = registry.runs.get(busy_id);
                         let steered = match run.and_then(|run| run.controller.as_ref()) {
-                            Some(controller) if *busy_status != RunStatus::Queued => {
-                                controller.steer(params.prompt.clone()).is_ok()
+                            Some(controller) if !*busy_queued => {
+                                controller.send(Control::Steer(params.prompt.clone())).is_ok()
                             }
                             _ => false,
                         };
@@ -282,18 +282,13 @@ impl Service {
                 .model
                 .clone()
                 .unwrap_or_else(|| self.inner.agents.default_model()),
-            status: RunStatus::Queued,
             started_ms,
-            metrics: RunMetrics::default(),
-            content: None,
-            last_seq: 0,
-            start: Some((agent, Start::New(request))),
+            queued: true,
+            start: Some(Start::New(agent, Box::new(request))),
             stored: self.inner.store.is_none(),
             controller: None,
             cancel_requested: false,
-            pending: Vec::new(),
-            early: HashMap::new(),
-            seeded: false,
+            asks_counted: 0,
             done,
         }
     }
@@ -513,7 +508,7 @@ pub(super) fn accepted_of(run: &LiveRun, queue_position: Option<usize>) -> RunAc
     RunAccepted {
         run_id: run.run_id.clone(),
         session_id: run.session_id.clone(),
-        status: run.status,
+        status: run.status(),
         queue_position,
         steered: false,
     }

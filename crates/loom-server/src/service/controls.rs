@@ -28,19 +28,25 @@ impl Service {
         let found = {
             let mut registry = self.registry();
             let found = match registry.run_mut(principal, run_id) {
-                Some(run) if run.status == RunStatus::Queued && run.stored => None,
+                Some(run) if run.queued && run.stored => None,
                 // Its record is being written: the admission cancels it
                 // once it is (docs/server.md), and this waits for that.
-                Some(run) if run.status == RunStatus::Queued => {
+                Some(run) if run.queued => {
                     run.cancel_requested = true;
                     Some(Found::Running(run.done.subscribe()))
                 }
                 // Its lifecycle.end is out: it ended before this cancel.
-                Some(run) if run.status.is_terminal() => Some(Found::Ended),
+                Some(run) if run.status().is_terminal() => Some(Found::Ended),
                 Some(run) => {
                     let done = run.done.subscribe();
+                    let cancel = Control::Cancel {
+                        reason: reason.to_string(),
+                    };
                     match &run.controller {
-                        Some(controller) => controller.cancel(reason),
+                        // Cancelling a run that is ending is harmless.
+                        Some(controller) => {
+                            let _ = controller.send(cancel);
+                        }
                         None => run.cancel_requested = true,
                     }
                     Some(Found::Running(done))
@@ -155,8 +161,8 @@ impl Service {
         let refused = {
             let registry = self.registry();
             match registry.run(principal, run_id) {
-                Some(run) => match (&run.controller, run.status) {
-                    (Some(controller), status) if status != RunStatus::Queued => match controller.steer(message) {
+                Some(run) => match &run.controller {
+                    Some(controller) if !run.queued => match controller.send(Control::Steer(message)) {
                         Ok(()) => return Ok(()),
                         Err(err) => err.to_string(),
                     },
@@ -196,36 +202,30 @@ impl Service {
         decision: PermissionDecision,
     ) -> Result<(), ApiError> {
         let live = {
-            let mut registry = self.registry();
-            // A sub-agent's ask is answered by the run whose stream carries it.
+            let registry = self.registry();
+            // A sub-agent's ask is answered by its root, whose state holds it.
             let answering = registry
                 .sub_agents
                 .get(run_id)
                 .cloned()
                 .unwrap_or_else(|| run_id.to_string());
-            match registry.run_mut(principal, &answering) {
+            match registry.run(principal, &answering) {
                 Some(run) => {
-                    let pending = run.pending.iter().any(|ask| ask.request_id == request_id);
-                    if !pending {
+                    let reply = Control::PermissionReply {
+                        request_id: request_id.to_string(),
+                        decision,
+                    };
+                    // The run decides: an ask it waits on, or one it left
+                    // open before a restart (answered when it asks again).
+                    let delivered = run
+                        .controller
+                        .as_ref()
+                        .is_some_and(|controller| controller.send(reply).is_ok());
+                    if !delivered {
                         return Err(ApiError::new(
                             Code::InvalidState,
                             format!("no ask '{request_id}' is waiting for an answer"),
                         ));
-                    }
-                    let delivered = run
-                        .controller
-                        .as_ref()
-                        .is_some_and(|controller| controller.respond_permission(request_id, decision).is_ok());
-                    if !delivered {
-                        if !run.seeded {
-                            return Err(ApiError::new(
-                                Code::InvalidState,
-                                format!("no ask '{request_id}' is waiting for an answer"),
-                            ));
-                        }
-                        // Asked before the restart; the resumed run asks
-                        // again under the same id, and gets this answer.
-                        run.early.insert(request_id.to_string(), decision);
                     }
                     true
                 }

@@ -1,27 +1,27 @@
 //! A started run's life in the gateway: its handle attached, its events
-//! pumped to the feed (the registry kept up to date on the way), its end
-//! recorded and the runs waiting behind it started.
+//! pumped to the feed, its end recorded and the runs waiting behind it
+//! started.
 
 use super::*;
 
 impl Service {
     /// Starts a run the registry let go.
     pub(super) fn launch(&self, launch: Launch) {
-        let Launch { run_id, agent, start } = launch;
+        let Launch { run_id, start } = launch;
         let span = tracing::info_span!("run", run_id = %run_id);
         match start {
-            Start::New(request) => {
+            Start::New(agent, request) => {
                 let handle = {
                     let _entered = span.enter();
-                    agent.run(request)
+                    agent.run(*request)
                 };
                 self.attach(run_id, handle, span);
             }
-            Start::Resume => {
+            Start::Resume(resuming) => {
                 let service = self.clone();
                 // Tracked with the pumps: a shutdown waits for it too.
                 self.inner.pumps.spawn(async move {
-                    match agent.resume(&run_id).instrument(span.clone()).await {
+                    match resuming.start().instrument(span.clone()).await {
                         Ok(handle) => {
                             tracing::info!(parent: &span, "resuming the run");
                             service.attach(run_id, handle, span);
@@ -59,11 +59,15 @@ impl Service {
             let mut registry = self.registry();
             if let Some(run) = registry.runs.get_mut(&run_id) {
                 if run.cancel_requested {
-                    controller.cancel("cancelled by the client");
+                    let _ = controller.send(Control::Cancel {
+                        reason: "cancelled by the client".into(),
+                    });
                 } else if self.shutting_down() {
                     // Started while the gateway closes (a resume that was
                     // still loading): it checkpoints and waits for the next start.
-                    controller.interrupt("the server is shutting down");
+                    let _ = controller.send(Control::Interrupt {
+                        reason: "the server is shutting down".into(),
+                    });
                 }
                 run.controller = Some(controller);
             }
@@ -78,54 +82,42 @@ impl Service {
         );
     }
 
+    /// Passes a run's events (its sub-agents' included) to the feed, and
+    /// counts its asks for the gauge; the run's state is the run's own.
     pub(super) async fn pump(&self, run_id: String, mut handle: RunHandle) {
         let mut model_started = None;
+        let state = handle.controller().watch_state();
+        let mut asks_counted = state.borrow().pending_asks.len();
         while let Some(event) = handle.next_event().await {
             crate::metrics::observe(&event, &mut model_started);
             let event = Arc::new(event);
             if *event.run_id == *run_id {
-                self.on_event(&event);
                 self.inner.feed.publish(event);
             } else {
                 self.on_sub_agent_event(&run_id, event);
             }
+            let asks = state.borrow().pending_asks.len();
+            if asks != asks_counted {
+                asks_counted = asks;
+                let mut registry = self.registry();
+                registry.count_asks(&run_id, asks);
+                self.publish_gauges(&registry);
+            }
         }
+        let last_seq = state.borrow().last_seq;
         let outcome = handle.outcome().await;
-        self.on_end(&run_id, outcome);
+        self.on_end(&run_id, outcome, last_seq);
     }
 
     /// An event of a sub-agent, from its root run's stream: it gets a feed
     /// of its own (joined under its parent's, so the root's subscribers see
-    /// it live), and its asks are the root's to answer.
+    /// it live); its asks are in its root's state, for the root to answer.
     pub(super) fn on_sub_agent_event(&self, root: &str, event: Arc<Event>) {
         let child = event.run_id.to_string();
         if matches!(event.kind, EventKind::LifecycleStart { .. }) {
             let parent = event.parent_run_id.as_deref().unwrap_or(root);
             self.inner.feed.open_under(&child, parent, event.seq.saturating_sub(1));
             self.registry().sub_agents.insert(child.clone(), root.to_string());
-        }
-        if let EventKind::PermissionRequest { .. } | EventKind::PermissionResolved { .. } = &event.kind {
-            let mut registry = self.registry();
-            if let Some(run) = registry.runs.get_mut(root) {
-                let before = run.pending.len();
-                match pending_ask(&event) {
-                    Some(ask) => {
-                        run.pending.retain(|known| known.request_id != ask.request_id);
-                        run.pending.push(ask);
-                        run.status = RunStatus::WaitingPermission;
-                    }
-                    None => {
-                        if let EventKind::PermissionResolved { request_id, .. } = &event.kind {
-                            run.pending.retain(|known| known.request_id != *request_id);
-                            if run.pending.is_empty() {
-                                run.status = RunStatus::Running;
-                            }
-                        }
-                    }
-                }
-                registry.pending_changed(root, before);
-                self.publish_gauges(&registry);
-            }
         }
         let ended = matches!(event.kind, EventKind::LifecycleEnd { .. });
         self.inner.feed.publish(event);
@@ -135,81 +127,19 @@ impl Service {
         }
     }
 
-    /// What an event changes in the registry.
-    pub(super) fn on_event(&self, event: &Event) {
-        let mut registry = self.registry();
-        let Some(run) = registry.runs.get_mut(&*event.run_id) else {
-            return;
-        };
-        run.last_seq = event.seq;
-        let asks_before = run.pending.len();
-        let mut asks_changed = false;
-        match &event.kind {
-            EventKind::IterationStart { iteration } => run.metrics.iterations = iteration + 1,
-            EventKind::LlmFinish { usage: Some(usage), .. } => {
-                run.metrics.input_tokens += usage.input_tokens;
-                run.metrics.output_tokens += usage.output_tokens;
-                run.metrics.llm_calls += 1;
-            }
-            EventKind::PermissionRequest { request_id, .. } => {
-                run.pending.retain(|ask| ask.request_id != *request_id);
-                run.pending.extend(pending_ask(event));
-                run.status = RunStatus::WaitingPermission;
-                if let (Some(decision), Some(controller)) = (run.early.remove(request_id), &run.controller) {
-                    // Answered before the restarted run asked again.
-                    if let Err(err) = controller.respond_permission(request_id, decision) {
-                        tracing::warn!(request_id, error = %err, "an early answer could not be applied");
-                    }
-                }
-                asks_changed = true;
-            }
-            EventKind::PermissionResolved { request_id, .. } => {
-                run.pending.retain(|ask| ask.request_id != *request_id);
-                if run.pending.is_empty() {
-                    run.status = RunStatus::Running;
-                }
-                asks_changed = true;
-            }
-            EventKind::ToolCallsComplete { .. } if run.seeded => {
-                // The batch that asked before the restart is settled.
-                run.seeded = false;
-                run.pending.clear();
-                run.early.clear();
-                run.status = RunStatus::Running;
-                asks_changed = true;
-            }
-            EventKind::AgentFinish { content, metrics, .. } => {
-                run.content = Some(content.clone());
-                run.metrics = metrics.clone();
-            }
-            EventKind::LifecycleEnd {
-                status,
-                content,
-                metrics,
-            } => {
-                run.status = *status;
-                run.content.clone_from(content);
-                run.metrics = metrics.clone();
-            }
-            _ => {}
-        }
-        if asks_changed {
-            registry.pending_changed(&event.run_id, asks_before);
-            self.publish_gauges(&registry);
-        }
-    }
-
-    /// A run stopped: it leaves the registry, the queue moves on.
-    pub(super) fn on_end(&self, run_id: &str, outcome: RunOutcome) {
+    /// A run stopped, its last event `last_seq`: it leaves the registry,
+    /// the queue moves on.
+    pub(super) fn on_end(&self, run_id: &str, outcome: RunOutcome, last_seq: u64) {
         let (run, launches) = {
             let mut registry = self.registry();
-            let Some(mut run) = registry.remove(run_id) else { return };
-            run.status = outcome.status;
-            run.metrics = outcome.metrics.clone();
-            run.content.clone_from(&outcome.content);
+            let Some(run) = registry.remove(run_id) else { return };
             if self.inner.store.is_none() && outcome.status != RunStatus::Interrupted {
                 let mut view = run.view(None);
+                view.status = outcome.status;
+                view.metrics = outcome.metrics.clone();
+                view.content.clone_from(&outcome.content);
                 view.pending_asks.clear();
+                view.last_seq = last_seq;
                 view.ended_ms = Some(now_ms());
                 registry.keep_finished(run.principal.clone(), view, self.inner.config.keep_finished_runs);
                 let history = loom_core::history::without_system_prompt(outcome.messages);
@@ -225,12 +155,7 @@ impl Service {
             (run, launches)
         };
         metrics::counter!("loom_runs_finished_total", "status" => outcome.status.as_str()).increment(1);
-        tracing::info!(
-            run_id,
-            status = outcome.status.as_str(),
-            seq = run.last_seq,
-            "run ended"
-        );
+        tracing::info!(run_id, status = outcome.status.as_str(), seq = last_seq, "run ended");
         // Sub-agents an interrupt left open end with their root's stream.
         let orphans: Vec<String> = {
             let mut registry = self.registry();
@@ -249,33 +174,11 @@ impl Service {
             self.inner.feed.close(&child);
         }
         self.inner.feed.close(run_id);
-        run.done.send_replace(Some((run.last_seq, outcome.status)));
+        run.done.send_replace(Some((last_seq, outcome.status)));
         for launch in launches {
             self.launch(launch);
         }
     }
-}
-
-/// The ask a `permission.request` event makes (of its own run, which may
-/// be a sub-agent of the run that answers it).
-pub(super) fn pending_ask(event: &Event) -> Option<PendingAsk> {
-    let EventKind::PermissionRequest {
-        request_id,
-        tool,
-        args,
-        rule,
-    } = &event.kind
-    else {
-        return None;
-    };
-    Some(PendingAsk {
-        run_id: event.run_id.to_string(),
-        request_id: request_id.clone(),
-        tool: tool.clone(),
-        args: args.clone(),
-        rule: rule.clone(),
-        seq: event.seq,
-    })
 }
 
 #[cfg(test)]

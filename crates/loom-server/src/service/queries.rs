@@ -13,21 +13,23 @@ impl Service {
                         .runs
                         .values()
                         .filter(|run| &run.principal == principal)
-                        .flat_map(|run| run.pending.iter().cloned())
+                        .flat_map(|run| run.state().pending_asks)
                         .collect();
                     asks.sort_by(|a, b| (&a.run_id, a.seq).cmp(&(&b.run_id, b.seq)));
                     return Ok(asks);
                 }
                 Some(id) => {
                     if let Some(run) = registry.run(principal, id) {
-                        return Ok(run.pending.clone());
+                        return Ok(run.state().pending_asks);
                     }
                     let root = registry
                         .sub_agents
                         .get(id)
                         .and_then(|root| registry.run(principal, root));
                     if let Some(run) = root {
-                        return Ok(run.pending.iter().filter(|ask| ask.run_id == id).cloned().collect());
+                        let mut asks = run.state().pending_asks;
+                        asks.retain(|ask| ask.run_id == id);
+                        return Ok(asks);
                     }
                 }
             }

@@ -13,8 +13,8 @@ enum NotTaken {
 
 impl Service {
     /// Takes back what a previous server left: the runs it left
-    /// `INTERRUPTED` (or whose process died), asks pending at the time
-    /// included, and the runs it had accepted and not started. Both wait in
+    /// `INTERRUPTED` (or whose process died), with the asks they left open
+    /// (each run shows them), and the runs it had accepted and not started. Both wait in
     /// the queue under its caps like any run. Returns how many.
     pub async fn resume_interrupted(&self) -> Result<usize, ApiError> {
         let Some(store) = self.inner.store.clone() else {
@@ -82,31 +82,6 @@ impl Service {
         principal: Principal,
         store: &dyn Store,
     ) -> Result<(), NotTaken> {
-        let events = store
-            .events(&record.run_id, 0)
-            .await
-            .map_err(|err| NotTaken::NotNow(err.to_string()))?;
-        let last_seq = events.last().map_or(0, |event| event.seq);
-        let mut pending: Vec<PendingAsk> = Vec::new();
-        for event in &events {
-            match &event.kind {
-                EventKind::PermissionRequest {
-                    request_id,
-                    tool,
-                    args,
-                    rule,
-                } => pending.push(PendingAsk {
-                    run_id: record.run_id.clone(),
-                    request_id: request_id.clone(),
-                    tool: tool.clone(),
-                    args: args.clone(),
-                    rule: rule.clone(),
-                    seq: event.seq,
-                }),
-                EventKind::PermissionResolved { request_id, .. } => pending.retain(|ask| ask.request_id != *request_id),
-                _ => {}
-            }
-        }
         let model = (record.model != self.inner.agents.default_model()
             && self.inner.config.models.contains(&record.model))
         .then(|| record.model.clone());
@@ -132,8 +107,16 @@ impl Service {
             .get(model.as_deref(), tools.as_deref())
             .await
             .map_err(NotTaken::NotNow)?;
+        // Its controls exist from now on, showing the asks it left open:
+        // an answer sent while it waits for a slot applies when it asks again.
+        let resuming = agent.prepare_resume(&record.run_id).await.map_err(|err| match err {
+            ResumeError::Store(_) | ResumeError::StillRunning { .. } => NotTaken::NotNow(err.to_string()),
+            _ => NotTaken::Never(err.to_string()),
+        })?;
+        let controller: Arc<dyn RunControl> = Arc::new(resuming.controller());
+        let state = controller.state();
         let (done, _) = watch::channel(None);
-        self.inner.feed.open(&record.run_id, last_seq);
+        self.inner.feed.open(&record.run_id, state.last_seq);
         self.back_in_line(
             LiveRun {
                 run_id: record.run_id.clone(),
@@ -141,18 +124,13 @@ impl Service {
                 principal: principal.clone(),
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
-                status: RunStatus::Queued,
                 started_ms: record.started_ms,
-                metrics: record.metrics.clone(),
-                content: None,
-                last_seq,
-                start: Some((agent, Start::Resume)),
+                queued: true,
+                start: Some(Start::Resume(Box::new(resuming))),
                 stored: true,
-                controller: None,
+                controller: Some(controller),
                 cancel_requested: false,
-                seeded: !pending.is_empty(),
-                pending,
-                early: HashMap::new(),
+                asks_counted: state.pending_asks.len(),
                 done,
             },
             None,
@@ -234,7 +212,9 @@ impl Service {
                 .collect();
             for run in registry.runs.values() {
                 if let Some(controller) = &run.controller {
-                    controller.interrupt("the server is shutting down");
+                    let _ = controller.send(Control::Interrupt {
+                        reason: "the server is shutting down".into(),
+                    });
                 }
             }
             self.publish_gauges(&registry);
@@ -268,5 +248,185 @@ impl Service {
         {
             tracing::warn!("some runs did not stop within the shutdown grace");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::AgentSpec;
+    use loom_core::{async_trait, Decision, PermissionPolicy, Tool, ToolContext, ToolError, ToolOutput};
+    use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
+    use std::sync::atomic::AtomicUsize;
+
+    /// A tool with a side effect: it counts its calls.
+    #[derive(Clone, Default)]
+    struct Mark(Arc<AtomicUsize>);
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct NoArgs {}
+
+    impl Tool for Mark {
+        type Args = NoArgs;
+        fn name(&self) -> &str {
+            "mark"
+        }
+        fn description(&self) -> &str {
+            "Leaves a mark."
+        }
+        async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok("marked".into())
+        }
+    }
+
+    /// Agents whose one call asks a person first. The runs of a gateway
+    /// share its agent and so its script: the first agent built calls the
+    /// tool in each of two runs, later ones answer.
+    struct Asking(Mark, AtomicUsize);
+
+    #[async_trait]
+    impl AgentFactory for Asking {
+        fn default_model(&self) -> String {
+            "scripted:inline".into()
+        }
+
+        async fn build(&self, spec: AgentSpec) -> Result<Agent, String> {
+            let call = ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "mark".into(),
+                    arguments: serde_json::json!({}),
+                    id: Some("c_mark".into()),
+                }],
+                ..ScriptTurn::default()
+            };
+            let answer = ScriptTurn {
+                content: Some("done".into()),
+                ..ScriptTurn::default()
+            };
+            let script = if self.1.fetch_add(1, Ordering::SeqCst) == 0 {
+                vec![call.clone(), call]
+            } else {
+                vec![answer; 10]
+            };
+            let mut builder = Agent::builder()
+                .model(ScriptedModel::new(script))
+                .tool(self.0.clone())
+                .permissions(PermissionPolicy::new(Decision::Ask))
+                .permission_timeout(Some(Duration::from_secs(10)));
+            if let Some(store) = spec.store {
+                builder = builder.store(store);
+            }
+            builder.build().map_err(|err| err.to_string())
+        }
+    }
+
+    fn service(store: &Arc<dyn Store>, max_runs: usize, factory: &Arc<Asking>) -> Service {
+        let settings: crate::config::ServerSettings = serde_json::from_value(serde_json::json!({
+            "tokens": [{"name": "alice", "token": "alice-token-0123"}],
+            "max_runs": max_runs,
+        }))
+        .unwrap_or_default();
+        let config = ServerConfig::from_settings(&settings, None).unwrap_or_default();
+        Service::new(config, factory.clone(), Some(store.clone()))
+    }
+
+    async fn asks_of(service: &Service, run_id: &str, count: usize) -> Vec<PendingAsk> {
+        for _ in 0..500 {
+            let asks = service.pending(&testing::alice(), Some(run_id)).await.unwrap();
+            if asks.len() >= count {
+                return asks;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let view = service.get(&testing::alice(), run_id).await;
+        panic!("run {run_id} never showed {count} ask(s): {view:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runs_taken_back_show_the_asks_they_left_open_and_take_answers_while_they_wait_in_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(loom_store::SqliteStore::open(dir.path().join("loom.db")).unwrap());
+        let mark = Mark::default();
+        let factory = Arc::new(Asking(mark.clone(), AtomicUsize::new(0)));
+        let first = service(&store, 4, &factory);
+        let a = first
+            .start(&testing::alice(), testing::start("a"))
+            .await
+            .unwrap()
+            .run_id;
+        let b = first
+            .start(&testing::alice(), testing::start("b"))
+            .await
+            .unwrap()
+            .run_id;
+        let asked_a = asks_of(&first, &a, 1).await.remove(0);
+        let asked_b = asks_of(&first, &b, 1).await.remove(0);
+        first.shutdown().await;
+        drop(first);
+
+        // One slot: one run resumes, the other waits in line.
+        let second = service(&store, 1, &factory);
+        assert_eq!(second.resume_interrupted().await.unwrap(), 2);
+        let (live, waiting, asked_waiting, asked_live) = {
+            let view_a = second.get(&testing::alice(), &a).await.unwrap();
+            if view_a.status == RunStatus::Queued {
+                (b.clone(), a.clone(), asked_a, asked_b)
+            } else {
+                (a.clone(), b.clone(), asked_b, asked_a)
+            }
+        };
+        let view = second.get(&testing::alice(), &waiting).await.unwrap();
+        assert_eq!(view.status, RunStatus::Queued, "{view:?}");
+        assert_eq!(
+            view.pending_asks,
+            std::slice::from_ref(&asked_waiting),
+            "the run in line shows its own ask"
+        );
+        // Answered while it waits: the run keeps the answer for when it asks again.
+        second
+            .respond(
+                &testing::alice(),
+                &waiting,
+                &asked_waiting.request_id,
+                PermissionDecision::Allow,
+            )
+            .await
+            .unwrap();
+        let again = second
+            .respond(
+                &testing::alice(),
+                &waiting,
+                &asked_waiting.request_id,
+                PermissionDecision::Allow,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(again.code, Code::InvalidState, "answered once");
+        // The live one asks again under its id, and is answered.
+        let asked = asks_of(&second, &live, 1).await;
+        assert_eq!(asked[0].request_id, asked_live.request_id);
+        second
+            .respond(
+                &testing::alice(),
+                &live,
+                &asked_live.request_id,
+                PermissionDecision::Allow,
+            )
+            .await
+            .unwrap();
+        for run_id in [&live, &waiting] {
+            let mut status = RunStatus::Queued;
+            for _ in 0..500 {
+                status = second.get(&testing::alice(), run_id).await.unwrap().status;
+                if status.is_terminal() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(status, RunStatus::Done, "{run_id}");
+        }
+        assert_eq!(mark.0.load(Ordering::SeqCst), 2, "each run's call ran once");
+        second.shutdown().await;
     }
 }
