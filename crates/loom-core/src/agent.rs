@@ -712,8 +712,10 @@ impl Agent {
             });
         }
         crate::recovery::check_resumable(&record)?;
-        let log = store.events(run_id, 0).await?;
-        let state = LiveState::from_log(run_id, &log);
+        // Read once here for what the run shows while it waits; not kept
+        // (a long log held by every run waiting in line would add up).
+        let state = LiveState::from_log(run_id, &store.events(run_id, 0).await?);
+        let last_seq = state.last_seq;
         let (driver, handle) = self.prepare(
             Some(record.run_id.clone()),
             Some(record.session_id.clone()),
@@ -724,7 +726,7 @@ impl Agent {
             run_id: run_id.to_string(),
             store,
             owner: self.engine.owner.clone(),
-            log,
+            last_seq,
             driver,
             handle,
         })
@@ -810,8 +812,8 @@ pub struct ResumingRun {
     run_id: String,
     store: Arc<dyn Store>,
     owner: String,
-    /// Its stored log, read once: its open asks, and the results it told.
-    log: Vec<crate::event::Event>,
+    /// The last `seq` of its log when it was made ready.
+    last_seq: u64,
     driver: Driver,
     handle: PreparedHandle,
 }
@@ -834,13 +836,16 @@ impl ResumingRun {
     }
 
     /// Takes the run over in the store (of two processes, one gets it) and
-    /// continues it from its last checkpoint.
+    /// continues it from its last checkpoint. A run that went on elsewhere
+    /// since it was made ready (its log grew) is handed back, `INTERRUPTED`
+    /// again, to be made ready anew.
     pub async fn start(self) -> Result<RunHandle, ResumeError> {
         let snapshot = crate::recovery::take_over(self.store.as_ref(), &self.run_id, &self.owner).await?;
-        Ok(self.handle.spawn(self.driver.drive(Start::Resumed {
-            snapshot: Box::new(snapshot),
-            log: Some(self.log),
-        })))
+        if snapshot.last_seq != self.last_seq {
+            self.store.mark_interrupted(&self.run_id, &self.owner).await?;
+            return Err(ResumeError::Changed { run_id: self.run_id });
+        }
+        Ok(self.handle.spawn(self.driver.drive(Start::Resumed(Box::new(snapshot)))))
     }
 }
 

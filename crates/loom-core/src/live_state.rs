@@ -42,7 +42,7 @@ pub struct PendingAsk {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LiveState {
     /// Its status: `WAITING_PERMISSION` while any ask of the run or its
-    /// sub-agents waits.
+    /// sub-agents waits (once the ask is in the log).
     pub status: RunStatus,
     /// The asks waiting, in the order they were asked.
     pub pending_asks: Vec<PendingAsk>,
@@ -152,9 +152,14 @@ impl LiveState {
         self.show();
     }
 
+    /// The shown status: `WAITING_PERMISSION` exactly while an ask is
+    /// visible (the loop says it waits a moment before its ask is stored).
     fn show(&mut self) {
         self.status = match self.own_status {
-            RunStatus::Running if !self.pending_asks.is_empty() => RunStatus::WaitingPermission,
+            RunStatus::Running | RunStatus::WaitingPermission if !self.pending_asks.is_empty() => {
+                RunStatus::WaitingPermission
+            }
+            RunStatus::WaitingPermission => RunStatus::Running,
             status => status,
         };
     }

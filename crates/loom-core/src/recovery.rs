@@ -114,6 +114,13 @@ pub enum ResumeError {
         /// Its status.
         status: &'static str,
     },
+    /// The run went on in another process after it was made ready to
+    /// resume here ([`crate::Agent::prepare_resume`]): make it ready again.
+    #[error("run {run_id} changed since it was made ready to resume; prepare it again")]
+    Changed {
+        /// The run.
+        run_id: String,
+    },
     /// The run is a sub-agent's: it resumes with its parent, which knows
     /// its tools and budgets.
     #[error("run {run_id} is a sub-agent of run {parent}: resume {parent}, which resumes it")]

@@ -64,7 +64,9 @@ impl LiveRun {
         let mut state = self.controller.as_ref().map(|c| c.state()).unwrap_or_default();
         state.status = match (self.queued, state.status) {
             (true, _) => RunStatus::Queued,
-            // Let go by the queue, its loop not started yet.
+            // Let go by the queue, its loop not started yet (a run taken
+            // back after a restart may show asks it left open).
+            (false, RunStatus::Queued) if !state.pending_asks.is_empty() => RunStatus::WaitingPermission,
             (false, RunStatus::Queued) => RunStatus::Running,
             (false, status) => status,
         };

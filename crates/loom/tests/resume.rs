@@ -598,3 +598,60 @@ async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the
 async fn handle_run_id(store: &SqliteStore) -> String {
     store.list_runs(1).await.unwrap()[0].run_id.clone()
 }
+
+/// Runs `handle` until it asks, then interrupts it; returns the ask's id.
+async fn interrupt_at_the_ask(mut handle: loom::RunHandle) -> String {
+    let controller = handle.controller();
+    let mut asked = None;
+    while let Some(event) = handle.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            asked = Some(request_id.clone());
+            controller.interrupt("the process goes away");
+        }
+    }
+    assert_eq!(handle.outcome().await.status, RunStatus::Interrupted);
+    asked.expect("the run asked")
+}
+
+#[tokio::test]
+async fn a_run_made_ready_to_resume_that_went_on_elsewhere_meanwhile_is_handed_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let agent = asking_agent(dir.path(), store.clone(), log.clone());
+    let request_id = interrupt_at_the_ask(agent.run("record x")).await;
+    let run_id = handle_run_id(&store).await;
+
+    let waiting = asking_agent(dir.path(), store.clone(), log.clone())
+        .prepare_resume(&run_id)
+        .await
+        .unwrap();
+    // Meanwhile another process resumes it, and is interrupted in turn.
+    let elsewhere = asking_agent(dir.path(), store.clone(), log.clone());
+    let asked_again = interrupt_at_the_ask(elsewhere.resume(&run_id).await.unwrap()).await;
+    assert_eq!(asked_again, request_id, "the same ask, under the same id");
+    let seqs_before = store.events(&run_id, 0).await.unwrap().len();
+
+    let refused = waiting.start().await.unwrap_err();
+    assert!(matches!(refused, ResumeError::Changed { .. }), "{refused:?}");
+    assert_eq!(
+        store.load_run(&run_id).await.unwrap().run.status,
+        RunStatus::Interrupted,
+        "handed back for the next one to make ready"
+    );
+    assert_eq!(store.events(&run_id, 0).await.unwrap().len(), seqs_before, "nothing written");
+
+    let ready = asking_agent(dir.path(), store.clone(), log.clone())
+        .prepare_resume(&run_id)
+        .await
+        .unwrap();
+    ready
+        .controller()
+        .respond_permission(&request_id, loom::PermissionDecision::Allow)
+        .unwrap();
+    let outcome = ready.start().await.unwrap().outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(*log.lock().unwrap(), ["x"]);
+    let seqs: Vec<u64> = store.events(&run_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "one log, no seq twice");
+}

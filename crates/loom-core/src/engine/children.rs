@@ -306,11 +306,7 @@ impl SubAgents for Children {
                     .map_err(|err| DelegateError::Resume(format!("the sub-agent {run_id} cannot be resumed: {err}")))?;
                 spent_before = Some(snapshot.run.metrics.clone());
                 let last_seq = snapshot.last_seq;
-                let start = Start::Resumed {
-                    snapshot: Box::new(snapshot),
-                    log: None,
-                };
-                (start, last_seq)
+                (Start::Resumed(Box::new(snapshot)), last_seq)
             }
             Err(err) => {
                 return Err(DelegateError::Resume(format!(

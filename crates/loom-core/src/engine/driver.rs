@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::budget::WARN_AT;
 use crate::context::{Deadline, RunContext, StopCause};
-use crate::event::{Event, EventKind, Phase, TurnIds};
+use crate::event::{EventKind, Phase, TurnIds};
 use crate::machine::{Ending, Next, RunState, TurnEnd, TurnMachine, TurnPhase};
 use crate::memory::{Memory, Unsaved};
 use crate::message::Message;
@@ -31,11 +31,7 @@ pub(crate) enum Start {
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
-    Resumed {
-        snapshot: Box<RunSnapshot>,
-        /// Its stored log, when read already (else it is read if needed).
-        log: Option<Vec<Event>>,
-    },
+    Resumed(Box<RunSnapshot>),
 }
 
 /// How long a run that ends waits for its sub-agents to stop.
@@ -60,7 +56,7 @@ impl Driver {
                 history,
                 principal,
             } => self.begin(prompt, history, principal).await,
-            Start::Resumed { snapshot, log } => self.reenter(*snapshot, log).await,
+            Start::Resumed(snapshot) => self.reenter(*snapshot).await,
         };
         let ending = self.run(&mut machine).await;
         self.close(machine, ending).await
@@ -95,16 +91,13 @@ impl Driver {
     /// The last result the run's stored log told for each call. A log that
     /// cannot be read counts as holding none: a result told twice is
     /// better than one never told.
-    async fn logged_results(&self, log: Option<Vec<Event>>) -> HashMap<String, (ToolStatus, String)> {
-        let log = match log {
-            Some(log) => log,
-            None => match self.store.events(self.ctx.run_id(), 0).await {
-                Ok(log) => log,
-                Err(err) => {
-                    tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
-                    return HashMap::new();
-                }
-            },
+    async fn logged_results(&self) -> HashMap<String, (ToolStatus, String)> {
+        let log = match self.store.events(self.ctx.run_id(), 0).await {
+            Ok(log) => log,
+            Err(err) => {
+                tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot read the run's log to resume it");
+                return HashMap::new();
+            }
         };
         // In log order: a later result of a call replaces an earlier one.
         log.into_iter()
@@ -121,7 +114,7 @@ impl Driver {
     }
 
     /// A stored run, re-entered where its last checkpoint left it.
-    async fn reenter(&mut self, snapshot: RunSnapshot, log: Option<Vec<Event>>) -> TurnMachine {
+    async fn reenter(&mut self, snapshot: RunSnapshot) -> TurnMachine {
         let RunSnapshot {
             run,
             messages,
@@ -137,7 +130,7 @@ impl Driver {
         self.log.open();
         self.emit_start(&state, &run.prompt, true);
         if !journal.is_empty() {
-            self.caches.logged_results = self.logged_results(log).await;
+            self.caches.logged_results = self.logged_results().await;
         }
         self.caches.journal = journal;
         if messages.is_empty() {
@@ -452,8 +445,9 @@ impl Driver {
         {
             tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
         }
-        self.controls.show(status);
+        // Visible first: the run's state never shows an end its log lacks.
         self.log.send_stored(last).await;
+        self.controls.show(status);
         RunOutcome {
             run_id: self.ctx.run_id().to_string(),
             status,

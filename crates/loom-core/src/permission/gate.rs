@@ -50,8 +50,9 @@ pub(crate) struct PendingRequests {
 struct Asks {
     waiting: HashMap<String, oneshot::Sender<PermissionDecision>>,
     /// Answers to asks left open before a restart, for when the resumed
-    /// run asks them again (under the same ids).
-    early: HashMap<String, PermissionDecision>,
+    /// run asks them again (under the same ids); `None` once taken, so a
+    /// second answer is refused until the ask is settled.
+    early: HashMap<String, Option<PermissionDecision>>,
 }
 
 impl PendingRequests {
@@ -73,7 +74,7 @@ impl PendingRequests {
         }
         let left_open = self.state.borrow().asked_before_restart(request_id);
         if left_open && !asks.early.contains_key(request_id) {
-            asks.early.insert(request_id.to_string(), decision);
+            asks.early.insert(request_id.to_string(), Some(decision));
             return Ok(());
         }
         Err(ControlError::UnknownRequest(request_id.to_string()))
@@ -84,7 +85,7 @@ impl PendingRequests {
     fn expect(&self, request_id: &str) -> oneshot::Receiver<PermissionDecision> {
         let (tx, rx) = oneshot::channel();
         let mut asks = lock(&self.asks);
-        match asks.early.remove(request_id) {
+        match asks.early.get_mut(request_id).and_then(Option::take) {
             Some(decision) => {
                 let _ = tx.send(decision);
             }

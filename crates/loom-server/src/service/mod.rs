@@ -14,8 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use loom_core::event::TurnIds;
 use loom_core::{
-    Agent, Control, Event, EventKind, KeyedRequest, Message, PermissionDecision, QueuedRun, ResumeError, RunHandle,
-    RunMetrics, RunOutcome, RunQuery, RunRecord, RunRequest, RunStatus, Store, StoreError,
+    Agent, Control, Event, EventKind, KeyedRequest, Message, PermissionDecision, QueuedRun, RunHandle, RunMetrics,
+    RunOutcome, RunQuery, RunRecord, RunRequest, RunStatus, Store, StoreError,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::TaskTracker;

@@ -88,6 +88,12 @@ impl Service {
         let mut model_started = None;
         let state = handle.controller().watch_state();
         let mut asks_counted = state.borrow().pending_asks.len();
+        {
+            // Asks shown before this pump started count from now.
+            let mut registry = self.registry();
+            registry.count_asks(&run_id, asks_counted);
+            self.publish_gauges(&registry);
+        }
         while let Some(event) = handle.next_event().await {
             crate::metrics::observe(&event, &mut model_started);
             let event = Arc::new(event);

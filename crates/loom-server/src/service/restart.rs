@@ -109,10 +109,13 @@ impl Service {
             .map_err(NotTaken::NotNow)?;
         // Its controls exist from now on, showing the asks it left open:
         // an answer sent while it waits for a slot applies when it asks again.
-        let resuming = agent.prepare_resume(&record.run_id).await.map_err(|err| match err {
-            ResumeError::Store(_) | ResumeError::StillRunning { .. } => NotTaken::NotNow(err.to_string()),
-            _ => NotTaken::Never(err.to_string()),
-        })?;
+        // Whatever stops it now (its status changed meanwhile, the store
+        // failed) leaves it as it is: never a cancel written into a log
+        // another process may own.
+        let resuming = agent
+            .prepare_resume(&record.run_id)
+            .await
+            .map_err(|err| NotTaken::NotNow(err.to_string()))?;
         let controller: Arc<dyn RunControl> = Arc::new(resuming.controller());
         let state = controller.state();
         let (done, _) = watch::channel(None);

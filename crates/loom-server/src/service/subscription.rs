@@ -6,6 +6,11 @@ use super::*;
 /// One subscriber's events: the stored ones (read page by page), the
 /// buffered ones, then live.
 pub struct Subscription {
+    run_id: String,
+    /// The last `seq` of the run's own events given (or the `afterSeq`
+    /// asked for): a later one only. A client may ask after a `seq` it
+    /// read in the run's view before the feed has published that far.
+    given: u64,
     stored: Option<StoredPages>,
     page: VecDeque<Arc<Event>>,
     buffered: VecDeque<Arc<Event>>,
@@ -40,6 +45,22 @@ pub enum Next {
 impl Subscription {
     /// The next event, or why there is none.
     pub async fn next(&mut self) -> Next {
+        loop {
+            let next = self.next_any().await;
+            if let Next::Event(event) = &next {
+                if *event.run_id == *self.run_id {
+                    if event.seq <= self.given {
+                        continue;
+                    }
+                    self.given = event.seq;
+                }
+            }
+            return next;
+        }
+    }
+
+    /// The next event from the store, the buffer or live.
+    async fn next_any(&mut self) -> Next {
         loop {
             if let Some(event) = self.page.pop_front() {
                 return Next::Event(event);
@@ -98,6 +119,8 @@ impl Service {
         };
         Ok(match self.inner.feed.join(run_id, after) {
             Some(joined) => Subscription {
+                run_id: run_id.to_string(),
+                given: after,
                 stored: joined.store_until.and_then(|until| pages(Some(until))),
                 page: VecDeque::new(),
                 buffered: joined.buffered.into(),
@@ -106,6 +129,8 @@ impl Service {
             },
             // Ended: its whole log is in the store.
             None => Subscription {
+                run_id: run_id.to_string(),
+                given: after,
                 stored: pages(None),
                 page: VecDeque::new(),
                 buffered: VecDeque::new(),
@@ -113,5 +138,47 @@ impl Service {
                 lagged: Arc::new(AtomicBool::new(false)),
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loom_core::event::TurnIds;
+
+    fn event(run_id: &str, seq: u64) -> Arc<Event> {
+        let turn = TurnIds {
+            turn_id: "t".into(),
+            parent_turn_id: None,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let emitter = loom_core::event::EventEmitter::new(run_id.into(), 0, tx).continuing_after(seq - 1);
+        emitter.emit(&turn, EventKind::IterationStart { iteration: 0 });
+        Arc::new(*rx.try_recv().expect("emitted"))
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_never_gets_a_seq_of_its_run_twice_or_at_or_before_the_one_it_asked_after() {
+        let (tx, live) = mpsc::channel(8);
+        let mut subscription = Subscription {
+            run_id: "r".into(),
+            given: 4,
+            stored: None,
+            page: VecDeque::new(),
+            // The feed had not published up to 4 when the client read it in the run's view.
+            buffered: [event("r", 3), event("child", 1)].into(),
+            live: Some(live),
+            lagged: Arc::new(AtomicBool::new(false)),
+        };
+        for seq in [4, 5, 5, 6] {
+            tx.send(event("r", seq)).await.unwrap_or_default();
+        }
+        drop(tx);
+        let mut got = Vec::new();
+        while let Next::Event(event) = subscription.next().await {
+            got.push((event.run_id.to_string(), event.seq));
+        }
+        let expected = [("child", 1), ("r", 5), ("r", 6)].map(|(run, seq)| (run.to_string(), seq));
+        assert_eq!(got, expected, "a sub-agent's own numbering is not the run's");
     }
 }
