@@ -80,7 +80,7 @@ pub use store::{
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
-pub use tool_result::{StageTimings, ToolResult, ToolStatus};
+pub use tool_result::{ErrorKind, StageTimings, ToolResult, ToolStatus};
 pub use tool_source::ToolSource;
 pub use turn_state::TurnState;
 

@@ -13,16 +13,13 @@
 //!   read-only is journaled before it runs) or it is read-only, so running
 //!   it again is safe;
 //! - its journaled result says it was stopped before its tool started
-//!   ([`crate::pipeline::NOT_STARTED`], an interrupt just after the intent)
+//!   ([`ErrorKind::NotStarted`], an interrupt just after the intent)
 //!   → it had no effect, so it runs.
 
 pub use crate::history::dangling_calls;
 use crate::message::{Message, ToolCall};
 use crate::store::JournalEntry;
-use crate::tool_result::{ToolResult, ToolStatus};
-
-/// Error kind of a call that was interrupted with an unknown effect.
-pub const INTERRUPTED: &str = "INTERRUPTED";
+use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
 /// How one dangling call is settled.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +66,7 @@ pub fn plan_resuming(
             // journal's intent and the start): it had no effect, run it.
             Some(JournalEntry {
                 result: Some(result), ..
-            }) if result.metadata.error_kind.as_deref() == Some(crate::pipeline::NOT_STARTED) => {
+            }) if result.metadata.error_kind == Some(ErrorKind::NotStarted) => {
                 CallRepair::Rerun(call.clone())
             }
             Some(JournalEntry {
@@ -96,7 +93,7 @@ pub fn interrupted_result(call: &ToolCall) -> ToolResult {
             call.name
         ),
     )
-    .with_error_kind(INTERRUPTED)
+    .with_error_kind(ErrorKind::Interrupted)
 }
 
 /// The result for a call that never ran to completion and is not run now
@@ -109,7 +106,7 @@ pub fn not_run_result(call: &ToolCall) -> ToolResult {
         "Error: this call did not complete because the run was interrupted, and it changed nothing. \
          Call it again if you still need it.",
     )
-    .with_error_kind(INTERRUPTED)
+    .with_error_kind(ErrorKind::Interrupted)
 }
 
 /// Closes every dangling call at the end of `messages` without running
@@ -170,7 +167,7 @@ mod tests {
         let CallRepair::Interrupted(interrupted) = &repairs[1] else {
             panic!("expected interrupted: {repairs:?}");
         };
-        assert_eq!(interrupted.metadata.error_kind.as_deref(), Some(INTERRUPTED));
+        assert_eq!(interrupted.metadata.error_kind, Some(ErrorKind::Interrupted));
         assert!(interrupted.content.contains("may or may not have taken effect"));
         assert_eq!(repairs[2], CallRepair::Rerun(calls[2].clone()));
     }

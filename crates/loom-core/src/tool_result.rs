@@ -56,6 +56,97 @@ pub struct StageTimings {
     pub format_us: u64,
 }
 
+/// Why a call did not succeed, machine-readable (`errorKind` in a stored
+/// result). Read back from a store, a name this build does not know is
+/// kept as it is (`Other`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum ErrorKind {
+    /// No tool of that name.
+    UnknownTool,
+    /// The tool is not available now (an MCP server down).
+    Unavailable,
+    /// The arguments do not match the tool's schema.
+    InvalidArguments,
+    /// The tool failed.
+    ToolError,
+    /// The tool panicked.
+    Panic,
+    /// The call could not be journaled, so it was not run.
+    Journal,
+    /// The tool returned nothing.
+    EmptyOutput,
+    /// The run was cancelled during the call.
+    Cancelled,
+    /// A rule, a hook or a person said no.
+    Denied,
+    /// The call ran out of time.
+    Timeout,
+    /// Stopped by an interrupt before the call began: a resumed run may
+    /// run it (see [`crate::resume`]).
+    NotStarted,
+    /// Cut short by an interrupt or a crash: its effect is unknown.
+    Interrupted,
+    /// A kind from another version of Loom.
+    Other(String),
+}
+
+impl ErrorKind {
+    /// The name as stored and sent.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::UnknownTool => "unknown_tool",
+            Self::Unavailable => "unavailable",
+            Self::InvalidArguments => "invalid_arguments",
+            Self::ToolError => "tool_error",
+            Self::Panic => "panic",
+            Self::Journal => "journal",
+            Self::EmptyOutput => "empty_output",
+            Self::Cancelled => "cancelled",
+            Self::Denied => "denied",
+            Self::Timeout => "timeout",
+            Self::NotStarted => "not_started",
+            Self::Interrupted => "INTERRUPTED",
+            Self::Other(name) => name,
+        }
+    }
+}
+
+impl From<String> for ErrorKind {
+    fn from(name: String) -> Self {
+        let known = [
+            Self::UnknownTool,
+            Self::Unavailable,
+            Self::InvalidArguments,
+            Self::ToolError,
+            Self::Panic,
+            Self::Journal,
+            Self::EmptyOutput,
+            Self::Cancelled,
+            Self::Denied,
+            Self::Timeout,
+            Self::NotStarted,
+            Self::Interrupted,
+        ];
+        known
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+            .unwrap_or(Self::Other(name))
+    }
+}
+
+impl From<ErrorKind> for String {
+    fn from(kind: ErrorKind) -> Self {
+        kind.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Facts about a call that are not part of what the model reads.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -66,7 +157,7 @@ pub struct ToolResultMetadata {
     pub stages: StageTimings,
     /// Machine-readable reason for a non-success status (e.g. `unknown_tool`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error_kind: Option<String>,
+    pub error_kind: Option<ErrorKind>,
 }
 
 /// The result of one tool call.
@@ -103,8 +194,24 @@ impl ToolResult {
     }
 
     /// Sets the machine-readable error kind.
-    pub fn with_error_kind(mut self, kind: &str) -> Self {
-        self.metadata.error_kind = Some(kind.to_string());
+    pub fn with_error_kind(mut self, kind: ErrorKind) -> Self {
+        self.metadata.error_kind = Some(kind);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_kind_is_stored_by_its_name_and_an_unknown_name_is_kept() {
+        for kind in [ErrorKind::NotStarted, ErrorKind::Interrupted, ErrorKind::InvalidArguments] {
+            let stored = serde_json::to_string(&kind).unwrap_or_default();
+            assert_eq!(stored, format!("\"{}\"", kind.as_str()));
+            assert_eq!(serde_json::from_str::<ErrorKind>(&stored).ok(), Some(kind));
+        }
+        let later = serde_json::from_str::<ErrorKind>("\"rate_limited\"").ok();
+        assert_eq!(later, Some(ErrorKind::Other("rate_limited".into())));
     }
 }

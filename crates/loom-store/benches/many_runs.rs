@@ -69,6 +69,18 @@ async fn one_run(store: Arc<SqliteStore>, run_id: String, waits: Arc<std::sync::
     waits.lock().unwrap().extend(mine);
 }
 
+/// Bytes this process has handed to `write` so far (`wchar` of
+/// /proc/self/io; 0 where there is none).
+fn bytes_written() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|line| line.strip_prefix("wchar: ").and_then(|n| n.trim().parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("many-runs benchmark: run with `cargo bench -p loom-store --bench many_runs`");
@@ -82,6 +94,7 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).expect("store"));
         let waits = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let written_before = bytes_written();
         let elapsed = runtime.block_on(async {
             for i in 0..runs {
                 let record = RunRecord::new(format!("run-{i}"), "s", "bench", "scripted:x", RunStatus::Running, 1);
@@ -96,16 +109,18 @@ fn main() {
             }
             started.elapsed()
         });
+        let written = bytes_written().saturating_sub(written_before);
         let mut waits = waits.lock().unwrap().clone();
         waits.sort();
         let at = |q: f64| waits[((waits.len() as f64 * q) as usize).min(waits.len() - 1)].as_secs_f64() * 1e3;
         println!(
-            "{runs} runs: {} writes in {:.2} s ({:.0}/s); a write waits p50 {:.2} ms, p99 {:.2} ms",
+            "{runs} runs: {} writes in {:.2} s ({:.0}/s); a write waits p50 {:.2} ms, p99 {:.2} ms; {:.1} KB written per write (log and database)",
             waits.len(),
             elapsed.as_secs_f64(),
             waits.len() as f64 / elapsed.as_secs_f64(),
             at(0.5),
-            at(0.99)
+            at(0.99),
+            written as f64 / waits.len() as f64 / 1024.0
         );
     }
 }

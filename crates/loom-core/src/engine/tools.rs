@@ -10,7 +10,7 @@ use crate::machine::TurnMachine;
 use crate::message::ToolCall;
 use crate::pipeline::BatchEnv;
 use crate::resume::CallRepair;
-use crate::tool_result::ToolResult;
+use crate::tool_result::{ErrorKind, ToolResult};
 
 use super::Driver;
 
@@ -150,7 +150,7 @@ fn record_tool_metrics(machine: &mut TurnMachine, result: &ToolResult) {
     machine.metrics_mut().record_tool(
         &result.name,
         result.status.is_failure(),
-        result.metadata.error_kind.as_deref(),
+        result.metadata.error_kind.as_ref().map(ErrorKind::as_str),
         result.metadata.duration_ms,
     );
 }

@@ -6,7 +6,7 @@ use crate::hooks::{HookCall, HookDecision};
 use crate::message::ToolCall;
 use crate::permission::{AskOutcome, AskRequest};
 use crate::tool::RegisteredTool;
-use crate::tool_result::{ToolResult, ToolStatus};
+use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
 use super::stages::validate;
 use super::{BatchEnv, ToolPipeline};
@@ -56,5 +56,5 @@ pub(crate) async fn authorize(
 }
 
 fn denied(call: &ToolCall, reason: String) -> ToolResult {
-    ToolResult::new(&call.id, &call.name, ToolStatus::Denied, reason).with_error_kind("denied")
+    ToolResult::new(&call.id, &call.name, ToolStatus::Denied, reason).with_error_kind(ErrorKind::Denied)
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::message::ToolCall;
 use crate::tool::{OutputSink, RegisteredTool, ToolContext, ToolError, ToolOutput};
-use crate::tool_result::{ToolResult, ToolStatus};
+use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
 use super::stages::error;
 use super::stream_output::StreamedOutput;
@@ -111,17 +111,17 @@ fn into_result(call: &ToolCall, executed: Result<ToolOutput, Failure>) -> ToolRe
                 call.name
             ),
         )
-        .with_error_kind("empty_output"),
+        .with_error_kind(ErrorKind::EmptyOutput),
         Ok(output) => ToolResult::new(&call.id, &call.name, ToolStatus::Success, output.content),
         Err(Failure::Tool(ToolError::InvalidArguments(message))) => error(
             call,
-            "invalid_arguments",
+            ErrorKind::InvalidArguments,
             format!("Error: invalid arguments for '{}': {message}", call.name),
         ),
-        Err(Failure::Tool(err)) => error(call, "tool_error", format!("Error: {err}")),
+        Err(Failure::Tool(err)) => error(call, ErrorKind::ToolError, format!("Error: {err}")),
         Err(Failure::Panic(message)) => error(
             call,
-            "panic",
+            ErrorKind::Panic,
             format!(
                 "Error: tool '{}' crashed ({message}). This is a fault in the tool, not in your call; try another approach.",
                 call.name
@@ -133,7 +133,7 @@ fn into_result(call: &ToolCall, executed: Result<ToolOutput, Failure>) -> ToolRe
             ToolStatus::Cancelled,
             "The tool call was cancelled before it finished.",
         )
-        .with_error_kind("cancelled"),
+        .with_error_kind(ErrorKind::Cancelled),
         Err(Failure::TimedOut(limit)) => ToolResult::new(
             &call.id,
             &call.name,
@@ -144,7 +144,7 @@ fn into_result(call: &ToolCall, executed: Result<ToolOutput, Failure>) -> ToolRe
                 limit.as_secs_f64()
             ),
         )
-        .with_error_kind("timeout"),
+        .with_error_kind(ErrorKind::Timeout),
     }
 }
 

@@ -29,12 +29,10 @@ use crate::hooks::ToolHook;
 use crate::message::ToolCall;
 use crate::permission::PermissionGate;
 use crate::tool::{RegisteredTool, ToolRegistry};
-use crate::tool_result::{StageTimings, ToolResult, ToolStatus};
+use crate::tool_result::{ErrorKind, StageTimings, ToolResult, ToolStatus};
 
 pub use redact::{is_secret_name, Redactor, REDACTED};
 
-/// Error kind of a call stopped before its tool started: it had no effect.
-pub const NOT_STARTED: &str = "not_started";
 pub use truncate::truncate;
 
 /// How tools are scheduled and their output shaped.
@@ -171,7 +169,7 @@ impl ToolPipeline {
     }
 
     /// A `cancelled` result for a call that never got to run. Its error kind
-    /// is [`NOT_STARTED`]: a resumed run may run it (see [`crate::resume`]).
+    /// is [`ErrorKind::NotStarted`]: a resumed run may run it (see [`crate::resume`]).
     pub fn cancelled(call: &ToolCall) -> ToolResult {
         ToolResult::new(
             &call.id,
@@ -179,7 +177,7 @@ impl ToolPipeline {
             ToolStatus::Cancelled,
             "The run was cancelled before this tool call could run.",
         )
-        .with_error_kind(NOT_STARTED)
+        .with_error_kind(ErrorKind::NotStarted)
     }
 
     /// Runs a turn's calls and returns their results in call order.
@@ -288,7 +286,7 @@ fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
     };
     result.status = ToolStatus::Timeout;
     result.content = format!("The tool call was stopped because {limit} passed.");
-    result.metadata.error_kind = Some("timeout".to_string());
+    result.metadata.error_kind = Some(ErrorKind::Timeout);
 }
 
 fn micros(since: Instant) -> u64 {

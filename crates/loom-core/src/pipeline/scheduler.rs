@@ -74,7 +74,7 @@ async fn run_group(
                     if let Err(err) = store.journal_intent(env.ctx.run_id(), call).await {
                         let refused = super::stages::error(
                             call,
-                            "journal",
+                            crate::tool_result::ErrorKind::Journal,
                             format!("Error: the call was not run because it could not be recorded first ({err})."),
                         );
                         return pipeline.finish(call, refused, stages, started, env).await;

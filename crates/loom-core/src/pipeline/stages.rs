@@ -4,19 +4,19 @@ use serde_json::Value;
 
 use crate::message::ToolCall;
 use crate::tool::{RegisteredTool, ToolRegistry};
-use crate::tool_result::{ToolResult, ToolStatus};
+use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
 /// How many schema violations to list in one error result.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
 
 /// A call refused before it ran.
 pub(crate) struct Rejection {
-    kind: &'static str,
+    kind: ErrorKind,
     message: String,
 }
 
 impl Rejection {
-    pub(crate) fn new(kind: &'static str, message: String) -> Self {
+    pub(crate) fn new(kind: ErrorKind, message: String) -> Self {
         Self { kind, message }
     }
 
@@ -26,7 +26,7 @@ impl Rejection {
 }
 
 /// An `error` result with a machine-readable kind.
-pub(crate) fn error(call: &ToolCall, kind: &str, content: String) -> ToolResult {
+pub(crate) fn error(call: &ToolCall, kind: ErrorKind, content: String) -> ToolResult {
     ToolResult::new(&call.id, &call.name, ToolStatus::Error, content).with_error_kind(kind)
 }
 
@@ -40,7 +40,7 @@ pub(crate) fn discover<'a>(registry: &'a ToolRegistry, call: &ToolCall) -> Resul
             available.join(", ")
         };
         return Err(Rejection::new(
-            "unknown_tool",
+            ErrorKind::UnknownTool,
             format!(
                 "Error: there is no tool named '{}'. Available tools: {list}. Call one of them by its exact name.",
                 call.name
@@ -49,7 +49,7 @@ pub(crate) fn discover<'a>(registry: &'a ToolRegistry, call: &ToolCall) -> Resul
     };
     if let Err(reason) = registered.tool.check_available() {
         return Err(Rejection::new(
-            "unavailable",
+            ErrorKind::Unavailable,
             format!(
                 "Error: tool '{}' is not available right now: {reason}. Try another way.",
                 call.name
@@ -66,7 +66,7 @@ pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: 
         // Arguments that arrived as text the model could not make valid JSON.
         Value::String(raw) => crate::json_strict::parse_strict(raw).map_err(|err| {
             Rejection::new(
-                "invalid_arguments",
+                ErrorKind::InvalidArguments,
                 format!(
                     "Error: the arguments for '{}' are not valid JSON ({err}). Send the arguments as one JSON object matching the tool's schema.",
                     call.name
@@ -92,7 +92,7 @@ pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: 
         return Ok(args);
     }
     Err(Rejection::new(
-        "invalid_arguments",
+        ErrorKind::InvalidArguments,
         format!(
             "Error: invalid arguments for '{}': {}. Expected arguments matching this JSON Schema: {}",
             call.name,
