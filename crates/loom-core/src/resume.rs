@@ -66,9 +66,7 @@ pub fn plan_resuming(
             // journal's intent and the start): it had no effect, run it.
             Some(JournalEntry {
                 result: Some(result), ..
-            }) if result.metadata.error_kind == Some(ErrorKind::NotStarted) => {
-                CallRepair::Rerun(call.clone())
-            }
+            }) if result.metadata.error_kind == Some(ErrorKind::NotStarted) => CallRepair::Rerun(call.clone()),
             Some(JournalEntry {
                 result: Some(result), ..
             }) => CallRepair::Recorded(result.clone()),

@@ -206,7 +206,11 @@ mod tests {
 
     #[test]
     fn an_error_kind_is_stored_by_its_name_and_an_unknown_name_is_kept() {
-        for kind in [ErrorKind::NotStarted, ErrorKind::Interrupted, ErrorKind::InvalidArguments] {
+        for kind in [
+            ErrorKind::NotStarted,
+            ErrorKind::Interrupted,
+            ErrorKind::InvalidArguments,
+        ] {
             let stored = serde_json::to_string(&kind).unwrap_or_default();
             assert_eq!(stored, format!("\"{}\"", kind.as_str()));
             assert_eq!(serde_json::from_str::<ErrorKind>(&stored).ok(), Some(kind));

@@ -244,11 +244,19 @@ fn insert_request_key(
     Ok(())
 }
 
-fn insert_events(tx: &Connection, run_id: &str, events: &[Event]) -> Result<(), rusqlite::Error> {
+/// Events as the rows the writer inserts: written out by the caller, so
+/// the one writer thread gets text, not events to serialize.
+fn event_rows(events: &[Event]) -> Result<Vec<(i64, String)>, StoreError> {
+    events
+        .iter()
+        .map(|event| Ok((event.seq as i64, json(event)?)))
+        .collect()
+}
+
+fn insert_events(tx: &Connection, run_id: &str, rows: &[(i64, String)]) -> Result<(), rusqlite::Error> {
     let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")?;
-    for event in events {
-        let body = serde_json::to_string(event).unwrap_or_default();
-        insert.execute(params![run_id, event.seq as i64, body])?;
+    for (seq, body) in rows {
+        insert.execute(params![run_id, seq, body])?;
     }
     Ok(())
 }
@@ -445,22 +453,10 @@ impl Store for SqliteStore {
 
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
         let run_id = run_id.to_string();
-        // Written out here, so the writer gets text, not a copy of the events.
-        let bodies = events
-            .iter()
-            .map(|event| Ok((event.seq as i64, json(event)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
+        let rows = event_rows(events)?;
         let fail = self.fail();
         self.group
-            .write(Box::new(move |conn| {
-                let mut insert = conn
-                    .prepare_cached("INSERT OR IGNORE INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)")
-                    .map_err(&fail)?;
-                for (seq, body) in &bodies {
-                    insert.execute(params![run_id, seq, body]).map_err(&fail)?;
-                }
-                Ok(())
-            }))
+            .write(Box::new(move |conn| insert_events(conn, &run_id, &rows).map_err(&fail)))
             .await
     }
 
@@ -492,7 +488,7 @@ impl Store for SqliteStore {
             .map(|messages| messages.iter().map(json).collect::<Result<Vec<_>, _>>())
             .transpose()?;
         let new: Vec<String> = checkpoint.new_messages.iter().map(json).collect::<Result<_, _>>()?;
-        let events = checkpoint.events.to_vec();
+        let events = event_rows(checkpoint.events)?;
         let fail = self.fail();
         self.group
             .write(Box::new(move |tx| {
@@ -587,7 +583,7 @@ impl Store for SqliteStore {
         let run_id = run_id.to_string();
         let content = content.map(str::to_string);
         let metrics = json(metrics)?;
-        let events = events.to_vec();
+        let events = event_rows(events)?;
         let fail = self.fail();
         self.group
             .write(Box::new(move |tx| {

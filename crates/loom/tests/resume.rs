@@ -639,7 +639,11 @@ async fn a_run_made_ready_to_resume_that_went_on_elsewhere_meanwhile_is_handed_b
         RunStatus::Interrupted,
         "handed back for the next one to make ready"
     );
-    assert_eq!(store.events(&run_id, 0).await.unwrap().len(), seqs_before, "nothing written");
+    assert_eq!(
+        store.events(&run_id, 0).await.unwrap().len(),
+        seqs_before,
+        "nothing written"
+    );
 
     let ready = asking_agent(dir.path(), store.clone(), log.clone())
         .prepare_resume(&run_id)
@@ -653,5 +657,9 @@ async fn a_run_made_ready_to_resume_that_went_on_elsewhere_meanwhile_is_handed_b
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
     assert_eq!(*log.lock().unwrap(), ["x"]);
     let seqs: Vec<u64> = store.events(&run_id, 0).await.unwrap().iter().map(|e| e.seq).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "one log, no seq twice");
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "one log, no seq twice"
+    );
 }
