@@ -346,6 +346,12 @@ mod tests {
         panic!("run {run_id} never showed {count} ask(s): {view:?}");
     }
 
+    async fn allow(service: &Service, run_id: &str, ask: &PendingAsk) -> Result<(), ApiError> {
+        service
+            .respond(&testing::alice(), run_id, &ask.request_id, PermissionDecision::Allow)
+            .await
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn runs_taken_back_show_the_asks_they_left_open_and_take_answers_while_they_wait_in_line() {
         let dir = tempfile::tempdir().unwrap();
@@ -387,37 +393,13 @@ mod tests {
             "the run in line shows its own ask"
         );
         // Answered while it waits: the run keeps the answer for when it asks again.
-        second
-            .respond(
-                &testing::alice(),
-                &waiting,
-                &asked_waiting.request_id,
-                PermissionDecision::Allow,
-            )
-            .await
-            .unwrap();
-        let again = second
-            .respond(
-                &testing::alice(),
-                &waiting,
-                &asked_waiting.request_id,
-                PermissionDecision::Allow,
-            )
-            .await
-            .unwrap_err();
+        allow(&second, &waiting, &asked_waiting).await.unwrap();
+        let again = allow(&second, &waiting, &asked_waiting).await.unwrap_err();
         assert_eq!(again.code, Code::InvalidState, "answered once");
         // The live one asks again under its id, and is answered.
         let asked = asks_of(&second, &live, 1).await;
         assert_eq!(asked[0].request_id, asked_live.request_id);
-        second
-            .respond(
-                &testing::alice(),
-                &live,
-                &asked_live.request_id,
-                PermissionDecision::Allow,
-            )
-            .await
-            .unwrap();
+        allow(&second, &live, &asked_live).await.unwrap();
         for run_id in [&live, &waiting] {
             let mut status = RunStatus::Queued;
             for _ in 0..500 {
