@@ -25,6 +25,14 @@ pub(crate) async fn resume(
     json: bool,
 ) -> Result<ExitCode, Failure> {
     let record = store.load_run(id).await.map_err(not_found_is_usage)?.run;
+    // A gateway's run goes on with what its client's request allowed (its
+    // tools, the gateway's permissions), which this command does not
+    // know: the gateway takes it back when it starts on this store.
+    if let Some(token) = &record.principal {
+        return Err(Failure::Usage(anyhow!(
+            "run {id} belongs to a gateway (token '{token}'); `loom serve` on this store resumes it when it starts"
+        )));
+    }
     // The tools work where the run started, unless told otherwise.
     let recorded = record
         .workspace

@@ -101,6 +101,18 @@ async fn a_run_taken_back_after_a_kill_9_keeps_the_tools_its_request_allowed() {
     drop(gateway);
     let before = model.request_count();
 
+    // Not from a terminal, which knows neither its request nor the gateway's rules.
+    let resumed = common::loom_in(dir.path())
+        .args(["runs", "resume", &run, "--config"])
+        .arg(dir.path().join("loom.toml"))
+        .env("OPENAI_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(2), "{said}");
+    assert!(said.contains("belongs to a gateway"), "{said}");
+    assert_eq!(model.request_count(), before, "nothing ran");
+
     let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
     assert_eq!(ends(&gateway, &run).await, "DONE", "{}", gateway.log_text());
     let bodies = model.bodies();
