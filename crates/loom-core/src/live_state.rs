@@ -81,6 +81,14 @@ impl LiveState {
         self.asked_before_restart.contains(request_id)
     }
 
+    /// An ask left open before a restart was answered before the run asked
+    /// it again: it no longer waits for anyone (the run applies the answer
+    /// when it asks).
+    pub(crate) fn answered_early(&mut self, request_id: &str) {
+        self.pending_asks.retain(|ask| ask.request_id != request_id);
+        self.show();
+    }
+
     /// The run's loop is in `status` now; whether anything changed.
     pub(crate) fn set_own_status(&mut self, status: RunStatus) -> bool {
         let before = (self.own_status, self.status);

@@ -24,6 +24,15 @@ pub(crate) async fn bounded(State(app): State<Arc<App>>, request: Request, next:
     let config = app.service.config();
     let (limit, patience) = (config.max_frame_bytes, config.body_timeout);
     let (parts, body) = request.into_parts();
+    // Announced over the limit: refused at once, not after waiting for it.
+    let announced = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limit as u64) {
+        return too_large(limit).into_response();
+    }
     let read = match tokio::time::timeout(patience, axum::body::to_bytes(body, limit)).await {
         Ok(read) => read,
         Err(_) => {
@@ -36,13 +45,16 @@ pub(crate) async fn bounded(State(app): State<Arc<App>>, request: Request, next:
         }
     };
     let Ok(bytes) = read else {
-        return ApiError::new(
-            Code::PayloadTooLarge,
-            format!("the body is over the limit of {limit} bytes"),
-        )
-        .into_response();
+        return too_large(limit).into_response();
     };
     next.run(Request::from_parts(parts, Body::from(bytes))).await
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        Code::PayloadTooLarge,
+        format!("the body is over the limit of {limit} bytes"),
+    )
 }
 
 /// A JSON object body of type `T` (an empty body reads as `{}`), from a
@@ -58,14 +70,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let bytes = axum::body::to_bytes(body, usize::MAX)
             .await
             .map_err(|err| ApiError::internal("the body could not be read", err))?;
-        let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
-            .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
         if !bytes.is_empty() && !is_json(&parts.headers) {
             return Err(ApiError::new(
                 Code::InvalidRequest,
                 "a body must be sent with Content-Type: application/json",
             ));
         }
+        let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
+            .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
         crate::protocol::object_params(value).map(JsonBody)
     }
 }
@@ -115,6 +127,11 @@ mod tests {
         );
         assert_eq!(
             parse(Some("text/plain"), r#"{"message":"hi"}"#).await.unwrap_err(),
+            Code::InvalidRequest
+        );
+        // Not JSON and not said to be: the Content-Type is what is wrong.
+        assert_eq!(
+            parse(Some("text/plain"), "hello").await.unwrap_err(),
             Code::InvalidRequest
         );
         assert_eq!(

@@ -5,6 +5,7 @@
 //! registry keeps one per run and never knows which kind.
 
 use loom_core::{Control, ControlError, LiveState, RunController};
+use tokio::sync::watch;
 
 /// The controls and the state of one live run.
 pub trait RunControl: Send + Sync {
@@ -14,6 +15,8 @@ pub trait RunControl: Send + Sync {
     /// What the run shows of itself now: status, asks waiting (its
     /// sub-agents' included), usage, last `seq`.
     fn state(&self) -> LiveState;
+    /// The same, as it changes.
+    fn watch_state(&self) -> watch::Receiver<LiveState>;
 }
 
 impl RunControl for RunController {
@@ -23,5 +26,9 @@ impl RunControl for RunController {
 
     fn state(&self) -> LiveState {
         RunController::state(self)
+    }
+
+    fn watch_state(&self) -> watch::Receiver<LiveState> {
+        RunController::watch_state(self)
     }
 }

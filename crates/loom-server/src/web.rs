@@ -355,6 +355,7 @@ fn same_origin(headers: &HeaderMap, app: &App) -> bool {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct SignIn {
     token: String,
 }

@@ -568,6 +568,10 @@ async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the
     controller
         .respond_permission(&request_id, loom::PermissionDecision::Allow)
         .unwrap();
+    assert!(
+        controller.state().pending_asks.is_empty(),
+        "answered: nobody is asked any more"
+    );
     assert!(controller
         .respond_permission(&request_id, loom::PermissionDecision::Deny)
         .is_err());

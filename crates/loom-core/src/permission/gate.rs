@@ -75,6 +75,7 @@ impl PendingRequests {
         let left_open = self.state.borrow().asked_before_restart(request_id);
         if left_open && !asks.early.contains_key(request_id) {
             asks.early.insert(request_id.to_string(), Some(decision));
+            self.state.send_modify(|state| state.answered_early(request_id));
             return Ok(());
         }
         Err(ControlError::UnknownRequest(request_id.to_string()))

@@ -7,6 +7,10 @@ use super::*;
 /// guards against a run that never does).
 const CANCEL_WAIT: Duration = Duration::from_secs(60);
 
+/// How long an answer waits for the run to record it before it is
+/// acknowledged anyway (a run records it within one write of its log).
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
 impl Service {
     /// `agent.cancel`: answers once the run has stopped.
     pub async fn cancel(&self, principal: &Principal, run_id: &str) -> Result<Cancelled, ApiError> {
@@ -201,7 +205,7 @@ impl Service {
         request_id: &str,
         decision: PermissionDecision,
     ) -> Result<(), ApiError> {
-        let live = {
+        let recorded = {
             let registry = self.registry();
             // A sub-agent's ask is answered by its root, whose state holds it.
             let answering = registry
@@ -220,19 +224,33 @@ impl Service {
                     let delivered = run
                         .controller
                         .as_ref()
-                        .is_some_and(|controller| controller.send(reply).is_ok());
-                    if !delivered {
-                        return Err(ApiError::new(
-                            Code::InvalidState,
-                            format!("no ask '{request_id}' is waiting for an answer"),
-                        ));
+                        .filter(|controller| controller.send(reply).is_ok());
+                    match delivered {
+                        Some(controller) => Some(controller.watch_state()),
+                        None => {
+                            return Err(ApiError::new(
+                                Code::InvalidState,
+                                format!("no ask '{request_id}' is waiting for an answer"),
+                            ))
+                        }
                     }
-                    true
                 }
-                None => false,
+                None => None,
             }
         };
-        if live {
+        if let Some(mut state) = recorded {
+            // Acknowledged once the decision is in the run's log (its
+            // `permission.resolved` visible, so stored), or the run has
+            // stopped. An ask answered before the resumed run asks it again
+            // is no longer shown at once.
+            let settled = state.wait_for(|state| {
+                !state.pending_asks.iter().any(|ask| ask.request_id == request_id)
+                    || state.status.is_terminal()
+                    || state.status == RunStatus::Interrupted
+            });
+            if tokio::time::timeout(ANSWER_WAIT, settled).await.is_err() {
+                tracing::warn!(run_id, request_id, "an answer was delivered but not yet recorded");
+            }
             return Ok(());
         }
         self.get(principal, run_id).await?;

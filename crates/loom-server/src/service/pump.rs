@@ -8,7 +8,8 @@ impl Service {
     /// Starts a run the registry let go.
     pub(super) fn launch(&self, launch: Launch) {
         let Launch { run_id, start } = launch;
-        let span = tracing::info_span!("run", run_id = %run_id);
+        // A root span: a run launched when another ends is not part of it.
+        let span = tracing::info_span!(parent: None, "run", run_id = %run_id);
         match start {
             Start::New(agent, request) => {
                 let handle = {

@@ -394,12 +394,20 @@ mod tests {
         );
         // Answered while it waits: the run keeps the answer for when it asks again.
         allow(&second, &waiting, &asked_waiting).await.unwrap();
+        let listed = second.pending(&testing::alice(), Some(&waiting)).await.unwrap();
+        assert!(listed.is_empty(), "answered, it is no longer listed: {listed:?}");
         let again = allow(&second, &waiting, &asked_waiting).await.unwrap_err();
         assert_eq!(again.code, Code::InvalidState, "answered once");
         // The live one asks again under its id, and is answered.
         let asked = asks_of(&second, &live, 1).await;
         assert_eq!(asked[0].request_id, asked_live.request_id);
         allow(&second, &live, &asked_live).await.unwrap();
+        // Acknowledged only once the decision is in the run's log.
+        let log = store.events(&live, 0).await.unwrap();
+        let recorded = log.iter().any(|event| {
+            matches!(&event.kind, EventKind::PermissionResolved { request_id, .. } if *request_id == asked_live.request_id)
+        });
+        assert!(recorded, "the answer is stored before it is acknowledged");
         for run_id in [&live, &waiting] {
             let mut status = RunStatus::Queued;
             for _ in 0..500 {
