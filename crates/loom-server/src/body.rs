@@ -70,14 +70,16 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         let bytes = axum::body::to_bytes(body, usize::MAX)
             .await
             .map_err(|err| ApiError::internal("the body could not be read", err))?;
+        // Not JSON at all is a parse error whatever it was labelled; JSON
+        // must also say so.
+        let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
+            .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
         if !bytes.is_empty() && !is_json(&parts.headers) {
             return Err(ApiError::new(
                 Code::InvalidRequest,
                 "a body must be sent with Content-Type: application/json",
             ));
         }
-        let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
-            .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
         crate::protocol::object_params(value).map(JsonBody)
     }
 }
@@ -129,11 +131,8 @@ mod tests {
             parse(Some("text/plain"), r#"{"message":"hi"}"#).await.unwrap_err(),
             Code::InvalidRequest
         );
-        // Not JSON and not said to be: the Content-Type is what is wrong.
-        assert_eq!(
-            parse(Some("text/plain"), "hello").await.unwrap_err(),
-            Code::InvalidRequest
-        );
+        // Not JSON at all: a parse error, whatever it was labelled.
+        assert_eq!(parse(Some("text/plain"), "hello").await.unwrap_err(), Code::ParseError);
         assert_eq!(
             parse(Some("application/json"), "{not json").await.unwrap_err(),
             Code::ParseError
