@@ -714,7 +714,9 @@ impl Agent {
         crate::recovery::check_resumable(&record)?;
         // Read once here for what the run shows while it waits; not kept
         // (a long log held by every run waiting in line would add up).
-        let state = LiveState::from_log(run_id, &store.events(run_id, 0).await?);
+        let mut state = LiveState::from_log(run_id, &store.events(run_id, 0).await?);
+        // Its usage as of its checkpoint: what came after it is done again.
+        state.metrics = record.metrics.clone();
         let last_seq = state.last_seq;
         let (driver, handle) = self.prepare(
             Some(record.run_id.clone()),

@@ -59,6 +59,9 @@ pub struct LiveState {
     /// under the same ids, and an answer may come before it does
     /// ([`crate::permission`]).
     asked_before_restart: HashSet<String>,
+    /// Of those, the ones answered before the run asked again: asked again,
+    /// they are not waiting for anyone.
+    answered_early: HashSet<String>,
 }
 
 impl LiveState {
@@ -85,6 +88,8 @@ impl LiveState {
     /// it again: it no longer waits for anyone (the run applies the answer
     /// when it asks).
     pub(crate) fn answered_early(&mut self, request_id: &str) {
+        self.asked_before_restart.remove(request_id);
+        self.answered_early.insert(request_id.to_string());
         self.pending_asks.retain(|ask| ask.request_id != request_id);
         self.show();
     }
@@ -117,14 +122,17 @@ impl LiveState {
             } => {
                 self.pending_asks.retain(|ask| ask.request_id != *request_id);
                 self.asked_before_restart.remove(request_id);
-                self.pending_asks.push(PendingAsk {
-                    run_id: event.run_id.to_string(),
-                    request_id: request_id.clone(),
-                    tool: tool.clone(),
-                    args: args.clone(),
-                    rule: rule.clone(),
-                    seq: event.seq,
-                });
+                // Its answer came first: asked for the record, answered at once.
+                if !self.answered_early.remove(request_id) {
+                    self.pending_asks.push(PendingAsk {
+                        run_id: event.run_id.to_string(),
+                        request_id: request_id.clone(),
+                        tool: tool.clone(),
+                        args: args.clone(),
+                        rule: rule.clone(),
+                        seq: event.seq,
+                    });
+                }
             }
             EventKind::PermissionResolved { request_id, .. } => {
                 self.pending_asks.retain(|ask| ask.request_id != *request_id);
@@ -134,6 +142,7 @@ impl LiveState {
                 // it did not ask again is no longer asked.
                 let stale = std::mem::take(&mut self.asked_before_restart);
                 self.pending_asks.retain(|ask| !stale.contains(&ask.request_id));
+                self.answered_early.clear();
             }
             EventKind::IterationStart { iteration } if own => self.metrics.iterations = iteration + 1,
             EventKind::LlmFinish { usage: Some(usage), .. } if own => {
@@ -312,12 +321,13 @@ mod tests {
             ask("root", 3, "perm_b"),
             resolved("root", 4, "perm_b"),
             ask("root", 5, "perm_c"),
+            ask("root", 6, "perm_d"),
         ];
         let mut state = LiveState::from_log("root", &log);
         assert_eq!(state.status, RunStatus::Queued);
-        assert_eq!(state.last_seq, 5);
+        assert_eq!(state.last_seq, 6);
         let open: Vec<&str> = state.pending_asks.iter().map(|a| a.request_id.as_str()).collect();
-        assert_eq!(open, ["perm_a", "perm_c"]);
+        assert_eq!(open, ["perm_a", "perm_c", "perm_d"]);
         assert!(state.asked_before_restart("perm_a") && !state.asked_before_restart("perm_b"));
         state.set_own_status(RunStatus::Running);
         assert_eq!(state.status, RunStatus::WaitingPermission);
@@ -325,8 +335,21 @@ mod tests {
         state.observe("root", &ask("root", 7, "perm_a"));
         assert!(!state.asked_before_restart("perm_a"));
         state.observe("root", &resolved("root", 8, "perm_a"));
-        // perm_c's call was settled without asking (its result was journaled).
-        state.observe("root", &event("root", 9, EventKind::ToolCallsComplete { count: 1 }));
+        // perm_c, answered before it is asked again, waits for nobody, and
+        // asked again it is answered at once (the log has both).
+        state.answered_early("perm_c");
+        assert!(!state.asked_before_restart("perm_c"), "answered once");
+        assert_eq!(state.pending_asks.len(), 1, "perm_d still waits");
+        state.observe("root", &ask("root", 9, "perm_c"));
+        assert_eq!(
+            state.pending_asks.len(),
+            1,
+            "perm_c not shown again: {:?}",
+            state.pending_asks
+        );
+        state.observe("root", &resolved("root", 10, "perm_c"));
+        // perm_d's call was settled without asking (its result was journaled).
+        state.observe("root", &event("root", 11, EventKind::ToolCallsComplete { count: 1 }));
         assert!(state.pending_asks.is_empty());
         assert_eq!(state.status, RunStatus::Running);
     }

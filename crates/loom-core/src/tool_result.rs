@@ -207,9 +207,18 @@ mod tests {
     #[test]
     fn an_error_kind_is_stored_by_its_name_and_an_unknown_name_is_kept() {
         for kind in [
+            ErrorKind::UnknownTool,
+            ErrorKind::Unavailable,
+            ErrorKind::InvalidArguments,
+            ErrorKind::ToolError,
+            ErrorKind::Panic,
+            ErrorKind::Journal,
+            ErrorKind::EmptyOutput,
+            ErrorKind::Cancelled,
+            ErrorKind::Denied,
+            ErrorKind::Timeout,
             ErrorKind::NotStarted,
             ErrorKind::Interrupted,
-            ErrorKind::InvalidArguments,
         ] {
             let stored = serde_json::to_string(&kind).unwrap_or_default();
             assert_eq!(stored, format!("\"{}\"", kind.as_str()));
@@ -217,5 +226,14 @@ mod tests {
         }
         let later = serde_json::from_str::<ErrorKind>("\"rate_limited\"").ok();
         assert_eq!(later, Some(ErrorKind::Other("rate_limited".into())));
+        // A result journaled by an earlier build reads as it was written.
+        let stored = r#"{"durationMs":3,"stages":{"discoverUs":0,"validateUs":0,"authorizeUs":0,"executeUs":0,"formatUs":0},"errorKind":"not_started"}"#;
+        let metadata: Option<ToolResultMetadata> = serde_json::from_str(stored).ok();
+        assert_eq!(
+            metadata.as_ref().and_then(|m| m.error_kind.clone()),
+            Some(ErrorKind::NotStarted)
+        );
+        let again = metadata.map(|m| serde_json::to_string(&m).unwrap_or_default());
+        assert_eq!(again.as_deref(), Some(stored));
     }
 }

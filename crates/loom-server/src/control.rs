@@ -1,7 +1,7 @@
 //! How the gateway reaches a run it admitted, wherever the run executes:
-//! the engine's [`RunController`] for a run in this process; for a run in
-//! a `loom worker` (docs/server.md), a message through Redis to the worker
-//! that holds it. One way to command a run, one way to observe it; the
+//! the engine's [`RunController`] for a run in this process (the one kind
+//! there is today; a run in another process would be reached through a
+//! message). One way to command a run, one way to observe it; the
 //! registry keeps one per run and never knows which kind.
 
 use loom_core::{Control, ControlError, LiveState, RunController};

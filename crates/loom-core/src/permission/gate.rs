@@ -50,9 +50,8 @@ pub(crate) struct PendingRequests {
 struct Asks {
     waiting: HashMap<String, oneshot::Sender<PermissionDecision>>,
     /// Answers to asks left open before a restart, for when the resumed
-    /// run asks them again (under the same ids); `None` once taken, so a
-    /// second answer is refused until the ask is settled.
-    early: HashMap<String, Option<PermissionDecision>>,
+    /// run asks them again (under the same ids).
+    early: HashMap<String, PermissionDecision>,
 }
 
 impl PendingRequests {
@@ -72,29 +71,31 @@ impl PendingRequests {
                 .send(decision)
                 .map_err(|_| ControlError::UnknownRequest(request_id.to_string()));
         }
+        // Answered once: the state forgets it was left open.
         let left_open = self.state.borrow().asked_before_restart(request_id);
-        if left_open && !asks.early.contains_key(request_id) {
-            asks.early.insert(request_id.to_string(), Some(decision));
+        if left_open {
+            asks.early.insert(request_id.to_string(), decision);
             self.state.send_modify(|state| state.answered_early(request_id));
             return Ok(());
         }
         Err(ControlError::UnknownRequest(request_id.to_string()))
     }
 
-    /// Waits for the answer to `request_id` from now on (at once, when it
-    /// came before the ask).
-    fn expect(&self, request_id: &str) -> oneshot::Receiver<PermissionDecision> {
+    /// Waits for the answer to `request_id` from now on; whether it came
+    /// before the ask (then it is there at once).
+    fn expect(&self, request_id: &str) -> (oneshot::Receiver<PermissionDecision>, bool) {
         let (tx, rx) = oneshot::channel();
         let mut asks = lock(&self.asks);
-        match asks.early.get_mut(request_id).and_then(Option::take) {
+        match asks.early.remove(request_id) {
             Some(decision) => {
                 let _ = tx.send(decision);
+                (rx, true)
             }
             None => {
                 asks.waiting.insert(request_id.to_string(), tx);
+                (rx, false)
             }
         }
-        rx
     }
 
     fn forget(&self, request_id: &str) {
@@ -173,12 +174,14 @@ impl PermissionGate {
         }
         let cancel = ctx.cancel_token();
         let request_id = request_id(ctx.run_id(), request.call_id);
-        let rx = self.pending.expect(&request_id);
+        let (rx, answered) = self.pending.expect(&request_id);
         // The status is recorded before the question goes out, so whoever
-        // sees the request finds the run WAITING_PERMISSION in the store.
-        let waiting = self.state.send_if_modified(|state| {
-            state.own_status() == RunStatus::Running && state.set_own_status(RunStatus::WaitingPermission)
-        });
+        // sees the request finds the run WAITING_PERMISSION in the store
+        // (not for a question answered already: it waits for nobody).
+        let waiting = !answered
+            && self.state.send_if_modified(|state| {
+                state.own_status() == RunStatus::Running && state.set_own_status(RunStatus::WaitingPermission)
+            });
         if waiting {
             self.record(RunStatus::WaitingPermission).await;
         }

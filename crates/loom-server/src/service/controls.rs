@@ -208,11 +208,7 @@ impl Service {
         let recorded = {
             let registry = self.registry();
             // A sub-agent's ask is answered by its root, whose state holds it.
-            let answering = registry
-                .sub_agents
-                .get(run_id)
-                .cloned()
-                .unwrap_or_else(|| run_id.to_string());
+            let answering = answering_root(&registry, run_id);
             match registry.run(principal, &answering) {
                 Some(run) => {
                     let reply = Control::PermissionReply {
@@ -239,19 +235,39 @@ impl Service {
             }
         };
         if let Some(mut state) = recorded {
-            // Acknowledged once the decision is in the run's log (its
-            // `permission.resolved` visible, so stored), or the run has
-            // stopped. An ask answered before the resumed run asks it again
-            // is no longer shown at once.
-            let settled = state.wait_for(|state| {
-                !state.pending_asks.iter().any(|ask| ask.request_id == request_id)
-                    || state.status.is_terminal()
-                    || state.status == RunStatus::Interrupted
-            });
-            if tokio::time::timeout(ANSWER_WAIT, settled).await.is_err() {
-                tracing::warn!(run_id, request_id, "an answer was delivered but not yet recorded");
+            {
+                // An ask answered before the resumed run asks it again leaves
+                // the run's asks at once: the gauge follows.
+                let asks = state.borrow().pending_asks.len();
+                let mut registry = self.registry();
+                let root = answering_root(&registry, run_id);
+                registry.count_asks(&root, asks);
+                self.publish_gauges(&registry);
             }
-            return Ok(());
+            // Acknowledged once the decision is in the run's log (its
+            // `permission.resolved` visible, so stored) — or, for an ask
+            // left open before a restart, kept by the run for when it asks
+            // again. A run that stops first has not recorded it.
+            let waiting =
+                |state: &loom_core::LiveState| state.pending_asks.iter().any(|ask| ask.request_id == request_id);
+            let settled = state.wait_for(|state| {
+                !waiting(state) || state.status.is_terminal() || state.status == RunStatus::Interrupted
+            });
+            let outcome = tokio::time::timeout(ANSWER_WAIT, settled)
+                .await
+                .map(|settled| settled.map(|state| !waiting(&state)));
+            let recorded = match outcome {
+                Ok(Ok(recorded)) => recorded,
+                // The run is gone (its controls dropped) or too slow.
+                _ => !waiting(&state.borrow()),
+            };
+            if recorded {
+                return Ok(());
+            }
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} stopped before it recorded the answer to '{request_id}'; answer again when it asks again"),
+            ));
         }
         self.get(principal, run_id).await?;
         Err(ApiError::new(
@@ -259,6 +275,15 @@ impl Service {
             format!("no ask '{request_id}' is waiting for an answer: the run has ended"),
         ))
     }
+}
+
+/// The run that answers `run_id`'s asks: its root, for a sub-agent.
+fn answering_root(registry: &Registry, run_id: &str) -> String {
+    registry
+        .sub_agents
+        .get(run_id)
+        .cloned()
+        .unwrap_or_else(|| run_id.to_string())
 }
 
 #[cfg(test)]

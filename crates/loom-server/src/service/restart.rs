@@ -398,8 +398,16 @@ mod tests {
         assert!(listed.is_empty(), "answered, it is no longer listed: {listed:?}");
         let again = allow(&second, &waiting, &asked_waiting).await.unwrap_err();
         assert_eq!(again.code, Code::InvalidState, "answered once");
-        // The live one asks again under its id, and is answered.
-        let asked = asks_of(&second, &live, 1).await;
+        // The live one asks again under its id (a later seq), and is answered.
+        let mut asked = asks_of(&second, &live, 1).await;
+        for _ in 0..500 {
+            if asked.first().is_some_and(|ask| ask.seq > asked_live.seq) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            asked = asks_of(&second, &live, 1).await;
+        }
+        assert!(asked[0].seq > asked_live.seq, "asked again: {asked:?}");
         assert_eq!(asked[0].request_id, asked_live.request_id);
         allow(&second, &live, &asked_live).await.unwrap();
         // Acknowledged only once the decision is in the run's log.
