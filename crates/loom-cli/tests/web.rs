@@ -412,7 +412,9 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
     // Reloaded while the parent still runs: a sub-agent that finished
     // before the reload is read from its own log at once, not when the
     // parent ends (its events were on the parent's stream live only).
-    page.start_run("again steps=2 tool=task delay_ms=4000 child=steps:1+tool:list_dir")
+    // (8 s of the parent's: a reload under the load of the other browser
+    // tests on two cores took more than 4.)
+    page.start_run("again steps=2 tool=task delay_ms=8000 child=steps:1+tool:list_dir")
         .await;
     page.until(
         "the first sub-agent, live",
