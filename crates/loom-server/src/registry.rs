@@ -62,20 +62,28 @@ impl LiveRun {
     /// What the run shows now: its own state, once it has controls.
     pub(crate) fn state(&self) -> LiveState {
         let mut state = self.controller.as_ref().map(|c| c.state()).unwrap_or_default();
-        state.status = match (self.queued, state.status) {
+        state.status = self.shown(&state);
+        state
+    }
+
+    /// Its status now (read in place: the run's whole state is not copied).
+    pub(crate) fn status(&self) -> RunStatus {
+        match &self.controller {
+            Some(controller) => self.shown(&controller.watch_state().borrow()),
+            None => self.shown(&LiveState::default()),
+        }
+    }
+
+    /// The status to show for the run's own `state`.
+    fn shown(&self, state: &LiveState) -> RunStatus {
+        match (self.queued, state.status) {
             (true, _) => RunStatus::Queued,
             // Let go by the queue, its loop not started yet (a run taken
             // back after a restart may show asks it left open).
             (false, RunStatus::Queued) if !state.pending_asks.is_empty() => RunStatus::WaitingPermission,
             (false, RunStatus::Queued) => RunStatus::Running,
             (false, status) => status,
-        };
-        state
-    }
-
-    /// Its status now.
-    pub(crate) fn status(&self) -> RunStatus {
-        self.state().status
+        }
     }
 
     pub(crate) fn view(&self, queue_position: Option<usize>) -> RunView {
