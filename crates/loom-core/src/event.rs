@@ -409,24 +409,27 @@ pub struct EventEmitter {
     log: Option<Mutex<Vec<Event>>>,
 }
 
-/// Where an emitter's events go: a channel (a run's event log writer, a
-/// test), or straight to a run's stream (a run without a store).
+/// Where an emitter's events go: a channel (a test), a run's event log
+/// (stored, then visible), or straight to a run's stream (a run without a
+/// store).
 #[derive(Debug, Clone)]
 pub(crate) enum EventSink {
     // Boxed: the channel allocates its slots in blocks of 32, and 32 whole
     // events (~9 KB) per block held by every live run was a gateway's
     // largest cost per run after its model connections.
     Channel(mpsc::UnboundedSender<Box<Event>>),
+    Log(Arc<crate::engine::event_log::LogWriter>),
     Stream(crate::live_state::RunStream),
 }
 
 impl EventSink {
     /// A sink nobody reads any more is not an error.
-    fn send(&self, event: Box<Event>) {
+    pub(crate) fn send(&self, event: Box<Event>) {
         match self {
             Self::Channel(tx) => {
                 let _ = tx.send(event);
             }
+            Self::Log(log) => log.push(event),
             Self::Stream(stream) => stream.send(event),
         }
     }

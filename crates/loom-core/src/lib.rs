@@ -76,7 +76,8 @@ pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{
-    Checkpoint, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot, Store, StoreError,
+    Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot,
+    Store, StoreError,
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{DynTool, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};

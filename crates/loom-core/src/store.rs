@@ -7,6 +7,8 @@
 //! stored runs (recovery, cancel, a session's history) is in
 //! [`crate::recovery`]; see docs/architecture.md.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
@@ -229,10 +231,14 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What [`Store::append_events_then`] calls once the events are stored or
+/// refused, handing them back.
+pub type EventsStored = Box<dyn FnOnce(Vec<Event>, Result<(), StoreError>) + Send>;
+
 /// Durable storage of sessions, runs, messages, checkpoints, events and
 /// the tool journal.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: Send + Sync + 'static {
     /// Records a new run (and its session, if new) with its status — or,
     /// for a run the store holds `QUEUED` (see [`Store::queue_run`]), moves
     /// that record to `run`'s status and owner. Any other run of that id is
@@ -258,6 +264,22 @@ pub trait Store: Send + Sync {
     /// they are). A run's events are appended as they happen, in small
     /// groups, before anybody sees them.
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError>;
+
+    /// [`Store::append_events`] with nobody waiting: `then` gets the events
+    /// back once they are stored or refused, on whatever thread the store
+    /// finished on (so it must not block), possibly before this returns.
+    /// A run's event log writes this way so that its events become visible
+    /// the moment the store has them, rather than once a task woken to hear
+    /// so gets its turn: on a busy gateway every woken task waits behind
+    /// all the others ready to run, and each event paid that wait once
+    /// more. A store that answers from a writer thread of its own should
+    /// call `then` there; the default awaits `append_events` on a task.
+    fn append_events_then(self: Arc<Self>, run_id: Arc<str>, events: Vec<Event>, then: EventsStored) {
+        tokio::spawn(async move {
+            let result = self.append_events(&run_id, &events).await;
+            then(events, result);
+        });
+    }
 
     /// Moves a run to `to`, refusing transitions docs/architecture.md does not allow.
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError>;

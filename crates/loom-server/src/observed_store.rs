@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use loom_core::async_trait;
 use loom_core::{
-    Checkpoint, Event, KeyedRequest, QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus, Store,
-    StoreError, ToolCall, ToolResult,
+    Checkpoint, Event, EventsStored, KeyedRequest, QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus,
+    Store, StoreError, ToolCall, ToolResult,
 };
 
 use crate::feed::EventFeed;
@@ -56,6 +56,24 @@ impl Store for ObservedStore {
             self.feed.persisted(run_id, last.seq);
         }
         Ok(())
+    }
+
+    fn append_events_then(self: Arc<Self>, run_id: Arc<str>, events: Vec<Event>, then: EventsStored) {
+        let started = Instant::now();
+        let feed = self.feed.clone();
+        let id = run_id.clone();
+        self.inner.clone().append_events_then(
+            run_id,
+            events,
+            Box::new(move |events, result| {
+                metrics::histogram!("loom_store_write_seconds", "op" => "append_events")
+                    .record(started.elapsed().as_secs_f64());
+                if let (Ok(()), Some(last)) = (&result, events.last()) {
+                    feed.persisted(&id, last.seq);
+                }
+                then(events, result);
+            }),
+        );
     }
 
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {

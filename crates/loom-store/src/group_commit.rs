@@ -25,8 +25,28 @@ pub(crate) type Write = Box<dyn Fn(&Connection) -> Result<(), StoreError> + Send
 /// transaction stays short.
 const MAX_GROUP: usize = 512;
 
-/// Where a write's result goes.
-type Done = oneshot::Sender<Result<(), StoreError>>;
+/// Where a write's result goes: a task waiting for it, or a callback the
+/// writer calls itself once the group is committed (nothing to wake).
+pub(crate) enum Done {
+    Wake(oneshot::Sender<Result<(), StoreError>>),
+    Call(Box<dyn FnOnce(Result<(), StoreError>) + Send>),
+}
+
+impl Done {
+    fn answer(self, result: Result<(), StoreError>) {
+        match self {
+            Self::Wake(waiting) => {
+                let _ = waiting.send(result);
+            }
+            Self::Call(then) => {
+                // A callback that panics must not take the writer with it.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| then(result))).is_err() {
+                    tracing::error!("a callback of the store's writer panicked");
+                }
+            }
+        }
+    }
+}
 
 struct Job {
     write: Write,
@@ -65,7 +85,7 @@ impl GroupCommit {
                     drop(conn);
                     checkpointer.committed();
                     for (done, result) in answers {
-                        let _ = done.send(result);
+                        done.answer(result);
                     }
                 }
             })
@@ -76,15 +96,21 @@ impl GroupCommit {
     /// Runs `write` in the next group and waits for its commit.
     pub(crate) async fn write(&self, write: Write) -> Result<(), StoreError> {
         let (done, result) = oneshot::channel();
+        self.write_then(write, Done::Wake(done));
+        result.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Runs `write` in the next group; `done` hears of its commit (at once
+    /// if the writer has stopped).
+    pub(crate) fn write_then(&self, write: Write, done: Done) {
         let sent = self
             .jobs
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .send(Job { write, done });
-        if sent.is_err() {
-            return Err(stopped());
+        if let Err(mpsc::SendError(job)) = sent {
+            job.done.answer(Err(stopped()));
         }
-        result.await.unwrap_or_else(|_| Err(stopped()))
     }
 }
 

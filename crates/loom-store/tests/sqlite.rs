@@ -291,6 +291,91 @@ async fn a_database_of_an_older_schema_is_migrated_keeping_its_runs() {
     );
 }
 
+#[tokio::test]
+async fn events_and_messages_stored_ordered_by_run_are_kept_in_written_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v6.db");
+    {
+        // What Loom with schema 6 left behind: events and messages in tables
+        // ordered by run, rows of two runs interleaved.
+        let conn = rusqlite_open(&path);
+        for migration in &MIGRATIONS[..6] {
+            conn.execute_batch(migration).unwrap();
+        }
+        conn.execute_batch("INSERT INTO sessions VALUES ('s', 1); PRAGMA user_version = 6;")
+            .unwrap();
+        for run in ["a", "b"] {
+            conn.execute(
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics)
+                 VALUES (?1, 's', 'p', 'scripted:x', 'INTERRUPTED', 'o', 1, '{}')",
+                [run],
+            )
+            .unwrap();
+        }
+        for seq in [3_i64, 1, 2] {
+            for run in ["b", "a"] {
+                let body = serde_json::to_string(&Event {
+                    run_id: run.into(),
+                    ..event(seq as u64)
+                })
+                .unwrap();
+                conn.execute(
+                    "INSERT INTO events (run_id, seq, body) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![run, seq, body],
+                )
+                .unwrap();
+            }
+        }
+        for position in [1_i64, 0] {
+            let body = serde_json::to_string(&Message::user(format!("a{position}"))).unwrap();
+            conn.execute(
+                "INSERT INTO messages (run_id, position, body) VALUES ('a', ?1, ?2)",
+                rusqlite::params![position, body],
+            )
+            .unwrap();
+        }
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    let seqs = |events: Vec<Event>| {
+        events
+            .iter()
+            .map(|event| (event.run_id.to_string(), event.seq))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        seqs(store.events("a", 0).await.unwrap()),
+        [("a".to_string(), 1), ("a".into(), 2), ("a".into(), 3)]
+    );
+    assert_eq!(store.last_seqs(&["b".into(), "a".into()]).await.unwrap(), [3, 3]);
+    assert_eq!(
+        store.load_run("a").await.unwrap().messages,
+        [Message::user("a0"), Message::user("a1")]
+    );
+    // A seq written again is still ignored, and the log goes on after it.
+    store
+        .append_events(
+            "a",
+            &[
+                Event {
+                    run_id: "a".into(),
+                    ..event(3)
+                },
+                Event {
+                    run_id: "a".into(),
+                    ..event(4)
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        seqs(store.events("a", 2).await.unwrap()),
+        [("a".to_string(), 3), ("a".into(), 4)]
+    );
+    // Events of a run that does not exist are still refused.
+    assert!(store.append_events("nobody", &[event(1)]).await.is_err());
+}
+
 /// A plain SQLite connection, to set up files and hold locks.
 #[tokio::test]
 async fn last_seqs_come_in_the_order_asked_and_a_run_without_events_has_zero() {

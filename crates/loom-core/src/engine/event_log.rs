@@ -3,42 +3,35 @@
 //! --json` — ever sees an event the log does not have, and a run resumed
 //! after a crash numbers its events after the last one anybody saw.
 //!
-//! The emitter sends each event to a writer task; the writer appends
-//! everything that has arrived in one write (a group: while one write is
-//! in flight the next group gathers, so a busy run writes every few
-//! milliseconds rather than per event), then passes the group on. A
-//! checkpoint first waits for the writer ([`EventLog::flush`]), so the log
-//! holds every event up to the state it records.
+//! Each emitted event joins the run's waiting events; when no write of the
+//! run is with the store, the waiting events go to it as one group. The
+//! store answers through a callback ([`Store::append_events_then`]) that
+//! makes the group visible and hands the store the events that gathered
+//! meanwhile — so a busy run writes every few milliseconds rather than per
+//! event, and no task has to be woken (and wait its turn on a busy
+//! gateway) between a commit and the clients. A checkpoint first waits for
+//! the log ([`EventLog::flush`]), so the log holds every event up to the
+//! state it records.
 //!
 //! Until the run's record exists ([`EventLog::open`]) events wait: the log
 //! belongs to the record. When the store refuses a write the events still
 //! go on, so the run's client learns why the run stops: the next checkpoint
 //! fails and the run ends with a store error.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::event::{Event, EventSink};
 use crate::live_state::RunStream;
 use crate::store::{Store, StoreError};
 
-/// A run's event log writer, as the driver holds it.
+/// A run's event log, as the driver holds it.
 pub(crate) struct EventLog {
-    /// Commands to the writer; none without a store.
-    writer: Option<mpsc::UnboundedSender<Command>>,
+    /// The writer; none without a store.
+    writer: Option<Arc<LogWriter>>,
     /// The run's stream: where stored events go.
     visible: RunStream,
-}
-
-enum Command {
-    /// The run's record exists: events may be written.
-    Open,
-    /// Answer once every event sent so far is written.
-    Flush(oneshot::Sender<Result<(), StoreError>>),
-    /// An event the store recorded already, after every event before it;
-    /// answered once it is on the stream.
-    Stored(Box<Event>, oneshot::Sender<()>),
 }
 
 impl EventLog {
@@ -49,27 +42,22 @@ impl EventLog {
         (Self { writer: None, visible }, sink)
     }
 
-    /// Starts the writer of `run_id`'s log in `store`; returns the log and
-    /// the sink its emitter writes to. Nothing is written before
+    /// The writer of `run_id`'s log in `store`; returns the log and the
+    /// sink its emitter writes to. Nothing is written before
     /// [`EventLog::open`].
     pub(crate) fn start(store: Arc<dyn Store>, run_id: Arc<str>, visible: RunStream) -> (Self, EventSink) {
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let (commands_tx, commands) = mpsc::unbounded_channel();
-        let writer = Writer {
+        let writer = Arc::new(LogWriter {
             store,
             run_id,
             visible: visible.clone(),
-            opened: false,
-            group: Vec::new(),
-            failed: None,
-        };
-        tokio::spawn(writer.run(events, commands));
+            state: Mutex::new(LogState::default()),
+        });
         (
             Self {
-                writer: Some(commands_tx),
+                writer: Some(writer.clone()),
                 visible,
             },
-            EventSink::Channel(events_tx),
+            EventSink::Log(writer),
         )
     }
 
@@ -82,19 +70,31 @@ impl EventLog {
     /// The run's record exists: the events so far, and from now on, are written.
     pub(crate) fn open(&self) {
         if let Some(writer) = &self.writer {
-            let _ = writer.send(Command::Open);
+            let group = {
+                let mut state = writer.lock();
+                state.opened = true;
+                state.next_group()
+            };
+            writer.write(group);
         }
     }
 
-    /// Waits until every event emitted so far is in the log.
+    /// Waits until every event emitted so far is in the log (and on the
+    /// stream). Fails from the first refused write on.
     pub(crate) async fn flush(&self) -> Result<(), StoreError> {
         let Some(writer) = &self.writer else { return Ok(()) };
-        let (ack, done) = oneshot::channel();
-        if writer.send(Command::Flush(ack)).is_err() {
-            return Err(StoreError::Backend("the event log writer has stopped".into()));
-        }
-        done.await
-            .unwrap_or_else(|_| Err(StoreError::Backend("the event log writer has stopped".into())))
+        let caught_up = {
+            let mut state = writer.lock();
+            // Before the record exists nothing can be written; the events wait.
+            if !state.opened || state.failed.is_some() || state.shown == state.emitted {
+                return state.outcome();
+            }
+            let (caught_up, wait) = oneshot::channel();
+            let target = state.emitted;
+            state.flushes.push((target, caught_up));
+            wait
+        };
+        caught_up.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Sends an event the store has already recorded (`lifecycle.end`,
@@ -106,101 +106,57 @@ impl EventLog {
             self.visible.send(Box::new(event));
             return;
         };
-        let (ack, sent) = oneshot::channel();
-        match writer.send(Command::Stored(Box::new(event), ack)) {
-            Ok(()) => {
-                let _ = sent.await;
-            }
-            Err(mpsc::error::SendError(Command::Stored(event, _))) => self.visible.send(event),
-            Err(_) => {}
+        let _ = self.flush().await;
+        let mut state = writer.lock();
+        if !state.opened {
+            // Never written: what waits goes out first, unstored.
+            writer.show_waiting(&mut state);
         }
+        writer.visible.send(Box::new(event));
     }
 }
 
-struct Writer {
+fn stopped() -> StoreError {
+    StoreError::Backend("the event log writer has stopped".into())
+}
+
+/// What the emitter and the store's callbacks share.
+pub(crate) struct LogWriter {
     store: Arc<dyn Store>,
     run_id: Arc<str>,
     visible: RunStream,
+    state: Mutex<LogState>,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    /// The run's record exists.
     opened: bool,
-    /// Events received and not written yet.
-    group: Vec<Event>,
+    /// Emitted, not yet with the store.
+    waiting: Vec<Event>,
+    /// A group is with the store.
+    writing: bool,
+    /// Events emitted, and events on the stream, so far.
+    emitted: u64,
+    shown: u64,
+    /// Flushes waiting until `shown` reaches their count.
+    flushes: Vec<(u64, oneshot::Sender<Result<(), StoreError>>)>,
     /// The store refused a group: the log has a gap from then on, so every
     /// flush fails and the run stops (its next checkpoint cannot be written).
     failed: Option<String>,
 }
 
-impl Writer {
-    async fn run(
-        mut self,
-        mut events: mpsc::UnboundedReceiver<Box<Event>>,
-        mut commands: mpsc::UnboundedReceiver<Command>,
-    ) {
-        let (mut events_done, mut commands_done) = (false, false);
-        loop {
-            tokio::select! {
-                // Commands first: a flush must see every event sent before it,
-                // and those are in `events` already (sending is synchronous).
-                biased;
-                command = commands.recv(), if !commands_done => match command {
-                    Some(Command::Open) => {
-                        self.opened = true;
-                        self.gather(&mut events);
-                        let _ = self.write().await;
-                    }
-                    Some(Command::Flush(ack)) => {
-                        self.gather(&mut events);
-                        let _ = ack.send(self.write().await);
-                    }
-                    Some(Command::Stored(event, ack)) => {
-                        self.gather(&mut events);
-                        let _ = self.write().await;
-                        if !self.opened {
-                            self.pass_on();
-                        }
-                        self.visible.send(event);
-                        let _ = ack.send(());
-                    }
-                    None => commands_done = true,
-                },
-                event = events.recv(), if !events_done => match event {
-                    Some(event) => {
-                        self.group.push(*event);
-                        self.gather(&mut events);
-                        let _ = self.write().await;
-                    }
-                    None => events_done = true,
-                },
-                else => break,
-            }
+impl LogState {
+    /// The waiting events as the next group, if one may go to the store now.
+    fn next_group(&mut self) -> Option<Vec<Event>> {
+        if !self.opened || self.writing || self.failed.is_some() || self.waiting.is_empty() {
+            return None;
         }
-        // The run is over. Events of a run whose record never came to be
-        // (it failed before) cannot be stored; they still go out.
-        if self.opened {
-            let _ = self.write().await;
-        } else {
-            self.pass_on();
-        }
+        self.writing = true;
+        Some(std::mem::take(&mut self.waiting))
     }
 
-    /// Takes every event that has arrived.
-    fn gather(&mut self, events: &mut mpsc::UnboundedReceiver<Box<Event>>) {
-        while let Ok(event) = events.try_recv() {
-            self.group.push(*event);
-        }
-    }
-
-    /// Writes the group (once the record exists) and passes it on. Fails
-    /// from the first refused write on.
-    async fn write(&mut self) -> Result<(), StoreError> {
-        if self.opened && !self.group.is_empty() && self.failed.is_none() {
-            if let Err(err) = self.store.append_events(&self.run_id, &self.group).await {
-                tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
-                self.failed = Some(err.to_string());
-            }
-        }
-        if self.opened {
-            self.pass_on();
-        }
+    fn outcome(&self) -> Result<(), StoreError> {
         match &self.failed {
             Some(err) => Err(StoreError::Backend(format!(
                 "an earlier write of the run's events failed: {err}"
@@ -209,9 +165,365 @@ impl Writer {
         }
     }
 
-    fn pass_on(&mut self) {
-        for event in self.group.drain(..) {
+    /// Answers the flushes the stream has caught up with (all of them once
+    /// writes fail).
+    fn answer_flushes(&mut self) {
+        let (shown, failed) = (self.shown, self.failed.is_some());
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.flushes)
+            .into_iter()
+            .partition(|(target, _)| failed || *target <= shown);
+        self.flushes = waiting;
+        for (_, caught_up) in done {
+            let _ = caught_up.send(self.outcome());
+        }
+    }
+}
+
+impl std::fmt::Debug for LogWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogWriter")
+            .field("run_id", &self.run_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogWriter {
+    fn lock(&self) -> MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// An emitted event (called under the emitter's lock, in `seq` order).
+    pub(crate) fn push(self: &Arc<Self>, event: Box<Event>) {
+        let group = {
+            let mut state = self.lock();
+            state.emitted += 1;
+            if state.failed.is_some() {
+                // The log has a gap already: the events still go on.
+                state.shown += 1;
+                self.visible.send(event);
+                return;
+            }
+            state.waiting.push(*event);
+            state.next_group()
+        };
+        self.write(group);
+    }
+
+    /// Hands `group` to the store. Outside the state's lock: the store may
+    /// answer before it returns.
+    fn write(self: &Arc<Self>, group: Option<Vec<Event>>) {
+        let Some(group) = group else { return };
+        let writer = self.clone();
+        self.store.clone().append_events_then(
+            self.run_id.clone(),
+            group,
+            Box::new(move |group, result| writer.written(group, result)),
+        );
+    }
+
+    /// The store answered for `group`: it becomes visible, stored or not,
+    /// and what gathered meanwhile goes to the store.
+    fn written(self: &Arc<Self>, group: Vec<Event>, result: Result<(), StoreError>) {
+        let next = {
+            let mut state = self.lock();
+            if let Err(err) = result {
+                tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
+                state.failed = Some(err.to_string());
+            }
+            state.shown += group.len() as u64;
+            for event in group {
+                self.visible.send(Box::new(event));
+            }
+            state.writing = false;
+            if state.failed.is_some() {
+                self.show_waiting(&mut state);
+            }
+            state.answer_flushes();
+            state.next_group()
+        };
+        self.write(next);
+    }
+
+    /// Sends the waiting events to the stream unstored.
+    fn show_waiting(&self, state: &mut LogState) {
+        state.shown += state.waiting.len() as u64;
+        for event in state.waiting.drain(..) {
             self.visible.send(Box::new(event));
         }
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        // The run is over. Events of a run whose record never came to be
+        // (it failed before) cannot be stored; they still go out.
+        let state = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !state.opened {
+            for event in state.waiting.drain(..) {
+                self.visible.send(Box::new(event));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tokio::sync::{mpsc, watch};
+
+    use super::*;
+    use crate::event::EventKind;
+    use crate::live_state::LiveState;
+    use crate::message::ToolCall;
+    use crate::metrics::RunMetrics;
+    use crate::status::RunStatus;
+    use crate::store::{Checkpoint, EventsStored, KeyedRequest, NoStore, QueuedRun, RunRecord, RunSnapshot};
+    use crate::tool_result::ToolResult;
+
+    /// A store that holds every group of events until the test answers it.
+    #[derive(Default)]
+    struct HeldStore {
+        held: std::sync::Mutex<Vec<(Vec<Event>, EventsStored)>>,
+    }
+
+    impl HeldStore {
+        /// Seqs of the groups with the store.
+        fn held(&self) -> Vec<Vec<u64>> {
+            let held = self.held.lock().unwrap();
+            held.iter()
+                .map(|(events, _)| events.iter().map(|event| event.seq).collect())
+                .collect()
+        }
+
+        /// Answers the oldest group.
+        fn answer(&self, result: Result<(), StoreError>) {
+            let (events, then) = self.held.lock().unwrap().remove(0);
+            then(events, result);
+        }
+    }
+
+    #[async_trait]
+    impl Store for HeldStore {
+        fn append_events_then(self: Arc<Self>, _run_id: Arc<str>, events: Vec<Event>, then: EventsStored) {
+            self.held.lock().unwrap().push((events, then));
+        }
+        async fn append_events(&self, _run_id: &str, _events: &[Event]) -> Result<(), StoreError> {
+            unreachable!("the event log appends with append_events_then")
+        }
+        async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+            NoStore.create_run(run).await
+        }
+        async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+            NoStore.queue_run(run, key).await
+        }
+        async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+            NoStore.queued_runs().await
+        }
+        async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+            NoStore.run_request(run_id).await
+        }
+        async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
+            NoStore.set_status(run_id, to).await
+        }
+        async fn checkpoint(&self, checkpoint: &Checkpoint<'_>) -> Result<(), StoreError> {
+            NoStore.checkpoint(checkpoint).await
+        }
+        async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
+            NoStore.journal_intent(run_id, call).await
+        }
+        async fn journal_result(&self, run_id: &str, result: &ToolResult) -> Result<(), StoreError> {
+            NoStore.journal_result(run_id, result).await
+        }
+        async fn finish_run(
+            &self,
+            run_id: &str,
+            status: RunStatus,
+            content: Option<&str>,
+            metrics: &RunMetrics,
+            events: &[Event],
+        ) -> Result<(), StoreError> {
+            NoStore.finish_run(run_id, status, content, metrics, events).await
+        }
+        async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
+            NoStore.load_run(run_id).await
+        }
+        async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+            NoStore.list_runs(limit).await
+        }
+        async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
+            NoStore.events(run_id, after_seq).await
+        }
+        async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+            NoStore.active_runs().await
+        }
+        async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
+            NoStore.mark_interrupted(run_id, owner).await
+        }
+        async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
+            NoStore.reclaim_run(run_id, owner).await
+        }
+        async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+            NoStore.session_runs(session_id).await
+        }
+        async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
+            NoStore.remember_request(owner, key, request).await
+        }
+        async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
+            NoStore.remembered_request(owner, key).await
+        }
+    }
+
+    struct Run {
+        store: Arc<HeldStore>,
+        log: EventLog,
+        sink: EventSink,
+        stream: mpsc::UnboundedReceiver<Box<Event>>,
+    }
+
+    impl Run {
+        fn new() -> Self {
+            let store = Arc::new(HeldStore::default());
+            let (events, stream) = mpsc::unbounded_channel();
+            let visible = RunStream::new("r".into(), Arc::new(watch::Sender::new(LiveState::default())), events);
+            let (log, sink) = EventLog::start(store.clone(), "r".into(), visible);
+            Self {
+                store,
+                log,
+                sink,
+                stream,
+            }
+        }
+
+        fn emit(&self, seq: u64) {
+            self.sink.send(Box::new(event(seq)));
+        }
+
+        /// Seqs that reached the stream since the last look.
+        fn seen(&mut self) -> Vec<u64> {
+            seen(&mut self.stream)
+        }
+    }
+
+    fn seen(stream: &mut mpsc::UnboundedReceiver<Box<Event>>) -> Vec<u64> {
+        let mut seen = Vec::new();
+        while let Ok(event) = stream.try_recv() {
+            seen.push(event.seq);
+        }
+        seen
+    }
+
+    fn event(seq: u64) -> Event {
+        Event {
+            run_id: "r".into(),
+            turn_id: "t".into(),
+            parent_turn_id: None,
+            depth: 0,
+            parent_run_id: None,
+            seq,
+            ts: String::new(),
+            kind: EventKind::IterationStart { iteration: 1 },
+        }
+    }
+
+    fn refused() -> Result<(), StoreError> {
+        Err(StoreError::Backend("disk full".into()))
+    }
+
+    #[test]
+    fn events_show_once_stored_and_gather_while_a_write_is_out() {
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        assert_eq!(run.store.held(), [vec![1]]);
+        run.emit(2);
+        run.emit(3);
+        assert_eq!(run.store.held(), [vec![1]], "one write of the run at a time");
+        assert_eq!(run.seen(), Vec::<u64>::new(), "nothing shows before it is stored");
+        run.store.answer(Ok(()));
+        assert_eq!(run.seen(), [1]);
+        assert_eq!(run.store.held(), [vec![2, 3]], "what gathered goes next, as one group");
+        run.store.answer(Ok(()));
+        assert_eq!(run.seen(), [2, 3]);
+        assert!(run.store.held().is_empty());
+    }
+
+    #[test]
+    fn events_before_the_record_wait_and_go_out_unstored_if_it_never_comes() {
+        let Run {
+            store,
+            log,
+            sink,
+            mut stream,
+        } = Run::new();
+        sink.send(Box::new(event(1)));
+        sink.send(Box::new(event(2)));
+        assert!(store.held().is_empty());
+        drop(log);
+        drop(sink);
+        assert_eq!(seen(&mut stream), [1, 2]);
+
+        let run = Run::new();
+        run.emit(1);
+        run.log.open();
+        assert_eq!(run.store.held(), [vec![1]], "opening writes what waited");
+    }
+
+    #[tokio::test]
+    async fn a_flush_waits_for_the_events_emitted_before_it_only() {
+        let Run {
+            store,
+            log,
+            sink,
+            mut stream,
+        } = Run::new();
+        log.open();
+        sink.send(Box::new(event(1)));
+        let flush = log.flush();
+        tokio::pin!(flush);
+        let pending = tokio::time::timeout(Duration::from_millis(20), &mut flush).await;
+        assert!(pending.is_err(), "event 1 is not stored yet");
+        sink.send(Box::new(event(2)));
+        store.answer(Ok(()));
+        flush.await.unwrap();
+        assert_eq!(
+            seen(&mut stream),
+            [1],
+            "flushed: event 1 is on the stream; 2 is still being written"
+        );
+        assert_eq!(store.held(), [vec![2]]);
+    }
+
+    #[tokio::test]
+    async fn after_a_refused_write_events_still_go_on_and_every_flush_fails() {
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        run.emit(2);
+        run.store.answer(refused());
+        assert_eq!(run.seen(), [1, 2], "the refused group and what waited go on");
+        assert!(run.log.flush().await.is_err());
+        run.emit(3);
+        assert_eq!(run.seen(), [3]);
+        assert!(run.store.held().is_empty(), "nothing is written after a gap");
+        assert!(run.log.flush().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_stored_end_follows_every_event_before_it() {
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        let store = run.store.clone();
+        let answer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            store.answer(Ok(()));
+        });
+        run.log.send_stored(event(2)).await;
+        answer.await.unwrap();
+        assert_eq!(run.seen(), [1, 2]);
     }
 }

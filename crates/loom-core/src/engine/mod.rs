@@ -7,7 +7,7 @@
 mod children;
 mod controls;
 mod driver;
-mod event_log;
+pub(crate) mod event_log;
 mod model_call;
 mod tools;
 mod window;
