@@ -253,7 +253,9 @@ fn insert_request_key(
 const NEXT_POSITION: &str = "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE run_id = ?1 COLLATE BINARY";
 
 /// Events as the rows the writer inserts: written out by the caller, so
-/// the one writer thread gets text, not events to serialize.
+/// the one writer thread gets text, not events to serialize (except a run's
+/// next group of events, handed over by the callback of its last one on
+/// the writer thread).
 fn event_rows(events: &[Event]) -> Result<Vec<(i64, String)>, StoreError> {
     events
         .iter()

@@ -213,11 +213,15 @@ impl LogWriter {
     /// answer before it returns.
     fn write(self: &Arc<Self>, group: Option<Vec<Event>>) {
         let Some(group) = group else { return };
-        let writer = self.clone();
+        let mut answer = Unanswered(Some(self.clone()));
         self.store.clone().append_events_then(
             self.run_id.clone(),
             group,
-            Box::new(move |group, result| writer.written(group, result)),
+            Box::new(move |group, result| {
+                if let Some(writer) = answer.0.take() {
+                    writer.written(group, result);
+                }
+            }),
         );
     }
 
@@ -249,6 +253,23 @@ impl LogWriter {
         state.shown += state.waiting.len() as u64;
         for event in state.waiting.drain(..) {
             self.visible.send(Box::new(event));
+        }
+    }
+}
+
+/// The writer, until the store answers. A store that drops the answer
+/// instead (its writer thread panicked, say) fails the log rather than
+/// leaving every later flush waiting for ever; that group's events are
+/// gone with it.
+struct Unanswered(Option<Arc<LogWriter>>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(writer) = self.0.take() {
+            writer.written(
+                Vec::new(),
+                Err(StoreError::Backend("the store dropped a write of events".into())),
+            );
         }
     }
 }
@@ -297,6 +318,12 @@ mod tests {
             held.iter()
                 .map(|(events, _)| events.iter().map(|event| event.seq).collect())
                 .collect()
+        }
+
+        /// Drops the oldest group unanswered, as a dying store would.
+        fn drop_oldest(&self) {
+            let dropped = self.held.lock().unwrap().remove(0);
+            drop(dropped);
         }
 
         /// Answers the oldest group.
@@ -510,6 +537,18 @@ mod tests {
         assert_eq!(run.seen(), [3]);
         assert!(run.store.held().is_empty(), "nothing is written after a gap");
         assert!(run.log.flush().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_write_the_store_drops_unanswered_fails_the_log_instead_of_hanging() {
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        run.emit(2);
+        run.store.drop_oldest();
+        let flushed = tokio::time::timeout(Duration::from_secs(5), run.log.flush()).await;
+        assert!(flushed.expect("the flush hung").is_err());
+        assert_eq!(run.seen(), [2], "what waited still goes on; the dropped group is gone");
     }
 
     #[tokio::test]
