@@ -342,8 +342,10 @@ async fn sse_run(client: reqwest::Client, addr: String, tally: Arc<Tally>) -> Re
     Ok(())
 }
 
-/// Where the store's time went: writes per operation and their mean
-/// latency, from the server's `/metrics`.
+/// Where the store's time went, from the server's `/metrics`: per
+/// operation, the writes, their mean latency and the bucket bound their
+/// p99 falls under — as the runs waited (`loom_store_write_seconds`) and
+/// the store's own part (`loom_store_commit_seconds`).
 async fn store_writes(addr: &str) -> Option<String> {
     let text = reqwest::Client::new()
         .get(format!("http://{addr}/metrics"))
@@ -354,38 +356,72 @@ async fn store_writes(addr: &str) -> Option<String> {
         .text()
         .await
         .ok()?;
-    let mut sums: std::collections::BTreeMap<String, (f64, f64)> = std::collections::BTreeMap::new();
+    let lines: Vec<String> = ["loom_store_write_seconds", "loom_store_commit_seconds"]
+        .iter()
+        .filter_map(|metric| histogram_summary(&text, metric).map(|summary| format!("{metric} {summary}")))
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// `op: count × mean ms (p99 ≤ bound ms)` for each `op` of `metric`.
+fn histogram_summary(text: &str, metric: &str) -> Option<String> {
+    #[derive(Default)]
+    struct Op {
+        sum: f64,
+        count: f64,
+        buckets: Vec<(f64, f64)>,
+    }
+    let mut ops: std::collections::BTreeMap<String, Op> = std::collections::BTreeMap::new();
     for line in text.lines() {
-        for (suffix, slot) in [("_sum{", 0), ("_count{", 1)] {
-            let Some(rest) = line.strip_prefix(&format!("loom_store_write_seconds{suffix}")) else {
-                continue;
-            };
-            let Some((labels, value)) = rest.split_once("} ") else {
-                continue;
-            };
-            let op = labels.trim_start_matches("op=\"").trim_end_matches('"').to_string();
-            let entry = sums.entry(op).or_default();
-            let value: f64 = value.trim().parse().unwrap_or(0.0);
-            if slot == 0 {
-                entry.0 = value;
-            } else {
-                entry.1 = value;
+        let Some(rest) = line.strip_prefix(metric) else {
+            continue;
+        };
+        let Some((kind, rest)) = rest.split_once('{') else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|value| value.trim_end_matches('"').to_string())
+        };
+        let Some(op) = label("op") else { continue };
+        let entry = ops.entry(op).or_default();
+        match kind {
+            "_sum" => entry.sum = value,
+            "_count" => entry.count = value,
+            "_bucket" => {
+                let bound = label("le").and_then(|le| le.parse().ok()).unwrap_or(f64::INFINITY);
+                entry.buckets.push((bound, value));
             }
+            _ => {}
         }
     }
-    if sums.is_empty() {
+    if ops.is_empty() {
         return None;
     }
-    let parts: Vec<String> = sums
+    let parts: Vec<String> = ops
         .iter()
-        .map(|(op, (sum, count))| {
+        .map(|(op, entry)| {
+            let mut buckets = entry.buckets.clone();
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let p99 = buckets
+                .iter()
+                .find(|(_, below)| *below >= entry.count * 0.99)
+                .map(|(bound, _)| format!("{:.1}", bound * 1000.0))
+                .unwrap_or_else(|| "?".into());
             format!(
-                "{op}: {count:.0} × {:.3} ms = {sum:.2} s",
-                sum / count.max(1.0) * 1000.0
+                "{op}: {:.0} × {:.3} ms (p99 ≤ {p99} ms)",
+                entry.count,
+                entry.sum / entry.count.max(1.0) * 1000.0
             )
         })
         .collect();
-    Some(format!("store_writes {}", parts.join(", ")))
+    Some(parts.join(", "))
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {

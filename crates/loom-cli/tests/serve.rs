@@ -547,6 +547,10 @@ async fn metrics_change_as_runs_finish() {
     );
     assert!(after.contains("loom_model_duration_seconds_bucket"));
     assert!(after.contains("loom_store_write_seconds_bucket"));
+    for op in ["append_events", "checkpoint", "finish_run"] {
+        let series = format!("loom_store_commit_seconds_count{{op=\"{op}\"}}");
+        assert!(value(&after, &series) >= 1.0, "{series} in {after}");
+    }
     assert_eq!(value(&after, "loom_ws_connections"), 1.0);
     assert!(after.contains("loom_tokens_total{kind=\"input\"}"));
     assert_eq!(

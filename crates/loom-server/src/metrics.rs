@@ -65,7 +65,12 @@ fn describe() {
     describe_histogram!(
         "loom_store_write_seconds",
         Unit::Seconds,
-        "Store write latency, by operation."
+        "Store write latency as the writing run waits for it, by operation."
+    );
+    describe_histogram!(
+        "loom_store_commit_seconds",
+        Unit::Seconds,
+        "The store's part of a write's latency (in line for the writer, then committed), by operation."
     );
     describe_gauge!(
         "loom_circuit_breaker_state",

@@ -10,6 +10,7 @@
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use loom_core::StoreError;
 use rusqlite::{Connection, TransactionBehavior};
@@ -20,6 +21,11 @@ use crate::wal_checkpointer::WalCheckpointer;
 /// One write: statements on the open transaction. It may run twice (the
 /// second time after its first was rolled back).
 pub(crate) type Write = Box<dyn Fn(&Connection) -> Result<(), StoreError> + Send>;
+
+/// The store's own part of a write's wait — in line for the writer, then
+/// its group's transaction — by operation: what the writer could answer
+/// for. (The caller's wait adds the time its task takes to run again.)
+const COMMIT_SECONDS: &str = "loom_store_commit_seconds";
 
 /// Writes waiting are taken at most this many at a time, so one
 /// transaction stays short.
@@ -51,6 +57,9 @@ impl Done {
 struct Job {
     write: Write,
     done: Done,
+    /// What it writes, for the metric, and since when it waits.
+    op: &'static str,
+    queued: Instant,
 }
 
 /// The writer thread of one database connection.
@@ -80,9 +89,15 @@ impl GroupCommit {
                             Err(_) => break,
                         }
                     }
+                    let waits: Vec<_> = group.iter().map(|job| (job.op, job.queued)).collect();
                     let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     let answers = commit(&mut conn, group, &fail);
                     drop(conn);
+                    let committed = Instant::now();
+                    for (op, queued) in waits {
+                        metrics::histogram!(COMMIT_SECONDS, "op" => op)
+                            .record(committed.duration_since(queued).as_secs_f64());
+                    }
                     checkpointer.committed();
                     for (done, result) in answers {
                         done.answer(result);
@@ -93,21 +108,27 @@ impl GroupCommit {
         Ok(Self { jobs: Mutex::new(jobs) })
     }
 
-    /// Runs `write` in the next group and waits for its commit.
-    pub(crate) async fn write(&self, write: Write) -> Result<(), StoreError> {
+    /// Runs `write` (an `op`, for the metric) in the next group and waits
+    /// for its commit.
+    pub(crate) async fn write(&self, op: &'static str, write: Write) -> Result<(), StoreError> {
         let (done, result) = oneshot::channel();
-        self.write_then(write, Done::Wake(done));
+        self.write_then(op, write, Done::Wake(done));
         result.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Runs `write` in the next group; `done` hears of its commit (at once
     /// if the writer has stopped).
-    pub(crate) fn write_then(&self, write: Write, done: Done) {
+    pub(crate) fn write_then(&self, op: &'static str, write: Write, done: Done) {
         let sent = self
             .jobs
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .send(Job { write, done });
+            .send(Job {
+                write,
+                done,
+                op,
+                queued: Instant::now(),
+            });
         if let Err(mpsc::SendError(job)) = sent {
             job.done.answer(Err(stopped()));
         }

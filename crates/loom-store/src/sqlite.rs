@@ -466,7 +466,10 @@ impl Store for SqliteStore {
         let rows = event_rows(events)?;
         let fail = self.fail();
         self.group
-            .write(Box::new(move |conn| insert_events(conn, &run_id, &rows).map_err(&fail)))
+            .write(
+                "append_events",
+                Box::new(move |conn| insert_events(conn, &run_id, &rows).map_err(&fail)),
+            )
             .await
     }
 
@@ -478,6 +481,7 @@ impl Store for SqliteStore {
         let fail = self.fail();
         // Answered on the writer thread, right after the commit.
         self.group.write_then(
+            "append_events",
             Box::new(move |conn| insert_events(conn, &run_id, &rows).map_err(&fail)),
             Done::Call(Box::new(move |result| then(events, result))),
         );
@@ -514,42 +518,45 @@ impl Store for SqliteStore {
         let events = event_rows(checkpoint.events)?;
         let fail = self.fail();
         self.group
-            .write(Box::new(move |tx| {
-                let mut position: i64 = if let Some(history) = &replaced {
-                    tx.prepare_cached("DELETE FROM messages WHERE run_id = ?1")
-                        .and_then(|mut delete| delete.execute(params![run_id]))
-                        .map_err(&fail)?;
-                    let mut insert = tx
-                        .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
-                        .map_err(&fail)?;
-                    for (index, body) in history.iter().enumerate() {
-                        insert.execute(params![run_id, index as i64, body]).map_err(&fail)?;
+            .write(
+                "checkpoint",
+                Box::new(move |tx| {
+                    let mut position: i64 = if let Some(history) = &replaced {
+                        tx.prepare_cached("DELETE FROM messages WHERE run_id = ?1")
+                            .and_then(|mut delete| delete.execute(params![run_id]))
+                            .map_err(&fail)?;
+                        let mut insert = tx
+                            .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                            .map_err(&fail)?;
+                        for (index, body) in history.iter().enumerate() {
+                            insert.execute(params![run_id, index as i64, body]).map_err(&fail)?;
+                        }
+                        history.len() as i64
+                    } else {
+                        tx.prepare_cached(NEXT_POSITION)
+                            .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
+                            .map_err(&fail)?
+                    };
+                    {
+                        let mut insert = tx
+                            .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                            .map_err(&fail)?;
+                        for body in &new {
+                            insert.execute(params![run_id, position, body]).map_err(&fail)?;
+                            position += 1;
+                        }
                     }
-                    history.len() as i64
-                } else {
-                    tx.prepare_cached(NEXT_POSITION)
-                        .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
-                        .map_err(&fail)?
-                };
-                {
-                    let mut insert = tx
-                        .prepare_cached("INSERT INTO messages (run_id, position, body) VALUES (?1, ?2, ?3)")
+                    insert_events(tx, &run_id, &events).map_err(&fail)?;
+                    let updated = tx
+                        .prepare_cached("UPDATE runs SET next_turn = ?2, metrics = ?3 WHERE id = ?1")
+                        .and_then(|mut update| update.execute(params![run_id, next, metrics]))
                         .map_err(&fail)?;
-                    for body in &new {
-                        insert.execute(params![run_id, position, body]).map_err(&fail)?;
-                        position += 1;
+                    if updated == 0 {
+                        return Err(StoreError::NotFound(run_id.clone()));
                     }
-                }
-                insert_events(tx, &run_id, &events).map_err(&fail)?;
-                let updated = tx
-                    .prepare_cached("UPDATE runs SET next_turn = ?2, metrics = ?3 WHERE id = ?1")
-                    .and_then(|mut update| update.execute(params![run_id, next, metrics]))
-                    .map_err(&fail)?;
-                if updated == 0 {
-                    return Err(StoreError::NotFound(run_id.clone()));
-                }
-                Ok(())
-            }))
+                    Ok(())
+                }),
+            )
             .await
     }
 
@@ -605,18 +612,21 @@ impl Store for SqliteStore {
         let events = event_rows(events)?;
         let fail = self.fail();
         self.group
-            .write(Box::new(move |tx| {
-                let next = checked_transition(tx, &run_id, status, &fail)?;
-                insert_events(tx, &run_id, &events).map_err(&fail)?;
-                tx.prepare_cached(
-                    "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
-                )
-                .and_then(|mut update| {
-                    update.execute(params![run_id, next.as_str(), now_ms() as i64, content, metrics])
-                })
-                .map_err(&fail)?;
-                Ok(())
-            }))
+            .write(
+                "finish_run",
+                Box::new(move |tx| {
+                    let next = checked_transition(tx, &run_id, status, &fail)?;
+                    insert_events(tx, &run_id, &events).map_err(&fail)?;
+                    tx.prepare_cached(
+                        "UPDATE runs SET status = ?2, ended_ms = ?3, content = ?4, metrics = ?5 WHERE id = ?1",
+                    )
+                    .and_then(|mut update| {
+                        update.execute(params![run_id, next.as_str(), now_ms() as i64, content, metrics])
+                    })
+                    .map_err(&fail)?;
+                    Ok(())
+                }),
+            )
             .await
     }
 
