@@ -582,6 +582,14 @@ async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the
     let (events, outcome) = resuming.start().await.unwrap().collect().await;
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
     assert_eq!(*log.lock().unwrap(), ["x"], "the early answer let the call run");
+    // The interrupt told the call as not started; it ran once, after the
+    // resume, and counts once.
+    assert_eq!(
+        (outcome.metrics.tool_calls, outcome.metrics.tool_failures),
+        (1, 0),
+        "{:?}",
+        outcome.metrics
+    );
     let resolved: Vec<_> = events
         .iter()
         .filter_map(|event| match &event.kind {

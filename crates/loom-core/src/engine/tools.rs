@@ -147,6 +147,11 @@ impl Driver {
 }
 
 fn record_tool_metrics(machine: &mut TurnMachine, result: &ToolResult) {
+    // A call that never started is not a call: a resumed run may still run
+    // it, and counts it then (once, not twice and once failed).
+    if result.metadata.error_kind == Some(ErrorKind::NotStarted) {
+        return;
+    }
     machine.metrics_mut().record_tool(
         &result.name,
         result.status.is_failure(),
