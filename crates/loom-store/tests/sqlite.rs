@@ -751,3 +751,91 @@ fn futures_join(
         }
     })
 }
+
+mod while_another_process_holds_the_database {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use loom_core::{Agent, RunStatus, Store, Tool, ToolContext, ToolError, ToolOutput};
+    use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
+    use loom_store::SqliteStore;
+    use serde_json::json;
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct NoArgs {}
+
+    /// Another process takes the database's write lock when called, and
+    /// keeps it for `hold` (longer than the store's busy timeout).
+    struct LockTheDatabase {
+        path: std::path::PathBuf,
+        hold: Duration,
+    }
+
+    impl Tool for LockTheDatabase {
+        type Args = NoArgs;
+        fn name(&self) -> &str {
+            "lock"
+        }
+        fn description(&self) -> &str {
+            "Locks the database for a while."
+        }
+        fn read_only(&self) -> bool {
+            true
+        }
+        async fn call(&self, _args: NoArgs, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+            let holder = rusqlite::Connection::open(&self.path).unwrap();
+            holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+            let hold = self.hold;
+            std::thread::spawn(move || {
+                std::thread::sleep(hold);
+                holder.execute_batch("ROLLBACK").unwrap();
+            });
+            Ok("locked".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn events_a_refused_write_left_are_shown_only_once_stored_with_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("loom.db");
+        // Writes give up after 300 ms; the lock is held 450 ms: the events
+        // after the call are refused, and the run's end (written once the
+        // run has stopped) waits past the lock and holds.
+        let store = Arc::new(SqliteStore::open_with_timeout(&path, Duration::from_millis(300)).unwrap());
+        let model = ScriptedModel::new(vec![
+            ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "lock".into(),
+                    arguments: json!({}),
+                    id: None,
+                }],
+                ..ScriptTurn::default()
+            },
+            ScriptTurn {
+                content: Some("never reached".into()),
+                ..ScriptTurn::default()
+            },
+        ]);
+        let agent = Agent::builder()
+            .model(model)
+            .tool(LockTheDatabase {
+                path: path.clone(),
+                hold: Duration::from_millis(450),
+            })
+            .workspace(dir.path())
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let (seen, outcome) = agent.run("lock it").collect().await;
+        assert_eq!(outcome.status, RunStatus::Error, "{:?}", outcome.stop_reason);
+        let stored = store.events(&outcome.run_id, 0).await.unwrap();
+        assert_eq!(seen, stored, "what the run showed is exactly its log");
+        let seqs: Vec<u64> = seen.iter().map(|event| event.seq).collect();
+        assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no gap");
+        assert_eq!(
+            seen.last().map(|event| event.kind.name()),
+            Some("lifecycle.end"),
+            "the end, stored, is shown"
+        );
+    }
+}

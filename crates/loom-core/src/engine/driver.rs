@@ -437,16 +437,23 @@ impl Driver {
             tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the run's last events");
         }
         let mut events = self.events.take_log();
+        // What a refused write left waiting gets one more try, with the end.
+        events.extend(self.log.unwritten());
         events.push(last.clone());
-        if let Err(err) = self
+        let stored = match self
             .store
             .finish_run(self.ctx.run_id(), status, content.as_deref(), &metrics, &events)
             .await
         {
-            tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
-        }
-        // Visible first: the run's state never shows an end its log lacks.
-        self.log.send_stored(last).await;
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!(run_id = self.ctx.run_id(), error = %err, "could not record the end of the run");
+                false
+            }
+        };
+        // Visible first: the run's state never shows an end its log lacks
+        // (and nobody sees the end, or what waited, if it is not stored).
+        self.log.end(last, stored).await;
         self.controls.show(status);
         RunOutcome {
             run_id: self.ctx.run_id().to_string(),

@@ -14,9 +14,12 @@
 //! state it records.
 //!
 //! Until the run's record exists ([`EventLog::open`]) events wait: the log
-//! belongs to the record. When the store refuses a write the events still
-//! go on, so the run's client learns why the run stops: the next checkpoint
-//! fails and the run ends with a store error.
+//! belongs to the record. When the store refuses a write, nothing more is
+//! shown: the refused group and every later event wait, the next checkpoint
+//! fails, and the run ends with a store error. Its end is written with the
+//! events that waited ([`EventLog::unwritten`], one more try in the same
+//! transaction); only if that write holds do they and the end go out
+//! ([`EventLog::end`]). A client never holds an event the log lacks.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -97,22 +100,41 @@ impl EventLog {
         caught_up.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// Sends an event the store has already recorded (`lifecycle.end`,
-    /// written with the run's end) to the stream, after every event before
-    /// it; returns once it is there (a sub-agent's end is on the root's
-    /// stream before its parent goes on).
-    pub(crate) async fn send_stored(&self, event: Event) {
+    /// The events a refused write left waiting, for the run's end to
+    /// write with it.
+    pub(crate) fn unwritten(&self) -> Vec<Event> {
+        match &self.writer {
+            Some(writer) => {
+                let state = writer.lock();
+                if state.failed.is_some() {
+                    state.waiting.clone()
+                } else {
+                    Vec::new()
+                }
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Sends the run's last event (`lifecycle.end`, written with the run's
+    /// end) to the stream after every event before it, if `stored` says the
+    /// end's write holds (with [`EventLog::unwritten`]'s events, which then
+    /// go out first); returns once it is there (a sub-agent's end is on the
+    /// root's stream before its parent goes on). A run whose record never
+    /// came to be has nothing to be stored with: its events go out anyway.
+    pub(crate) async fn end(&self, last: Event, stored: bool) {
         let Some(writer) = &self.writer else {
-            self.visible.send(Box::new(event));
+            self.visible.send(Box::new(last));
             return;
         };
         let _ = self.flush().await;
         let mut state = writer.lock();
-        if !state.opened {
-            // Never written: what waits goes out first, unstored.
+        if !state.opened || (stored && state.failed.is_some()) {
             writer.show_waiting(&mut state);
         }
-        writer.visible.send(Box::new(event));
+        if stored || !state.opened {
+            writer.visible.send(Box::new(last));
+        }
     }
 }
 
@@ -141,8 +163,9 @@ struct LogState {
     shown: u64,
     /// Flushes waiting until `shown` reaches their count.
     flushes: Vec<(u64, oneshot::Sender<Result<(), StoreError>>)>,
-    /// The store refused a group: the log has a gap from then on, so every
-    /// flush fails and the run stops (its next checkpoint cannot be written).
+    /// The store refused a group: it and every later event wait unshown,
+    /// every flush fails and the run stops (its next checkpoint cannot be
+    /// written).
     failed: Option<String>,
 }
 
@@ -197,12 +220,6 @@ impl LogWriter {
         let group = {
             let mut state = self.lock();
             state.emitted += 1;
-            if state.failed.is_some() {
-                // The log has a gap already: the events still go on.
-                state.shown += 1;
-                self.visible.send(event);
-                return;
-            }
             state.waiting.push(*event);
             state.next_group()
         };
@@ -225,22 +242,25 @@ impl LogWriter {
         );
     }
 
-    /// The store answered for `group`: it becomes visible, stored or not,
-    /// and what gathered meanwhile goes to the store.
+    /// The store answered for `group`: stored, it becomes visible and what
+    /// gathered meanwhile goes to the store; refused, it waits (unshown)
+    /// before what gathered.
     fn written(self: &Arc<Self>, group: Vec<Event>, result: Result<(), StoreError>) {
         let next = {
             let mut state = self.lock();
-            if let Err(err) = result {
-                tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
-                state.failed = Some(err.to_string());
-            }
-            state.shown += group.len() as u64;
-            for event in group {
-                self.visible.send(Box::new(event));
-            }
             state.writing = false;
-            if state.failed.is_some() {
-                self.show_waiting(&mut state);
+            match result {
+                Ok(()) => {
+                    state.shown += group.len() as u64;
+                    for event in group {
+                        self.visible.send(Box::new(event));
+                    }
+                }
+                Err(err) => {
+                    tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
+                    state.failed = Some(err.to_string());
+                    state.waiting.splice(0..0, group);
+                }
             }
             state.answer_flushes();
             state.next_group()
@@ -248,7 +268,8 @@ impl LogWriter {
         self.write(next);
     }
 
-    /// Sends the waiting events to the stream unstored.
+    /// Sends the waiting events to the stream (stored with the run's end,
+    /// or a run without a record).
     fn show_waiting(&self, state: &mut LogState) {
         state.shown += state.waiting.len() as u64;
         for event in state.waiting.drain(..) {
@@ -260,7 +281,7 @@ impl LogWriter {
 /// The writer, until the store answers. A store that drops the answer
 /// instead (its writer thread panicked, say) fails the log rather than
 /// leaving every later flush waiting for ever; that group's events are
-/// gone with it.
+/// gone with it (never shown).
 struct Unanswered(Option<Arc<LogWriter>>);
 
 impl Drop for Unanswered {
@@ -525,18 +546,46 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn after_a_refused_write_events_still_go_on_and_every_flush_fails() {
+    async fn after_a_refused_write_nothing_more_shows_until_the_end_is_stored_with_it() {
         let mut run = Run::new();
         run.log.open();
         run.emit(1);
         run.emit(2);
         run.store.answer(refused());
-        assert_eq!(run.seen(), [1, 2], "the refused group and what waited go on");
+        assert_eq!(
+            run.seen(),
+            Vec::<u64>::new(),
+            "neither the refused group nor what waited"
+        );
         assert!(run.log.flush().await.is_err());
         run.emit(3);
-        assert_eq!(run.seen(), [3]);
-        assert!(run.store.held().is_empty(), "nothing is written after a gap");
+        assert_eq!(run.seen(), Vec::<u64>::new());
+        assert!(run.store.held().is_empty(), "nothing is written after a refusal");
         assert!(run.log.flush().await.is_err());
+        // The end's write carries them; once it holds, they and the end go out.
+        assert_eq!(
+            run.log.unwritten().iter().map(|event| event.seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        run.log.end(event(4), true).await;
+        assert_eq!(run.seen(), [1, 2, 3, 4]);
+    }
+
+    #[tokio::test]
+    async fn an_end_that_could_not_be_stored_is_not_shown() {
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        run.store.answer(refused());
+        run.log.end(event(2), false).await;
+        assert_eq!(run.seen(), Vec::<u64>::new());
+
+        let mut run = Run::new();
+        run.log.open();
+        run.emit(1);
+        run.store.answer(Ok(()));
+        run.log.end(event(2), false).await;
+        assert_eq!(run.seen(), [1], "the stored events, not the end");
     }
 
     #[tokio::test]
@@ -548,7 +597,11 @@ mod tests {
         run.store.drop_oldest();
         let flushed = tokio::time::timeout(Duration::from_secs(5), run.log.flush()).await;
         assert!(flushed.expect("the flush hung").is_err());
-        assert_eq!(run.seen(), [2], "what waited still goes on; the dropped group is gone");
+        assert_eq!(run.seen(), Vec::<u64>::new(), "nothing the store did not take shows");
+        assert_eq!(
+            run.log.unwritten().iter().map(|event| event.seq).collect::<Vec<_>>(),
+            [2]
+        );
     }
 
     #[tokio::test]
@@ -561,7 +614,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             store.answer(Ok(()));
         });
-        run.log.send_stored(event(2)).await;
+        run.log.end(event(2), true).await;
         answer.await.unwrap();
         assert_eq!(run.seen(), [1, 2]);
     }
