@@ -773,7 +773,7 @@ impl Agent {
         let stream = RunStream::new(ctx.run_id_arc(), state_tx.clone(), event_tx);
         // With a store, only once stored (engine/event_log.rs).
         let (log, sink) = match &self.engine.store {
-            Some(store) => EventLog::start(store.clone(), ctx.run_id_arc(), stream),
+            Some(store) => EventLog::start(store.clone(), ctx.clone(), stream),
             None => EventLog::direct(stream),
         };
         let driver = Driver {

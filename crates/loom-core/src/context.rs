@@ -48,6 +48,10 @@ pub enum StopCause {
     /// The process is going away (SIGTERM, SIGHUP, its output closed): the
     /// run stops at once and stays resumable (`INTERRUPTED`), with its reason.
     Interrupted(String),
+    /// The store refused a write of the run's events: nothing the run does
+    /// from then on could be shown (engine/event_log.rs), so it stops at
+    /// once with a `STORE` error, with the store's reason.
+    StoreFailed(String),
 }
 
 /// Identity, limits and the cancel token shared by every turn of a run.

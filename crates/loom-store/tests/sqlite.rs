@@ -798,9 +798,10 @@ mod while_another_process_holds_the_database {
     async fn events_a_refused_write_left_are_shown_only_once_stored_with_the_end() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("loom.db");
-        // Writes give up after 300 ms; the lock is held 450 ms: the events
-        // after the call are refused, and the run's end (written once the
-        // run has stopped) waits past the lock and holds.
+        // Writes give up after 300 ms; the lock is held twice that: the
+        // events after the call are refused (unless their write starts
+        // 300 ms late), the run stops at once, and its end's write, begun
+        // after the refusal, outlasts the lock and holds.
         let store = Arc::new(SqliteStore::open_with_timeout(&path, Duration::from_millis(300)).unwrap());
         let model = ScriptedModel::new(vec![
             ScriptTurn {
@@ -820,7 +821,7 @@ mod while_another_process_holds_the_database {
             .model(model)
             .tool(LockTheDatabase {
                 path: path.clone(),
-                hold: Duration::from_millis(450),
+                hold: Duration::from_millis(600),
             })
             .workspace(dir.path())
             .store(store.clone())

@@ -201,7 +201,7 @@ impl Children {
         .under(&self.parent);
         // Its events join the root's stream once stored, like the root's own.
         let (log, sink) = if self.store.keeps_anything() {
-            EventLog::start(self.store.clone(), ctx.run_id_arc(), self.stream.clone())
+            EventLog::start(self.store.clone(), ctx.clone(), self.stream.clone())
         } else {
             EventLog::direct(self.stream.clone())
         };

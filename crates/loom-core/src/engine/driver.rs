@@ -602,6 +602,9 @@ fn stop_reason(ctx: &RunContext) -> Option<StopReason> {
         Some(StopCause::RunTimeout) => StopReason::Timeout(TimeoutKind::Run),
         Some(StopCause::StepTimeout) => StopReason::Timeout(TimeoutKind::Step),
         Some(StopCause::Interrupted(reason)) => StopReason::Interrupted(reason.clone()),
+        Some(StopCause::StoreFailed(reason)) => {
+            StopReason::error(ErrorCode::Store, format!("cannot write the run's events: {reason}"))
+        }
         None => cancelled(),
     })
 }

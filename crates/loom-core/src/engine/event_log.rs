@@ -15,8 +15,9 @@
 //!
 //! Until the run's record exists ([`EventLog::open`]) events wait: the log
 //! belongs to the record. When the store refuses a write, nothing more is
-//! shown: the refused group and every later event wait, the next checkpoint
-//! fails, and the run ends with a store error. Its end is written with the
+//! shown: the refused group and every later event wait, and the run stops
+//! at once (an ask nobody could see would wait for nobody) with a store
+//! error. Its end is written with the
 //! events that waited ([`EventLog::unwritten`], one more try in the same
 //! transaction); only if that write holds do they and the end go out
 //! ([`EventLog::end`]). A client never holds an event the log lacks.
@@ -25,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
+use crate::context::{RunContext, StopCause};
 use crate::event::{Event, EventSink};
 use crate::live_state::RunStream;
 use crate::store::{Store, StoreError};
@@ -45,13 +47,14 @@ impl EventLog {
         (Self { writer: None, visible }, sink)
     }
 
-    /// The writer of `run_id`'s log in `store`; returns the log and the
-    /// sink its emitter writes to. Nothing is written before
-    /// [`EventLog::open`].
-    pub(crate) fn start(store: Arc<dyn Store>, run_id: Arc<str>, visible: RunStream) -> (Self, EventSink) {
+    /// The writer of the log of `ctx`'s run in `store`; returns the log and
+    /// the sink its emitter writes to. Nothing is written before
+    /// [`EventLog::open`]; a refused write stops the run.
+    pub(crate) fn start(store: Arc<dyn Store>, ctx: RunContext, visible: RunStream) -> (Self, EventSink) {
         let writer = Arc::new(LogWriter {
             store,
-            run_id,
+            run_id: ctx.run_id_arc(),
+            ctx,
             visible: visible.clone(),
             state: Mutex::new(LogState::default()),
         });
@@ -146,6 +149,8 @@ fn stopped() -> StoreError {
 pub(crate) struct LogWriter {
     store: Arc<dyn Store>,
     run_id: Arc<str>,
+    /// The run, stopped when a write is refused.
+    ctx: RunContext,
     visible: RunStream,
     state: Mutex<LogState>,
 }
@@ -246,6 +251,7 @@ impl LogWriter {
     /// gathered meanwhile goes to the store; refused, it waits (unshown)
     /// before what gathered.
     fn written(self: &Arc<Self>, group: Vec<Event>, result: Result<(), StoreError>) {
+        let mut refused = None;
         let next = {
             let mut state = self.lock();
             state.writing = false;
@@ -259,12 +265,17 @@ impl LogWriter {
                 Err(err) => {
                     tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
                     state.failed = Some(err.to_string());
+                    refused = state.failed.clone();
                     state.waiting.splice(0..0, group);
                 }
             }
             state.answer_flushes();
             state.next_group()
         };
+        if let Some(reason) = refused {
+            // Outside the lock: stopping wakes whatever waits on the run.
+            self.ctx.stop(StopCause::StoreFailed(reason));
+        }
         self.write(next);
     }
 
@@ -430,6 +441,7 @@ mod tests {
         log: EventLog,
         sink: EventSink,
         stream: mpsc::UnboundedReceiver<Box<Event>>,
+        ctx: RunContext,
     }
 
     impl Run {
@@ -437,12 +449,20 @@ mod tests {
             let store = Arc::new(HeldStore::default());
             let (events, stream) = mpsc::unbounded_channel();
             let visible = RunStream::new("r".into(), Arc::new(watch::Sender::new(LiveState::default())), events);
-            let (log, sink) = EventLog::start(store.clone(), "r".into(), visible);
+            let ctx = RunContext::new(
+                Some("r".into()),
+                None,
+                std::env::temp_dir(),
+                crate::context::Limits::default(),
+                tokio_util::sync::CancellationToken::new(),
+            );
+            let (log, sink) = EventLog::start(store.clone(), ctx.clone(), visible);
             Self {
                 store,
                 log,
                 sink,
                 stream,
+                ctx,
             }
         }
 
@@ -506,6 +526,7 @@ mod tests {
             log,
             sink,
             mut stream,
+            ..
         } = Run::new();
         sink.send(Box::new(event(1)));
         sink.send(Box::new(event(2)));
@@ -527,6 +548,7 @@ mod tests {
             log,
             sink,
             mut stream,
+            ..
         } = Run::new();
         log.open();
         sink.send(Box::new(event(1)));
@@ -551,7 +573,13 @@ mod tests {
         run.log.open();
         run.emit(1);
         run.emit(2);
+        assert!(!run.ctx.is_cancelled());
         run.store.answer(refused());
+        assert!(
+            matches!(run.ctx.stop_cause(), Some(StopCause::StoreFailed(why)) if why.contains("disk full")),
+            "the run stops at once: {:?}",
+            run.ctx.stop_cause()
+        );
         assert_eq!(
             run.seen(),
             Vec::<u64>::new(),
