@@ -244,6 +244,21 @@ impl ToolPipeline {
     async fn finish(
         &self,
         call: &ToolCall,
+        result: ToolResult,
+        stages: StageTimings,
+        started: Instant,
+        env: &BatchEnv<'_>,
+    ) -> ToolResult {
+        let result = self.settle(call, result, stages, started, env).await;
+        Self::tell(&result, env);
+        result
+    }
+
+    /// Stage 6 without the event: the result as the model and the journal
+    /// get it.
+    async fn settle(
+        &self,
+        call: &ToolCall,
         mut result: ToolResult,
         mut stages: StageTimings,
         started: Instant,
@@ -265,8 +280,12 @@ impl ToolPipeline {
         stages.format_us = micros(t);
         result.metadata.stages = stages;
         result.metadata.duration_ms = started.elapsed().as_millis() as u64;
-        env.events.emit(env.turn, EventKind::tool_result(&result));
         result
+    }
+
+    /// The call's `tool.result` event.
+    fn tell(result: &ToolResult, env: &BatchEnv<'_>) {
+        env.events.emit(env.turn, EventKind::tool_result(result));
     }
 }
 

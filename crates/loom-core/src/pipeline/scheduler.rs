@@ -91,17 +91,22 @@ async fn run_group(
                 )
                 .await;
                 stages.execute_us = micros(t);
-                let result = pipeline.finish(call, result, stages, started, env).await;
+                let result = pipeline.settle(call, result, stages, started, env).await;
                 // A resumable call cut short by an interrupt keeps only its
                 // intent: the resumed run makes it again, and the tool
                 // continues its work (`task` resumes its sub-agent).
                 let continues_later = tool.tool.resumable()
                     && matches!(env.ctx.stop_cause(), Some(crate::context::StopCause::Interrupted(_)));
                 if let (Some(store), false) = (journal, continues_later) {
-                    // The result also reaches the checkpoint; a failure here only
-                    // makes a resume report the call as interrupted.
+                    // Journaled before it is told: a crash between the two
+                    // leaves a result a resumed run tells once, never a told
+                    // result the journal lacks (which the resume would
+                    // report again, as interrupted). The result also reaches
+                    // the checkpoint; a failure here only makes a resume
+                    // report the call as interrupted.
                     let _ = store.journal_result(env.ctx.run_id(), &result).await;
                 }
+                ToolPipeline::tell(&result, env);
                 result
             }
         }
