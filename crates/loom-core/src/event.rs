@@ -403,10 +403,17 @@ pub struct EventEmitter {
     parent_run_id: Option<Arc<str>>,
     // The lock makes "take the next seq" and "send" one step, so events
     // emitted from parallel tools still reach the stream in `seq` order.
-    seq: Mutex<u64>,
+    stamps: Mutex<Stamps>,
     tx: EventSink,
     /// Events kept for the store's event log until the next checkpoint.
     log: Option<Mutex<Vec<Event>>>,
+}
+
+/// The last `seq` given and the clock that times events.
+#[derive(Debug, Default)]
+struct Stamps {
+    seq: u64,
+    clock: crate::timestamp::Clock,
 }
 
 /// Where an emitter's events go: a channel (a test), a run's event log
@@ -446,7 +453,7 @@ impl EventEmitter {
             run_id,
             depth,
             parent_run_id: None,
-            seq: Mutex::new(0),
+            stamps: Mutex::new(Stamps::default()),
             tx,
             log: None,
         }
@@ -455,7 +462,7 @@ impl EventEmitter {
     /// Numbers the next event `last_seq + 1` (a resumed run continues its
     /// stored event log).
     pub fn continuing_after(self, last_seq: u64) -> Self {
-        *self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = last_seq;
+        self.stamps.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).seq = last_seq;
         self
     }
 
@@ -481,8 +488,8 @@ impl EventEmitter {
 
     /// Emits one event for `turn`. A stream nobody listens to anymore is not an error.
     pub fn emit(&self, turn: &TurnIds, kind: EventKind) {
-        let mut seq = self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let event = self.stamp_locked(&mut seq, turn, kind);
+        let mut stamps = self.stamps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let event = self.stamp_locked(&mut stamps, turn, kind);
         // Sent under the lock: parallel emitters reach the stream in `seq` order.
         self.tx.send(Box::new(event));
     }
@@ -492,8 +499,8 @@ impl EventEmitter {
     /// sent once the store has recorded the end. Send it with
     /// [`EventEmitter::send`] before anything else is emitted.
     pub fn stamp(&self, turn: &TurnIds, kind: EventKind) -> Event {
-        let mut seq = self.seq.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.stamp_locked(&mut seq, turn, kind)
+        let mut stamps = self.stamps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.stamp_locked(&mut stamps, turn, kind)
     }
 
     /// The run's depth.
@@ -506,16 +513,16 @@ impl EventEmitter {
         self.tx.send(Box::new(event));
     }
 
-    fn stamp_locked(&self, seq: &mut u64, turn: &TurnIds, kind: EventKind) -> Event {
-        *seq += 1;
+    fn stamp_locked(&self, stamps: &mut Stamps, turn: &TurnIds, kind: EventKind) -> Event {
+        stamps.seq += 1;
         let event = Event {
             run_id: self.run_id.clone(),
             turn_id: turn.turn_id.clone(),
             parent_turn_id: turn.parent_turn_id.clone(),
             depth: self.depth,
             parent_run_id: self.parent_run_id.clone(),
-            seq: *seq,
-            ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            seq: stamps.seq,
+            ts: stamps.clock.format(SystemTime::now()),
             kind,
         };
         if let Some(log) = &self.log {

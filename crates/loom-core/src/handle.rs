@@ -109,8 +109,9 @@ impl RunController {
         self.state.borrow().clone()
     }
 
-    /// The run's state as it changes (after each visible event, each
-    /// change of status).
+    /// The run's state as it changes: a watcher wakes when the status, the
+    /// asks waiting or the answer change (usage and the last `seq` are
+    /// current whenever read, but follow the events, which are that signal).
     pub fn watch_state(&self) -> watch::Receiver<LiveState> {
         self.state.clone()
     }

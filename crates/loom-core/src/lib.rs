@@ -43,6 +43,7 @@ pub mod retrieval;
 pub mod status;
 pub mod store;
 pub mod text;
+mod timestamp;
 pub mod tokens;
 pub mod tool;
 pub mod tool_result;

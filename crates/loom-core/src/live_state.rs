@@ -107,9 +107,14 @@ impl LiveState {
         self.own_status
     }
 
-    /// What a visible event of the run `root` (or of one of its sub-agents) changes.
-    pub(crate) fn observe(&mut self, root: &str, event: &Event) {
+    /// What a visible event of the run `root` (or of one of its sub-agents)
+    /// changes; whether that includes what a watcher waits for — its status,
+    /// its asks or its answer (usage and the last `seq` change with nearly
+    /// every event and wake nobody: the events are that signal).
+    pub(crate) fn observe(&mut self, root: &str, event: &Event) -> bool {
         let own = *event.run_id == *root;
+        let status = self.status;
+        let mut changed = false;
         if own {
             self.last_seq = event.seq;
         }
@@ -133,9 +138,11 @@ impl LiveState {
                         seq: event.seq,
                     });
                 }
+                changed = true;
             }
             EventKind::PermissionResolved { request_id, .. } => {
                 self.pending_asks.retain(|ask| ask.request_id != *request_id);
+                changed = true;
             }
             EventKind::ToolCallsComplete { .. } if own && !self.asked_before_restart.is_empty() => {
                 // The batch that asked before the restart is settled: what
@@ -143,6 +150,7 @@ impl LiveState {
                 let stale = std::mem::take(&mut self.asked_before_restart);
                 self.pending_asks.retain(|ask| !stale.contains(&ask.request_id));
                 self.answered_early.clear();
+                changed = true;
             }
             EventKind::IterationStart { iteration } if own => self.metrics.iterations = iteration + 1,
             EventKind::LlmFinish { usage: Some(usage), .. } if own => {
@@ -153,6 +161,7 @@ impl LiveState {
             EventKind::AgentFinish { content, metrics, .. } if own => {
                 self.content = Some(content.clone());
                 self.metrics = metrics.clone();
+                changed = true;
             }
             EventKind::LifecycleEnd {
                 status,
@@ -163,10 +172,12 @@ impl LiveState {
                 self.content.clone_from(content);
                 self.metrics = metrics.clone();
                 self.pending_asks.clear();
+                changed = true;
             }
             _ => {}
         }
         self.show();
+        changed || status != self.status
     }
 
     /// The shown status: `WAITING_PERMISSION` exactly while an ask is
@@ -202,7 +213,9 @@ impl RunStream {
 
     /// Makes `event` visible. A stream nobody reads any more is not an error.
     pub(crate) fn send(&self, event: Box<Event>) {
-        self.state.send_modify(|state| state.observe(&self.root, &event));
+        // Waking the state's watchers costs more than the rest of an
+        // event's way to the stream: only a change they wait for does.
+        self.state.send_if_modified(|state| state.observe(&self.root, &event));
         let _ = self.events.send(event);
     }
 }
@@ -250,6 +263,29 @@ mod tests {
                 reason: None,
             },
         )
+    }
+
+    #[test]
+    fn watchers_wake_for_a_change_of_status_asks_or_answer_not_for_every_event() {
+        let mut state = LiveState::default();
+        state.set_own_status(RunStatus::Running);
+        assert!(!state.observe("root", &event("root", 1, EventKind::IterationStart { iteration: 0 })));
+        assert_eq!(
+            (state.last_seq, state.metrics.iterations),
+            (1, 1),
+            "read current all the same"
+        );
+        assert!(
+            state.observe("root", &ask("child", 2, "perm_c")),
+            "an ask (and the status it makes)"
+        );
+        assert!(state.observe("root", &resolved("child", 3, "perm_c")), "its answer");
+        let finish = EventKind::AgentFinish {
+            content: "done".into(),
+            turns: 1,
+            metrics: RunMetrics::default(),
+        };
+        assert!(state.observe("root", &event("root", 4, finish)), "the answer");
     }
 
     #[test]

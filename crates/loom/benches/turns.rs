@@ -133,14 +133,22 @@ fn main() {
         println!("turns benchmark: run with `cargo bench -p loom --bench turns`");
         return;
     }
-    let current = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    measure(&current, "current_thread");
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    measure(&multi, "multi_thread");
+    // `cargo bench -p loom --bench turns -- current_thread` runs one runtime
+    // only (for a profiler); no name runs both.
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let wanted = |label: &str| only.is_empty() || only.iter().any(|name| name == label);
+    if wanted("current_thread") {
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        measure(&current, "current_thread");
+    }
+    if wanted("multi_thread") {
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        measure(&multi, "multi_thread");
+    }
 }

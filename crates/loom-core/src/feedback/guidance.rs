@@ -58,6 +58,12 @@ const ERROR_WORDS: [&str; 4] = ["error", "failed", "exception", "not found"];
 const DONE_WORDS: [&str; 5] = ["complete", "finished", "done", "ready", "success"];
 const ANALYSIS_WORDS: [&str; 4] = ["analysis", "summary", "conclusion", "insights"];
 
+/// Whether `word` occurs in `text` at its start or after a space.
+fn starts_a_word(text: &str, word: &str) -> bool {
+    text.match_indices(word)
+        .any(|(at, _)| at == 0 || text.as_bytes()[at - 1] == b' ')
+}
+
 /// Analyses a turn's results by status and by the keywords below.
 pub fn analyze(results: &[ToolResult]) -> ResultAnalysis {
     let mut analysis = ResultAnalysis {
@@ -67,11 +73,7 @@ pub fn analyze(results: &[ToolResult]) -> ResultAnalysis {
     let mut score: f64 = 0.0;
     for result in results {
         let text = result.content.to_lowercase();
-        if result.status.is_failure()
-            || ERROR_WORDS
-                .iter()
-                .any(|w| text.starts_with(w) || text.contains(&format!(" {w}")))
-        {
+        if result.status.is_failure() || ERROR_WORDS.iter().any(|w| starts_a_word(&text, w)) {
             analysis.has_errors = true;
         }
         if result.status.is_failure() {
@@ -144,6 +146,21 @@ impl TaskHandler for DefaultGuidance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_word_counts_at_the_start_or_after_a_space_only() {
+        for (text, found) in [
+            ("error: no such file", true),
+            ("the call failed", true),
+            ("1 item not found here", true),
+            ("errors", true),
+            ("terror", false),
+            ("unfailed\nexception", false),
+            ("", false),
+        ] {
+            assert_eq!(ERROR_WORDS.iter().any(|w| starts_a_word(text, w)), found, "{text:?}");
+        }
+    }
 
     #[test]
     fn analysis_and_default_guidance() {

@@ -58,6 +58,10 @@ impl<'a> StreamedOutput<'a> {
     pub(crate) fn finish(&mut self) {
         for stream in [OutputStream::Stdout, OutputStream::Stderr] {
             let mut rest = std::mem::take(&mut self.held[index(stream)]);
+            // Most calls stream nothing: nothing to look through.
+            if rest.is_empty() {
+                continue;
+            }
             if let Some(start) = open_key_block(&rest) {
                 rest.truncate(start);
                 rest.push_str(super::REDACTED);
