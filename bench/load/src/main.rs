@@ -207,6 +207,11 @@ struct Tally {
     done: AtomicUsize,
     events: AtomicUsize,
     latencies_us: Mutex<Vec<u64>>,
+    /// When the fake model sent each final answer's chunks (µs since the epoch).
+    sent_us: Mutex<Vec<u64>>,
+    /// Of each chunk's latency, the part until the gateway emitted its event
+    /// (the event's `ts`, in ms): reading the model's stream.
+    to_emit_us: Mutex<Vec<u64>>,
     last_end: Mutex<Option<Instant>>,
 }
 
@@ -223,6 +228,18 @@ impl Tally {
             {
                 if let Ok(mut latencies) = self.latencies_us.lock() {
                     latencies.push(received.saturating_sub(sent));
+                }
+                if let Ok(mut sent_us) = self.sent_us.lock() {
+                    sent_us.push(sent);
+                }
+                let emitted = event["ts"]
+                    .as_str()
+                    .and_then(|ts| humantime::parse_rfc3339(ts).ok())
+                    .and_then(|ts| ts.duration_since(std::time::UNIX_EPOCH).ok());
+                if let (Some(emitted), Ok(mut to_emit)) = (emitted, self.to_emit_us.lock()) {
+                    // `ts` has milliseconds: its chunk was sent within the millisecond before.
+                    let emitted = emitted.as_micros() as u64 + 999;
+                    to_emit.push(emitted.saturating_sub(sent));
                 }
             }
         }
@@ -513,6 +530,22 @@ async fn main() -> Result<()> {
         percentile(&latencies, 0.50),
         percentile(&latencies, 0.99),
         latencies.len()
+    );
+    let mut to_emit = tally.to_emit_us.lock().map(|s| s.clone()).unwrap_or_default();
+    to_emit.sort_unstable();
+    println!(
+        "of which until emitted (the gateway reading the model's stream) p50={:.2} p99={:.2}",
+        percentile(&to_emit, 0.50),
+        percentile(&to_emit, 0.99)
+    );
+    // How bunched the final answers came: the more runs answer at once,
+    // the longer each of their events waits behind the others'.
+    let mut sent = tally.sent_us.lock().map(|s| s.clone()).unwrap_or_default();
+    sent.sort_unstable();
+    println!(
+        "final_answers_sent_within_ms p10-p90={:.0} p1-p99={:.0}",
+        (percentile(&sent, 0.90) - percentile(&sent, 0.10)),
+        (percentile(&sent, 0.99) - percentile(&sent, 0.01))
     );
     println!(
         "server_cpu_s={server_cpu:.2} ({:.2} ms/run) harness_cpu_s={harness_cpu:.2} (fake model + clients)",

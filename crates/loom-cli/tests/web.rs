@@ -416,9 +416,13 @@ async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused()
     // tests on two cores took more than 4.)
     page.start_run("again steps=2 tool=task delay_ms=8000 child=steps:1+tool:list_dir")
         .await;
+    // Of the new run: the finished one's tree has a sub-agent too, and a
+    // reload before the page opened the new run would show that one again.
     page.until(
         "the first sub-agent, live",
-        "const c = document.querySelector('#tree .call'); return !!(c && c.querySelector('.child .turn'));",
+        "const c = document.querySelector('#tree .call'); \
+         return !!(c && c.querySelector('.child .turn')) \
+           && document.getElementById('run-status').innerText === 'RUNNING';",
     )
     .await;
     page.client.refresh().await.unwrap();
