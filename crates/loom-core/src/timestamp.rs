@@ -6,6 +6,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The last millisecond of the year 9999, since the epoch.
+const LAST: Duration = Duration::from_millis(253_402_300_799_999);
+
 /// The last second formatted, for the next timestamps within it.
 #[derive(Debug, Default)]
 pub(crate) struct Clock {
@@ -18,9 +21,11 @@ pub(crate) struct Clock {
 impl Clock {
     /// `time` as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
     pub(crate) fn format(&mut self, time: SystemTime) -> String {
-        // A clock set before 1970 (humantime would panic) reads as 1970.
+        // A clock set before 1970 reads as 1970, one past the year 9999 as
+        // its last millisecond: humantime panics outside those years.
         let (time, since_epoch) = match time.duration_since(UNIX_EPOCH) {
-            Ok(since_epoch) => (time, since_epoch),
+            Ok(since_epoch) if since_epoch < LAST => (time, since_epoch),
+            Ok(_) => (UNIX_EPOCH + LAST, LAST),
             Err(_) => (UNIX_EPOCH, Duration::ZERO),
         };
         let second = since_epoch.as_secs();
@@ -58,5 +63,9 @@ mod tests {
         }
         let before_epoch = UNIX_EPOCH - Duration::from_millis(1_500);
         assert_eq!(clock.format(before_epoch), "1970-01-01T00:00:00.000Z");
+        let year_10000 = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        assert_eq!(clock.format(year_10000), "9999-12-31T23:59:59.999Z");
+        let last = UNIX_EPOCH + LAST - Duration::from_millis(1);
+        assert_eq!(clock.format(last), humantime::format_rfc3339_millis(last).to_string());
     }
 }

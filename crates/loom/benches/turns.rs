@@ -137,6 +137,10 @@ fn main() {
     // only (for a profiler); no name runs both.
     let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let wanted = |label: &str| only.is_empty() || only.iter().any(|name| name == label);
+    if !wanted("current_thread") && !wanted("multi_thread") {
+        println!("no runtime named {only:?}: current_thread or multi_thread");
+        return;
+    }
     if wanted("current_thread") {
         let current = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -58,10 +58,15 @@ const ERROR_WORDS: [&str; 4] = ["error", "failed", "exception", "not found"];
 const DONE_WORDS: [&str; 5] = ["complete", "finished", "done", "ready", "success"];
 const ANALYSIS_WORDS: [&str; 4] = ["analysis", "summary", "conclusion", "insights"];
 
-/// Whether `word` occurs in `text` at its start or after a space.
+/// Whether `word` occurs in `text` at its start or after a space (any
+/// occurrence, overlapping ones included).
 fn starts_a_word(text: &str, word: &str) -> bool {
-    text.match_indices(word)
-        .any(|(at, _)| at == 0 || text.as_bytes()[at - 1] == b' ')
+    let word = word.as_bytes();
+    text.as_bytes().starts_with(word)
+        || text
+            .as_bytes()
+            .windows(word.len() + 1)
+            .any(|window| window[0] == b' ' && &window[1..] == word)
 }
 
 /// Analyses a turn's results by status and by the keywords below.
@@ -160,6 +165,8 @@ mod tests {
         ] {
             assert_eq!(ERROR_WORDS.iter().any(|w| starts_a_word(text, w)), found, "{text:?}");
         }
+        // After a space, even where an earlier occurrence overlaps it.
+        assert!(starts_a_word("xno no no", "no no"));
     }
 
     #[test]
