@@ -81,7 +81,9 @@ pub use store::{
     Store, StoreError,
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
-pub use tool::{DynTool, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+pub use tool::{
+    DynTool, OutputReceiver, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry,
+};
 pub use tool_result::{ErrorKind, StageTimings, ToolResult, ToolStatus};
 pub use tool_source::ToolSource;
 pub use turn_state::TurnState;

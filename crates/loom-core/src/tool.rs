@@ -97,10 +97,37 @@ crate::wire::wire_enum! {
 /// Streaming is for the person watching, so it is capped: after
 /// [`OutputSink::MAX_BYTES`] of one call a single notice says the rest is
 /// not streamed (the tool's result is unaffected).
+///
+/// Every call gets one and most never send: a queue that allocates nothing
+/// until the first piece, rather than a channel (whose first block of slots
+/// and padded state cost each call a large allocation).
 #[derive(Debug, Clone)]
 pub struct OutputSink {
-    tx: tokio::sync::mpsc::UnboundedSender<(OutputStream, String)>,
-    sent: Arc<std::sync::atomic::AtomicUsize>,
+    shared: Arc<OutputShared>,
+}
+
+/// What the call's sink and the pipeline's receiver share.
+#[derive(Debug, Default)]
+struct OutputShared {
+    pieces: std::sync::Mutex<OutputPieces>,
+    /// Woken on each piece and on close (a permit is kept for a receiver
+    /// not yet waiting, so no piece is missed).
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct OutputPieces {
+    queue: std::collections::VecDeque<(OutputStream, String)>,
+    /// Bytes offered so far, streamed or not.
+    sent: usize,
+    closed: bool,
+}
+
+impl OutputShared {
+    fn pieces(&self) -> std::sync::MutexGuard<'_, OutputPieces> {
+        // A panic while holding the lock cannot leave the queue half-changed.
+        self.pieces.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl OutputSink {
@@ -108,34 +135,77 @@ impl OutputSink {
     pub const MAX_BYTES: usize = 1 << 20;
 
     /// A sink and the receiver the pipeline drains.
-    pub fn channel() -> (Self, tokio::sync::mpsc::UnboundedReceiver<(OutputStream, String)>) {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let sink = Self {
-            tx,
-            sent: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        };
-        (sink, rx)
+    pub fn channel() -> (Self, OutputReceiver) {
+        let shared = Arc::new(OutputShared::default());
+        (
+            Self {
+                shared: Arc::clone(&shared),
+            },
+            OutputReceiver { shared },
+        )
     }
 
-    /// Streams one piece of output (dropped once the cap is reached).
+    /// Streams one piece of output (dropped once the cap is reached or the
+    /// receiver has closed).
     pub fn send(&self, stream: OutputStream, text: String) {
-        use std::sync::atomic::Ordering;
         if text.is_empty() {
             return;
         }
-        let len = text.len();
-        let before = self.sent.fetch_add(len, Ordering::Relaxed);
-        if before >= Self::MAX_BYTES {
-            return;
+        {
+            let mut pieces = self.shared.pieces();
+            let before = pieces.sent;
+            pieces.sent = before.saturating_add(text.len());
+            if before >= Self::MAX_BYTES || pieces.closed {
+                return;
+            }
+            let past_the_cap = pieces.sent >= Self::MAX_BYTES;
+            pieces.queue.push_back((stream, text));
+            if past_the_cap {
+                let notice = format!(
+                    "\n[loom: output past {} KiB is not streamed; the result keeps its head and tail]\n",
+                    Self::MAX_BYTES / 1024
+                );
+                pieces.queue.push_back((stream, notice));
+            }
         }
-        let _ = self.tx.send((stream, text));
-        if before + len >= Self::MAX_BYTES {
-            let notice = format!(
-                "\n[loom: output past {} KiB is not streamed; the result keeps its head and tail]\n",
-                Self::MAX_BYTES / 1024
-            );
-            let _ = self.tx.send((stream, notice));
+        self.shared.ready.notify_one();
+    }
+}
+
+/// The pipeline's end of an [`OutputSink`].
+#[derive(Debug)]
+pub struct OutputReceiver {
+    shared: Arc<OutputShared>,
+}
+
+impl OutputReceiver {
+    /// The next piece, waiting for one; `None` once closed and drained.
+    /// Unlike a channel's, it does not end when the sinks are dropped: the
+    /// call's own end is what the pipeline waits for beside it.
+    pub async fn recv(&mut self) -> Option<(OutputStream, String)> {
+        loop {
+            {
+                let mut pieces = self.shared.pieces();
+                if let Some(piece) = pieces.queue.pop_front() {
+                    return Some(piece);
+                }
+                if pieces.closed {
+                    return None;
+                }
+            }
+            self.shared.ready.notified().await;
         }
+    }
+
+    /// The next piece if one is there.
+    pub fn try_recv(&mut self) -> Option<(OutputStream, String)> {
+        self.shared.pieces().queue.pop_front()
+    }
+
+    /// Refuses further pieces; those already sent can still be taken.
+    pub fn close(&mut self) {
+        self.shared.pieces().closed = true;
+        self.shared.ready.notify_one();
     }
 }
 
@@ -447,6 +517,38 @@ impl ToolRegistry {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn output_arrives_in_order_and_stops_at_the_cap_and_at_close() {
+        let (sink, mut output) = OutputSink::channel();
+        let waiting = tokio::spawn(async move {
+            let first = output.recv().await;
+            (first, output)
+        });
+        tokio::task::yield_now().await;
+        sink.send(OutputStream::Stdout, "one\n".into());
+        sink.send(OutputStream::Stderr, String::new());
+        sink.send(OutputStream::Stderr, "two\n".into());
+        let (first, mut output) = waiting.await.expect("the receiver");
+        assert_eq!(first, Some((OutputStream::Stdout, "one\n".to_string())));
+        assert_eq!(output.recv().await, Some((OutputStream::Stderr, "two\n".to_string())));
+        assert_eq!(output.try_recv(), None);
+        // Past the cap: the piece that crosses it, one notice, then nothing.
+        sink.send(OutputStream::Stdout, "x".repeat(OutputSink::MAX_BYTES));
+        sink.send(OutputStream::Stdout, "dropped".into());
+        let crossing = output.recv().await.expect("the crossing piece");
+        assert_eq!(crossing.1.len(), OutputSink::MAX_BYTES);
+        let notice = output.recv().await.expect("the notice");
+        assert!(notice.1.contains("not streamed"), "{notice:?}");
+        output.close();
+        assert_eq!(output.recv().await, None);
+        let (sink, mut output) = OutputSink::channel();
+        sink.clone().send(OutputStream::Stdout, "kept".into());
+        output.close();
+        sink.send(OutputStream::Stdout, "after close".into());
+        assert_eq!(output.recv().await, Some((OutputStream::Stdout, "kept".to_string())));
+        assert_eq!(output.recv().await, None);
+    }
 
     /// A tool whose arguments are derived, as the built-in tools' are.
     struct Reads;

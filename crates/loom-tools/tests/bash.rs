@@ -253,7 +253,7 @@ async fn output_streams_while_the_command_runs() {
             result = &mut call => break result,
         }
     };
-    while let Ok(piece) = output.try_recv() {
+    while let Some(piece) = output.try_recv() {
         seen.push(piece);
     }
     let result = result.unwrap();

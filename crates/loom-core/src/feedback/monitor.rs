@@ -10,7 +10,7 @@
 //! getting the same result turn after turn — polling something that
 //! changes is progress.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::feedback::GuidanceReason;
@@ -150,6 +150,20 @@ pub struct Verdict {
     pub warnings: Vec<(GuidanceReason, String)>,
 }
 
+/// Feeds what is written into a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Watches a run's turns. Its state is bounded: streaks per call of the
 /// latest turn, the fingerprints of the last `loop_window` turns and the
 /// outcomes of the last `error_window` calls, so a check costs the same at
@@ -160,8 +174,9 @@ pub struct RecursionMonitor {
     #[serde(skip)]
     config: MonitorConfig,
     /// For each call of the latest turn (name, arguments and result): how
-    /// many turns in a row made it.
-    streaks: HashMap<String, usize>,
+    /// many turns in a row made it. Keyed `name:hash` (older checkpoints
+    /// kept the arguments whole: their streaks start again).
+    streaks: BTreeMap<String, usize>,
     fingerprints: VecDeque<u64>,
     /// The latest calls, newest last: the turn each came in, and whether it failed.
     recent: VecDeque<(u64, bool)>,
@@ -197,11 +212,14 @@ impl RecursionMonitor {
             .iter()
             .map(|call| {
                 let mut hasher = DefaultHasher::new();
+                // The arguments' JSON goes straight into the hash: no string
+                // of them per call per turn.
+                let _ = serde_json::to_writer(HashWriter(&mut hasher), &call.arguments);
                 if let Some(result) = results.iter().find(|r| r.call_id == call.id) {
                     result.status.as_str().hash(&mut hasher);
                     result.content.hash(&mut hasher);
                 }
-                format!("{}:{}:{:x}", call.name, call.arguments, hasher.finish())
+                format!("{}:{:x}", call.name, hasher.finish())
             })
             .collect();
         let mut hasher = DefaultHasher::new();

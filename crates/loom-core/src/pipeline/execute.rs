@@ -63,7 +63,7 @@ pub(crate) async fn execute(
             }
         };
         output.close();
-        while let Ok((stream, text)) = output.try_recv() {
+        while let Some((stream, text)) = output.try_recv() {
             streamed.push(stream, text);
         }
         streamed.finish();

@@ -12,6 +12,7 @@
 //! such as `*_KEY` or `*_TOKEN` — a short or word-like value (`sort_key: name`).
 
 use std::borrow::Cow;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use regex::{Captures, Regex};
 
@@ -96,10 +97,21 @@ pub fn is_secret_name(name: &str) -> bool {
 const MIN_SECRET_VALUE_LEN: usize = 8;
 
 /// Replaces secrets in text with `[REDACTED]`.
+///
+/// Clones share the compiled patterns and their search caches: a `Regex`
+/// cloned gets a new, empty cache, which its first search per run would
+/// build again (a few hundred thousand instructions each).
 #[derive(Debug, Clone)]
 pub struct Redactor {
-    passes: Option<Passes>,
+    passes: Option<Arc<Passes>>,
 }
+
+/// The patterns compiled for the latest set of secret values, so that an
+/// agent built per request (the usual way to embed one) neither compiles
+/// them again — milliseconds — nor starts with cold caches. One entry: a
+/// process's secrets rarely change, and when they do the new set replaces
+/// the old.
+static COMPILED: Mutex<Option<(Vec<String>, Arc<Passes>)>> = Mutex::new(None);
 
 #[derive(Debug, Clone)]
 struct Passes {
@@ -132,6 +144,24 @@ impl Redactor {
         // Longest first, so a value containing another is removed whole.
         values.sort_by_key(|value| std::cmp::Reverse(value.len()));
         values.dedup();
+        let mut compiled = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((known, passes)) = compiled.as_ref() {
+            if *known == values {
+                return Self {
+                    passes: Some(Arc::clone(passes)),
+                };
+            }
+        }
+        let passes = Self::compile(&values).map(Arc::new);
+        if let Some(passes) = &passes {
+            *compiled = Some((values, Arc::clone(passes)));
+        }
+        Self { passes }
+    }
+
+    /// The three passes for `values` (sorted longest first), or `None` —
+    /// logged — should a pattern fail to build.
+    fn compile(values: &[String]) -> Option<Passes> {
         let mut shapes: Vec<String> = values.iter().map(|value| regex::escape(value)).collect();
         // Each shape's group gets its own name in the alternation.
         shapes.extend(SECRET_SHAPES.iter().enumerate().map(|(index, shape)| {
@@ -155,7 +185,7 @@ impl Redactor {
             format!(r#"(?i)"(?P<jname>{name})"[ \t]*:[ \t]*"(?P<jvalue>[^"\n]*)""#),
         ]
         .join("|");
-        let passes = match (
+        match (
             Regex::new(&shapes.join("|")),
             Regex::new(AWS_SECRET_SHAPE),
             Regex::new(&assignments),
@@ -171,8 +201,7 @@ impl Redactor {
                 tracing::error!(shapes = ?shapes.err(), aws = ?aws.err(), assignments = ?assignments.err(), "cannot build the secret patterns; redaction is off");
                 None
             }
-        };
-        Self { passes }
+        }
     }
 
     /// A redactor that changes nothing.
@@ -337,6 +366,21 @@ fn is_secret_value(name: &str, value: &str, bare: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redactors_for_the_same_secrets_share_their_patterns() {
+        let passes = |redactor: &Redactor| redactor.passes.clone().expect("the patterns build");
+        let first = Redactor::with_secrets(vec!["shared-secret-one".to_string()]);
+        // Other tests compile other sets meanwhile; the cache keeps the
+        // latest, so only a clone is sure to share.
+        assert!(Arc::ptr_eq(&passes(&first), &passes(&first.clone())));
+        let other = Redactor::with_secrets(vec!["another-secret-two".to_string()]);
+        assert!(!Arc::ptr_eq(&passes(&first), &passes(&other)));
+        assert_eq!(other.redact("x another-secret-two y"), format!("x {REDACTED} y"));
+        assert_eq!(first.redact("x shared-secret-one y"), format!("x {REDACTED} y"));
+        let again = Redactor::with_secrets(vec!["another-secret-two".to_string(), "ab".to_string()]);
+        assert_eq!(again.redact("another-secret-two ab"), format!("{REDACTED} ab"));
+    }
 
     #[test]
     fn redacts_known_shapes_and_given_values() {
