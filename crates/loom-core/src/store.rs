@@ -196,7 +196,7 @@ pub struct QueuedRun {
 }
 
 /// A store failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// An illegal status transition (docs/architecture.md, run status).
     #[error(transparent)]

@@ -57,6 +57,9 @@ impl Done {
 struct Job {
     write: Write,
     done: Done,
+    /// Its commit must reach the disk before it is answered, even past a
+    /// power cut (`synchronous = FULL` for its group).
+    synced: bool,
     /// What it writes, for the metric, and since when it waits.
     op: &'static str,
     queued: Instant,
@@ -90,8 +93,13 @@ impl GroupCommit {
                         }
                     }
                     let waits: Vec<_> = group.iter().map(|job| (job.op, job.queued)).collect();
+                    let synced = group.iter().any(|job| job.synced);
                     let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let answers = commit(&mut conn, group, &fail);
+                    let answers = if synced {
+                        synchronously(&mut conn, group, &fail)
+                    } else {
+                        commit(&mut conn, group, &fail)
+                    };
                     drop(conn);
                     let committed = Instant::now();
                     for (op, queued) in waits {
@@ -112,13 +120,25 @@ impl GroupCommit {
     /// for its commit.
     pub(crate) async fn write(&self, op: &'static str, write: Write) -> Result<(), StoreError> {
         let (done, result) = oneshot::channel();
-        self.write_then(op, write, Done::Wake(done));
+        self.send(op, write, Done::Wake(done), false);
+        result.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Like [`GroupCommit::write`], and the commit is synced to the disk
+    /// (with every commit before it) before the answer.
+    pub(crate) async fn write_synced(&self, op: &'static str, write: Write) -> Result<(), StoreError> {
+        let (done, result) = oneshot::channel();
+        self.send(op, write, Done::Wake(done), true);
         result.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// Runs `write` in the next group; `done` hears of its commit (at once
     /// if the writer has stopped).
     pub(crate) fn write_then(&self, op: &'static str, write: Write, done: Done) {
+        self.send(op, write, done, false);
+    }
+
+    fn send(&self, op: &'static str, write: Write, done: Done, synced: bool) {
         let sent = self
             .jobs
             .lock()
@@ -126,6 +146,7 @@ impl GroupCommit {
             .send(Job {
                 write,
                 done,
+                synced,
                 op,
                 queued: Instant::now(),
             });
@@ -137,6 +158,25 @@ impl GroupCommit {
 
 fn stopped() -> StoreError {
     StoreError::Backend("the store's writer has stopped".into())
+}
+
+/// The group's transaction under `synchronous = FULL`: its commit syncs
+/// the log to the disk. (The setting cannot change inside a transaction,
+/// so it is set around it.)
+fn synchronously(
+    conn: &mut Connection,
+    group: Vec<Job>,
+    fail: &impl Fn(rusqlite::Error) -> StoreError,
+) -> Vec<(Done, Result<(), StoreError>)> {
+    if let Err(err) = conn.pragma_update(None, "synchronous", "FULL") {
+        return failed_all(group.into_iter().map(|job| job.done), &fail(err));
+    }
+    let answers = commit(conn, group, fail);
+    if let Err(err) = conn.pragma_update(None, "synchronous", "NORMAL") {
+        // Only slower: every commit syncs until the setting takes.
+        tracing::warn!(error = %err, "the store's writer stays on synchronous = FULL");
+    }
+    answers
 }
 
 /// One transaction for the group.
@@ -179,11 +219,10 @@ fn all_at_once(
     tx.commit().map_err(|_| Failed::Later)
 }
 
-/// The same error for every one of `done`.
+/// The same error for every one of `done` (typed: a lock held too long is
+/// `Locked` to each of them).
 fn failed_all(done: impl Iterator<Item = Done>, err: &StoreError) -> Vec<(Done, Result<(), StoreError>)> {
-    let message = err.to_string();
-    done.map(|done| (done, Err(StoreError::Backend(message.clone()))))
-        .collect()
+    done.map(|done| (done, Err(err.clone()))).collect()
 }
 
 /// One transaction for the group, each write in a savepoint of its own.
@@ -226,12 +265,91 @@ fn one_by_one(
     }
     match tx.commit() {
         Ok(()) => answers,
-        Err(err) => {
-            let message = fail(err).to_string();
-            answers
-                .into_iter()
-                .map(|(done, _)| (done, Err(StoreError::Backend(message.clone()))))
-                .collect()
-        }
+        Err(err) => failed_all(answers.into_iter().map(|(done, _)| done), &fail(err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+    use super::*;
+
+    fn writer(dir: &std::path::Path) -> (GroupCommit, Arc<Mutex<Connection>>) {
+        let path = dir.join("loom.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)").unwrap();
+        let conn = Arc::new(Mutex::new(conn));
+        let checkpointer =
+            Arc::new(WalCheckpointer::start(&path, std::time::Duration::from_secs(1), conn.clone()).unwrap());
+        let group = GroupCommit::start(conn.clone(), checkpointer, |err| StoreError::Backend(err.to_string())).unwrap();
+        (group, conn)
+    }
+
+    fn synchronous(conn: &Connection) -> i64 {
+        conn.query_row("PRAGMA synchronous", [], |row| row.get(0)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_synced_write_commits_under_full_and_the_writer_goes_back_to_normal() {
+        let dir = tempfile::tempdir().unwrap();
+        let (group, conn) = writer(dir.path());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let during = seen.clone();
+        group
+            .write_synced(
+                "synced",
+                Box::new(move |tx| {
+                    during.lock().unwrap().push(synchronous(tx));
+                    tx.execute("INSERT INTO t (v) VALUES (1)", [])
+                        .map(|_| ())
+                        .map_err(|err| StoreError::Backend(err.to_string()))
+                }),
+            )
+            .await
+            .unwrap();
+        let during = seen.clone();
+        group
+            .write(
+                "normal",
+                Box::new(move |tx| {
+                    during.lock().unwrap().push(synchronous(tx));
+                    Ok(())
+                }),
+            )
+            .await
+            .unwrap();
+        // FULL is 2, NORMAL 1.
+        assert_eq!(*seen.lock().unwrap(), vec![2, 1]);
+        assert_eq!(synchronous(&conn.lock().unwrap()), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_undone_alone_and_its_error_keeps_its_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (group, conn) = writer(dir.path());
+        let insert = |v: i64| -> Write {
+            Box::new(move |tx| {
+                tx.execute("INSERT INTO t (v) VALUES (?1)", [v])
+                    .map(|_| ())
+                    .map_err(|err| StoreError::Backend(err.to_string()))
+            })
+        };
+        let (first, second, third) = tokio::join!(
+            group.write("a", insert(1)),
+            group.write("b", Box::new(|_| Err(StoreError::NotFound("gone".into())))),
+            group.write("c", insert(2)),
+        );
+        first.unwrap();
+        assert!(matches!(second, Err(StoreError::NotFound(id)) if id == "gone"));
+        third.unwrap();
+        let rows: i64 = conn
+            .lock()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 2);
     }
 }

@@ -30,13 +30,18 @@ const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const CACHE_KIB: i64 = 8 * 1024;
 
 /// A SQLite database file (WAL mode), shared safely by several processes.
+///
+/// Every write goes through one writer thread, which commits the writes
+/// waiting in groups (`group_commit.rs`); reads have a connection of their
+/// own, so a read never waits for a commit nor a commit for a read (in WAL
+/// mode a reader sees the last commit before it began).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
-    /// The frequent writes of all runs (events, checkpoints, ends), committed in groups.
+    /// The readers' connection (the writer's is its thread's).
+    reader: Arc<Mutex<Connection>>,
+    /// Every write of every run, committed in groups; it owns the
+    /// checkpointer that moves the log into the database.
     group: Arc<GroupCommit>,
-    /// Moves the log into the database, off the writer's path.
-    checkpointer: Arc<WalCheckpointer>,
     path: PathBuf,
     busy: Duration,
 }
@@ -98,16 +103,18 @@ impl SqliteStore {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(fail)?;
             tx.commit().map_err(fail)?;
         }
+        let reader = Connection::open(&path).map_err(fail)?;
+        reader.busy_timeout(busy).map_err(fail)?;
+        reader.pragma_update(None, "query_only", "ON").map_err(fail)?;
+        reader.pragma_update(None, "cache_size", -CACHE_KIB).map_err(fail)?;
+        reader.set_prepared_statement_cache_capacity(64);
         let conn = Arc::new(Mutex::new(conn));
         let shown = path.display().to_string();
         let checkpointer = Arc::new(WalCheckpointer::start(&path, busy, conn.clone())?);
-        let group = GroupCommit::start(conn.clone(), checkpointer.clone(), move |err| {
-            map_error(err, &shown, busy)
-        })?;
+        let group = GroupCommit::start(conn, checkpointer, move |err| map_error(err, &shown, busy))?;
         Ok(Self {
-            conn,
+            reader: Arc::new(Mutex::new(reader)),
             group: Arc::new(group),
-            checkpointer,
             path,
             busy,
         })
@@ -118,29 +125,55 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Runs `work` on the blocking pool with the connection.
-    async fn with<T, F>(&self, work: F) -> Result<T, StoreError>
+    /// Runs `read` on the blocking pool with the readers' connection, in
+    /// one read transaction: what it reads is one moment's state, whatever
+    /// the writer commits meanwhile.
+    async fn read<T, F>(&self, read: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        let checkpointer = self.checkpointer.clone();
+        let reader = self.reader.clone();
+        let fail = self.fail();
         tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let result = work(&mut conn);
-            drop(conn);
-            // It may have written (a status, the journal).
-            checkpointer.committed();
+            let mut conn = reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let snapshot = conn.transaction().map_err(&fail)?;
+            let result = read(&snapshot);
+            // Nothing to keep: ending it lets the log start over.
+            let _ = snapshot.finish();
             result
         })
         .await
         .map_err(|err| StoreError::Backend(format!("the store's worker failed: {err}")))?
     }
 
+    /// Runs `write` in the writer's next group and returns what it
+    /// returned. It may run twice (see [`GroupCommit`]): the last run's
+    /// value is the one committed.
+    async fn write<T, F>(&self, op: &'static str, write: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let written = Arc::new(Mutex::new(None));
+        let slot = written.clone();
+        self.group
+            .write(
+                op,
+                Box::new(move |tx| {
+                    let value = write(tx)?;
+                    *slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(value);
+                    Ok(())
+                }),
+            )
+            .await?;
+        let value = written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        value.ok_or_else(|| StoreError::Backend("the store's writer answered without writing".into()))
+    }
+
     async fn select_runs(&self, sql: String, param: Option<String>) -> Result<Vec<RunRecord>, StoreError> {
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let mut select = conn.prepare_cached(&sql).map_err(&fail)?;
             let rows = match &param {
                 Some(param) => select.query_map(params![param], row_to_record),
@@ -216,32 +249,23 @@ fn checked_transition(
 }
 
 /// The run's session, if it is new.
-fn insert_session(tx: &rusqlite::Transaction<'_>, run: &RunRecord) -> Result<usize, rusqlite::Error> {
-    tx.execute(
-        "INSERT OR IGNORE INTO sessions (id, created_ms) VALUES (?1, ?2)",
-        params![run.session_id, run.started_ms as i64],
-    )
+fn insert_session(tx: &Connection, run: &RunRecord) -> Result<usize, rusqlite::Error> {
+    tx.prepare_cached("INSERT OR IGNORE INTO sessions (id, created_ms) VALUES (?1, ?2)")?
+        .execute(params![run.session_id, run.started_ms as i64])
 }
 
 /// Remembers an idempotency key (the first answer for a key stays), and
 /// forgets keys past their retention.
-fn insert_request_key(
-    tx: &rusqlite::Transaction<'_>,
-    owner: &str,
-    key: &str,
-    request: &KeyedRequest,
-) -> Result<(), rusqlite::Error> {
+fn insert_request_key(tx: &Connection, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), rusqlite::Error> {
     let now = now_ms();
-    tx.execute(
-        "DELETE FROM request_keys WHERE created_ms < ?1",
-        params![now.saturating_sub(REQUEST_KEY_RETENTION_MS) as i64],
-    )?;
+    tx.prepare_cached("DELETE FROM request_keys WHERE created_ms < ?1")?
+        .execute(params![now.saturating_sub(REQUEST_KEY_RETENTION_MS) as i64])?;
     // The digest is stored as the same 64 bits, signed: SQLite integers are.
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO request_keys (owner, key, digest, run_id, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (owner, key) DO NOTHING",
-        params![owner, key, request.digest as i64, request.run_id, now as i64],
-    )?;
+    )?
+    .execute(params![owner, key, request.digest as i64, request.run_id, now as i64])?;
     Ok(())
 }
 
@@ -272,12 +296,9 @@ fn insert_events(tx: &Connection, run_id: &str, rows: &[(i64, String)]) -> Resul
 }
 
 fn read_run(conn: &Connection, run_id: &str) -> Result<Option<RawRun>, rusqlite::Error> {
-    conn.query_row(
-        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
-        params![run_id],
-        row_to_record,
-    )
-    .optional()
+    conn.prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"))?
+        .query_row(params![run_id], row_to_record)
+        .optional()
 }
 
 /// A `runs` row as SQLite holds it, before its status and metrics are parsed.
@@ -345,22 +366,21 @@ impl Store for SqliteStore {
         let run = run.clone();
         let metrics = json(&run.metrics)?;
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            insert_session(&tx, &run).map_err(&fail)?;
+        self.write("create_run", move |tx| {
+            insert_session(tx, &run).map_err(&fail)?;
             // A run a gateway queued is taken over by whoever starts it: its
             // start time (when it was accepted) and its request stay.
             let written = tx
-                .execute(
+                .prepare_cached(
                     "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal,
                                        parent_run_id, parent_turn_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
                      ON CONFLICT (id) DO UPDATE SET status = excluded.status, owner = excluded.owner,
                          model = excluded.model, workspace = excluded.workspace, metrics = excluded.metrics
                      WHERE runs.status = 'QUEUED' AND runs.request IS NOT NULL AND excluded.status != 'QUEUED'",
-                    params![
+                )
+                .and_then(|mut insert| {
+                    insert.execute(params![
                         run.run_id,
                         run.session_id,
                         run.prompt,
@@ -373,13 +393,13 @@ impl Store for SqliteStore {
                         run.principal,
                         run.parent.as_ref().map(|parent| parent.run_id.as_str()),
                         run.parent.as_ref().map(|parent| parent.turn_id.as_str())
-                    ],
-                )
+                    ])
+                })
                 .map_err(&fail)?;
             if written == 0 {
                 return Err(StoreError::Backend(format!("a run with id '{}' already exists", run.run_id)));
             }
-            tx.commit().map_err(&fail)
+            Ok(())
         })
         .await
     }
@@ -390,15 +410,14 @@ impl Store for SqliteStore {
         let key = key.map(|(key, request)| (key.to_string(), request.clone()));
         let metrics = json(&run.metrics)?;
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            insert_session(&tx, &run).map_err(&fail)?;
-            tx.execute(
+        self.write("queue_run", move |tx| {
+            insert_session(tx, &run).map_err(&fail)?;
+            tx.prepare_cached(
                 "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, principal, request)
                  VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?6, ?7, ?8)",
-                params![
+            )
+            .and_then(|mut insert| {
+                insert.execute(params![
                     run.run_id,
                     run.session_id,
                     run.prompt,
@@ -407,13 +426,13 @@ impl Store for SqliteStore {
                     metrics,
                     run.principal,
                     request
-                ],
-            )
+                ])
+            })
             .map_err(&fail)?;
             if let (Some((key, keyed)), Some(owner)) = (&key, &run.principal) {
-                insert_request_key(&tx, owner, key, keyed).map_err(&fail)?;
+                insert_request_key(tx, owner, key, keyed).map_err(&fail)?;
             }
-            tx.commit().map_err(&fail)
+            Ok(())
         })
         .await
     }
@@ -421,11 +440,10 @@ impl Store for SqliteStore {
     async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
         let run_id = run_id.to_string();
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let found: Option<Option<String>> = conn
-                .query_row("SELECT request FROM runs WHERE id = ?1", params![run_id], |row| {
-                    row.get(0)
-                })
+                .prepare_cached("SELECT request FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
                 .optional()
                 .map_err(&fail)?;
             found.ok_or(StoreError::NotFound(run_id))
@@ -436,9 +454,9 @@ impl Store for SqliteStore {
     async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
         let fail = self.fail();
         let rows = self
-            .with(move |conn| {
+            .read(move |conn| {
                 let mut select = conn
-                    .prepare(&format!(
+                    .prepare_cached(&format!(
                         "SELECT {RUN_COLUMNS}, request FROM runs
                          WHERE status = 'QUEUED' AND request IS NOT NULL ORDER BY started_ms, id"
                     ))
@@ -490,18 +508,13 @@ impl Store for SqliteStore {
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
         let run_id = run_id.to_string();
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            let next = checked_transition(&tx, &run_id, to, &fail)?;
+        self.write("set_status", move |tx| {
+            let next = checked_transition(tx, &run_id, to, &fail)?;
             let ended = next.is_terminal().then(|| now_ms() as i64);
-            tx.execute(
-                "UPDATE runs SET status = ?2, ended_ms = COALESCE(?3, ended_ms) WHERE id = ?1",
-                params![run_id, next.as_str(), ended],
-            )
-            .map_err(&fail)?;
-            tx.commit().map_err(&fail)
+            tx.prepare_cached("UPDATE runs SET status = ?2, ended_ms = COALESCE(?3, ended_ms) WHERE id = ?1")
+                .and_then(|mut update| update.execute(params![run_id, next.as_str(), ended]))
+                .map_err(&fail)?;
+            Ok(())
         })
         .await
     }
@@ -563,37 +576,34 @@ impl Store for SqliteStore {
     async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
         let (run_id, call_id, body) = (run_id.to_string(), call.id.clone(), json(call)?);
         let fail = self.fail();
-        self.with(move |conn| {
-            // The intent is the one write that must survive even a power
-            // cut: once the tool runs, forgetting that it started could run
-            // its side effect twice. So this commit syncs the WAL to disk
-            // (and with it every earlier commit); the rest use NORMAL, where
-            // a power cut can only lose the last checkpoints, which are
-            // then replayed.
-            conn.pragma_update(None, "synchronous", "FULL").map_err(&fail)?;
-            let written = conn
-                .execute(
-                    "INSERT OR REPLACE INTO journal (run_id, call_id, call, started_ms) VALUES (?1, ?2, ?3, ?4)",
-                    params![run_id, call_id, body, now_ms() as i64],
-                )
-                .map(|_| ())
-                .map_err(&fail);
-            conn.pragma_update(None, "synchronous", "NORMAL").map_err(&fail)?;
-            written
-        })
-        .await
+        // The intent is the one write that must survive even a power cut:
+        // once the tool runs, forgetting that it started could run its side
+        // effect twice. So its group's commit syncs the log to disk (and
+        // with it every earlier commit); the rest use NORMAL, where a power
+        // cut can only lose the last checkpoints, which are then replayed.
+        self.group
+            .write_synced(
+                "journal_intent",
+                Box::new(move |tx| {
+                    tx.prepare_cached(
+                        "INSERT OR REPLACE INTO journal (run_id, call_id, call, started_ms) VALUES (?1, ?2, ?3, ?4)",
+                    )
+                    .and_then(|mut insert| insert.execute(params![run_id, call_id, body, now_ms() as i64]))
+                    .map(|_| ())
+                    .map_err(&fail)
+                }),
+            )
+            .await
     }
 
     async fn journal_result(&self, run_id: &str, result: &ToolResult) -> Result<(), StoreError> {
         let (run_id, call_id, body) = (run_id.to_string(), result.call_id.clone(), json(result)?);
         let fail = self.fail();
-        self.with(move |conn| {
-            conn.execute(
-                "UPDATE journal SET result = ?3, ended_ms = ?4 WHERE run_id = ?1 AND call_id = ?2",
-                params![run_id, call_id, body, now_ms() as i64],
-            )
-            .map(|_| ())
-            .map_err(&fail)
+        self.write("journal_result", move |tx| {
+            tx.prepare_cached("UPDATE journal SET result = ?3, ended_ms = ?4 WHERE run_id = ?1 AND call_id = ?2")
+                .and_then(|mut update| update.execute(params![run_id, call_id, body, now_ms() as i64]))
+                .map(|_| ())
+                .map_err(&fail)
         })
         .await
     }
@@ -633,7 +643,7 @@ impl Store for SqliteStore {
     async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
         let run_id = run_id.to_string();
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let raw = read_run(conn, &run_id)
                 .map_err(&fail)?
                 .ok_or_else(|| StoreError::NotFound(run_id.clone()))?;
@@ -647,9 +657,8 @@ impl Store for SqliteStore {
                 .map(|body| parse::<Message>(&body.map_err(&fail)?))
                 .collect::<Result<Vec<_>, _>>()?;
             let next: Option<String> = conn
-                .query_row("SELECT next_turn FROM runs WHERE id = ?1", params![run_id], |row| {
-                    row.get(0)
-                })
+                .prepare_cached("SELECT next_turn FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
                 .map_err(&fail)?;
             // The run's state; a checkpoint older than whole states holds its turn alone.
             let state = next
@@ -676,11 +685,8 @@ impl Store for SqliteStore {
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
             let last_seq: i64 = conn
-                .query_row(
-                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1",
-                    params![run_id],
-                    |row| row.get(0),
-                )
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
                 .map_err(&fail)?;
             Ok(RunSnapshot {
                 run,
@@ -695,7 +701,7 @@ impl Store for SqliteStore {
 
     async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let mut select = conn
                 .prepare_cached(&format!(
                     "SELECT {RUN_COLUMNS} FROM runs ORDER BY started_ms DESC, id LIMIT ?1"
@@ -714,7 +720,7 @@ impl Store for SqliteStore {
     async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         let query = query.clone();
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             // NULL parameters switch a condition off, so one statement (and
             // one cached plan) serves every combination of filters.
             let mut select = conn
@@ -758,9 +764,10 @@ impl Store for SqliteStore {
     async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
         let run_id = run_id.to_string();
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let exists: Option<i64> = conn
-                .query_row("SELECT 1 FROM runs WHERE id = ?1", params![run_id], |row| row.get(0))
+                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
                 .optional()
                 .map_err(&fail)?;
             if exists.is_none() {
@@ -785,7 +792,7 @@ impl Store for SqliteStore {
     async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
         let run_ids = run_ids.to_vec();
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             // The primary key (run_id, seq) answers each MAX from the index.
             let mut select = conn
                 .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")
@@ -814,15 +821,15 @@ impl Store for SqliteStore {
     async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
         let (run_id, owner) = (run_id.to_string(), owner.to_string());
         let fail = self.fail();
-        self.with(move |conn| {
+        self.write("mark_interrupted", move |tx| {
             // Compare-and-set on the owner: a run another process took over
             // meanwhile is left alone.
-            let changed = conn
-                .execute(
+            let changed = tx
+                .prepare_cached(
                     "UPDATE runs SET status = 'INTERRUPTED'
                      WHERE id = ?1 AND owner = ?2 AND status IN ('QUEUED', 'RUNNING', 'WAITING_PERMISSION')",
-                    params![run_id, owner],
                 )
+                .and_then(|mut update| update.execute(params![run_id, owner]))
                 .map_err(&fail)?;
             Ok(changed > 0)
         })
@@ -832,15 +839,10 @@ impl Store for SqliteStore {
     async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
         let (run_id, owner) = (run_id.to_string(), owner.to_string());
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
+        self.write("reclaim_run", move |tx| {
             let current: Option<String> = tx
-                .query_row("SELECT status FROM runs WHERE id = ?1", params![run_id], |row| {
-                    row.get(0)
-                })
-                .optional()
+                .prepare_cached("SELECT status FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)).optional())
                 .map_err(&fail)?;
             let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
             // Only an interrupted run can be taken over; a running one has a
@@ -852,12 +854,10 @@ impl Store for SqliteStore {
                 }
                 .into());
             }
-            tx.execute(
-                "UPDATE runs SET status = 'RUNNING', owner = ?2 WHERE id = ?1",
-                params![run_id, owner],
-            )
-            .map_err(&fail)?;
-            tx.commit().map_err(&fail)
+            tx.prepare_cached("UPDATE runs SET status = 'RUNNING', owner = ?2 WHERE id = ?1")
+                .and_then(|mut update| update.execute(params![run_id, owner]))
+                .map_err(&fail)?;
+            Ok(())
         })
         .await
     }
@@ -892,12 +892,8 @@ impl Store for SqliteStore {
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
         let (owner, key, request) = (owner.to_string(), key.to_string(), request.clone());
         let fail = self.fail();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(&fail)?;
-            insert_request_key(&tx, &owner, &key, &request).map_err(&fail)?;
-            tx.commit().map_err(&fail)
+        self.write("remember_request", move |tx| {
+            insert_request_key(tx, &owner, &key, &request).map_err(&fail)
         })
         .await
     }
@@ -905,19 +901,21 @@ impl Store for SqliteStore {
     async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
         let (owner, key) = (owner.to_string(), key.to_string());
         let fail = self.fail();
-        self.with(move |conn| {
+        self.read(move |conn| {
             let oldest = now_ms().saturating_sub(REQUEST_KEY_RETENTION_MS) as i64;
-            conn.query_row(
+            conn.prepare_cached(
                 "SELECT digest, run_id FROM request_keys WHERE owner = ?1 AND key = ?2 AND created_ms >= ?3",
-                params![owner, key, oldest],
-                |row| {
-                    Ok(KeyedRequest {
-                        digest: row.get::<_, i64>(0)? as u64,
-                        run_id: row.get(1)?,
-                    })
-                },
             )
-            .optional()
+            .and_then(|mut select| {
+                select
+                    .query_row(params![owner, key, oldest], |row| {
+                        Ok(KeyedRequest {
+                            digest: row.get::<_, i64>(0)? as u64,
+                            run_id: row.get(1)?,
+                        })
+                    })
+                    .optional()
+            })
             .map_err(&fail)
         })
         .await
@@ -934,7 +932,7 @@ mod tests {
     fn the_next_position_is_compiled_once_and_read_from_the_index() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-        let conn = store.conn.lock().unwrap();
+        let conn = store.reader.lock().unwrap();
         for run in ["a", "b", "c"] {
             let mut select = conn.prepare_cached(NEXT_POSITION).unwrap();
             let next: i64 = select.query_row(params![run], |row| row.get(0)).unwrap();

@@ -154,13 +154,18 @@ impl Service {
                     OnBusy::Enqueue => {}
                 }
             }
-            let history = self.inner.store.is_none().then(|| {
-                registry
-                    .histories
-                    .get(&history_key(principal, &session_id))
-                    .cloned()
-                    .unwrap_or_default()
-            });
+            let history = match &self.inner.store {
+                None => Some(
+                    registry
+                        .histories
+                        .get(&history_key(principal, &session_id))
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+                // A session this run begins has no conversation to read back.
+                Some(_) if params.session_id.is_none() => Some(Vec::new()),
+                Some(_) => None,
+            };
             let run = self.queued_run(principal, &params, agent, &run_id, &session_id, now_ms(), history);
             // Stored before the answer, with its key, in one write (below).
             queued = match &self.inner.store {
