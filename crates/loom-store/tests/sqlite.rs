@@ -5,225 +5,32 @@
 
 use std::time::Duration;
 
-use loom_core::{
-    Checkpoint, Event, EventKind, Message, QueuedRun, RunMetrics, RunRecord, RunState, RunStatus, Store, StoreError,
-    ToolCall, ToolResult, ToolStatus, TurnState,
-};
+use loom_core::{Checkpoint, Event, Message, QueuedRun, RunMetrics, RunState, RunStatus, Store, StoreError, TurnState};
 use loom_store::{SqliteStore, MIGRATIONS, SCHEMA_VERSION};
-use serde_json::json;
 
-fn record(run_id: &str) -> RunRecord {
-    RunRecord {
-        owner: "test".into(),
-        ..RunRecord::new(run_id, "session-1", "do it", "scripted:x", RunStatus::Queued, 1)
-    }
-}
-
-fn event(seq: u64) -> Event {
-    Event {
-        run_id: "r".into(),
-        turn_id: "t".into(),
-        parent_turn_id: None,
-        depth: 0,
-        parent_run_id: None,
-        seq,
-        ts: "2026-11-22T00:00:00.000Z".into(),
-        kind: EventKind::IterationStart { iteration: seq as u32 },
-    }
-}
+use loom_testkit::store_conformance::{self, event, record};
 
 use RunStatus::*;
-const ALL: [RunStatus; 8] = [
-    Queued,
-    Running,
-    WaitingPermission,
-    Done,
-    Error,
-    Canceled,
-    Timeout,
-    Interrupted,
-];
-
-/// The transitions of docs/architecture.md, written out by hand so the test does not just mirror the code.
-const LEGAL: &[(RunStatus, RunStatus)] = &[
-    (Queued, Running),
-    (Queued, Canceled),
-    (Queued, Error),
-    (Queued, Interrupted),
-    (Running, WaitingPermission),
-    (Running, Done),
-    (Running, Error),
-    (Running, Canceled),
-    (Running, Timeout),
-    (Running, Interrupted),
-    (WaitingPermission, Running),
-    (WaitingPermission, Done),
-    (WaitingPermission, Error),
-    (WaitingPermission, Canceled),
-    (WaitingPermission, Timeout),
-    (WaitingPermission, Interrupted),
-    (Interrupted, Running),
-    (Interrupted, Canceled),
-    (Interrupted, Error),
-];
-
-fn path_to(status: RunStatus) -> Vec<RunStatus> {
-    match status {
-        Queued => vec![],
-        Running => vec![Running],
-        WaitingPermission => vec![Running, WaitingPermission],
-        Done => vec![Running, Done],
-        Error => vec![Error],
-        Canceled => vec![Canceled],
-        Timeout => vec![Running, Timeout],
-        Interrupted => vec![Running, Interrupted],
-    }
-}
 
 #[tokio::test]
 async fn every_legal_and_illegal_transition() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    let mut count = 0;
-    for from in ALL {
-        for to in ALL {
-            let id = format!("run-{count}");
-            count += 1;
-            store.create_run(&record(&id)).await.unwrap();
-            for step in path_to(from) {
-                store.set_status(&id, step).await.unwrap();
-            }
-            let result = store.set_status(&id, to).await;
-            let legal = LEGAL.contains(&(from, to));
-            match (&result, legal) {
-                (Ok(()), true) => assert_eq!(store.load_run(&id).await.unwrap().run.status, to),
-                (Err(StoreError::InvalidState(err)), false) => {
-                    assert_eq!((err.from, err.to), (from, to));
-                    assert_eq!(
-                        store.load_run(&id).await.unwrap().run.status,
-                        from,
-                        "refused means unchanged"
-                    );
-                }
-                _ => panic!("{from:?} → {to:?}: {result:?}, expected legal={legal}"),
-            }
-        }
-    }
-    assert_eq!(count, 64);
+    store_conformance::every_legal_and_illegal_transition(&store).await;
 }
 
 #[tokio::test]
 async fn checkpoints_journal_and_events_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    store.create_run(&record("r")).await.unwrap();
-    store.set_status("r", Running).await.unwrap();
-    let state = TurnState::initial(10).next_turn(false);
-    let call = ToolCall {
-        id: "c1".into(),
-        name: "write_file".into(),
-        arguments: json!({"path": "a"}),
-    };
-    let first = [
-        Message::system("s"),
-        Message::user("q"),
-        Message::Assistant {
-            content: String::new(),
-            tool_calls: vec![call.clone()],
-        },
-    ];
-    store.journal_intent("r", &call).await.unwrap();
-    let snapshot = store.load_run("r").await.unwrap();
-    assert_eq!(snapshot.journal.len(), 1);
-    assert!(snapshot.journal[0].result.is_none(), "an intent without a result");
-    store
-        .journal_result("r", &ToolResult::new("c1", "write_file", ToolStatus::Success, "ok"))
-        .await
-        .unwrap();
-    let metrics = RunMetrics {
-        iterations: 1,
-        ..RunMetrics::default()
-    };
-    store
-        .checkpoint(&Checkpoint {
-            run_id: "r",
-            state: &RunState::new(state.clone(), "q").with_metrics(metrics.clone()),
-            new_messages: &first,
-            replaced_history: None,
-            events: &[event(1), event(2)],
-        })
-        .await
-        .unwrap();
-    let more = [Message::tool("c1", "write_file", "ok")];
-    store
-        .checkpoint(&Checkpoint {
-            run_id: "r",
-            state: &RunState::new(state.next_turn(false), "q").with_metrics(metrics.clone()),
-            new_messages: &more,
-            replaced_history: None,
-            events: &[event(3)],
-        })
-        .await
-        .unwrap();
-    let snapshot = store.load_run("r").await.unwrap();
-    assert_eq!(snapshot.messages.len(), 4);
-    assert_eq!(snapshot.messages[3], more[0]);
-    assert_eq!(snapshot.next_turn().unwrap().turn_counter(), 2);
-    assert_eq!(snapshot.journal[0].result.as_ref().unwrap().content, "ok");
-    assert_eq!(snapshot.run.metrics.iterations, 1);
-    assert_eq!(
-        store
-            .events("r", 1)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| e.seq)
-            .collect::<Vec<_>>(),
-        vec![2, 3]
-    );
-
-    // Compression replaces the stored history.
-    let compressed = [
-        Message::system("s"),
-        Message::system("[compressed history] …"),
-        Message::user("q"),
-    ];
-    store
-        .checkpoint(&Checkpoint {
-            run_id: "r",
-            state: &RunState::new(state.clone(), "q").with_metrics(metrics.clone()),
-            new_messages: &[],
-            replaced_history: Some(&compressed),
-            events: &[],
-        })
-        .await
-        .unwrap();
-    assert_eq!(store.load_run("r").await.unwrap().messages, compressed.to_vec());
-
-    store
-        .finish_run("r", Done, Some("answer"), &metrics, &[event(4)])
-        .await
-        .unwrap();
-    let done = store.load_run("r").await.unwrap().run;
-    assert_eq!((done.status, done.content.as_deref()), (Done, Some("answer")));
-    assert!(done.ended_ms.is_some());
-    assert!(
-        matches!(store.set_status("r", Running).await, Err(StoreError::InvalidState(_))),
-        "terminal is final"
-    );
-    assert_eq!(store.list_runs(10).await.unwrap()[0].run_id, "r");
+    store_conformance::checkpoints_journal_and_events_round_trip(&store).await;
 }
 
 #[tokio::test]
 async fn unknown_runs_are_typed_errors() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    assert!(matches!(store.load_run("nope").await, Err(StoreError::NotFound(id)) if id == "nope"));
-    assert!(matches!(
-        store.set_status("nope", Running).await,
-        Err(StoreError::NotFound(_))
-    ));
-    assert!(matches!(store.events("nope", 0).await, Err(StoreError::NotFound(_))));
+    store_conformance::unknown_runs_are_typed_errors(&store).await;
 }
 
 #[test]
@@ -381,20 +188,7 @@ async fn events_and_messages_stored_ordered_by_run_are_kept_in_written_order() {
 async fn last_seqs_come_in_the_order_asked_and_a_run_without_events_has_zero() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    for id in ["a", "b"] {
-        store.create_run(&record(id)).await.unwrap();
-    }
-    store.set_status("a", Running).await.unwrap();
-    let events: Vec<Event> = (1..=3).map(event).collect();
-    store
-        .finish_run("a", Done, Some("answer"), &RunMetrics::default(), &events)
-        .await
-        .unwrap();
-    let seqs = store
-        .last_seqs(&["b".to_string(), "a".to_string(), "unknown".to_string()])
-        .await
-        .unwrap();
-    assert_eq!(seqs, vec![0, 3, 0]);
+    store_conformance::last_seqs_come_in_the_order_asked(&store).await;
 }
 
 fn rusqlite_open(path: &std::path::Path) -> rusqlite::Connection {
@@ -636,6 +430,20 @@ async fn request_keys_survive_reopening_and_keep_their_first_answer() {
     assert_eq!(store.remembered_request("alice", "k").await.unwrap(), Some(first));
     // Keys are per owner.
     assert_eq!(store.remembered_request("bob", "k").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn listings_queries_and_takeovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::runs_are_listed_and_queried(&store).await;
+}
+
+#[tokio::test]
+async fn events_are_kept_once_and_read_in_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::events_are_kept_once_and_read_in_pages(&store).await;
 }
 
 #[tokio::test]

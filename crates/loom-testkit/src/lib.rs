@@ -14,6 +14,8 @@ pub mod mcp_servers;
 mod model_server;
 mod noop;
 pub mod redaction;
+pub mod redis_server;
+pub mod store_conformance;
 pub mod symlink_race;
 pub use model_server::{PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};

@@ -27,8 +27,10 @@ pub mod models {
     pub use loom_llm::*;
 }
 
-/// Durable storage: SQLite.
+/// Durable storage: SQLite, and Redis with the `redis` feature.
 pub mod stores {
+    #[cfg(feature = "redis")]
+    pub use loom_redis::RedisStore;
     pub use loom_store::*;
 }
 

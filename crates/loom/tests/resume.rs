@@ -131,13 +131,30 @@ fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
     }
 }
 
+/// Where the crashed run and its resumption keep their runs: the same
+/// promises hold on each.
+#[derive(Clone)]
+enum Backend {
+    Sqlite(std::path::PathBuf),
+    Redis(String),
+}
+
+impl Backend {
+    async fn open(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Sqlite(db) => Arc::new(SqliteStore::open(db).unwrap()),
+            Self::Redis(url) => Arc::new(loom_redis::RedisStore::connect(url).await.unwrap()),
+        }
+    }
+}
+
 /// Runs until `record(b)` hangs and `record(a)`'s result is in the stored
 /// log, then drops the whole runtime — every task, mid-call — as a crash
 /// would (before the checkpoint of the tool turn). Returns the run id.
-fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> String {
+fn crash_mid_tools(backend: &Backend, workspace: &std::path::Path, log: Arc<Mutex<Vec<String>>>) -> String {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let started = Arc::new(Notify::new());
-    let store = Arc::new(SqliteStore::open(db).unwrap());
+    let store = runtime.block_on(backend.open());
     let agent = Agent::builder()
         .model(ScriptedModel::new(script()))
         .tool(Look::default())
@@ -174,15 +191,27 @@ fn crash_mid_tools(db: &std::path::Path, workspace: &std::path::Path, log: Arc<M
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_killed_mid_tools_resumes_without_losing_or_repeating_a_call() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("loom.db");
+    killed_mid_tools_and_resumed(Backend::Sqlite(dir.path().join("loom.db")), dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_redis_a_run_killed_mid_tools_resumes_without_losing_or_repeating_a_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = loom_testkit::redis_server::RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let workspace = dir.path().join("workspace");
+    std::fs::create_dir(&workspace).unwrap();
+    killed_mid_tools_and_resumed(Backend::Redis(redis.url(0)), &workspace).await;
+}
+
+async fn killed_mid_tools_and_resumed(backend: Backend, workspace: &std::path::Path) {
     let log = Arc::new(Mutex::new(Vec::new()));
-    let (db2, ws, log2) = (db.clone(), dir.path().to_path_buf(), log.clone());
-    let run_id = tokio::task::spawn_blocking(move || crash_mid_tools(&db2, &ws, log2))
+    let (crashed, ws, log2) = (backend.clone(), workspace.to_path_buf(), log.clone());
+    let run_id = tokio::task::spawn_blocking(move || crash_mid_tools(&crashed, &ws, log2))
         .await
         .unwrap();
     assert_eq!(*log.lock().unwrap(), ["a", "b"], "a finished, b hung, c never started");
 
-    let store = Arc::new(SqliteStore::open(&db).unwrap());
+    let store = backend.open().await;
     let before = store.load_run(&run_id).await.unwrap();
     assert_eq!(before.run.status, RunStatus::Running, "nobody marked it yet");
     let look = Look::default();
@@ -194,7 +223,7 @@ async fn a_run_killed_mid_tools_resumes_without_losing_or_repeating_a_call() {
             hang_on: None,
             started: Arc::default(),
         })
-        .workspace(dir.path())
+        .workspace(workspace)
         .store(store.clone())
         .build()
         .unwrap();

@@ -1,0 +1,97 @@
+//! `RedisStore` against a real `redis-server` (Debian's, started per test
+//! on a free port): the same behaviour every store must have
+//! (`loom_testkit::store_conformance`), and what only Redis shows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+use loom_core::Store;
+use loom_redis::RedisStore;
+use loom_testkit::redis_server::RedisServer;
+use loom_testkit::store_conformance as conformance;
+
+/// A server of the test's own, and a store on it.
+async fn store() -> (RedisStore, RedisServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let store = RedisStore::connect(&server.url(0)).await.unwrap();
+    (store, server, dir)
+}
+
+#[tokio::test]
+async fn every_legal_and_illegal_transition() {
+    let (store, _server, _dir) = store().await;
+    conformance::every_legal_and_illegal_transition(&store).await;
+}
+
+#[tokio::test]
+async fn checkpoints_journal_and_events_round_trip() {
+    let (store, _server, _dir) = store().await;
+    conformance::checkpoints_journal_and_events_round_trip(&store).await;
+}
+
+#[tokio::test]
+async fn unknown_runs_are_typed_errors() {
+    let (store, _server, _dir) = store().await;
+    conformance::unknown_runs_are_typed_errors(&store).await;
+}
+
+#[tokio::test]
+async fn last_seqs_come_in_the_order_asked() {
+    let (store, _server, _dir) = store().await;
+    conformance::last_seqs_come_in_the_order_asked(&store).await;
+}
+
+#[tokio::test]
+async fn a_queued_run_is_taken_over_by_whoever_starts_it() {
+    let (store, _server, _dir) = store().await;
+    conformance::a_queued_run_is_taken_over_by_whoever_starts_it(&store).await;
+}
+
+#[tokio::test]
+async fn request_keys_keep_their_first_answer() {
+    let (store, _server, _dir) = store().await;
+    conformance::request_keys_keep_their_first_answer(&store).await;
+}
+
+#[tokio::test]
+async fn runs_are_listed_and_queried() {
+    let (store, _server, _dir) = store().await;
+    conformance::runs_are_listed_and_queried(&store).await;
+}
+
+#[tokio::test]
+async fn events_are_kept_once_and_read_in_pages() {
+    let (store, _server, _dir) = store().await;
+    conformance::events_are_kept_once_and_read_in_pages(&store).await;
+}
+
+/// Two Looms sharing one database keep apart by their prefixes.
+#[tokio::test]
+async fn prefixes_keep_two_stores_apart() {
+    let (first, server, _dir) = store().await;
+    let second = RedisStore::connect_with_prefix(&server.url(0), "other:").await.unwrap();
+    first.create_run(&conformance::record("shared-id")).await.unwrap();
+    assert!(second.load_run("shared-id").await.is_err());
+    second.create_run(&conformance::record("shared-id")).await.unwrap();
+    assert_eq!(first.list_runs(10).await.unwrap().len(), 1);
+}
+
+/// What Redis acknowledged is there after Redis is killed (SIGKILL) and
+/// started again from its append-only file (`appendfsync always`).
+#[tokio::test]
+async fn acknowledged_writes_survive_a_killed_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap();
+    let url = server.url(0);
+    let store = RedisStore::connect(&url).await.unwrap();
+    store.create_run(&conformance::record("kept")).await.unwrap();
+    let events: Vec<_> = (1..=3).map(conformance::event).collect();
+    store.append_events("kept", &events).await.unwrap();
+    drop(store);
+    drop(server); // SIGKILL
+    let server = RedisServer::start(dir.path()).unwrap();
+    let store = RedisStore::connect(&server.url(0)).await.unwrap();
+    let snapshot = store.load_run("kept").await.unwrap();
+    assert_eq!(snapshot.last_seq, 3);
+    assert_eq!(store.events("kept", 0).await.unwrap().len(), 3);
+}

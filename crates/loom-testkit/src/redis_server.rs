@@ -1,0 +1,104 @@
+//! A real `redis-server` (Debian's) for tests: started on a free port of
+//! 127.0.0.1 in a directory of its own, with its append-only file on, and
+//! killed when dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+/// Why no server could be started.
+#[derive(Debug)]
+pub struct NoRedis(pub String);
+
+impl std::fmt::Display for NoRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot start redis-server ({}); install it: apt-get install -y redis-server",
+            self.0
+        )
+    }
+}
+
+impl RedisServer {
+    /// Starts a server whose files are in `dir` (`appendonly yes`,
+    /// `appendfsync always`: every acknowledged write is on disk).
+    pub fn start(dir: &Path) -> Result<Self, NoRedis> {
+        let port = free_port().map_err(|err| NoRedis(format!("no free port: {err}")))?;
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--dir", &dir.display().to_string()])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args(["--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|err| NoRedis(err.to_string()))?;
+        let mut server = Self {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// `redis://127.0.0.1:PORT/DB`.
+    pub fn url(&self, db: u8) -> String {
+        format!("redis://127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The directory of its files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn wait_ready(&mut self) -> Result<(), NoRedis> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(NoRedis(format!("it exited: {status}")));
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(NoRedis("it did not answer within 10 s".into()))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Whether a server answers `PING` on `port` (RESP by hand: the testkit
+/// has no Redis client, and one line is all it takes).
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
