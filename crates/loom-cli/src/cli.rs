@@ -99,6 +99,16 @@ pub(crate) struct RunsArgs {
     #[arg(long, value_name = "PATH", global = true)]
     pub db: Option<PathBuf>,
 
+    /// Read the runs a Redis keeps instead (`redis://HOST:PORT/DB`; docs/cluster.md).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "LOOM_REDIS_URL",
+        global = true,
+        conflicts_with = "db"
+    )]
+    pub redis: Option<String>,
+
     /// The workspace whose database to read (default: the current directory).
     #[arg(long, value_name = "DIR", global = true)]
     pub workspace: Option<PathBuf>,
@@ -201,6 +211,10 @@ pub(crate) struct PlaceArgs {
     /// The SQLite database that makes runs durable (default: loom.db in the workspace's state directory, see docs/security.md).
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
+
+    /// Record runs in this Redis instead (`redis://HOST:PORT/DB`; docs/cluster.md).
+    #[arg(long, value_name = "URL", env = "LOOM_REDIS_URL", conflicts_with = "db")]
+    pub redis: Option<String>,
 }
 
 /// How every command configures its agents alike: the model, the step and

@@ -54,6 +54,26 @@ pub(crate) struct FileConfig {
     pub tools: Option<ToolsConfig>,
     /// `[server]`: tokens and limits of `loom serve`.
     pub server: Option<loom_server::ServerSettings>,
+    /// `[cluster]`: the Redis that processes on several machines share.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `[cluster]` (docs/cluster.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClusterConfig {
+    /// `redis://HOST:PORT/DB`: runs are recorded there.
+    pub redis: Option<String>,
+    /// Whether `loom serve` executes runs itself (until `loom worker`
+    /// exists, a gateway on Redis must).
+    pub execute: Option<bool>,
+}
+
+impl FileConfig {
+    /// The Redis runs are recorded in, if `[cluster]` names one.
+    pub(crate) fn cluster_redis(&self) -> Option<&str> {
+        self.cluster.as_ref().and_then(|cluster| cluster.redis.as_deref())
+    }
 }
 
 /// `[mcp]`.

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use loom::owner::{liveness, owner_pid, Liveness};
-use loom::stores::SqliteStore;
 use loom::{ResumeError, RunStatus, Store, StoreError};
 
 use crate::cli::{AgentArgs, PlaceArgs};
@@ -15,10 +14,16 @@ use crate::run::{build_agent, follow, Failure};
 /// How long `cancel` waits for a live run's process to record the end.
 const CANCEL_WAIT: Duration = Duration::from_secs(15);
 
+/// Where `loom runs` found the run, for the resumed agent to record it there.
+pub(crate) enum RecordedIn {
+    Sqlite(PathBuf),
+    Redis(String),
+}
+
 /// Continues a run whose process died, here, streaming it like `loom run`.
 pub(crate) async fn resume(
-    store: &SqliteStore,
-    db: PathBuf,
+    store: &dyn Store,
+    recorded_in: RecordedIn,
     workspace: Option<PathBuf>,
     id: &str,
     agent_args: &AgentArgs,
@@ -39,9 +44,14 @@ pub(crate) async fn resume(
         .as_deref()
         .map(PathBuf::from)
         .filter(|dir| dir.is_dir());
+    let (db, redis) = match recorded_in {
+        RecordedIn::Sqlite(db) => (Some(db), None),
+        RecordedIn::Redis(url) => (None, Some(url)),
+    };
     let place = PlaceArgs {
         workspace: workspace.or(recorded),
-        db: Some(db),
+        db,
+        redis,
     };
     let agent = build_agent(agent_args, &place, Some(&record.model))
         .await
@@ -58,7 +68,7 @@ pub(crate) async fn resume(
 
 /// Cancels a run: a live local process is asked to stop it (as Ctrl-C
 /// would), a run nobody executes any more is closed in the store.
-pub(crate) async fn cancel(store: &SqliteStore, id: &str, json: bool) -> Result<ExitCode, Failure> {
+pub(crate) async fn cancel(store: &dyn Store, id: &str, json: bool) -> Result<ExitCode, Failure> {
     let record = store.load_run(id).await.map_err(not_found_is_usage)?.run;
     let status = match record.status {
         status if status.is_terminal() => {
@@ -95,7 +105,7 @@ pub(crate) async fn cancel(store: &SqliteStore, id: &str, json: bool) -> Result<
     Ok(ExitCode::SUCCESS)
 }
 
-async fn close(store: &SqliteStore, id: &str) -> Result<RunStatus, Failure> {
+async fn close(store: &dyn Store, id: &str) -> Result<RunStatus, Failure> {
     loom::recovery::close_cancelled(store, id, "cancelled with `loom runs cancel`")
         .await
         .map_err(runtime)?;
@@ -104,7 +114,7 @@ async fn close(store: &SqliteStore, id: &str) -> Result<RunStatus, Failure> {
 
 /// Interrupts the owning process (its Ctrl-C handling cancels the run and
 /// records the end), then waits for the recorded end.
-async fn signal_owner(store: &SqliteStore, id: &str, owner: &str) -> Result<RunStatus, Failure> {
+async fn signal_owner(store: &dyn Store, id: &str, owner: &str) -> Result<RunStatus, Failure> {
     let pid = owner_pid(owner).ok_or_else(|| Failure::Runtime(anyhow!("cannot tell the process of {owner}")))?;
     interrupt(pid).map_err(|err| Failure::Runtime(anyhow!("cannot signal process {pid}: {err}")))?;
     let started = Instant::now();

@@ -307,7 +307,17 @@ pub(crate) async fn configure_agent(
     builder = tuning::apply(builder, file, dir.as_deref(), args.common.base_url.as_deref()).await?;
     let store = match server {
         Some(server) => server.store,
-        None => store::open(place.db.as_deref(), file.store.as_deref(), dir.as_deref(), &workspace).await?,
+        None => {
+            let redis = place.redis.as_deref().or(file.cluster_redis());
+            store::open(
+                place.db.as_deref(),
+                redis,
+                file.store.as_deref(),
+                dir.as_deref(),
+                &workspace,
+            )
+            .await?
+        }
     };
     if let Some(store) = store {
         builder = builder.store(store);

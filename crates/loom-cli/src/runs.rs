@@ -7,6 +7,7 @@ use loom::stores::SqliteStore;
 use loom::{RunRecord, Store, StoreError};
 
 use crate::cli::{RunsArgs, RunsCommand};
+use crate::recorded_runs::RecordedIn;
 use crate::run::Failure;
 use crate::text::clip;
 
@@ -16,43 +17,31 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         // ends them quietly, as it ends any Unix tool, instead of a panic.
         restore_sigpipe();
     }
-    let path = match (&args.db, &args.workspace) {
-        (Some(db), _) => db.clone(),
-        (None, workspace) => {
-            let workspace = workspace.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
-            tokio::task::spawn_blocking(move || crate::state::workspace_dir(&workspace))
-                .await
-                .map_err(|err| Failure::Runtime(err.into()))?
-                .map_err(Failure::Usage)?
-                .join("loom.db")
+    let (store, recorded_in): (Box<dyn Store>, RecordedIn) = match &args.redis {
+        Some(url) => (
+            Box::new(crate::store::open_redis(url).await.map_err(Failure::Usage)?),
+            RecordedIn::Redis(url.clone()),
+        ),
+        None => {
+            let path = sqlite_path(&args).await?;
+            (Box::new(open_sqlite(&path).await?), RecordedIn::Sqlite(path))
         }
     };
-    if !path.is_file() {
-        return Err(Failure::Usage(anyhow!(
-            "no run database at {}: runs are recorded by `loom run` in its workspace",
-            path.display()
-        )));
-    }
-    let shown = path.display().to_string();
-    let opened = path.clone();
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(opened))
-        .await
-        .map_err(|err| Failure::Runtime(anyhow!("opening {shown} failed: {err}")))?
-        .map_err(|err| Failure::Usage(anyhow!("{err}")))?;
+    let store = store.as_ref();
     let usage_if_unknown = |err: StoreError| match err {
         StoreError::NotFound(_) => Failure::Usage(anyhow!("{err}")),
         other => Failure::Runtime(anyhow!("{other}")),
     };
     // Runs left RUNNING by a process that died are shown (and resumable)
     // as INTERRUPTED.
-    loom::recovery::recover_interrupted_runs(&store)
+    loom::recovery::recover_interrupted_runs(store)
         .await
         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
     match args.command {
         RunsCommand::Resume { id, agent } => {
-            return crate::recorded_runs::resume(&store, path, args.workspace, &id, &agent, args.json).await
+            return crate::recorded_runs::resume(store, recorded_in, args.workspace, &id, &agent, args.json).await
         }
-        RunsCommand::Cancel { id } => return crate::recorded_runs::cancel(&store, &id, args.json).await,
+        RunsCommand::Cancel { id } => return crate::recorded_runs::cancel(store, &id, args.json).await,
         RunsCommand::List { limit, session } => {
             let runs = match session {
                 Some(session) => {
@@ -74,7 +63,7 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         }
         RunsCommand::Show { id, tree: turns } => {
             let snapshot = store.load_run(&id).await.map_err(usage_if_unknown)?;
-            let tree = run_tree(&store, &id).await?;
+            let tree = run_tree(store, &id).await?;
             if args.json {
                 let value = serde_json::json!({
                     "run": snapshot.run,
@@ -94,7 +83,7 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                     print!("{}", tree_lines(&tree));
                 }
                 if turns {
-                    let text = crate::turn_tree::render(&store, &id)
+                    let text = crate::turn_tree::render(store, &id)
                         .await
                         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
                     print!("\nturns\n{text}");
@@ -113,9 +102,41 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The SQLite database `loom runs` reads: `--db`, else the workspace's.
+async fn sqlite_path(args: &RunsArgs) -> Result<std::path::PathBuf, Failure> {
+    let path = match (&args.db, &args.workspace) {
+        (Some(db), _) => db.clone(),
+        (None, workspace) => {
+            let workspace = workspace.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
+            tokio::task::spawn_blocking(move || crate::state::workspace_dir(&workspace))
+                .await
+                .map_err(|err| Failure::Runtime(err.into()))?
+                .map_err(Failure::Usage)?
+                .join("loom.db")
+        }
+    };
+    if !path.is_file() {
+        return Err(Failure::Usage(anyhow!(
+            "no run database at {}: runs are recorded by `loom run` in its workspace",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+async fn open_sqlite(path: &std::path::Path) -> Result<SqliteStore, Failure> {
+    let shown = path.display().to_string();
+    let opened = path.to_path_buf();
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(opened))
+        .await
+        .map_err(|err| Failure::Runtime(anyhow!("opening {shown} failed: {err}")))?
+        .map_err(|err| Failure::Usage(anyhow!("{err}")))?;
+    Ok(store)
+}
+
 /// The sub-agents below `run_id`, depth first, each with its depth (1 for
 /// a child). Bounded: a tree deeper than any nesting limit is cut.
-async fn run_tree(store: &SqliteStore, run_id: &str) -> Result<Vec<(u32, RunRecord)>, Failure> {
+async fn run_tree(store: &dyn Store, run_id: &str) -> Result<Vec<(u32, RunRecord)>, Failure> {
     const DEEPEST: u32 = 16;
     let mut tree = Vec::new();
     let mut pending = vec![(1_u32, run_id.to_string())];

@@ -128,8 +128,23 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             .map_err(|err| Failure::Runtime(err.into()))?
             .map_err(Failure::Runtime)?,
     );
+    let redis = args
+        .place
+        .redis
+        .clone()
+        .or(loaded.file.cluster_redis().map(str::to_string));
+    if redis.is_some() && args.place.db.is_none() {
+        let executes = loaded.file.cluster.as_ref().and_then(|cluster| cluster.execute);
+        if executes != Some(true) {
+            return Err(Failure::Usage(anyhow!(
+                "a gateway on Redis executes runs only with [cluster] execute = true in its --config file \
+                 (no `loom worker` exists yet to execute them; docs/cluster.md)"
+            )));
+        }
+    }
     let store = crate::store::open(
         args.place.db.as_deref(),
+        redis.as_deref(),
         loaded.file.store.as_deref(),
         loaded.dir.as_deref(),
         &workspace,
@@ -141,6 +156,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         place: PlaceArgs {
             workspace: Some(workspace),
             db: args.place.db,
+            redis,
         },
         loaded,
         default_model,

@@ -1,21 +1,30 @@
-//! The store of `loom run`: `--db PATH`, `store = "sqlite:PATH" | "none"`,
-//! else `loom.db` in the workspace's state directory (`state.rs`), out of
-//! the tools' reach.
+//! The store of `loom run`: `--db PATH`, `--redis URL` (or
+//! `LOOM_REDIS_URL`), `[cluster] redis = URL`, `store = "sqlite:PATH" |
+//! "none"`, else `loom.db` in the workspace's state directory (`state.rs`),
+//! out of the tools' reach.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
-use loom::stores::SqliteStore;
+use loom::stores::{RedisStore, SqliteStore};
 use loom::Store;
 
-/// Opens the run's store, or `None` when it is switched off.
+/// Opens the run's store, or `None` when it is switched off. `redis` is
+/// the URL of `--redis` (or `LOOM_REDIS_URL`), else of `[cluster] redis`.
 pub(crate) async fn open(
     db: Option<&Path>,
+    redis: Option<&str>,
     configured: Option<&str>,
     config_dir: Option<&Path>,
     workspace: &Path,
 ) -> Result<Option<Arc<dyn Store>>> {
+    if let (None, Some(url)) = (db, redis) {
+        if let Some(store) = configured {
+            bail!("loom.toml sets both store = \"{store}\" and [cluster] redis: keep one");
+        }
+        return Ok(Some(Arc::new(open_redis(url).await?)));
+    }
     let path: PathBuf = match (db, configured) {
         (Some(path), _) => path.to_path_buf(),
         (None, Some("none")) => return Ok(None),
@@ -50,4 +59,33 @@ pub(crate) async fn open(
     .await
     .map_err(|err| anyhow!("opening the run database failed: {err}"))??;
     Ok(Some(Arc::new(store)))
+}
+
+/// Connects to the Redis at `url`, saying which one failed.
+pub(crate) async fn open_redis(url: &str) -> Result<RedisStore> {
+    RedisStore::connect(url)
+        .await
+        .map_err(|err| anyhow!("cannot use the Redis at {}: {err}", shown_url(url)))
+}
+
+/// `url` without a password it may carry (`redis://:SECRET@host`).
+pub(crate) fn shown_url(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://…@{}", &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_password_is_not_shown() {
+        assert_eq!(
+            shown_url("redis://:hunter2@10.0.0.1:6379/0"),
+            "redis://…@10.0.0.1:6379/0"
+        );
+        assert_eq!(shown_url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
+    }
 }

@@ -138,9 +138,34 @@ async fn a_run_taken_back_after_a_kill_9_keeps_the_tools_its_request_allowed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_accepted_before_a_kill_9_are_executed_after_the_restart_and_their_keys_find_them() {
     let dir = tempfile::tempdir().unwrap();
+    accepted_runs_survive_a_kill_9(dir.path(), "max_runs = 1").await;
+}
+
+/// The same on Redis (docs/cluster.md): a gateway that executes its runs
+/// itself, its store a real `redis-server` with its append-only file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_runs_accepted_before_a_kill_9_are_executed_after_the_restart_and_their_keys_find_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("redis");
+    std::fs::create_dir(&files).unwrap();
+    let redis = loom_testkit::redis_server::RedisServer::start(&files).unwrap_or_else(|err| panic!("{err}"));
+    let workspace = dir.path().join("gateway");
+    std::fs::create_dir(&workspace).unwrap();
+    let extra = format!(
+        "max_runs = 1\n\n[cluster]\nredis = \"{}\"\nexecute = true\n",
+        redis.url(0)
+    );
+    accepted_runs_survive_a_kill_9(&workspace, &extra).await;
+    assert!(
+        !workspace.join(".loom").exists() && std::fs::read_dir(&workspace).unwrap().count() == 1,
+        "only loom.toml is in the workspace: runs went to Redis"
+    );
+}
+
+async fn accepted_runs_survive_a_kill_9(dir: &std::path::Path, extra: &str) {
     let model = PromptModel::start(PromptModelOptions::default());
-    config(dir.path(), &model.url(), "max_runs = 1");
-    let mut gateway = Gateway::start(dir.path(), &[]);
+    config(dir, &model.url(), extra);
+    let mut gateway = Gateway::start(dir, &[]);
     let runs = accept_three(&gateway).await;
     // The busy run is under way when the gateway dies.
     let mut client = gateway.ws(ALICE).await;
@@ -151,7 +176,7 @@ async fn runs_accepted_before_a_kill_9_are_executed_after_the_restart_and_their_
     kill_9(&mut gateway);
     drop(gateway);
 
-    let gateway = Gateway::start(dir.path(), &[]);
+    let gateway = Gateway::start(dir, &[]);
     // Every id answers, and a retry with the same key gets the same run.
     for run in &runs {
         let (status, view) = get(&gateway, run).await;

@@ -3,9 +3,9 @@
 //! command between its steps, so each is one atomic step.
 //!
 //! Keys (docs/cluster.md): `{p}run:{id}` a hash of the run's fields;
-//! `{p}run:{id}:messages` a list, `{p}run:{id}:events` a stream whose
-//! entry ids are `0-SEQ`, `{p}run:{id}:journal` and `{p}run:{id}:results`
-//! hashes by call id; `{p}runs`, `{p}session:{id}`, `{p}children:{id}` and
+//! `{p}messages:{id}` a list, `{p}events:{id}` a stream whose entry ids
+//! are `0-SEQ`, `{p}journal:{id}` and `{p}results:{id}` hashes by call id
+//! (each kind its own namespace, so no run id names another run's key); `{p}runs`, `{p}session:{id}`, `{p}children:{id}` and
 //! `{p}status:{STATUS}` sorted sets of run ids by start time. The index
 //! keys a script derives from what it reads are built inside it from the
 //! prefix, so they are not declared: one Redis, not Redis Cluster.
@@ -109,8 +109,9 @@ return 'queued'
 
 /// A status change: KEYS run, events; ARGV prefix, id, the statuses it
 /// may come from (space-separated), the new status, the end time (`''`
-/// keeps it), a new owner (`''` keeps it), the owner it must have (`''`
-/// for any), then — when the run ends — `1`, its answer flag and answer,
+/// keeps it), `=OWNER` to set a new owner (`''` keeps it), `=OWNER` the
+/// owner it must have (`''` for any: the `=` keeps an empty owner apart
+/// from none), then — when the run ends — `1`, its answer flag and answer,
 /// its metrics and events. Returns `{'ok'}`, `{'missing'}`, `{'refused',
 /// current}` or `{'other owner'}`.
 pub(crate) fn change_status() -> String {
@@ -120,7 +121,7 @@ pub(crate) fn change_status() -> String {
 local run_key, events_key, p, id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local current = redis.call('HGET', run_key, 'status')
 if not current then return {'missing'} end
-if ARGV[7] ~= '' and redis.call('HGET', run_key, 'owner') ~= ARGV[7] then return {'other owner'} end
+if ARGV[7] ~= '' and '=' .. (redis.call('HGET', run_key, 'owner') or '') ~= ARGV[7] then return {'other owner'} end
 local allowed = false
 for from in string.gmatch(ARGV[3], '%S+') do
   if from == current then allowed = true end
@@ -128,7 +129,7 @@ end
 if not allowed then return {'refused', current} end
 move_status(p, run_key, id, current, ARGV[4])
 if ARGV[5] ~= '' then redis.call('HSET', run_key, 'ended_ms', ARGV[5]) end
-if ARGV[6] ~= '' then redis.call('HSET', run_key, 'owner', ARGV[6]) end
+if ARGV[6] ~= '' then redis.call('HSET', run_key, 'owner', string.sub(ARGV[6], 2)) end
 if ARGV[8] == '1' then
   if ARGV[9] == '1' then redis.call('HSET', run_key, 'content', ARGV[10]) else redis.call('HDEL', run_key, 'content') end
   redis.call('HSET', run_key, 'metrics', ARGV[11])
@@ -177,10 +178,12 @@ return 'ok'
     )
 }
 
-/// `journal_intent`: KEYS run, journal; ARGV call id, start time and call.
+/// `journal_intent`: KEYS run, journal, results; ARGV call id, start
+/// time and call. A call journaled again starts without a result.
 pub(crate) const JOURNAL_INTENT: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
+redis.call('HDEL', KEYS[3], ARGV[1])
 return 'ok'
 "#;
 

@@ -1,8 +1,9 @@
 //! `RedisStore`: Loom's [`Store`] on one Redis, for processes on several
 //! machines to share (docs/cluster.md). Every write that checks before it
 //! writes, or touches more than one key, is one Lua script (`scripts.rs`);
-//! reads of more than one key are one `MULTI`/`EXEC`, so each sees one
-//! moment.
+//! a run's snapshot and a page of its events are each read in one
+//! `MULTI`/`EXEC`, so each sees one moment. Listings read an index, then
+//! the runs in it: what changed in between is filtered by what was read.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -102,8 +103,10 @@ impl RedisStore {
         format!("{}run:{run_id}", self.prefix)
     }
 
+    /// A run's `messages`, `events`, `journal` or `results`: each kind
+    /// in its own namespace, so a run id with a `:` names no other key.
     fn run_part(&self, run_id: &str, part: &str) -> String {
-        format!("{}run:{run_id}:{part}", self.prefix)
+        format!("{}{part}:{run_id}", self.prefix)
     }
 
     fn index(&self, name: &str) -> String {
@@ -153,8 +156,13 @@ impl RedisStore {
             .arg(from.join(" "))
             .arg(change.to.as_str())
             .arg(change.ended_ms.map(|ms| ms.to_string()).unwrap_or_default())
-            .arg(change.new_owner.unwrap_or_default())
-            .arg(change.owner_must_be.unwrap_or_default());
+            .arg(change.new_owner.map(|owner| format!("={owner}")).unwrap_or_default())
+            .arg(
+                change
+                    .owner_must_be
+                    .map(|owner| format!("={owner}"))
+                    .unwrap_or_default(),
+            );
         if let Some(end) = &change.end {
             invocation
                 .arg("1")
@@ -378,6 +386,8 @@ impl Store for RedisStore {
                 let request = row.get("request").cloned()?;
                 Some(record(&row).map(|record| QueuedRun { record, request }))
             })
+            // Read after the index: a run started meanwhile is not queued.
+            .filter(|queued| !matches!(queued, Ok(queued) if queued.record.status != RunStatus::Queued))
             .collect()
     }
 
@@ -454,6 +464,7 @@ impl Store for RedisStore {
             .journal_intent
             .key(self.run_key(run_id))
             .key(self.run_part(run_id, "journal"))
+            .key(self.run_part(run_id, "results"))
             .arg(&call.id)
             .arg(now_ms())
             .arg(json(call)?)
@@ -573,7 +584,11 @@ impl Store for RedisStore {
             .query_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;
-        self.records(&ids).await
+        let mut runs = self.records(&ids).await?;
+        // Newest first, ties by id as SQLite lists them (a tie at the page's
+        // edge may differ).
+        runs.sort_by(|a, b| b.started_ms.cmp(&a.started_ms).then_with(|| a.run_id.cmp(&b.run_id)));
+        Ok(runs)
     }
 
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
@@ -581,6 +596,8 @@ impl Store for RedisStore {
     }
 
     async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        // Nothing comes after the largest seq (and the stream has no id past it).
+        let after_seq = after_seq.min(u64::MAX - 1);
         let mut range = redis::cmd("XRANGE");
         // The seq is the cursor: entries after `0-after_seq`.
         range
@@ -630,7 +647,11 @@ impl Store for RedisStore {
             let ids = self.ids(&self.index(&format!("status:{}", status.as_str()))).await?;
             runs.extend(self.records(&ids).await?);
         }
+        // The indexes are read one after another: a run that moved between
+        // them is read twice, or has ended since.
+        runs.retain(|run| ACTIVE.contains(&run.status));
         runs.sort_by(|a, b| (a.started_ms, &a.run_id).cmp(&(b.started_ms, &b.run_id)));
+        runs.dedup_by(|a, b| a.run_id == b.run_id);
         Ok(runs)
     }
 

@@ -65,6 +65,34 @@ async fn events_are_kept_once_and_read_in_pages() {
     conformance::events_are_kept_once_and_read_in_pages(&store).await;
 }
 
+#[tokio::test]
+async fn a_call_journaled_again_has_no_result_yet() {
+    let (store, _server, _dir) = store().await;
+    conformance::a_call_journaled_again_has_no_result_yet(&store).await;
+}
+
+#[tokio::test]
+async fn an_empty_owner_is_compared_like_any_other() {
+    let (store, _server, _dir) = store().await;
+    conformance::an_empty_owner_is_compared_like_any_other(&store).await;
+}
+
+/// A run id with a `:` names no other run's keys.
+#[tokio::test]
+async fn run_ids_with_colons_keep_to_their_own_keys() {
+    let (store, _server, _dir) = store().await;
+    store.create_run(&conformance::record("x")).await.unwrap();
+    store.create_run(&conformance::record("x:journal")).await.unwrap();
+    store.create_run(&conformance::record("journal:x")).await.unwrap();
+    let events: Vec<_> = (1..=2).map(conformance::event).collect();
+    store.append_events("journal:x", &events).await.unwrap();
+    for id in ["x", "x:journal"] {
+        let snapshot = store.load_run(id).await.unwrap();
+        assert_eq!((snapshot.last_seq, snapshot.journal.len()), (0, 0), "{id}");
+    }
+    assert_eq!(store.load_run("journal:x").await.unwrap().last_seq, 2);
+}
+
 /// Two Looms sharing one database keep apart by their prefixes.
 #[tokio::test]
 async fn prefixes_keep_two_stores_apart() {

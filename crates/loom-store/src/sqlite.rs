@@ -778,7 +778,12 @@ impl Store for SqliteStore {
                 .map_err(&fail)?;
             let bodies = select
                 .query_map(
-                    params![run_id, after_seq as i64, limit.min(i64::MAX as usize) as i64],
+                    params![
+                        run_id,
+                        // Past the largest seq SQLite holds: nothing (not a wrap to -1, the whole log).
+                        i64::try_from(after_seq).unwrap_or(i64::MAX),
+                        limit.min(i64::MAX as usize) as i64
+                    ],
                     |row| row.get::<_, String>(0),
                 )
                 .map_err(&fail)?

@@ -447,6 +447,20 @@ async fn events_are_kept_once_and_read_in_pages() {
 }
 
 #[tokio::test]
+async fn a_call_journaled_again_has_no_result_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::a_call_journaled_again_has_no_result_yet(&store).await;
+}
+
+#[tokio::test]
+async fn an_empty_owner_is_compared_like_any_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::an_empty_owner_is_compared_like_any_other(&store).await;
+}
+
+#[tokio::test]
 async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();

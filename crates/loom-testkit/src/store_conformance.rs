@@ -408,4 +408,42 @@ pub async fn events_are_kept_once_and_read_in_pages(store: &dyn Store) {
         store.append_events("nobody", &events).await.is_err(),
         "no events without a run"
     );
+    // A cursor past every seq (a client's last-event id at its largest) reads nothing.
+    assert!(store.events("e", u64::MAX).await.unwrap().is_empty());
+}
+
+/// A call journaled again starts without the result of its first time.
+pub async fn a_call_journaled_again_has_no_result_yet(store: &dyn Store) {
+    store.create_run(&record("j")).await.unwrap();
+    let call = ToolCall {
+        id: "c1".into(),
+        name: "write_file".into(),
+        arguments: json!({"path": "a"}),
+    };
+    store.journal_intent("j", &call).await.unwrap();
+    store
+        .journal_result("j", &ToolResult::new("c1", "write_file", ToolStatus::Success, "ok"))
+        .await
+        .unwrap();
+    store.journal_intent("j", &call).await.unwrap();
+    let journal = store.load_run("j").await.unwrap().journal;
+    assert_eq!(journal.len(), 1);
+    assert!(journal[0].result.is_none(), "{journal:?}");
+    // A result for a call never journaled is not kept.
+    store
+        .journal_result("j", &ToolResult::new("c9", "write_file", ToolStatus::Success, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(store.load_run("j").await.unwrap().journal.len(), 1);
+}
+
+/// An empty owner is an owner like any other for the compare-and-set of
+/// `mark_interrupted`.
+pub async fn an_empty_owner_is_compared_like_any_other(store: &dyn Store) {
+    let mut run = record("o");
+    run.owner = String::new();
+    store.create_run(&run).await.unwrap();
+    store.set_status("o", RunStatus::Running).await.unwrap();
+    assert!(!store.mark_interrupted("o", "someone").await.unwrap());
+    assert!(store.mark_interrupted("o", "").await.unwrap());
 }
