@@ -53,14 +53,16 @@ fn options() -> Result<Options> {
             "--loom" => options.loom = PathBuf::from(value()?),
             "--delay-ms" => options.delay_ms = value()?.parse()?,
             "--help" | "-h" => {
-                println!("loom-load [--runs N] [--store sqlite|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS]");
+                println!("loom-load [--runs N] [--store sqlite|redis|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS]");
                 std::process::exit(0);
             }
             other => bail!("unknown flag {other}"),
         }
     }
-    if !["sqlite", "none"].contains(&options.store.as_str()) || !["ws", "sse"].contains(&options.transport.as_str()) {
-        bail!("--store sqlite|none, --transport ws|sse");
+    if !["sqlite", "redis", "none"].contains(&options.store.as_str())
+        || !["ws", "sse"].contains(&options.transport.as_str())
+    {
+        bail!("--store sqlite|redis|none, --transport ws|sse");
     }
     options.connections = options.connections.clamp(1, options.runs.max(1));
     Ok(options)
@@ -108,6 +110,8 @@ struct Server {
     _dir: tempfile::TempDir,
     /// The server's state (its database), removed with the harness.
     _state: tempfile::TempDir,
+    /// With `--store redis`: the Redis it records in (its files in `_state`).
+    redis: Option<loom_testkit::redis_server::RedisServer>,
 }
 
 impl Drop for Server {
@@ -131,10 +135,16 @@ impl Drop for Server {
 fn start_server(options: &Options, model_url: &str) -> Result<Server> {
     let dir = tempfile::tempdir()?;
     let state = tempfile::tempdir()?;
-    let store = if options.store == "none" {
-        "store = \"none\"\n"
-    } else {
-        ""
+    // With Redis: Debian's redis-server, appendfsync always (every
+    // acknowledged write on disk, as docs/cluster.md recommends).
+    let redis = match options.store.as_str() {
+        "redis" => Some(loom_testkit::redis_server::RedisServer::start(state.path()).map_err(|err| anyhow!("{err}"))?),
+        _ => None,
+    };
+    let store = match (&redis, options.store.as_str()) {
+        (Some(redis), _) => format!("[cluster]\nredis = \"{}\"\nexecute = true\n", redis.url(0)),
+        (None, "none") => "store = \"none\"\n".to_string(),
+        _ => String::new(),
     };
     let n = options.runs.max(1);
     std::fs::write(
@@ -198,6 +208,7 @@ token = "{TOKEN}"
         addr,
         _dir: dir,
         _state: state,
+        redis,
     })
 }
 
@@ -461,6 +472,8 @@ async fn main() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let baseline_kib = memory_kib(pid, "VmRSS:");
     let baseline_cpu = cpu_seconds(pid);
+    let redis_pid = server.redis.as_ref().map(|redis| redis.pid());
+    let redis_baseline_cpu = redis_pid.map_or(0.0, cpu_seconds);
     let harness_baseline_cpu = cpu_seconds(std::process::id());
     let tally = Arc::new(Tally::default());
     let started = Instant::now();
@@ -504,6 +517,7 @@ async fn main() -> Result<()> {
         .map_or(started.elapsed(), |last| last - started);
     let peak_kib = memory_kib(pid, "VmHWM:");
     let server_cpu = cpu_seconds(pid) - baseline_cpu;
+    let redis_cpu = redis_pid.map(|redis| cpu_seconds(redis) - redis_baseline_cpu);
     let harness_cpu = cpu_seconds(std::process::id()) - harness_baseline_cpu;
     let done = tally.done.load(Ordering::SeqCst);
     let mut latencies = tally.latencies_us.lock().map(|l| l.clone()).unwrap_or_default();
@@ -551,6 +565,12 @@ async fn main() -> Result<()> {
         "server_cpu_s={server_cpu:.2} ({:.2} ms/run) harness_cpu_s={harness_cpu:.2} (fake model + clients)",
         server_cpu * 1000.0 / options.runs.max(1) as f64
     );
+    if let Some(redis_cpu) = redis_cpu {
+        println!(
+            "redis_cpu_s={redis_cpu:.2} ({:.2} ms/run)",
+            redis_cpu * 1000.0 / options.runs.max(1) as f64
+        );
+    }
     println!(
         "events_per_run={:.1}",
         tally.events.load(Ordering::Relaxed) as f64 / options.runs.max(1) as f64

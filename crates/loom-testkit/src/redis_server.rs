@@ -57,6 +57,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/{db}", self.port)
     }
 
+    /// Its process id (for its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The directory of its files.
     pub fn dir(&self) -> &Path {
         &self.dir
