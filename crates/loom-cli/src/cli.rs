@@ -105,7 +105,7 @@ pub(crate) struct RunsArgs {
         value_name = "URL",
         env = "LOOM_REDIS_URL",
         global = true,
-        conflicts_with = "db"
+        hide_env_values = true
     )]
     pub redis: Option<String>,
 
@@ -212,8 +212,8 @@ pub(crate) struct PlaceArgs {
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
 
-    /// Record runs in this Redis instead (`redis://HOST:PORT/DB`; docs/cluster.md).
-    #[arg(long, value_name = "URL", env = "LOOM_REDIS_URL", conflicts_with = "db")]
+    /// Record runs in this Redis instead (`redis://HOST:PORT/DB`; docs/cluster.md; `--db` wins).
+    #[arg(long, value_name = "URL", env = "LOOM_REDIS_URL", hide_env_values = true)]
     pub redis: Option<String>,
 }
 

@@ -308,7 +308,7 @@ pub(crate) async fn configure_agent(
     let store = match server {
         Some(server) => server.store,
         None => {
-            let redis = place.redis.as_deref().or(file.cluster_redis());
+            let redis = store::RedisFrom::pick(place.redis.as_deref(), file.cluster_redis());
             store::open(
                 place.db.as_deref(),
                 redis,

@@ -117,7 +117,7 @@ async fn sqlite_path(args: &RunsArgs) -> Result<std::path::PathBuf, Failure> {
     };
     if !path.is_file() {
         return Err(Failure::Usage(anyhow!(
-            "no run database at {}: runs are recorded by `loom run` in its workspace",
+            "no run database at {}: runs are recorded by `loom run` in its workspace (or, with --redis or LOOM_REDIS_URL, read from a Redis)",
             path.display()
         )));
     }

@@ -128,11 +128,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             .map_err(|err| Failure::Runtime(err.into()))?
             .map_err(Failure::Runtime)?,
     );
-    let redis = args
-        .place
-        .redis
-        .clone()
-        .or(loaded.file.cluster_redis().map(str::to_string));
+    let redis = crate::store::RedisFrom::pick(args.place.redis.as_deref(), loaded.file.cluster_redis());
     if redis.is_some() && args.place.db.is_none() {
         let executes = loaded.file.cluster.as_ref().and_then(|cluster| cluster.execute);
         if executes != Some(true) {
@@ -144,7 +140,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     }
     let store = crate::store::open(
         args.place.db.as_deref(),
-        redis.as_deref(),
+        redis,
         loaded.file.store.as_deref(),
         loaded.dir.as_deref(),
         &workspace,
@@ -156,7 +152,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         place: PlaceArgs {
             workspace: Some(workspace),
             db: args.place.db,
-            redis,
+            redis: args.place.redis,
         },
         loaded,
         default_model,

@@ -10,20 +10,39 @@ use anyhow::{anyhow, bail, Result};
 use loom::stores::{RedisStore, SqliteStore};
 use loom::Store;
 
-/// Opens the run's store, or `None` when it is switched off. `redis` is
-/// the URL of `--redis` (or `LOOM_REDIS_URL`), else of `[cluster] redis`.
+/// Where a Redis URL came from: the command line (`--redis` or
+/// `LOOM_REDIS_URL`) wins over loom.toml; `[cluster] redis` beside `store`
+/// in one file is a contradiction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RedisFrom<'a> {
+    CommandLine(&'a str),
+    File(&'a str),
+}
+
+impl<'a> RedisFrom<'a> {
+    /// The command line's URL, else the file's.
+    pub(crate) fn pick(command_line: Option<&'a str>, file: Option<&'a str>) -> Option<Self> {
+        command_line.map(Self::CommandLine).or(file.map(Self::File))
+    }
+}
+
+/// Opens the run's store, or `None` when it is switched off: `--db`, else
+/// the Redis of `redis`, else `store`, else the workspace's database.
 pub(crate) async fn open(
     db: Option<&Path>,
-    redis: Option<&str>,
+    redis: Option<RedisFrom<'_>>,
     configured: Option<&str>,
     config_dir: Option<&Path>,
     workspace: &Path,
 ) -> Result<Option<Arc<dyn Store>>> {
-    if let (None, Some(url)) = (db, redis) {
-        if let Some(store) = configured {
-            bail!("loom.toml sets both store = \"{store}\" and [cluster] redis: keep one");
+    match (db, redis, configured) {
+        (Some(_), _, _) | (None, None, _) => {}
+        (None, Some(RedisFrom::File(_)), Some(store)) => {
+            bail!("loom.toml sets both store = \"{store}\" and [cluster] redis: keep one")
         }
-        return Ok(Some(Arc::new(open_redis(url).await?)));
+        (None, Some(RedisFrom::CommandLine(url) | RedisFrom::File(url)), _) => {
+            return Ok(Some(Arc::new(open_redis(url).await?)))
+        }
     }
     let path: PathBuf = match (db, configured) {
         (Some(path), _) => path.to_path_buf(),

@@ -107,21 +107,48 @@ fn cluster_redis_in_loom_toml_and_its_conflicts() {
     let runs: Value = serde_json::from_str(&stdout_of(&listed)).unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 1);
 
-    // `--db` and `--redis` together: refused by the command line.
+    // `--db` wins over a Redis URL from the environment (or the flag):
+    // the run is in the database, not in Redis.
     let both = loom_in(&workspace)
-        .args([
-            "run",
-            "--db",
-            "x.db",
-            "--redis",
-            &server.url(0),
-            "--model",
-            "scripted:s.json",
-            "x",
-        ])
+        .env("LOOM_REDIS_URL", server.url(0))
+        .args(["run", "--db", "x.db", "--model", "scripted:s.json", "x"])
         .output()
         .unwrap();
-    assert_eq!(both.status.code(), Some(2), "{}", String::from_utf8_lossy(&both.stderr));
+    assert_eq!(stdout_of(&both).trim(), "hi");
+    assert!(workspace.join("x.db").is_file());
+    let listed = loom_in(&workspace)
+        .args(["runs", "list", "--json", "--redis", &server.url(0)])
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_str(&stdout_of(&listed)).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 1, "still only the first run");
+    // `--redis` wins over `store` in loom.toml; `[cluster] redis` beside
+    // `store` in one file is refused.
+    std::fs::write(workspace.join("loom.toml"), "store = \"none\"\n").unwrap();
+    let flag = loom_in(&workspace)
+        .args(["run", "--redis", &server.url(0), "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(&flag).trim(), "hi");
+    std::fs::write(
+        workspace.join("loom.toml"),
+        format!("store = \"none\"\n[cluster]\nredis = \"{}\"\n", server.url(0)),
+    )
+    .unwrap();
+    let contradiction = loom_in(&workspace)
+        .args(["run", "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(contradiction.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&contradiction.stderr).contains("keep one"));
+    std::fs::remove_file(workspace.join("loom.toml")).unwrap();
+    // The URL's value never shows in help, even from the environment.
+    let help = loom_in(&workspace)
+        .env("LOOM_REDIS_URL", "redis://:hunter2-secret@127.0.0.1:6379/0")
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("hunter2"));
 
     // A Redis nobody answers at: a clear error, not a hang.
     let gone = loom_in(&workspace)

@@ -209,6 +209,16 @@ impl OutputReceiver {
     }
 }
 
+impl Drop for OutputReceiver {
+    /// Nobody reads any more (the call timed out or was cancelled): a tool
+    /// that kept a sink sends into nothing rather than into a queue.
+    fn drop(&mut self) {
+        let mut pieces = self.shared.pieces();
+        pieces.closed = true;
+        pieces.queue.clear();
+    }
+}
+
 /// A tool's successful output.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolOutput {

@@ -282,8 +282,9 @@ mod tests {
         conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
         conn.execute_batch("CREATE TABLE t (v INTEGER PRIMARY KEY)").unwrap();
         let conn = Arc::new(Mutex::new(conn));
+        let reader = Arc::new(Mutex::new(Connection::open(&path).unwrap()));
         let checkpointer =
-            Arc::new(WalCheckpointer::start(&path, std::time::Duration::from_secs(1), conn.clone()).unwrap());
+            Arc::new(WalCheckpointer::start(&path, std::time::Duration::from_secs(1), conn.clone(), reader).unwrap());
         let group = GroupCommit::start(conn.clone(), checkpointer, |err| StoreError::Backend(err.to_string())).unwrap();
         (group, conn)
     }

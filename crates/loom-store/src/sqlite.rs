@@ -109,11 +109,12 @@ impl SqliteStore {
         reader.pragma_update(None, "cache_size", -CACHE_KIB).map_err(fail)?;
         reader.set_prepared_statement_cache_capacity(64);
         let conn = Arc::new(Mutex::new(conn));
+        let reader = Arc::new(Mutex::new(reader));
         let shown = path.display().to_string();
-        let checkpointer = Arc::new(WalCheckpointer::start(&path, busy, conn.clone())?);
+        let checkpointer = Arc::new(WalCheckpointer::start(&path, busy, conn.clone(), reader.clone())?);
         let group = GroupCommit::start(conn, checkpointer, move |err| map_error(err, &shown, busy))?;
         Ok(Self {
-            reader: Arc::new(Mutex::new(reader)),
+            reader,
             group: Arc::new(group),
             path,
             busy,

@@ -14,10 +14,12 @@
 //! a transaction in progress reads, and the log starts over only once a
 //! checkpoint has copied all of it: a writer that is always in a
 //! transaction would make the log grow without end (measured: 360 MB for
-//! a thousand runs). So each checkpoint is done twice: first alongside the
-//! writer (the bulk of the copying), then once more while holding the
-//! writer's connection between two of its groups, which copies only what
-//! the last moment added. The writer's next commit starts the log over.
+//! a thousand runs), and so would readers always reading. So each
+//! checkpoint is done twice: first alongside the writer and the readers
+//! (the bulk of the copying), then once more while holding the writer's
+//! connection between two of its groups and the readers' between two
+//! reads, which copies only what the last moment added. The writer's next
+//! commit starts the log over.
 
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -37,10 +39,16 @@ pub(crate) struct WalCheckpointer {
 }
 
 impl WalCheckpointer {
-    /// Opens a second connection to `path` and starts the thread; `writer`
-    /// is the connection the writer commits on (held only to keep it
-    /// between groups). The thread ends when the checkpointer is dropped.
-    pub(crate) fn start(path: &Path, busy: Duration, writer: Arc<Mutex<Connection>>) -> Result<Self, StoreError> {
+    /// Opens a connection of its own to `path` and starts the thread;
+    /// `writer` is the connection the writer commits on, `reader` the one
+    /// reads use (each held only to keep it between groups, or reads). The
+    /// thread ends when the checkpointer is dropped.
+    pub(crate) fn start(
+        path: &Path,
+        busy: Duration,
+        writer: Arc<Mutex<Connection>>,
+        reader: Arc<Mutex<Connection>>,
+    ) -> Result<Self, StoreError> {
         let failed = |err: rusqlite::Error| StoreError::Backend(format!("{}: {err}", path.display()));
         let conn = Connection::open(path).map_err(failed)?;
         conn.busy_timeout(busy).map_err(failed)?;
@@ -48,7 +56,7 @@ impl WalCheckpointer {
         let (committed, notices) = mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("loom-store-checkpoint".into())
-            .spawn(move || run(&conn, &writer, &notices))
+            .spawn(move || run(&conn, &writer, &reader, &notices))
             .map_err(|err| StoreError::Backend(format!("cannot start the store's checkpointer: {err}")))?;
         Ok(Self { committed })
     }
@@ -61,14 +69,18 @@ impl WalCheckpointer {
     }
 }
 
-fn run(conn: &Connection, writer: &Mutex<Connection>, notices: &Receiver<()>) {
+fn run(conn: &Connection, writer: &Mutex<Connection>, reader: &Mutex<Connection>, notices: &Receiver<()>) {
     while notices.recv().is_ok() {
         // Let the commits of the next moment join this checkpoint.
         std::thread::sleep(GATHER);
         let _ = notices.try_recv();
         checkpoint(conn);
+        // Always the writer's first: a read never waits for the writer's
+        // connection, so the two cannot wait for each other.
         let between_groups = writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let between_reads = reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         checkpoint(conn);
+        drop(between_reads);
         drop(between_groups);
     }
 }

@@ -514,8 +514,9 @@ async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it
 }
 
 /// Many runs appending at once keep the writer in a transaction nearly all
-/// the time; the log must still be copied into the database and started
-/// over, not grow with every commit (it did: 360 MB for a thousand runs).
+/// the time, and readers reading keep theirs open; the log must still be
+/// copied into the database and started over, not grow with every commit
+/// (it did: 360 MB for a thousand runs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_write_ahead_log_stays_small_while_many_runs_write_at_once() {
     const RUNS: usize = 200;
@@ -540,6 +541,21 @@ async fn the_write_ahead_log_stays_small_while_many_runs_write_at_once() {
             })
         })
         .collect();
+    // Readers read all along (clients replaying logs, listings): their
+    // transactions must not keep the log from starting over either.
+    let reading = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let (store, reading) = (store.clone(), reading.clone());
+            tokio::spawn(async move {
+                let mut i = r;
+                while reading.load(std::sync::atomic::Ordering::Relaxed) {
+                    store.events(&format!("run-{}", i % RUNS), 0).await.unwrap();
+                    i += 7;
+                }
+            })
+        })
+        .collect();
     let mut writers = futures_join(writers);
     loop {
         tokio::select! {
@@ -549,6 +565,8 @@ async fn the_write_ahead_log_stays_small_while_many_runs_write_at_once() {
             }
         }
     }
+    reading.store(false, std::sync::atomic::Ordering::Relaxed);
+    futures_join(readers).await;
     // Every event is there.
     for i in [0, RUNS / 2, RUNS - 1] {
         assert_eq!(
@@ -557,8 +575,10 @@ async fn the_write_ahead_log_stays_small_while_many_runs_write_at_once() {
         );
     }
     let database = std::fs::metadata(&path).unwrap().len();
+    // Measured: 6-8 MB for an 11 MB database; 24 MB when the readers'
+    // transactions kept the log from starting over.
     assert!(
-        largest < 64 * 1024 * 1024,
+        largest < database,
         "the log reached {largest} bytes for a database of {database}"
     );
 }

@@ -29,6 +29,7 @@ fn isolate(cmd: &mut Command) {
         "OPENAI_BASE_URL",
         "ANTHROPIC_API_KEY",
         "ANTHROPIC_BASE_URL",
+        "LOOM_REDIS_URL",
     ] {
         cmd.env_remove(var);
     }

@@ -350,7 +350,7 @@ impl RecursionMonitor {
         self.streaks
             .iter()
             .max_by_key(|(_, streak)| **streak)
-            .map(|(signature, streak)| (*streak, signature.split_once(':').map(|(name, _)| name.to_string())))
+            .map(|(signature, streak)| (*streak, signature.rsplit_once(':').map(|(name, _)| name.to_string())))
             .unwrap_or((0, None))
     }
 

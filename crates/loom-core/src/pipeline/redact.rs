@@ -144,17 +144,18 @@ impl Redactor {
         // Longest first, so a value containing another is removed whole.
         values.sort_by_key(|value| std::cmp::Reverse(value.len()));
         values.dedup();
-        let mut compiled = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((known, passes)) = compiled.as_ref() {
+        if let Some((known, passes)) = COMPILED.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             if *known == values {
                 return Self {
                     passes: Some(Arc::clone(passes)),
                 };
             }
         }
+        // Compiled without the lock (milliseconds): agents built at once
+        // on other threads do not wait for it.
         let passes = Self::compile(&values).map(Arc::new);
         if let Some(passes) = &passes {
-            *compiled = Some((values, Arc::clone(passes)));
+            *COMPILED.lock().unwrap_or_else(PoisonError::into_inner) = Some((values, Arc::clone(passes)));
         }
         Self { passes }
     }
