@@ -3,9 +3,12 @@
 //! A stored run records its owner. A run left `RUNNING` by a process that
 //! died (a crash, `kill -9`, a reboot) must become `INTERRUPTED` so it can be
 //! resumed — but only when we are sure the owner is gone: a live owner's
-//! run must never be taken over. The owner string therefore names the host,
-//! the process id and the process's start time (so a recycled pid is not
-//! mistaken for the original process).
+//! run must never be taken over. The owner string therefore names the
+//! machine, the process id and the process's start time (so a recycled pid
+//! is not mistaken for the original process). The machine is its host name
+//! and a digest of its `/etc/machine-id`: with runs in a Redis that several
+//! machines share, two machines of one host name (cloned VMs, containers
+//! given the same `--hostname`) must not judge each other's processes.
 
 use std::path::Path;
 
@@ -20,12 +23,46 @@ pub enum Liveness {
     Unknown,
 }
 
-/// The owner string of this process: `host/pid:N/start:TICKS`.
+/// The owner string of this process: `host#MACHINE/pid:N/start:TICKS`
+/// (`host/…` where the machine has no id).
 pub fn this_process() -> String {
     let pid = std::process::id();
     match start_ticks(pid) {
-        Some(start) => format!("{}/pid:{pid}/start:{start}", host_name()),
-        None => format!("{}/pid:{pid}", host_name()),
+        Some(start) => format!("{}/pid:{pid}/start:{start}", machine()),
+        None => format!("{}/pid:{pid}", machine()),
+    }
+}
+
+/// This machine as owner strings name it: its host name and, where it has
+/// one, 12 hex digits of a digest of its machine id (the id itself is not
+/// to be shown: systemd asks that it be kept private).
+fn machine() -> String {
+    match machine_id() {
+        Some(id) => format!(
+            "{}#{:012x}",
+            host_name(),
+            crate::text::fnv1a(format!("loom-owner:{id}").bytes()) >> 16
+        ),
+        None => host_name(),
+    }
+}
+
+fn machine_id() -> Option<String> {
+    ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+}
+
+/// Whether an owner's machine part names this machine. One written before
+/// machines had ids in owner strings (a host name alone) is judged by the
+/// host name, as it was then.
+fn is_this_machine(recorded: &str) -> bool {
+    if recorded.contains('#') {
+        recorded == machine()
+    } else {
+        recorded == host_name()
     }
 }
 
@@ -35,7 +72,7 @@ pub fn liveness(owner: &str) -> Liveness {
     let Some(parsed) = ProcessOwner::parse(owner) else {
         return Liveness::Unknown;
     };
-    if parsed.host != host_name() || !Path::new("/proc/self/stat").exists() {
+    if !is_this_machine(parsed.host) || !Path::new("/proc/self/stat").exists() {
         return Liveness::Unknown;
     }
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", parsed.pid)) else {
@@ -123,16 +160,24 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
+        assert_eq!(liveness(&format!("{}/pid:{pid}", machine())), Liveness::Dead);
+        // An owner written before machine ids (the host name alone) is
+        // judged as before.
         assert_eq!(liveness(&format!("{}/pid:{pid}", host_name())), Liveness::Dead);
         // Our own pid with another start time: a different process.
         let me = std::process::id();
-        assert_eq!(liveness(&format!("{}/pid:{me}/start:1", host_name())), Liveness::Dead);
+        assert_eq!(liveness(&format!("{}/pid:{me}/start:1", machine())), Liveness::Dead);
     }
 
     #[test]
     fn other_hosts_and_other_formats_are_unknown() {
         let me = std::process::id();
         assert_eq!(liveness(&format!("elsewhere.example/pid:{me}")), Liveness::Unknown);
+        // The same host name on another machine (another machine id).
+        assert_eq!(
+            liveness(&format!("{}#000000000000/pid:{me}", host_name())),
+            Liveness::Unknown
+        );
         assert_eq!(liveness("worker-7"), Liveness::Unknown);
         assert_eq!(liveness("pid:12"), Liveness::Unknown);
         assert_eq!(owner_pid("worker-7"), None);
