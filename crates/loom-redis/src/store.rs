@@ -16,6 +16,7 @@ use loom_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
+use crate::appender::{Append, Appender};
 use crate::scripts;
 
 /// Every status, for the scripts' "may come from" lists.
@@ -56,6 +57,8 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
+    /// The runs' events, sent to Redis together (`appender.rs`).
+    appender: Appender,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -73,7 +76,8 @@ impl RedisStore {
     }
 
     /// Like [`RedisStore::connect`], with the keys under `prefix` (several
-    /// Looms, or tests, sharing one Redis database).
+    /// Looms, or tests, sharing one Redis database). Call it within a Tokio
+    /// runtime: the task that sends the runs' events runs there.
     pub async fn connect_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
@@ -81,10 +85,13 @@ impl RedisStore {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(1));
-        let conn = ConnectionManager::new_with_config(client, config)
+        let mut conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(backend)?;
+        let append = Script::new(&scripts::append_events());
+        append.load_async(&mut conn).await.map_err(backend)?;
         Ok(Self {
+            appender: Appender::start(conn.clone(), append),
             conn,
             prefix: prefix.to_string(),
             scripts: std::sync::Arc::new(Scripts {
@@ -414,6 +421,26 @@ impl Store for RedisStore {
             "ok" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
         }
+    }
+
+    fn append_events_then(
+        self: std::sync::Arc<Self>,
+        run_id: std::sync::Arc<str>,
+        events: Vec<Event>,
+        then: loom_core::EventsStored,
+    ) {
+        let rows = match event_rows(&events) {
+            Ok(rows) => rows,
+            Err(err) => return then(events, Err(err)),
+        };
+        self.appender.send(Append {
+            run_key: self.run_key(&run_id),
+            events_key: self.run_part(&run_id, "events"),
+            run_id,
+            rows,
+            events,
+            then,
+        });
     }
 
     async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {

@@ -123,3 +123,78 @@ async fn acknowledged_writes_survive_a_killed_redis() {
     assert_eq!(snapshot.last_seq, 3);
     assert_eq!(store.events("kept", 0).await.unwrap().len(), 3);
 }
+
+/// The runs' events go to Redis together: many runs appending at once each
+/// hear of their own write, in order, and a Redis that forgot its scripts
+/// (restarted, `SCRIPT FLUSH`) is given them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_of_many_runs_at_once_are_each_answered() {
+    use std::sync::Arc;
+    let (store, server, _dir) = store().await;
+    let store = Arc::new(store);
+    const RUNS: usize = 50;
+    const GROUPS: u64 = 20;
+    for i in 0..RUNS {
+        store.create_run(&conformance::record(&format!("a{i}"))).await.unwrap();
+    }
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let store = store.clone();
+        runs.push(tokio::spawn(async move {
+            let run_id: Arc<str> = format!("a{i}").into();
+            for group in 0..GROUPS {
+                let events: Vec<_> = (1..=3).map(|n| conformance::event(group * 3 + n)).collect();
+                let (done, answer) = tokio::sync::oneshot::channel();
+                Arc::clone(&store).append_events_then(
+                    run_id.clone(),
+                    events,
+                    Box::new(move |events, result| {
+                        let _ = done.send((events.len(), result));
+                    }),
+                );
+                let (handed_back, result) = answer.await.unwrap();
+                assert_eq!(handed_back, 3);
+                result.unwrap();
+            }
+        }));
+    }
+    for run in runs {
+        run.await.unwrap();
+    }
+    for i in [0, RUNS - 1] {
+        let seqs: Vec<u64> = store
+            .events(&format!("a{i}"), 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|event| event.seq)
+            .collect();
+        assert_eq!(seqs, (1..=GROUPS * 3).collect::<Vec<_>>());
+    }
+    // Redis forgets its scripts; the next append loads it again.
+    let flushed = std::process::Command::new("redis-cli")
+        .args(["-u", &server.url(0), "SCRIPT", "FLUSH"])
+        .output()
+        .unwrap();
+    assert!(flushed.status.success());
+    let (done, answer) = tokio::sync::oneshot::channel();
+    Arc::clone(&store).append_events_then(
+        "a0".into(),
+        vec![conformance::event(GROUPS * 3 + 1)],
+        Box::new(move |_, result| {
+            let _ = done.send(result);
+        }),
+    );
+    answer.await.unwrap().unwrap();
+    assert_eq!(store.load_run("a0").await.unwrap().last_seq, GROUPS * 3 + 1);
+    // A run nobody created: its callback hears so.
+    let (done, answer) = tokio::sync::oneshot::channel();
+    Arc::clone(&store).append_events_then(
+        "nobody".into(),
+        vec![conformance::event(1)],
+        Box::new(move |_, result| {
+            let _ = done.send(result);
+        }),
+    );
+    assert!(matches!(answer.await.unwrap(), Err(loom_core::StoreError::NotFound(_))));
+}
