@@ -420,6 +420,15 @@ mod tests {
                 "postgres://app:pa55w0rd@db:5432/x",
                 "postgres://app:[REDACTED]@db:5432/x",
             ),
+            // A Redis URL: a password alone, or an ACL user's.
+            (
+                "LOOM_REDIS_URL=redis://:hunter2-pass@10.0.0.1:6379/0",
+                "LOOM_REDIS_URL=redis://:[REDACTED]@10.0.0.1:6379/0",
+            ),
+            (
+                "rediss://loom:s3cr3t-acl@cache:6380/1",
+                "rediss://loom:[REDACTED]@cache:6380/1",
+            ),
             // Left alone: placeholders, code, words, numbers.
             ("password: ${DB_PASSWORD}", "password: ${DB_PASSWORD}"),
             ("    password = args.password", "    password = args.password"),
