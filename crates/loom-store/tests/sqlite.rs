@@ -464,11 +464,18 @@ async fn an_empty_owner_is_compared_like_any_other() {
 async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::a_queued_run_is_taken_over_by_whoever_starts_it(&store).await;
+}
+
+#[tokio::test]
+async fn a_queued_run_and_its_key_outlive_the_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
     let mut queued = record("q1");
     queued.owner = String::new();
     queued.principal = Some("alice".into());
     let run = QueuedRun {
-        record: queued.clone(),
+        record: queued,
         request: r#"{"prompt":"do it"}"#.into(),
     };
     let keyed = loom_core::KeyedRequest {
@@ -476,41 +483,10 @@ async fn a_queued_run_is_stored_with_its_key_and_taken_over_by_whoever_starts_it
         run_id: "q1".into(),
     };
     store.queue_run(&run, Some(("order-1", &keyed))).await.unwrap();
-    // The run and its key are stored together, and outlive the handle.
     drop(store);
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    assert_eq!(store.queued_runs().await.unwrap(), vec![run.clone()]);
+    assert_eq!(store.queued_runs().await.unwrap(), vec![run]);
     assert_eq!(store.remembered_request("alice", "order-1").await.unwrap(), Some(keyed));
-    // Queued twice is an error; so is a second queued run of the same id.
-    assert!(store.queue_run(&run, None).await.is_err());
-
-    // Whoever starts it takes the record over: RUNNING, with its owner;
-    // the time it was accepted stays.
-    let mut starting = queued.clone();
-    starting.status = RunStatus::Running;
-    starting.owner = "worker-1".into();
-    starting.started_ms = 99;
-    store.create_run(&starting).await.unwrap();
-    let stored = store.load_run("q1").await.unwrap().run;
-    assert_eq!(
-        (stored.status, stored.owner.as_str(), stored.started_ms),
-        (RunStatus::Running, "worker-1", 1)
-    );
-    assert!(store.queued_runs().await.unwrap().is_empty());
-    // Its request stays with it (what a resume after a restart may use).
-    assert_eq!(store.run_request("q1").await.unwrap(), Some(run.request.clone()));
-    // It is not queued any more: a second start is refused.
-    assert!(store.create_run(&starting).await.is_err());
-    // A run nobody queued cannot be taken over either.
-    store.create_run(&record("plain")).await.unwrap();
-    let mut again = record("plain");
-    again.status = RunStatus::Running;
-    assert!(store.create_run(&again).await.is_err());
-    assert_eq!(store.run_request("plain").await.unwrap(), None);
-    assert!(matches!(
-        store.run_request("nobody").await,
-        Err(StoreError::NotFound(_))
-    ));
 }
 
 /// Many runs appending at once keep the writer in a transaction nearly all
