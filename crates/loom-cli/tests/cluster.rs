@@ -191,3 +191,87 @@ fn a_gateway_on_redis_must_be_told_to_execute() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("[cluster] execute = true"), "{stderr}");
 }
+
+/// Redis killed (SIGKILL) while a run's `bash` call runs: the run stops
+/// with an error, it does not hang; once Redis is back from its
+/// append-only file the run is `INTERRUPTED`, and resumed it does not run
+/// the cut-off call again (its effect is unknown) but runs the next one.
+#[test]
+fn a_run_whose_redis_died_is_resumed_without_repeating_its_cut_off_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = redis(dir.path());
+    let workspace = dir.path().join("work");
+    std::fs::create_dir(&workspace).unwrap();
+    std::fs::write(
+        workspace.join("s.json"),
+        r#"[{"tool_calls":[{"name":"bash","arguments":{"command":"echo one >> log.txt; sleep 3"}}]},
+            {"tool_calls":[{"name":"bash","arguments":{"command":"echo two >> log.txt"}}]},
+            {"content":"done"}]"#,
+    )
+    .unwrap();
+    let mut run = loom_in(&workspace)
+        .args([
+            "run",
+            "--allow",
+            "bash",
+            "--redis",
+            &server.url(0),
+            "--model",
+            "scripted:s.json",
+            "go",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = workspace.join("log.txt");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("one") {
+        assert!(started.elapsed().as_secs() < 30, "the first call never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.kill();
+    // The run stops on its own: its next write fails.
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().unwrap() {
+            break status;
+        }
+        assert!(stopped.elapsed().as_secs() < 30, "the run hangs without its Redis");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    server.restart().unwrap();
+
+    let listed = loom_in(&workspace)
+        .args(["runs", "list", "--json", "--redis", &server.url(0)])
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_str(&stdout_of(&listed)).unwrap();
+    assert_eq!(runs[0]["status"], "INTERRUPTED", "{runs}");
+    let run_id = runs[0]["runId"].as_str().unwrap().to_string();
+    let resumed = loom_in(&workspace)
+        .args(["runs", "resume", &run_id, "--allow", "bash", "--redis", &server.url(0)])
+        .args(["--model", "scripted:s.json"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout_of(&resumed).trim(), "done");
+    // The cut-off call ran once (before the crash), the next one once.
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "one\ntwo\n");
+    let events = loom_in(&workspace)
+        .args(["runs", "events", &run_id, "--redis", &server.url(0)])
+        .output()
+        .unwrap();
+    let events = json_lines(stdout_of(&events).as_bytes());
+    let cut_off = events
+        .iter()
+        .find(|event| event["type"] == "tool.result" && event["status"] == "error")
+        .unwrap_or_else(|| panic!("no result for the cut-off call: {events:?}"));
+    assert!(
+        cut_off["content"].as_str().unwrap().contains("interrupted"),
+        "{cut_off}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "lifecycle.end");
+    let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "{seqs:?}");
+}

@@ -33,16 +33,7 @@ impl RedisServer {
     /// `appendfsync always`: every acknowledged write is on disk).
     pub fn start(dir: &Path) -> Result<Self, NoRedis> {
         let port = free_port().map_err(|err| NoRedis(format!("no free port: {err}")))?;
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--dir", &dir.display().to_string()])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
-            .args(["--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|err| NoRedis(err.to_string()))?;
+        let child = spawn(dir, port)?;
         let mut server = Self {
             child,
             port,
@@ -50,6 +41,21 @@ impl RedisServer {
         };
         server.wait_ready()?;
         Ok(server)
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and starts it again on
+    /// the same port and files: it comes back with what its append-only
+    /// file holds.
+    pub fn restart(&mut self) -> Result<(), NoRedis> {
+        self.kill();
+        self.child = spawn(&self.dir, self.port)?;
+        self.wait_ready()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// `redis://127.0.0.1:PORT/DB`.
@@ -87,6 +93,20 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `redis-server` on `port`, its files in `dir`.
+fn spawn(dir: &Path, port: u16) -> Result<Child, NoRedis> {
+    Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--dir", &dir.display().to_string()])
+        .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+        .args(["--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|err| NoRedis(err.to_string()))
 }
 
 fn free_port() -> std::io::Result<u16> {
