@@ -8,9 +8,11 @@
 
 mod common;
 
+use common::gateway::{config, http, Gateway, ALICE};
 use common::{json_lines, loom_in};
 use loom_testkit::redis_server::RedisServer;
-use serde_json::Value;
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::{json, Value};
 
 const SCRIPT: &str =
     r#"[{"tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"x"}}]},{"content":"written"}]"#;
@@ -274,4 +276,71 @@ fn a_run_whose_redis_died_is_resumed_without_repeating_its_cut_off_call() {
     assert_eq!(events.last().unwrap()["type"], "lifecycle.end");
     let seqs: Vec<u64> = events.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|pair| pair[0] < pair[1]), "{seqs:?}");
+}
+
+/// A gateway on Redis while Redis is down: not ready, and a new run is
+/// refused `UNAVAILABLE` (503, with a retry time) — not an internal error,
+/// not a hang; once Redis is back the gateway reconnects by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_redis_is_down_answers_unavailable_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = redis(dir.path());
+    let workspace = dir.path().join("gateway");
+    std::fs::create_dir(&workspace).unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    let extra = format!("\n[cluster]\nredis = \"{}\"\nexecute = true\n", server.url(0));
+    config(&workspace, &model.url(), &extra);
+    let gateway = Gateway::start(&workspace, &[]);
+    let ready = || async { reqwest::get(gateway.url("/readyz")).await.unwrap().status().as_u16() };
+    let start = || async {
+        http(ALICE)
+            .post(gateway.url("/v1/runs"))
+            .json(&json!({"prompt": "hello steps=0"}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let ends_done = |run: String| {
+        let gateway = &gateway;
+        async move {
+            for _ in 0..300 {
+                let view: Value = http(ALICE)
+                    .get(gateway.url(&format!("/v1/runs/{run}")))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if view["status"] == "DONE" {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("run {run} did not end: {}", gateway.log_text());
+        }
+    };
+    assert_eq!(ready().await, 200);
+    let accepted: Value = start().await.json().await.unwrap();
+    ends_done(accepted["runId"].as_str().unwrap().to_string()).await;
+
+    server.kill();
+    assert_eq!(ready().await, 503);
+    let refused = start().await;
+    assert_eq!(refused.status().as_u16(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "UNAVAILABLE", "{body}");
+
+    server.restart().unwrap();
+    let mut waited = 0;
+    while ready().await != 200 {
+        waited += 1;
+        assert!(waited < 200, "the gateway did not reconnect: {}", gateway.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let accepted = start().await;
+    assert_eq!(accepted.status().as_u16(), 202);
+    let accepted: Value = accepted.json().await.unwrap();
+    ends_done(accepted["runId"].as_str().unwrap().to_string()).await;
 }

@@ -226,6 +226,10 @@ pub enum StoreError {
         /// How long we waited.
         waited_ms: u64,
     },
+    /// The store cannot be reached now (its server is down, restarting or
+    /// too slow to answer): the same request may succeed later.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
     /// Anything else the backend reported.
     #[error("store error: {0}")]
     Backend(String),

@@ -106,14 +106,15 @@ fn answer(batch: Vec<Append>, answers: RedisResult<Vec<RedisResult<String>>>) {
                 let result = match answer.as_deref() {
                     Ok("ok") => Ok(()),
                     Ok(_) => Err(StoreError::NotFound(append.run_id.to_string())),
-                    Err(err) => Err(StoreError::Backend(format!("redis: {err}"))),
+                    Err(err) => Err(crate::store::backend(err.clone())),
                 };
                 (append.then)(append.events, result);
             }
         }
         Err(err) => {
+            let err = crate::store::backend(err);
             for append in batch {
-                (append.then)(append.events, Err(StoreError::Backend(format!("redis: {err}"))));
+                (append.then)(append.events, Err(err.clone()));
             }
         }
     }

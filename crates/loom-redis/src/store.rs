@@ -266,8 +266,14 @@ fn event_rows(events: &[Event]) -> Result<Vec<(u64, String)>, StoreError> {
     events.iter().map(|event| Ok((event.seq, json(event)?))).collect()
 }
 
-fn backend(err: redis::RedisError) -> StoreError {
-    StoreError::Backend(format!("redis: {err}"))
+/// A Redis error as a store's: `Unavailable` when Redis could not be
+/// reached or did not answer (the same write may succeed once it is back).
+pub(crate) fn backend(err: redis::RedisError) -> StoreError {
+    if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() || err.is_timeout() {
+        StoreError::Unavailable(format!("redis: {err}"))
+    } else {
+        StoreError::Backend(format!("redis: {err}"))
+    }
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {

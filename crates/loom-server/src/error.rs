@@ -38,6 +38,9 @@ pub enum Code {
     /// A busy session with `onBusy: reject`, or an idempotency key reused
     /// with another payload.
     Conflict,
+    /// The store cannot be reached now (a Redis that is down or restarting,
+    /// a database locked by another process): try again (`retryAfterMs`).
+    Unavailable,
     /// A fault of the server.
     Internal,
 }
@@ -54,6 +57,7 @@ impl Code {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited | Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -67,7 +71,7 @@ pub struct ApiError {
     pub code: Code,
     /// What happened, for a person.
     pub message: String,
-    /// When to try again, in milliseconds, for `RATE_LIMITED` and `OVERLOADED`.
+    /// When to try again, in milliseconds, for `RATE_LIMITED`, `OVERLOADED` and `UNAVAILABLE`.
     #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "millis")]
     #[schemars(with = "Option<u64>")]
     pub retry_after_ms: Option<Duration>,

@@ -69,7 +69,14 @@ fn now_ms() -> u64 {
 }
 
 fn store_error(err: StoreError) -> ApiError {
-    ApiError::internal("the store failed", err)
+    match err {
+        // Nothing is wrong with the request: the store will be back.
+        StoreError::Unavailable(_) | StoreError::Locked { .. } => {
+            tracing::warn!(error = %err, "the store is unavailable");
+            ApiError::new(Code::Unavailable, "the store is unavailable; try again").retry_after(Duration::from_secs(1))
+        }
+        err => ApiError::internal("the store failed", err),
+    }
 }
 
 impl Service {
@@ -211,5 +218,26 @@ pub(super) mod testing {
             idempotency_key: None,
             on_busy: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod store_errors {
+    use super::*;
+
+    #[test]
+    fn a_store_out_of_reach_is_unavailable_and_a_broken_one_internal() {
+        for err in [
+            StoreError::Unavailable("redis: connection refused".into()),
+            StoreError::Locked { waited_ms: 5000 },
+        ] {
+            let answer = store_error(err);
+            assert_eq!(answer.code, Code::Unavailable);
+            assert_eq!(answer.retry_after_ms, Some(Duration::from_secs(1)));
+        }
+        assert_eq!(
+            store_error(StoreError::Backend("no such table".into())).code,
+            Code::Internal
+        );
     }
 }
