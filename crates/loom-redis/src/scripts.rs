@@ -32,7 +32,9 @@ end
 local function index(p, id, started, run)
   redis.call('ZADD', p .. 'runs', started, id)
   redis.call('ZADD', p .. 'session:' .. run.session_id, started, id)
-  if run.parent_run_id ~= '' then redis.call('ZADD', p .. 'children:' .. run.parent_run_id, started, id) end
+  if run.parent_run_id ~= '' then
+    redis.call('ZADD', p .. 'children:' .. string.sub(run.parent_run_id, 2), started, id)
+  end
   redis.call('ZADD', p .. 'status:' .. run.status, started, id)
 end
 
@@ -43,13 +45,16 @@ local function move_status(p, run_key, id, from, to)
   redis.call('ZADD', p .. 'status:' .. to, started, id)
 end
 
+-- An optional field comes as '=VALUE', or '' for none (so an empty value
+-- is kept apart from none).
 local function set_optional(key, field, value)
-  if value == '' then redis.call('HDEL', key, field) else redis.call('HSET', key, field, value) end
+  if value == '' then redis.call('HDEL', key, field) else redis.call('HSET', key, field, string.sub(value, 2)) end
 end
 "#;
 
 /// The fields of a new run, in `ARGV[3..=14]`: the order [`crate`]'s
-/// `new_run_args` writes them in.
+/// `new_run_args` writes them in; the optional ones (workspace on) as
+/// `=VALUE`, or `''` for none.
 const NEW_RUN: &str = r#"
 local function new_run(run_key, p, id)
   local run = {
@@ -60,7 +65,7 @@ local function new_run(run_key, p, id)
   redis.call('HSET', run_key, 'id', id, 'session_id', run.session_id, 'prompt', run.prompt, 'model', run.model,
     'status', run.status, 'owner', run.owner, 'started_ms', run.started_ms, 'metrics', run.metrics)
   for _, field in ipairs({'workspace', 'principal', 'parent_run_id', 'parent_turn_id', 'request'}) do
-    if run[field] ~= '' then redis.call('HSET', run_key, field, run[field]) end
+    set_optional(run_key, field, run[field])
   end
   index(p, id, run.started_ms, run)
 end

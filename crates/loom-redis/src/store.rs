@@ -144,11 +144,11 @@ impl RedisStore {
             run.owner.clone(),
             run.started_ms.to_string(),
             json(&run.metrics)?,
-            run.workspace.clone().unwrap_or_default(),
-            run.principal.clone().unwrap_or_default(),
-            parent.map(|parent| parent.run_id.clone()).unwrap_or_default(),
-            parent.map(|parent| parent.turn_id.clone()).unwrap_or_default(),
-            request.unwrap_or_default().to_string(),
+            optional(run.workspace.as_deref()),
+            optional(run.principal.as_deref()),
+            optional(parent.map(|parent| parent.run_id.as_str())),
+            optional(parent.map(|parent| parent.turn_id.as_str())),
+            optional(request),
         ])
     }
 
@@ -253,6 +253,11 @@ impl<'a> StatusChange<'a> {
             end: None,
         }
     }
+}
+
+/// An optional field as the scripts take it: `=VALUE`, or `''` for none.
+fn optional(value: Option<&str>) -> String {
+    value.map(|value| format!("={value}")).unwrap_or_default()
 }
 
 fn event_args(invocation: &mut redis::ScriptInvocation<'_>, events: &[(u64, String)]) {

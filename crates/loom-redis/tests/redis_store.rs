@@ -72,6 +72,12 @@ async fn a_call_journaled_again_has_no_result_yet() {
 }
 
 #[tokio::test]
+async fn empty_optional_fields_are_kept() {
+    let (store, _server, _dir) = store().await;
+    conformance::empty_optional_fields_are_kept(&store).await;
+}
+
+#[tokio::test]
 async fn an_empty_owner_is_compared_like_any_other() {
     let (store, _server, _dir) = store().await;
     conformance::an_empty_owner_is_compared_like_any_other(&store).await;

@@ -454,6 +454,13 @@ async fn a_call_journaled_again_has_no_result_yet() {
 }
 
 #[tokio::test]
+async fn empty_optional_fields_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::empty_optional_fields_are_kept(&store).await;
+}
+
+#[tokio::test]
 async fn an_empty_owner_is_compared_like_any_other() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();

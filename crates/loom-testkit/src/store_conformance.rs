@@ -437,6 +437,19 @@ pub async fn a_call_journaled_again_has_no_result_yet(store: &dyn Store) {
     assert_eq!(store.load_run("j").await.unwrap().journal.len(), 1);
 }
 
+/// Optional fields that are empty come back empty, not absent.
+pub async fn empty_optional_fields_are_kept(store: &dyn Store) {
+    let mut run = record("empty");
+    run.workspace = Some(String::new());
+    run.principal = Some(String::new());
+    store.create_run(&run).await.unwrap();
+    let stored = store.load_run("empty").await.unwrap().run;
+    assert_eq!(
+        (stored.workspace, stored.principal),
+        (Some(String::new()), Some(String::new()))
+    );
+}
+
 /// An empty owner is an owner like any other for the compare-and-set of
 /// `mark_interrupted`.
 pub async fn an_empty_owner_is_compared_like_any_other(store: &dyn Store) {
