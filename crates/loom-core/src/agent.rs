@@ -493,7 +493,7 @@ impl AgentBuilder {
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
-                tools: crate::tool_source::ToolSet::new(pipeline, self.tool_sources),
+                tools: Arc::new(crate::tool_source::ToolSet::new(pipeline, self.tool_sources)),
                 sub_agents: self.sub_agents,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
@@ -665,6 +665,18 @@ impl Agent {
     /// Where runs are recorded, if anywhere.
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.engine.store.as_ref()
+    }
+
+    /// The same agent recording its runs in `store`: its model, tools and
+    /// settings are shared, not rebuilt. A worker gives each run it
+    /// executes the store of that run's lease ([`crate::lease::RunLeases::fenced`]).
+    pub fn with_store(&self, store: Arc<dyn Store>) -> Agent {
+        let mut engine = Engine::clone(&self.engine);
+        engine.store = Some(store);
+        Agent {
+            engine: Arc::new(engine),
+            ..self.clone()
+        }
     }
 
     /// The "always" grants of a session, shared by its runs.

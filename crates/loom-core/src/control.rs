@@ -34,8 +34,10 @@ impl std::fmt::Display for PermissionDecision {
 
 /// A command to a live run: the one way anything — the CLI, a gateway, an
 /// embedding application — tells a run what to do
-/// ([`crate::RunController::send`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// ([`crate::RunController::send`]). Serializable, so that a gateway can
+/// hand it to the worker that executes the run (docs/cluster.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Control {
     /// Stop the run now: the model stream and running tools are aborted.
     Cancel {

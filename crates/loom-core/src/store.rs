@@ -230,6 +230,11 @@ pub enum StoreError {
     /// too slow to answer): the same request may succeed later.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
+    /// The write was for a run this process no longer holds: another
+    /// process took it over, or this one gave it up (docs/cluster.md,
+    /// leases). Nothing was written.
+    #[error("the run {0} is no longer held by this process; nothing was written")]
+    Fenced(String),
     /// Anything else the backend reported.
     #[error("store error: {0}")]
     Backend(String),

@@ -26,6 +26,8 @@ pub(crate) struct Append {
     pub run_key: String,
     pub events_key: String,
     pub rows: Vec<(u64, String)>,
+    /// The fence argument (`scripts::FENCE`).
+    pub fence: String,
     pub events: Vec<Event>,
     pub then: EventsStored,
 }
@@ -135,6 +137,7 @@ fn pipeline(script: &Script, batch: &[Append]) -> redis::Pipeline {
         for (seq, body) in &append.rows {
             call.arg(seq).arg(body);
         }
+        call.arg(&append.fence);
     }
     pipe
 }

@@ -1,7 +1,9 @@
 //! Loom on Redis: [`RedisStore`], the [`loom_core::Store`] that processes
-//! on several machines share (docs/cluster.md).
+//! on several machines share, and the leases with which `loom worker`
+//! processes take runs ([`loom_core::RunLeases`]; docs/cluster.md).
 
 mod appender;
+mod leases;
 mod scripts;
 mod store;
 

@@ -10,6 +10,23 @@
 //! keys a script derives from what it reads are built inside it from the
 //! prefix, so they are not declared: one Redis, not Redis Cluster.
 
+/// Every write script takes the fence of a leased run's writes as its
+/// last argument: `''` for none, or `EPOCH RUNKEY` — the write is refused
+/// (an error reply `FENCED`) unless the leased run's epoch is still
+/// `EPOCH`, checked in the same atomic step as the write
+/// (docs/cluster.md, leases). A sub-agent's writes carry its root's fence.
+const FENCE: &str = r#"
+local function fence_error()
+  local fence = ARGV[#ARGV]
+  if fence == '' then return nil end
+  local epoch, key = string.match(fence, '^(%d+) (.+)$')
+  if redis.call('HGET', key, 'epoch') ~= epoch then
+    return redis.error_reply('FENCED ' .. key)
+  end
+  return nil
+end
+"#;
+
 /// Appends events (`n`, then `seq body` pairs, from `ARGV[i]`) to the
 /// stream `key`, skipping any seq not above the last one: a retried write
 /// keeps each event once. Returns the index after the pairs.
@@ -43,6 +60,10 @@ local function move_status(p, run_key, id, from, to)
   redis.call('HSET', run_key, 'status', to)
   redis.call('ZREM', p .. 'status:' .. from, id)
   redis.call('ZADD', p .. 'status:' .. to, started, id)
+  -- An ended run has nothing left to lease.
+  if to == 'DONE' or to == 'ERROR' or to == 'CANCELED' or to == 'TIMEOUT' then
+    redis.call('ZREM', p .. 'leases', id)
+  end
 end
 
 -- An optional field comes as '=VALUE', or '' for none (so an empty value
@@ -77,8 +98,9 @@ end
 /// run is refused.
 pub(crate) fn create_run() -> String {
     format!(
-        "{APPEND_EVENTS}{NEW_RUN}{}",
+        "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
         r#"
+local fenced = fence_error(); if fenced then return fenced end
 local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then
   local status = redis.call('HGET', run_key, 'status')
@@ -101,8 +123,9 @@ return 'created'
 /// value and its lifetime in ms.
 pub(crate) fn queue_run() -> String {
     format!(
-        "{APPEND_EVENTS}{NEW_RUN}{}",
+        "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
         r#"
+local fenced = fence_error(); if fenced then return fenced end
 local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then return 'exists' end
 new_run(run_key, p, id)
@@ -121,8 +144,9 @@ return 'queued'
 /// current}` or `{'other owner'}`.
 pub(crate) fn change_status() -> String {
     format!(
-        "{APPEND_EVENTS}{}",
+        "{FENCE}{APPEND_EVENTS}{}",
         r#"
+local fenced = fence_error(); if fenced then return fenced end
 local run_key, events_key, p, id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local current = redis.call('HGET', run_key, 'status')
 if not current then return {'missing'} end
@@ -150,8 +174,9 @@ return {'ok'}
 /// and messages, the events, the run's state and metrics.
 pub(crate) fn checkpoint() -> String {
     format!(
-        "{APPEND_EVENTS}{}",
+        "{FENCE}{APPEND_EVENTS}{}",
         r#"
+local fenced = fence_error(); if fenced then return fenced end
 local run_key, messages_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', run_key) == 0 then return 'missing' end
 local i = 1
@@ -174,8 +199,9 @@ return 'ok'
 /// `append_events`: KEYS run, events; ARGV the events.
 pub(crate) fn append_events() -> String {
     format!(
-        "{APPEND_EVENTS}{}",
+        "{FENCE}{APPEND_EVENTS}{}",
         r#"
+local fenced = fence_error(); if fenced then return fenced end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 append_events(KEYS[2], 1)
 return 'ok'
@@ -185,17 +211,132 @@ return 'ok'
 
 /// `journal_intent`: KEYS run, journal, results; ARGV call id, start
 /// time and call. A call journaled again starts without a result.
-pub(crate) const JOURNAL_INTENT: &str = r#"
+pub(crate) fn journal_intent() -> String {
+    format!(
+        "{FENCE}{}",
+        r#"
+local fenced = fence_error(); if fenced then return fenced end
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ' ' .. ARGV[3])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return 'ok'
-"#;
+"#
+    )
+}
 
 /// `journal_result`: KEYS journal, results; ARGV call id and result. A
 /// result for a call never journaled is dropped (as an update of no row).
-pub(crate) const JOURNAL_RESULT: &str = r#"
+pub(crate) fn journal_result() -> String {
+    format!(
+        "{FENCE}{}",
+        r#"
+local fenced = fence_error(); if fenced then return fenced end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 'none' end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 'ok'
+"#
+    )
+}
+
+/// The time on Redis's clock, in ms: every lease is judged by one clock,
+/// whichever machine its worker runs on.
+const NOW: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"#;
+
+/// `claim_next`: ARGV prefix, owner, lease in ms. Takes the oldest run
+/// whose lease ended (`{p}leases`, lease ends by run) — a queued run to
+/// start, or an active one to resume, moved to `INTERRUPTED` — else the
+/// oldest queued run (with its request) that nobody leases and whose
+/// session has no other run executing. Raises the run's epoch. Returns
+/// `{'start', id, epoch, request}`, `{'resume', id, epoch}` or `{}`.
+pub(crate) fn claim_next() -> String {
+    format!(
+        "{APPEND_EVENTS}{NOW}{}",
+        r#"
+local p, owner, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now = now_ms()
+local leases = p .. 'leases'
+local function lease(key, id)
+  local epoch = redis.call('HINCRBY', key, 'epoch', 1)
+  redis.call('HSET', key, 'lease_owner', owner)
+  redis.call('ZADD', leases, now + ttl, id)
+  return epoch
+end
+local function session_busy(session, id)
+  for _, other in ipairs(redis.call('ZRANGE', p .. 'session:' .. session, 0, -1)) do
+    if other ~= id then
+      if redis.call('ZSCORE', leases, other) then return true end
+      local status = redis.call('HGET', p .. 'run:' .. other, 'status')
+      if status == 'RUNNING' or status == 'WAITING_PERMISSION' then return true end
+    end
+  end
+  return false
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 20)) do
+  local key = p .. 'run:' .. id
+  local status = redis.call('HGET', key, 'status')
+  if status == 'QUEUED' then
+    return {'start', id, lease(key, id), redis.call('HGET', key, 'request') or ''}
+  elseif status == 'RUNNING' or status == 'WAITING_PERMISSION' or status == 'INTERRUPTED' then
+    if status ~= 'INTERRUPTED' then move_status(p, key, id, status, 'INTERRUPTED') end
+    return {'resume', id, lease(key, id)}
+  else
+    redis.call('ZREM', leases, id)
+  end
+end
+for _, id in ipairs(redis.call('ZRANGE', p .. 'status:QUEUED', 0, 99)) do
+  local key = p .. 'run:' .. id
+  if not redis.call('ZSCORE', leases, id) and redis.call('HEXISTS', key, 'request') == 1 then
+    if not session_busy(redis.call('HGET', key, 'session_id'), id) then
+      return {'start', id, lease(key, id), redis.call('HGET', key, 'request')}
+    end
+  end
+end
+return {}
+"#
+    )
+}
+
+/// `renew`: KEYS run, controls; ARGV prefix, id, epoch, lease in ms.
+/// Returns `{'lost'}` when the epoch moved on, `{'ended'}` when the run
+/// ended, else `{'held', control...}` with the controls sent meanwhile
+/// (taken out of the list).
+pub(crate) fn renew() -> String {
+    format!(
+        "{NOW}{}",
+        r#"
+local run_key, controls_key, p, id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+if redis.call('HGET', run_key, 'epoch') ~= ARGV[3] then return {'lost'} end
+local status = redis.call('HGET', run_key, 'status')
+if status ~= 'QUEUED' and status ~= 'RUNNING' and status ~= 'WAITING_PERMISSION' and status ~= 'INTERRUPTED' then
+  redis.call('ZREM', p .. 'leases', id)
+  return {'ended'}
+end
+redis.call('ZADD', p .. 'leases', now_ms() + tonumber(ARGV[4]), id)
+local controls = redis.call('LRANGE', controls_key, 0, -1)
+redis.call('DEL', controls_key)
+return {'held', unpack(controls)}
+"#
+    )
+}
+
+/// `release`: KEYS run; ARGV prefix, id, epoch. The lease ends now (if
+/// it is still this epoch's), so the next claim takes the run.
+pub(crate) const RELEASE: &str = r#"
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
+redis.call('ZADD', ARGV[1] .. 'leases', 'XX', 0, ARGV[2])
+return 'ok'
+"#;
+
+/// `send_control`: KEYS run, controls; ARGV the control (JSON), how long
+/// it is kept in ms.
+pub(crate) const SEND_CONTROL: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 'ok'
 "#;

@@ -49,6 +49,21 @@ struct Scripts {
     append_events: Script,
     journal_intent: Script,
     journal_result: Script,
+    claim_next: Script,
+    renew: Script,
+    release: Script,
+    send_control: Script,
+}
+
+/// The fence a leased run's store puts on every write (`scripts::FENCE`).
+#[derive(Debug)]
+pub(crate) struct Fence {
+    /// The run the lease is on (a sub-agent's writes carry its root's).
+    pub run_id: String,
+    /// `EPOCH RUNKEY`, as the scripts take it.
+    pub arg: String,
+    /// Set when the worker gave the run up: nothing is sent any more.
+    pub revoked: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A [`Store`] on Redis.
@@ -59,6 +74,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// The runs' events, sent to Redis together (`appender.rs`).
     appender: Appender,
+    /// The lease this store writes under (`RunLeases::fenced`), if any.
+    pub(crate) fence: Option<std::sync::Arc<Fence>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -100,10 +117,53 @@ impl RedisStore {
                 change_status: Script::new(&scripts::change_status()),
                 checkpoint: Script::new(&scripts::checkpoint()),
                 append_events: Script::new(&scripts::append_events()),
-                journal_intent: Script::new(scripts::JOURNAL_INTENT),
-                journal_result: Script::new(scripts::JOURNAL_RESULT),
+                journal_intent: Script::new(&scripts::journal_intent()),
+                journal_result: Script::new(&scripts::journal_result()),
+                claim_next: Script::new(&scripts::claim_next()),
+                renew: Script::new(&scripts::renew()),
+                release: Script::new(scripts::RELEASE),
+                send_control: Script::new(scripts::SEND_CONTROL),
             }),
+            fence: None,
         })
+    }
+
+    /// The fence argument every write script takes last: `''` for a store
+    /// without a lease; refused here, before anything is sent, once the
+    /// lease was given up.
+    pub(crate) fn fence_arg(&self) -> Result<String, StoreError> {
+        match &self.fence {
+            None => Ok(String::new()),
+            Some(fence) if fence.revoked.load(std::sync::atomic::Ordering::SeqCst) => {
+                Err(StoreError::Fenced(fence.run_id.clone()))
+            }
+            Some(fence) => Ok(fence.arg.clone()),
+        }
+    }
+
+    pub(crate) fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn run_key_of(&self, run_id: &str) -> String {
+        self.run_key(run_id)
+    }
+
+    pub(crate) fn controls_key(&self, run_id: &str) -> String {
+        self.run_part(run_id, "controls")
+    }
+
+    pub(crate) fn lease_scripts(&self) -> (&Script, &Script, &Script, &Script) {
+        (
+            &self.scripts.claim_next,
+            &self.scripts.renew,
+            &self.scripts.release,
+            &self.scripts.send_control,
+        )
     }
 
     fn run_key(&self, run_id: &str) -> String {
@@ -178,6 +238,7 @@ impl RedisStore {
                 .arg(&end.metrics);
             event_args(&mut invocation, &end.events);
         }
+        invocation.arg(self.fence_arg()?);
         let reply: Vec<String> = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.first().map(String::as_str) {
             Some("ok") => Ok(Changed::Yes),
@@ -274,6 +335,12 @@ fn event_rows(events: &[Event]) -> Result<Vec<(u64, String)>, StoreError> {
 /// A Redis error as a store's: `Unavailable` when Redis could not be
 /// reached or did not answer (the same write may succeed once it is back).
 pub(crate) fn backend(err: redis::RedisError) -> StoreError {
+    if err.code() == Some("FENCED") {
+        // The detail is the leased run's key: `{prefix}run:{id}`.
+        let key = err.detail().unwrap_or_default();
+        let run_id = key.split_once("run:").map_or(key, |(_, id)| id);
+        return StoreError::Fenced(run_id.to_string());
+    }
     if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() || err.is_timeout() {
         StoreError::Unavailable(format!("redis: {err}"))
     } else {
@@ -356,6 +423,7 @@ impl Store for RedisStore {
         for arg in self.new_run_args(run, run.status, None)? {
             invocation.arg(arg);
         }
+        invocation.arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "created" | "taken" => Ok(()),
@@ -379,6 +447,7 @@ impl Store for RedisStore {
                 .arg(REQUEST_KEY_RETENTION.as_millis() as u64),
             _ => invocation.arg("").arg("").arg(0),
         };
+        invocation.arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "queued" => Ok(()),
@@ -427,6 +496,7 @@ impl Store for RedisStore {
         let mut invocation = self.scripts.append_events.key(self.run_key(run_id));
         invocation.key(self.run_part(run_id, "events"));
         event_args(&mut invocation, &event_rows(events)?);
+        invocation.arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "ok" => Ok(()),
@@ -440,8 +510,8 @@ impl Store for RedisStore {
         events: Vec<Event>,
         then: loom_core::EventsStored,
     ) {
-        let rows = match event_rows(&events) {
-            Ok(rows) => rows,
+        let (rows, fence) = match event_rows(&events).and_then(|rows| Ok((rows, self.fence_arg()?))) {
+            Ok(found) => found,
             Err(err) => return then(events, Err(err)),
         };
         self.appender.send(Append {
@@ -449,6 +519,7 @@ impl Store for RedisStore {
             events_key: self.run_part(&run_id, "events"),
             run_id,
             rows,
+            fence,
             events,
             then,
         });
@@ -486,7 +557,8 @@ impl Store for RedisStore {
         event_args(&mut invocation, &event_rows(checkpoint.events)?);
         invocation
             .arg(json(checkpoint.state)?)
-            .arg(json(checkpoint.state.metrics())?);
+            .arg(json(checkpoint.state.metrics())?)
+            .arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "ok" => Ok(()),
@@ -506,6 +578,7 @@ impl Store for RedisStore {
             .arg(&call.id)
             .arg(now_ms())
             .arg(json(call)?)
+            .arg(self.fence_arg()?)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;
@@ -523,6 +596,7 @@ impl Store for RedisStore {
             .key(self.run_part(run_id, "results"))
             .arg(&result.call_id)
             .arg(json(result)?)
+            .arg(self.fence_arg()?)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(backend)?;

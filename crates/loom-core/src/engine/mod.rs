@@ -34,12 +34,14 @@ pub(crate) use controls::Controls;
 pub(crate) use driver::Start;
 pub(crate) use event_log::EventLog;
 
-/// What every run of one agent shares.
+/// What every run of one agent shares. Cloned (cheaply: the parts are
+/// shared) for an agent that records elsewhere ([`crate::Agent::with_store`]).
+#[derive(Clone)]
 pub(crate) struct Engine {
     pub llm: Arc<dyn Llm>,
     /// The agent's tools (fixed and from sources); a sub-agent's run gets
     /// a subset.
-    pub tools: crate::tool_source::ToolSet,
+    pub tools: Arc<crate::tool_source::ToolSet>,
     /// How runs start sub-agents.
     pub sub_agents: SubAgentSettings,
     pub system_prompt: String,
@@ -80,6 +82,7 @@ impl Default for SubAgentSettings {
 }
 
 /// Context machinery of an agent: memory, compression, retrieval, assembly.
+#[derive(Clone)]
 pub(crate) struct ContextSettings {
     pub memory: MemoryConfig,
     pub counter: Arc<dyn TokenCounter>,

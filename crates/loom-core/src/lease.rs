@@ -1,0 +1,99 @@
+//! Leases: which process executes a run when many share one store
+//! (`loom worker` processes on Redis, docs/cluster.md).
+//!
+//! A worker takes a run with a lease that lasts a few seconds and renews
+//! it while it executes the run. Every take-over raises the run's epoch,
+//! and every write through the [`RunLeases::fenced`] store of a lease is
+//! checked against that epoch in the same atomic step as the write: a
+//! worker that was paused or cut off while another took its run over can
+//! no longer change it. A worker that cannot renew stops the run before
+//! its lease ends (it fences itself), so two workers never act on a run
+//! at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::control::Control;
+use crate::store::{Store, StoreError};
+
+/// A worker's hold on a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: String,
+    /// Who holds it (an owner string, [`crate::owner::this_process`]).
+    pub owner: String,
+    /// Raised by every take-over: writes of an older epoch are refused.
+    pub epoch: u64,
+}
+
+/// A run a worker took ([`RunLeases::claim_next`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// A run accepted and never started: start it from its request.
+    Start {
+        /// The lease.
+        lease: Lease,
+        /// What starts it: the request as the gateway stored it (JSON).
+        request: String,
+    },
+    /// A run another worker executed and stopped renewing (it died, or
+    /// handed it back): resume it from its last checkpoint. It is
+    /// `INTERRUPTED` until the resume takes it.
+    Resume {
+        /// The lease.
+        lease: Lease,
+    },
+}
+
+impl Claim {
+    /// The lease of the run taken.
+    pub fn lease(&self) -> &Lease {
+        match self {
+            Self::Start { lease, .. } | Self::Resume { lease } => lease,
+        }
+    }
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Renewal {
+    /// The lease is held for another term; `controls` came for the run
+    /// since the last renewal (from any gateway), oldest first.
+    Held {
+        /// Controls to apply to the run.
+        controls: Vec<Control>,
+    },
+    /// Another worker took the run over (the epoch moved on): stop at once.
+    Lost,
+    /// The run has ended: there is nothing to hold.
+    Ended,
+}
+
+/// Leases on runs, kept by a store several processes share.
+#[async_trait]
+pub trait RunLeases: Send + Sync {
+    /// Takes the next run to execute, for `ttl`: the oldest run whose
+    /// lease expired (its worker died), else the oldest queued run whose
+    /// session executes no other run. `None` when there is none.
+    async fn claim_next(&self, owner: &str, ttl: Duration) -> Result<Option<Claim>, StoreError>;
+
+    /// Renews a lease for another `ttl`, and collects the controls sent
+    /// to its run meanwhile.
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal, StoreError>;
+
+    /// Hands a run back: its lease ends now, so another worker takes it
+    /// at once (a worker stopping with SIGTERM, after it interrupted the run).
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// Sends a control to whichever worker executes `run_id`: it is kept
+    /// with the run and delivered at that worker's next renewal.
+    async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError>;
+
+    /// The store a leased run writes through: every write is refused with
+    /// [`StoreError::Fenced`] once another worker took the run over, or
+    /// once `revoked` is set (the worker fenced itself).
+    fn fenced(&self, lease: &Lease, revoked: Arc<std::sync::atomic::AtomicBool>) -> Arc<dyn Store>;
+}

@@ -1,0 +1,125 @@
+//! [`RunLeases`] on Redis: the lease of each executing run is an entry of
+//! the sorted set `{p}leases` scored by when it ends (on Redis's clock),
+//! with the run's `epoch` and `lease_owner` in its hash; controls sent to
+//! a run wait in the list `{p}controls:{id}` until its worker's next
+//! renewal takes them. Each step is one script (`scripts.rs`).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use loom_core::{Claim, Control, Lease, Renewal, RunLeases, Store, StoreError};
+
+use crate::store::{backend, Fence, RedisStore};
+
+/// How long a control waits for a worker to take it.
+const CONTROL_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn unexpected(reply: &[String]) -> StoreError {
+    StoreError::Backend(format!("unexpected answer from Redis: {reply:?}"))
+}
+
+#[async_trait]
+impl RunLeases for RedisStore {
+    async fn claim_next(&self, owner: &str, ttl: Duration) -> Result<Option<Claim>, StoreError> {
+        let (claim, ..) = self.lease_scripts();
+        let reply: Vec<String> = claim
+            .arg(self.prefix())
+            .arg(owner)
+            .arg(millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let lease = |id: &String, epoch: &String| -> Result<Lease, StoreError> {
+            Ok(Lease {
+                run_id: id.clone(),
+                owner: owner.to_string(),
+                epoch: epoch.parse().map_err(|_| unexpected(&reply))?,
+            })
+        };
+        match reply.as_slice() {
+            [] => Ok(None),
+            [kind, id, epoch, request] if kind == "start" => Ok(Some(Claim::Start {
+                lease: lease(id, epoch)?,
+                request: request.clone(),
+            })),
+            [kind, id, epoch] if kind == "resume" => Ok(Some(Claim::Resume {
+                lease: lease(id, epoch)?,
+            })),
+            _ => Err(unexpected(&reply)),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal, StoreError> {
+        let (_, renew, ..) = self.lease_scripts();
+        let reply: Vec<String> = renew
+            .key(self.run_key_of(&lease.run_id))
+            .key(self.controls_key(&lease.run_id))
+            .arg(self.prefix())
+            .arg(&lease.run_id)
+            .arg(lease.epoch)
+            .arg(millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        match reply.split_first() {
+            Some((kind, controls)) if kind == "held" => Ok(Renewal::Held {
+                controls: controls
+                    .iter()
+                    // A control this Loom cannot read (a newer one sent
+                    // it) is dropped rather than stopping the renewals.
+                    .filter_map(|control| serde_json::from_str(control).ok())
+                    .collect(),
+            }),
+            Some((kind, _)) if kind == "lost" => Ok(Renewal::Lost),
+            Some((kind, _)) if kind == "ended" => Ok(Renewal::Ended),
+            _ => Err(unexpected(&reply)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let (_, _, release, _) = self.lease_scripts();
+        let _: String = release
+            .key(self.run_key_of(&lease.run_id))
+            .arg(self.prefix())
+            .arg(&lease.run_id)
+            .arg(lease.epoch)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError> {
+        let (.., send) = self.lease_scripts();
+        let body = serde_json::to_string(control)
+            .map_err(|err| StoreError::Backend(format!("cannot encode a control: {err}")))?;
+        let reply: String = send
+            .key(self.run_key_of(run_id))
+            .key(self.controls_key(run_id))
+            .arg(body)
+            .arg(millis(CONTROL_RETENTION))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        match reply.as_str() {
+            "ok" => Ok(()),
+            _ => Err(StoreError::NotFound(run_id.to_string())),
+        }
+    }
+
+    fn fenced(&self, lease: &Lease, revoked: Arc<AtomicBool>) -> Arc<dyn Store> {
+        let mut store = self.clone();
+        store.fence = Some(Arc::new(Fence {
+            run_id: lease.run_id.clone(),
+            arg: format!("{} {}", lease.epoch, self.run_key_of(&lease.run_id)),
+            revoked,
+        }));
+        Arc::new(store)
+    }
+}

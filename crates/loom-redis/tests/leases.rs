@@ -1,0 +1,231 @@
+//! Leases on a real `redis-server`: which run a worker takes, take-overs
+//! raising the epoch, every stale write refused, controls delivered with
+//! renewals (docs/cluster.md, leases).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use loom_core::{
+    Checkpoint, Claim, Control, Lease, QueuedRun, Renewal, RunLeases, RunMetrics, RunRecord, RunState, RunStatus,
+    Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
+};
+use loom_redis::RedisStore;
+use loom_testkit::redis_server::RedisServer;
+use loom_testkit::store_conformance::{event, record};
+
+async fn store() -> (RedisStore, RedisServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let store = RedisStore::connect(&server.url(0)).await.unwrap();
+    (store, server, dir)
+}
+
+async fn queue(store: &RedisStore, run_id: &str, session: &str, started_ms: u64) {
+    let mut run = record(run_id);
+    run.owner = String::new();
+    run.session_id = session.into();
+    run.started_ms = started_ms;
+    run.principal = Some("alice".into());
+    let queued = QueuedRun {
+        record: run,
+        request: format!(r#"{{"prompt":"{run_id}"}}"#),
+    };
+    store.queue_run(&queued, None).await.unwrap();
+}
+
+fn started(lease: &Lease) -> RunRecord {
+    let mut run = record(&lease.run_id);
+    run.status = RunStatus::Running;
+    run.owner = lease.owner.clone();
+    run
+}
+
+async fn claim(store: &RedisStore, owner: &str, ttl_ms: u64) -> Option<Claim> {
+    store.claim_next(owner, Duration::from_millis(ttl_ms)).await.unwrap()
+}
+
+fn fenced(store: &RedisStore, lease: &Lease) -> Arc<dyn Store> {
+    store.fenced(lease, Arc::new(AtomicBool::new(false)))
+}
+
+#[tokio::test]
+async fn queued_runs_are_taken_once_oldest_first_and_a_session_one_run_at_a_time() {
+    let (store, _server, _dir) = store().await;
+    queue(&store, "q1", "s1", 1).await;
+    queue(&store, "q2", "s1", 2).await;
+    queue(&store, "q3", "s2", 3).await;
+
+    let Some(Claim::Start { lease: first, request }) = claim(&store, "w1", 60_000).await else {
+        panic!("the oldest queued run is taken");
+    };
+    assert_eq!((first.run_id.as_str(), first.epoch), ("q1", 1));
+    assert_eq!(request, r#"{"prompt":"q1"}"#, "with the request that starts it");
+    // q2 waits for q1, its session's run; q3's session is free.
+    let second = claim(&store, "w2", 60_000).await.unwrap();
+    assert_eq!(second.lease().run_id, "q3");
+    assert_eq!(claim(&store, "w2", 60_000).await, None, "nothing else may start");
+
+    // q1 starts and ends: its session's next run may go.
+    let run = fenced(&store, &first);
+    run.create_run(&started(&first)).await.unwrap();
+    assert_eq!(claim(&store, "w2", 60_000).await, None, "q1 executes");
+    run.finish_run("q1", RunStatus::Done, Some("ok"), &RunMetrics::default(), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.renew(&first, Duration::from_secs(60)).await.unwrap(),
+        Renewal::Ended
+    );
+    assert_eq!(claim(&store, "w2", 60_000).await.unwrap().lease().run_id, "q2");
+}
+
+#[tokio::test]
+async fn a_lease_that_ends_is_taken_over_with_a_higher_epoch_and_every_stale_write_is_refused() {
+    let (store, _server, _dir) = store().await;
+    queue(&store, "q1", "s1", 1).await;
+    let old = claim(&store, "w1", 300).await.unwrap().lease().clone();
+    let old_store = fenced(&store, &old);
+    old_store.create_run(&started(&old)).await.unwrap();
+    old_store.append_events("q1", &[event(1)]).await.unwrap();
+
+    // Not before its lease ends.
+    assert_eq!(claim(&store, "w2", 300).await, None);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let Some(Claim::Resume { lease: new }) = claim(&store, "w2", 60_000).await else {
+        panic!("a run whose lease ended is taken over, to resume");
+    };
+    assert_eq!((new.run_id.as_str(), new.epoch, new.owner.as_str()), ("q1", 2, "w2"));
+    assert_eq!(store.load_run("q1").await.unwrap().run.status, RunStatus::Interrupted);
+
+    // Every write of the old holder is refused, and changes nothing.
+    let state = RunState::new(TurnState::initial(10), "q");
+    let call = ToolCall {
+        id: "c1".into(),
+        name: "bash".into(),
+        arguments: serde_json::json!({}),
+    };
+    let refused: Vec<Result<(), StoreError>> = vec![
+        old_store.append_events("q1", &[event(2)]).await,
+        old_store
+            .checkpoint(&Checkpoint {
+                run_id: "q1",
+                state: &state,
+                new_messages: &[],
+                replaced_history: None,
+                events: &[event(2)],
+            })
+            .await,
+        old_store.journal_intent("q1", &call).await,
+        old_store
+            .journal_result("q1", &ToolResult::new("c1", "bash", ToolStatus::Success, "done"))
+            .await,
+        old_store.set_status("q1", RunStatus::Running).await,
+        old_store
+            .finish_run("q1", RunStatus::Done, Some("late"), &RunMetrics::default(), &[event(2)])
+            .await,
+        old_store.create_run(&record("child-of-q1")).await,
+    ];
+    for (i, result) in refused.into_iter().enumerate() {
+        assert!(
+            matches!(&result, Err(StoreError::Fenced(id)) if id == "q1"),
+            "write {i} was not fenced: {result:?}"
+        );
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    old_store.clone().append_events_then(
+        "q1".into(),
+        vec![event(2)],
+        Box::new(move |_, result| {
+            let _ = tx.send(result);
+        }),
+    );
+    assert!(matches!(rx.await.unwrap(), Err(StoreError::Fenced(_))));
+    let snapshot = store.load_run("q1").await.unwrap();
+    assert_eq!(snapshot.run.status, RunStatus::Interrupted);
+    assert_eq!(snapshot.last_seq, 1, "no late event");
+    assert!(snapshot.journal.is_empty() && snapshot.state.is_none());
+    assert!(matches!(
+        store.load_run("child-of-q1").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(store.renew(&old, Duration::from_secs(1)).await.unwrap(), Renewal::Lost);
+
+    // The new holder writes.
+    let new_store = fenced(&store, &new);
+    new_store.reclaim_run("q1", "w2").await.unwrap();
+    new_store.append_events("q1", &[event(2)]).await.unwrap();
+    assert_eq!(store.load_run("q1").await.unwrap().last_seq, 2);
+}
+
+#[tokio::test]
+async fn renewals_keep_the_lease_and_bring_the_controls_sent_meanwhile() {
+    let (store, _server, _dir) = store().await;
+    queue(&store, "q1", "s1", 1).await;
+    let lease = claim(&store, "w1", 300).await.unwrap().lease().clone();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(matches!(
+            store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
+            Renewal::Held { .. }
+        ));
+    }
+    assert_eq!(
+        claim(&store, "w2", 300).await,
+        None,
+        "a renewed lease is not taken over"
+    );
+
+    let cancel = Control::Cancel {
+        reason: "by bob".into(),
+    };
+    store.send_control("q1", &cancel).await.unwrap();
+    store
+        .send_control("q1", &Control::Steer("also this".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
+        Renewal::Held {
+            controls: vec![cancel, Control::Steer("also this".into())]
+        }
+    );
+    assert_eq!(
+        store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
+        Renewal::Held { controls: vec![] },
+        "each control is delivered once"
+    );
+    assert!(matches!(
+        store.send_control("nobody", &Control::Pause).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_run_handed_back_is_taken_at_once_and_a_revoked_lease_sends_nothing() {
+    let (store, _server, _dir) = store().await;
+    queue(&store, "q1", "s1", 1).await;
+    let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
+    let revoked = Arc::new(AtomicBool::new(false));
+    let run = store.fenced(&lease, revoked.clone());
+    run.create_run(&started(&lease)).await.unwrap();
+    run.finish_run("q1", RunStatus::Interrupted, None, &RunMetrics::default(), &[])
+        .await
+        .unwrap();
+    store.release(&lease).await.unwrap();
+    let Some(Claim::Resume { lease: next }) = claim(&store, "w2", 60_000).await else {
+        panic!("a run handed back is taken without waiting for its lease");
+    };
+    assert_eq!(next.epoch, 2);
+
+    // A worker that gave a run up sends nothing, whatever Redis would say.
+    let mine = store.fenced(&next, revoked.clone());
+    revoked.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        mine.append_events("q1", &[event(1)]).await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(store.load_run("q1").await.unwrap().last_seq, 0);
+}
