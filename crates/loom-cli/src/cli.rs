@@ -24,6 +24,10 @@ pub(crate) enum Command {
     ///
     /// Every tool that is not read-only is denied unless --allow or --ask names it.
     Serve(Box<ServeArgs>),
+    /// Execute the runs a cluster's gateways accept, serving no clients (docs/cluster.md).
+    ///
+    /// Needs the cluster's Redis: --redis, LOOM_REDIS_URL or [cluster] redis in --config.
+    Worker(Box<WorkerArgs>),
     /// The MCP servers of loom.toml.
     Mcp(McpArgs),
     /// Trust a project's loom.toml as it is now, so that its settings that
@@ -81,7 +85,28 @@ pub(crate) struct ServeArgs {
     pub print_schema: bool,
 }
 
-/// How `loom serve` writes its log.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// Serve /healthz, /readyz and /metrics here (default: none). No token guards them: bind where only your supervisor and Prometheus reach.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+
+    /// Runs executed at once.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_runs: u32,
+
+    #[command(flatten)]
+    pub place: PlaceArgs,
+
+    #[command(flatten)]
+    pub agent: CommonAgentArgs,
+
+    /// Log lines as text for people or as JSON for machines.
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+}
+
+/// How `loom serve` and `loom worker` write their log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum LogFormat {
     /// One readable line per record.

@@ -40,6 +40,7 @@ mod text;
 mod trust;
 mod tuning;
 mod turn_tree;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -67,9 +68,10 @@ fn main() -> ExitCode {
         return ExitCode::from(126);
     }
     let cli = Cli::parse();
-    let serving = matches!(cli.command, Command::Serve(_));
+    let serving = matches!(cli.command, Command::Serve(_) | Command::Worker(_));
     match &cli.command {
         Command::Serve(args) => init_logging("info", args.log_format == cli::LogFormat::Json),
+        Command::Worker(args) => init_logging("info", args.log_format == cli::LogFormat::Json),
         _ => init_logging("warn", false),
     }
     // The gateway uses every core; a single run needs one thread.
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
             Command::Serve(args) => serve::serve(*args).await,
+            Command::Worker(args) => worker::worker(*args).await,
             Command::Trust(args) => trust::trust(args.path.as_deref()).map_err(Failure::Usage),
             Command::Mcp(args) => {
                 until_signal(async move {

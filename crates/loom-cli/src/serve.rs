@@ -13,12 +13,12 @@ use crate::cli::{AgentArgs, PlaceArgs, ServeArgs};
 use crate::config::{self, LoadedConfig};
 use crate::run::{configure_agent, configured_model, Failure, ServerAgent};
 
-/// Builds the gateway's agents from the flags and loom.toml.
-struct ConfiguredAgents {
-    args: AgentArgs,
-    place: PlaceArgs,
-    loaded: LoadedConfig,
-    default_model: String,
+/// Builds the gateway's (and a worker's) agents from the flags and loom.toml.
+pub(crate) struct ConfiguredAgents {
+    pub(crate) args: AgentArgs,
+    pub(crate) place: PlaceArgs,
+    pub(crate) loaded: LoadedConfig,
+    pub(crate) default_model: String,
 }
 
 #[loom::async_trait]
@@ -129,24 +129,34 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             .map_err(Failure::Runtime)?,
     );
     let redis = crate::store::RedisFrom::pick(args.place.redis.as_deref(), loaded.file.cluster_redis());
-    if redis.is_some() && args.place.db.is_none() {
-        let executes = loaded.file.cluster.as_ref().and_then(|cluster| cluster.execute);
-        if executes != Some(true) {
-            return Err(Failure::Usage(anyhow!(
-                "a gateway on Redis executes runs only with [cluster] execute = true in its --config file \
-                 (no `loom worker` exists yet to execute them; docs/cluster.md)"
-            )));
+    let executes = loaded.file.cluster.as_ref().and_then(|cluster| cluster.execute) == Some(true);
+    // On a cluster's Redis without `execute = true`, workers execute the
+    // runs and this gateway follows them.
+    let on_workers = match redis {
+        Some(crate::store::RedisFrom::CommandLine(url) | crate::store::RedisFrom::File(url))
+            if args.place.db.is_none() && !executes =>
+        {
+            if let (Some(crate::store::RedisFrom::File(_)), Some(store)) = (redis, loaded.file.store.as_deref()) {
+                return Err(Failure::Usage(anyhow!(
+                    "loom.toml sets both store = \"{store}\" and [cluster] redis: keep one"
+                )));
+            }
+            Some(crate::store::open_redis(url).await.map_err(Failure::Usage)?)
         }
-    }
-    let store = crate::store::open(
-        args.place.db.as_deref(),
-        redis,
-        loaded.file.store.as_deref(),
-        loaded.dir.as_deref(),
-        &workspace,
-    )
-    .await
-    .map_err(Failure::Usage)?;
+        _ => None,
+    };
+    let store = match &on_workers {
+        Some(redis) => Some(Arc::new(redis.clone()) as Arc<dyn loom::Store>),
+        None => crate::store::open(
+            args.place.db.as_deref(),
+            redis,
+            loaded.file.store.as_deref(),
+            loaded.dir.as_deref(),
+            &workspace,
+        )
+        .await
+        .map_err(Failure::Usage)?,
+    };
     let factory = Arc::new(ConfiguredAgents {
         args: agent_args,
         place: PlaceArgs {
@@ -168,7 +178,21 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         .await
         .map_err(|err| Failure::Usage(anyhow!(err)))?;
     let tokens = config.tokens.clone();
-    let service = Service::new(config, factory, store);
+    let service = match (on_workers, store) {
+        (Some(redis), Some(store)) => {
+            let tail = redis
+                .tail()
+                .await
+                .map_err(|err| Failure::Usage(anyhow!("cannot read the cluster's Redis: {err}")))?;
+            let cluster = loom_server::Cluster {
+                leases: Arc::new(redis),
+                tail: Arc::new(tail),
+            };
+            say!("loom serve: runs execute on the cluster's `loom worker` processes");
+            Service::on_cluster(config, factory, store, cluster)
+        }
+        (_, store) => Service::new(config, factory, store),
+    };
     // It reads the sign-out list from disk.
     let app = tokio::task::spawn_blocking(move || App::new(service))
         .await
@@ -192,7 +216,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
 }
 
 /// SIGTERM or SIGINT.
-async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

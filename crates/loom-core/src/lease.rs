@@ -16,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::control::Control;
+use crate::event::Event;
 use crate::store::{Store, StoreError};
 
 /// A worker's hold on a run.
@@ -88,6 +89,12 @@ pub trait RunLeases: Send + Sync {
     /// at once (a worker stopping with SIGTERM, after it interrupted the run).
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Cancels a run no worker has taken yet, in one step: when it is
+    /// still `QUEUED` and unleased it becomes `CANCELED` with `log` (its
+    /// cancel and end) appended, and this returns `true`; otherwise nothing
+    /// changes (a worker has it: send it a cancel instead).
+    async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError>;
+
     /// Sends a control to whichever worker executes `run_id`: it is kept
     /// with the run and delivered at that worker's next renewal.
     async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError>;
@@ -96,4 +103,14 @@ pub trait RunLeases: Send + Sync {
     /// [`StoreError::Fenced`] once another worker took the run over, or
     /// once `revoked` is set (the worker fenced itself).
     fn fenced(&self, lease: &Lease, revoked: Arc<std::sync::atomic::AtomicBool>) -> Arc<dyn Store>;
+}
+
+/// New events of runs executed elsewhere, as they are stored: how a
+/// gateway follows the runs its clients watch when workers execute them.
+/// One reader serves every run a gateway follows.
+#[async_trait]
+pub trait EventTail: Send + Sync {
+    /// The events of `runs` after each one's `seq`, in order per run;
+    /// waits up to `wait` for the first, and returns none if none came.
+    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Event>, StoreError>;
 }

@@ -180,6 +180,26 @@ impl LiveState {
         changed || status != self.status
     }
 
+    /// Follows a run executed in another process through its stored log
+    /// (a gateway whose runs execute on workers, docs/cluster.md): `event`,
+    /// of the run `root` and already stored, is observed as the run's own
+    /// stream would; any event of the run but its end shows it executing
+    /// (a run a worker handed back shows `INTERRUPTED` until another
+    /// resumes it). Returns whether its status, asks or answer changed.
+    pub fn follow(&mut self, root: &str, event: &Event) -> bool {
+        let own = *event.run_id == *root;
+        let before = self.status;
+        if own && !matches!(event.kind, EventKind::LifecycleEnd { .. }) {
+            if matches!(self.own_status, RunStatus::Queued | RunStatus::Interrupted) {
+                self.own_status = RunStatus::Running;
+            }
+            // The permission gate's own status is the log's: an ask
+            // waiting shows through `pending_asks`.
+        }
+        let changed = self.observe(root, event);
+        changed || before != self.status
+    }
+
     /// The shown status: `WAITING_PERMISSION` exactly while an ask is
     /// visible (the loop says it waits a moment before its ask is stored).
     fn show(&mut self) {

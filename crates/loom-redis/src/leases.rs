@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{Claim, Control, Lease, Renewal, RunLeases, Store, StoreError};
+use loom_core::{Claim, Control, Event, EventKind, Lease, Renewal, RunLeases, Store, StoreError};
 
-use crate::store::{backend, Fence, RedisStore};
+use crate::store::{backend, event_args, event_rows, json, now_ms, Fence, RedisStore};
 
 /// How long a control waits for a worker to take it.
 const CONTROL_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
@@ -93,6 +93,27 @@ impl RunLeases for RedisStore {
             .await
             .map_err(backend)?;
         Ok(())
+    }
+
+    async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError> {
+        let metrics = log
+            .iter()
+            .rev()
+            .find_map(|event| match &event.kind {
+                EventKind::LifecycleEnd { metrics, .. } => Some(metrics.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let mut invocation = self.withdraw_script().key(self.run_key_of(run_id));
+        invocation
+            .key(self.events_key(run_id))
+            .arg(self.prefix())
+            .arg(run_id)
+            .arg(now_ms())
+            .arg(json(&metrics)?);
+        event_args(&mut invocation, &event_rows(log)?);
+        let reply: String = invocation.invoke_async(&mut self.conn()).await.map_err(backend)?;
+        Ok(reply == "ok")
     }
 
     async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError> {

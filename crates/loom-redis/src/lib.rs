@@ -6,5 +6,7 @@ mod appender;
 mod leases;
 mod scripts;
 mod store;
+mod tail;
 
 pub use store::RedisStore;
+pub use tail::RedisTail;

@@ -340,3 +340,22 @@ redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 'ok'
 "#;
+
+/// `withdraw`: KEYS run, events; ARGV prefix, id, end time, metrics,
+/// then the events. Cancels a run still `QUEUED` that no worker leases;
+/// returns `'ok'`, else `'taken'`.
+pub(crate) fn withdraw() -> String {
+    format!(
+        "{APPEND_EVENTS}{}",
+        r#"
+local run_key, events_key, p, id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+if redis.call('HGET', run_key, 'status') ~= 'QUEUED' or redis.call('ZSCORE', p .. 'leases', id) then
+  return 'taken'
+end
+move_status(p, run_key, id, 'QUEUED', 'CANCELED')
+redis.call('HSET', run_key, 'ended_ms', ARGV[3], 'metrics', ARGV[4])
+append_events(events_key, 5)
+return 'ok'
+"#
+    )
+}

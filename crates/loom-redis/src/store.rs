@@ -53,6 +53,7 @@ struct Scripts {
     renew: Script,
     release: Script,
     send_control: Script,
+    withdraw: Script,
 }
 
 /// The fence a leased run's store puts on every write (`scripts::FENCE`).
@@ -74,6 +75,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// The runs' events, sent to Redis together (`appender.rs`).
     appender: Appender,
+    /// What opens further connections (`tail.rs`).
+    client: redis::Client,
     /// The lease this store writes under (`RunLeases::fenced`), if any.
     pub(crate) fence: Option<std::sync::Arc<Fence>>,
 }
@@ -102,7 +105,7 @@ impl RedisStore {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(1));
-        let mut conn = ConnectionManager::new_with_config(client, config)
+        let mut conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(backend)?;
         let append = Script::new(&scripts::append_events());
@@ -123,7 +126,9 @@ impl RedisStore {
                 renew: Script::new(&scripts::renew()),
                 release: Script::new(scripts::RELEASE),
                 send_control: Script::new(scripts::SEND_CONTROL),
+                withdraw: Script::new(&scripts::withdraw()),
             }),
+            client,
             fence: None,
         })
     }
@@ -155,6 +160,18 @@ impl RedisStore {
 
     pub(crate) fn controls_key(&self, run_id: &str) -> String {
         self.run_part(run_id, "controls")
+    }
+
+    pub(crate) fn withdraw_script(&self) -> &Script {
+        &self.scripts.withdraw
+    }
+
+    pub(crate) fn events_key(&self, run_id: &str) -> String {
+        self.run_part(run_id, "events")
+    }
+
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
     }
 
     pub(crate) fn lease_scripts(&self) -> (&Script, &Script, &Script, &Script) {
@@ -321,14 +338,14 @@ fn optional(value: Option<&str>) -> String {
     value.map(|value| format!("={value}")).unwrap_or_default()
 }
 
-fn event_args(invocation: &mut redis::ScriptInvocation<'_>, events: &[(u64, String)]) {
+pub(crate) fn event_args(invocation: &mut redis::ScriptInvocation<'_>, events: &[(u64, String)]) {
     invocation.arg(events.len());
     for (seq, body) in events {
         invocation.arg(seq).arg(body);
     }
 }
 
-fn event_rows(events: &[Event]) -> Result<Vec<(u64, String)>, StoreError> {
+pub(crate) fn event_rows(events: &[Event]) -> Result<Vec<(u64, String)>, StoreError> {
     events.iter().map(|event| Ok((event.seq, json(event)?))).collect()
 }
 
@@ -348,11 +365,11 @@ pub(crate) fn backend(err: redis::RedisError) -> StoreError {
     }
 }
 
-fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
+pub(crate) fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|err| StoreError::Backend(format!("cannot encode: {err}")))
 }
 
-fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|err| StoreError::Backend(format!("cannot decode a stored value: {err}")))
 }
 
@@ -360,7 +377,7 @@ fn status_of(text: &str) -> Result<RunStatus, StoreError> {
     parse(&format!("\"{text}\""))
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -403,7 +420,7 @@ fn record(row: &HashMap<String, String>) -> Result<RunRecord, StoreError> {
 }
 
 /// The events of a stream's entries (`0-SEQ` → field `e`).
-fn events_of(entries: Vec<(String, Vec<(String, String)>)>) -> Result<Vec<Event>, StoreError> {
+pub(crate) fn events_of(entries: Vec<(String, Vec<(String, String)>)>) -> Result<Vec<Event>, StoreError> {
     entries
         .into_iter()
         .filter_map(|(_, fields)| fields.into_iter().find(|(name, _)| name == "e").map(|(_, body)| body))

@@ -26,6 +26,7 @@ mod registry;
 mod requests;
 mod service;
 mod web;
+pub mod worker;
 mod ws;
 
 use std::net::SocketAddr;
@@ -43,7 +44,7 @@ pub use control::RunControl;
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
 pub use queue::{LocalQueue, RunQueue};
-pub use service::{Next, Service, Subscription};
+pub use service::{Cluster, Next, Service, Subscription};
 
 /// A 32-byte key from the OS's random source (two v4 UUIDs: 244 random
 /// bits), for the web page's session key.

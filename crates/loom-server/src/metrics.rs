@@ -57,6 +57,16 @@ fn describe() {
     );
     describe_gauge!("loom_permission_pending", "Asks waiting for an answer.");
     describe_gauge!("loom_ws_connections", "Open WebSocket connections.");
+    describe_gauge!("loom_worker_runs_owned", "Runs this worker holds a lease on.");
+    describe_counter!("loom_worker_leases_renewed_total", "Lease renewals that held.");
+    describe_counter!(
+        "loom_worker_leases_lost_total",
+        "Runs this worker gave up: taken over by another worker, or not renewed in time."
+    );
+    describe_counter!(
+        "loom_worker_takeovers_total",
+        "Runs this worker took over from a worker that stopped renewing (or handed them back)."
+    );
     describe_gauge!("loom_sse_connections", "Open SSE streams.");
     describe_counter!(
         "loom_subscribers_dropped_total",
@@ -106,6 +116,7 @@ fn start_at_zero() {
         "loom_sse_connections",
         "loom_http_connections",
         "loom_cost_usd_total",
+        "loom_worker_runs_owned",
     ] {
         metrics::gauge!(gauge).set(0.0);
     }
@@ -114,6 +125,9 @@ fn start_at_zero() {
         "loom_subscribers_dropped_total",
         "loom_http_connections_refused_total",
         "loom_http_connections_evicted_total",
+        "loom_worker_leases_renewed_total",
+        "loom_worker_leases_lost_total",
+        "loom_worker_takeovers_total",
     ] {
         metrics::counter!(counter).absolute(0);
     }

@@ -13,7 +13,10 @@
 //!   writes `out_K.txt`, `task` starts a sub-agent whose prompt is
 //!   `child=…` with `:` read as `=` and `+` as a space (`child=steps:1+tool:write_file`
 //!   gives the child `steps=1 tool=write_file`) and whose tools are that
-//!   tool, `bash` runs `echo step K`, every other tool gets `{"path": "."}`;
+//!   tool, `bash` runs `echo step K` (or the `bash=` command), every other
+//!   tool gets `{"path": "."}`;
+//! - `bash=COMMAND` — what `bash` runs, with `+` read as a space and `STEP`
+//!   as the step's number (`bash=echo+STEP+>>+effects.txt;sleep+2`);
 //! - `delay_ms=N` — wait before answering (default: the server's delay);
 //! - `chunk_ms=N` — wait before each chunk of the stream (default 0);
 //! - `answer=TEXT` — the final answer (one word; default `done`);
@@ -121,6 +124,8 @@ struct Directives {
     long: usize,
     /// A sub-agent's directives (`tool=task`).
     child: String,
+    /// What `bash` runs (`STEP` for the step's number).
+    bash: String,
 }
 
 impl Directives {
@@ -135,6 +140,7 @@ impl Directives {
             stamp: false,
             long: 0,
             child: "steps=0".into(),
+            bash: "echo step STEP".into(),
         };
         for word in text.split_whitespace() {
             let Some((key, value)) = word.split_once('=') else {
@@ -150,6 +156,7 @@ impl Directives {
                 ("stamp", Some(n)) => directives.stamp = n != 0,
                 ("long", Some(n)) => directives.long = n as usize,
                 ("child", _) => directives.child = value.replace(':', "=").replace('+', " "),
+                ("bash", _) => directives.bash = value.replace('+', " "),
                 _ => continue,
             }
             found = true;
@@ -249,7 +256,7 @@ async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
                 })
                 .to_string()
             }
-            "bash" => format!(r#"{{"command":"echo step {step}"}}"#),
+            "bash" => serde_json::json!({"command": directives.bash.replace("STEP", &step.to_string())}).to_string(),
             _ => r#"{"path":"."}"#.to_string(),
         };
         crate::openai_tool_calls(&[(id.as_str(), directives.tool.as_str(), args.as_str())])

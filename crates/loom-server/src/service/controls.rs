@@ -23,6 +23,7 @@ impl Service {
         run_id: &str,
         reason: &str,
     ) -> Result<Cancelled, ApiError> {
+        self.adopt(principal, run_id).await?;
         self.refuse_sub_agent(principal, run_id, "cancel")?;
         enum Found {
             Queued(Option<Box<LiveRun>>),
@@ -161,6 +162,7 @@ impl Service {
         if message.trim().is_empty() {
             return Err(ApiError::new(Code::InvalidParams, "message must not be empty"));
         }
+        self.adopt(principal, run_id).await?;
         self.refuse_sub_agent(principal, run_id, "steer")?;
         let refused = {
             let registry = self.registry();
@@ -205,6 +207,7 @@ impl Service {
         request_id: &str,
         decision: PermissionDecision,
     ) -> Result<(), ApiError> {
+        self.adopt(principal, run_id).await?;
         let recorded = {
             let registry = self.registry();
             // A sub-agent's ask is answered by its root, whose state holds it.

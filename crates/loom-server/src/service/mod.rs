@@ -37,10 +37,12 @@ mod controls;
 mod pump;
 mod queries;
 mod rate;
+mod remote;
 mod restart;
 mod subscription;
 
 use rate::Bucket;
+pub use remote::Cluster;
 pub use subscription::{Next, Subscription};
 
 /// The gateway's state and operations. Cheap to clone.
@@ -60,6 +62,10 @@ struct Inner {
     limiter: Mutex<HashMap<Principal, Bucket>>,
     shutting_down: AtomicBool,
     pumps: TaskTracker,
+    /// Set when workers execute the runs (docs/cluster.md).
+    cluster: Option<Cluster>,
+    /// The runs followed on workers.
+    followed: Arc<remote::Followed>,
 }
 
 fn now_ms() -> u64 {
@@ -104,6 +110,39 @@ impl Service {
         queue: Arc<dyn RunQueue>,
         feed: Arc<dyn EventFeed>,
     ) -> Self {
+        Self::build(config, factory, store, queue, feed, None)
+    }
+
+    /// A gateway of a cluster that executes nothing itself: its runs are
+    /// stored `QUEUED` in `store` for `loom worker` processes to take, and
+    /// followed through `cluster` (docs/cluster.md). Its line holds no run
+    /// back: the workers' `--max-runs` bound what executes. Call within a
+    /// Tokio runtime: the reader of the followed runs starts here.
+    pub fn on_cluster(
+        config: ServerConfig,
+        factory: Arc<dyn AgentFactory>,
+        store: Arc<dyn Store>,
+        cluster: Cluster,
+    ) -> Self {
+        let feed: Arc<dyn EventFeed> = Arc::new(LocalFeed::new(config.subscriber_buffer, None));
+        let queue: Arc<dyn RunQueue> = Arc::new(LocalQueue::new(Caps {
+            max_runs: usize::MAX,
+            per_token: usize::MAX,
+            max_queued: config.max_queued,
+        }));
+        let service = Self::build(config, factory, Some(store), queue, feed, Some(cluster));
+        service.start_reading();
+        service
+    }
+
+    fn build(
+        config: ServerConfig,
+        factory: Arc<dyn AgentFactory>,
+        store: Option<Arc<dyn Store>>,
+        queue: Arc<dyn RunQueue>,
+        feed: Arc<dyn EventFeed>,
+        cluster: Option<Cluster>,
+    ) -> Self {
         let store: Option<Arc<dyn Store>> =
             store.map(|store| Arc::new(ObservedStore::new(store, feed.clone())) as Arc<dyn Store>);
         Self {
@@ -117,6 +156,8 @@ impl Service {
                 limiter: Mutex::default(),
                 shutting_down: AtomicBool::new(false),
                 pumps: TaskTracker::new(),
+                cluster,
+                followed: Arc::default(),
             }),
         }
     }

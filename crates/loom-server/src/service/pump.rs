@@ -8,6 +8,12 @@ impl Service {
     /// Starts a run the registry let go.
     pub(super) fn launch(&self, launch: Launch) {
         let Launch { run_id, start } = launch;
+        if self.on_workers() {
+            // A worker takes it from the store; this gateway follows it.
+            drop(start);
+            self.follow(&run_id, loom_core::LiveState::default());
+            return;
+        }
         // A root span: a run launched when another ends is not part of it.
         let span = tracing::info_span!(parent: None, "run", run_id = %run_id);
         match start {

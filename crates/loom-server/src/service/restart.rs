@@ -20,6 +20,11 @@ impl Service {
         let Some(store) = self.inner.store.clone() else {
             return Ok(0);
         };
+        // On a cluster the workers take runs back; clients' requests bring
+        // the runs they ask for to this gateway (`remote.rs`).
+        if self.on_workers() {
+            return Ok(0);
+        }
         loom_core::recovery::recover_interrupted_runs(store.as_ref())
             .await
             .map_err(store_error)?;

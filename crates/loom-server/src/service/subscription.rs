@@ -104,6 +104,7 @@ impl Subscription {
 impl Service {
     /// `run.subscribe`: the events after `after`, then live ones.
     pub async fn subscribe(&self, principal: &Principal, run_id: &str, after: u64) -> Result<Subscription, ApiError> {
+        self.adopt(principal, run_id).await?;
         // Whose it is (NOT_FOUND for another token's).
         let live = self.registry().run(principal, run_id).is_some();
         if !live {

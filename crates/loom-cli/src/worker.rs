@@ -1,0 +1,127 @@
+//! `loom worker`: executes the runs a cluster's gateways accept (docs/cluster.md).
+//! Its agents are configured as `loom serve`'s are (the same flags and
+//! --config file); its runs come from the cluster's Redis.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context};
+use loom::stores::RedisStore;
+use loom::{RunLeases, Store};
+use loom_server::worker::{ConnectLeases, Worker, WorkerConfig};
+use loom_server::{AgentFactory, AgentSpec};
+
+use crate::cli::{AgentArgs, PlaceArgs, WorkerArgs};
+use crate::config;
+use crate::run::{configured_model, Failure};
+use crate::serve::{stop_signal, ConfiguredAgents};
+
+pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
+    let addr: Option<SocketAddr> = match &args.addr {
+        Some(addr) => Some(addr.parse().map_err(|err| {
+            Failure::Usage(anyhow!(
+                "--addr {addr}: {err} (expected HOST:PORT, e.g. 127.0.0.1:9090)"
+            ))
+        })?),
+        None => None,
+    };
+    if args.place.db.is_some() {
+        return Err(Failure::Usage(anyhow!(
+            "a worker executes the runs of a cluster's Redis, not a database: drop --db (docs/cluster.md)"
+        )));
+    }
+    // As `loom serve`: only the file named on the command line.
+    let loaded = config::load_explicit(args.agent.config.as_deref()).map_err(Failure::Usage)?;
+    for note in &loaded.notes {
+        say!("loom: note: {note}");
+    }
+    let url = match crate::store::RedisFrom::pick(args.place.redis.as_deref(), loaded.file.cluster_redis()) {
+        Some(crate::store::RedisFrom::CommandLine(url) | crate::store::RedisFrom::File(url)) => url.to_string(),
+        None => {
+            return Err(Failure::Usage(anyhow!(
+            "a worker needs the cluster's Redis: --redis URL, LOOM_REDIS_URL or [cluster] redis in the --config file"
+        )))
+        }
+    };
+    if loaded.file.store.is_some() {
+        return Err(Failure::Usage(anyhow!(
+            "the --config file sets store = …: a worker records in the cluster's Redis only"
+        )));
+    }
+    let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
+    let store: Arc<dyn Store> = Arc::new(redis.clone());
+    let leases: Arc<dyn RunLeases> = Arc::new(redis);
+    let agent_args = AgentArgs {
+        common: args.agent,
+        record: None,
+        max_tokens: None,
+        max_cost: None,
+        yes: false,
+        verbose: false,
+    };
+    let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
+    let workspace = match &args.place.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let factory = Arc::new(ConfiguredAgents {
+        args: agent_args,
+        place: PlaceArgs {
+            workspace: Some(workspace),
+            db: None,
+            redis: Some(url.clone()),
+        },
+        loaded,
+        default_model,
+    });
+    // A bad model or config fails here, not at the first run.
+    factory
+        .build(AgentSpec {
+            model: None,
+            tools: None,
+            store: Some(store.clone()),
+        })
+        .await
+        .map_err(|err| Failure::Usage(anyhow!(err)))?;
+    // The lease keeper's own connection, opened on its own runtime.
+    let connect: ConnectLeases = {
+        let url = url.clone();
+        Arc::new(move || {
+            let url = url.clone();
+            Box::pin(async move {
+                let store = RedisStore::connect(&url).await?;
+                Ok(Arc::new(store) as Arc<dyn RunLeases>)
+            })
+        })
+    };
+    let config = WorkerConfig {
+        max_runs: args.max_runs as usize,
+        ..WorkerConfig::default()
+    };
+    let owner = config.owner.clone();
+    let worker = Worker::new(config, factory, store, leases, connect)
+        .map_err(|err| Failure::Runtime(anyhow!("cannot start the lease keeper: {err}")))?;
+    if let Some(addr) = addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let bound = listener.local_addr().context("the listening address")?;
+        say!("loom worker: health and metrics on http://{bound}");
+        let routes = worker.clone();
+        tokio::spawn(async move {
+            if let Err(err) = loom_server::worker::serve_routes(routes, listener).await {
+                tracing::error!(error = %err, "the worker's routes stopped");
+            }
+        });
+    }
+    tracing::info!(owner, max_runs = args.max_runs, redis = %crate::store::shown_url(&url), "loom worker is taking runs");
+    say!(
+        "loom worker: taking runs from {} (at most {} at once)",
+        crate::store::shown_url(&url),
+        args.max_runs
+    );
+    worker.run(stop_signal()).await;
+    say!("loom worker: stopped");
+    Ok(ExitCode::SUCCESS)
+}

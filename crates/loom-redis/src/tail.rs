@@ -1,0 +1,79 @@
+//! [`EventTail`] on Redis: one `XREAD BLOCK` over the streams of every run
+//! a gateway follows, on a connection of its own (a blocking read would
+//! hold up every other command on a shared one). The entry ids are
+//! `0-SEQ`, so each run's cursor is its last `seq`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use loom_core::{Event, EventTail, StoreError};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::store::{backend, events_of, RedisStore};
+
+/// Events read per run at most in one read.
+const PER_RUN: usize = 256;
+
+/// Streams named in one read at most; more are read in turns.
+const PER_READ: usize = 512;
+
+/// The reader of a gateway's followed runs.
+pub struct RedisTail {
+    conn: tokio::sync::Mutex<ConnectionManager>,
+    store: RedisStore,
+    /// Where the next read starts among the followed runs, when they are
+    /// more than one read names.
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+impl RedisStore {
+    /// A reader of run streams with a connection of its own.
+    pub async fn tail(&self) -> Result<RedisTail, StoreError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_with_config(self.client().clone(), config)
+            .await
+            .map_err(backend)?;
+        Ok(RedisTail {
+            conn: tokio::sync::Mutex::new(conn),
+            store: self.clone(),
+            turn: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+}
+
+type Entries = Vec<(String, Vec<(String, String)>)>;
+
+#[async_trait]
+impl EventTail for RedisTail {
+    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Event>, StoreError> {
+        if runs.is_empty() {
+            tokio::time::sleep(wait).await;
+            return Ok(Vec::new());
+        }
+        let start = self.turn.fetch_add(PER_READ, std::sync::atomic::Ordering::Relaxed) % runs.len();
+        let named: Vec<&(String, u64)> = runs.iter().cycle().skip(start).take(runs.len().min(PER_READ)).collect();
+        let mut read = redis::cmd("XREAD");
+        read.arg("COUNT")
+            .arg(PER_RUN)
+            .arg("BLOCK")
+            .arg(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg("STREAMS");
+        for (run_id, _) in &named {
+            read.arg(self.store.events_key(run_id));
+        }
+        for (_, after) in &named {
+            read.arg(format!("0-{after}"));
+        }
+        let reply: Option<Vec<(String, Entries)>> =
+            read.query_async(&mut *self.conn.lock().await).await.map_err(backend)?;
+        let mut events = Vec::new();
+        for (_, entries) in reply.unwrap_or_default() {
+            events.extend(events_of(entries)?);
+        }
+        Ok(events)
+    }
+}

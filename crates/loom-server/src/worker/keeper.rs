@@ -1,0 +1,280 @@
+//! The lease keeper: renews the lease of every run the worker executes,
+//! on a thread of its own with its own runtime and its own connection, so
+//! that no tool, model call or blocking work on the worker's runtime can
+//! keep a renewal from going out (BullMQ loses its locks exactly so).
+//!
+//! It also fences the worker: a lease that another worker took over, or
+//! that could not be renewed for so long that it may end, is revoked — its
+//! store refuses every further write — and its run is interrupted (the
+//! model stream and the tools stop) before the lease ends.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use loom_core::{Control, Lease, Renewal, RunController, RunLeases, StoreError};
+
+/// Opens the keeper's own connection to the leases' store; called on the
+/// keeper's runtime, so the connection is driven there.
+pub type ConnectLeases =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Arc<dyn RunLeases>, StoreError>> + Send>> + Send + Sync>;
+
+/// How long leases last and how often they are renewed.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTiming {
+    /// A lease not renewed for this long may be taken over (default 3 s).
+    pub ttl: Duration,
+    /// How often leases are renewed (default 1 s).
+    pub renew_every: Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(3),
+            renew_every: Duration::from_secs(1),
+        }
+    }
+}
+
+impl LeaseTiming {
+    /// When a lease last renewed at `renewed` is given up: before it can
+    /// end, with half a renewal's time to spare for the stop to take hold.
+    fn give_up_at(&self, renewed: Instant) -> Instant {
+        renewed + self.ttl.saturating_sub(self.renew_every / 2)
+    }
+}
+
+/// One lease held.
+struct Held {
+    lease: Lease,
+    revoked: Arc<AtomicBool>,
+    /// When the last successful renewal (or the claim) was sent.
+    renewed: Instant,
+    /// The run's controls, once it started.
+    controller: Option<RunController>,
+    /// Controls that came before it started.
+    early: Vec<Control>,
+}
+
+type HeldMap = Arc<Mutex<HashMap<String, Held>>>;
+
+fn lock(held: &HeldMap) -> MutexGuard<'_, HashMap<String, Held>> {
+    held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The keeper's handle. Dropping it stops the thread.
+pub(crate) struct Keeper {
+    held: HeldMap,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Keeper {
+    /// Starts the keeper's thread.
+    pub(crate) fn start(connect: ConnectLeases, timing: LeaseTiming) -> std::io::Result<Self> {
+        let held: HeldMap = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let held = held.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("loom-lease-keeper".into())
+                .spawn(move || keep(connect, timing, held, stop))?
+        };
+        Ok(Self {
+            held,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Holds `lease`, claimed at `claimed` (when the claim was sent).
+    pub(crate) fn hold(&self, lease: Lease, revoked: Arc<AtomicBool>, claimed: Instant) {
+        metrics::gauge!("loom_worker_runs_owned").increment(1.0);
+        lock(&self.held).insert(
+            lease.run_id.clone(),
+            Held {
+                lease,
+                revoked,
+                renewed: claimed,
+                controller: None,
+                early: Vec::new(),
+            },
+        );
+    }
+
+    /// The run started: controls go to it from now on (those that came
+    /// already, at once). Returns `false` when the lease was given up
+    /// meanwhile (the run is interrupted at once then too).
+    pub(crate) fn attach(&self, run_id: &str, controller: RunController) -> bool {
+        let mut held = lock(&self.held);
+        let Some(entry) = held.get_mut(run_id) else {
+            return false;
+        };
+        for control in entry.early.drain(..) {
+            let _ = controller.send(control);
+        }
+        if entry.revoked.load(Ordering::SeqCst) {
+            controller.interrupt("this worker lost the run's lease");
+        }
+        entry.controller = Some(controller);
+        !entry.revoked.load(Ordering::SeqCst)
+    }
+
+    /// The run ended here: its lease is no longer renewed.
+    pub(crate) fn forget(&self, run_id: &str) {
+        if lock(&self.held).remove(run_id).is_some() {
+            metrics::gauge!("loom_worker_runs_owned").decrement(1.0);
+        }
+    }
+
+    /// How many leases are held.
+    pub(crate) fn count(&self) -> usize {
+        lock(&self.held).len()
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The keeper's thread: its own runtime, its own connection, a renewal
+/// round every `renew_every`.
+fn keep(connect: ConnectLeases, timing: LeaseTiming, held: HeldMap, stop: Arc<AtomicBool>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "the lease keeper cannot start; every lease will be given up");
+            // Without renewals every lease ends: stop the runs before then.
+            while !stop.load(Ordering::SeqCst) {
+                give_up_overdue(&held, timing, Instant::now());
+                std::thread::sleep(timing.renew_every);
+            }
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        // Renewals go out on a task, so that a round waiting for a slow
+        // store does not delay the checks below.
+        let renewing = tokio::spawn(renew_rounds(connect, held.clone(), timing, stop.clone()));
+        while !stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(CHECK_EVERY).await;
+            give_up_overdue(&held, timing, Instant::now());
+        }
+        renewing.abort();
+    });
+}
+
+/// How often leases are checked for being overdue.
+const CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// A renewal round every `renew_every`, over a connection opened (and
+/// opened again after a failure) on the keeper's runtime.
+async fn renew_rounds(connect: ConnectLeases, held: HeldMap, timing: LeaseTiming, stop: Arc<AtomicBool>) {
+    let mut leases: Option<Arc<dyn RunLeases>> = None;
+    let mut tick = tokio::time::interval(timing.renew_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.load(Ordering::SeqCst) {
+        tick.tick().await;
+        if leases.is_none() {
+            match tokio::time::timeout(timing.renew_every, connect()).await {
+                Ok(Ok(connected)) => leases = Some(connected),
+                Ok(Err(err)) => tracing::warn!(error = %err, "the lease keeper cannot reach the store"),
+                Err(_) => tracing::warn!("the lease keeper's connection timed out"),
+            }
+        }
+        if let Some(leases) = &leases {
+            renew_all(leases.as_ref(), &held, timing).await;
+        }
+    }
+}
+
+/// One round: every held lease renewed at once, each waiting at most one
+/// renewal period.
+async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) {
+    let round: Vec<Lease> = lock(held)
+        .values()
+        .filter(|entry| !entry.revoked.load(Ordering::SeqCst))
+        .map(|entry| entry.lease.clone())
+        .collect();
+    let sent = Instant::now();
+    let answers = futures_util::future::join_all(
+        round
+            .iter()
+            .map(|lease| tokio::time::timeout(timing.renew_every, leases.renew(lease, timing.ttl))),
+    )
+    .await;
+    let mut held = lock(held);
+    for (lease, answer) in round.iter().zip(answers) {
+        let Some(entry) = held.get_mut(&lease.run_id).filter(|entry| entry.lease == *lease) else {
+            continue;
+        };
+        match answer {
+            Ok(Ok(Renewal::Held { controls })) => {
+                metrics::counter!("loom_worker_leases_renewed_total").increment(1);
+                entry.renewed = sent;
+                for control in controls {
+                    match &entry.controller {
+                        Some(controller) => {
+                            let _ = controller.send(control);
+                        }
+                        None => entry.early.push(control),
+                    }
+                }
+            }
+            Ok(Ok(Renewal::Lost)) => give_up(entry, "another worker took the run over"),
+            // It ended; the run's task forgets it.
+            Ok(Ok(Renewal::Ended)) => {}
+            Ok(Err(err)) => tracing::warn!(run_id = %lease.run_id, error = %err, "a lease could not be renewed"),
+            Err(_) => tracing::warn!(run_id = %lease.run_id, "a lease renewal timed out"),
+        }
+    }
+}
+
+/// Gives up every lease not renewed for so long that it may end soon.
+fn give_up_overdue(held: &HeldMap, timing: LeaseTiming, now: Instant) {
+    for entry in lock(held).values_mut() {
+        if !entry.revoked.load(Ordering::SeqCst) && now >= timing.give_up_at(entry.renewed) {
+            give_up(entry, "its lease could not be renewed in time");
+        }
+    }
+}
+
+/// Fences the worker off a run: its store writes nothing more, and the
+/// run stops at once (an interrupt: another worker resumes it).
+fn give_up(entry: &mut Held, why: &str) {
+    if entry.revoked.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    metrics::counter!("loom_worker_leases_lost_total").increment(1);
+    tracing::warn!(run_id = %entry.lease.run_id, epoch = entry.lease.epoch, "giving the run up: {why}");
+    if let Some(controller) = &entry.controller {
+        controller.interrupt(format!("this worker gave the run up: {why}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_given_up_before_it_can_end() {
+        let timing = LeaseTiming::default();
+        let renewed = Instant::now();
+        let at = timing.give_up_at(renewed);
+        assert!(
+            at > renewed + timing.renew_every * 2,
+            "two missed renewals are tolerated"
+        );
+        assert!(at < renewed + timing.ttl, "given up before another worker may take it");
+    }
+}

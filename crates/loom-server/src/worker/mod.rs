@@ -1,0 +1,245 @@
+//! `loom worker`: a process that executes runs and serves no clients
+//! (docs/cluster.md). It takes runs from the store shared with the
+//! gateways — queued ones, and those whose worker stopped renewing its
+//! lease — up to its `max_runs`, executes each under a lease
+//! (`keeper.rs` renews it and fences the worker when it cannot), and on
+//! a stop (SIGTERM) interrupts its runs and hands them back at once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loom_core::{Claim, RunLeases, RunStatus, Store};
+use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::agents::{AgentFactory, Agents};
+
+mod execution;
+mod keeper;
+mod routes;
+
+use keeper::Keeper;
+pub use keeper::{ConnectLeases, LeaseTiming};
+pub use routes::{router, serve_routes};
+
+/// A worker's settings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Runs executed at once (`--max-runs`).
+    pub max_runs: usize,
+    /// How long leases last and how often they are renewed.
+    pub leases: LeaseTiming,
+    /// How often the store is asked for a run when none was found.
+    pub poll_every: Duration,
+    /// How long a stop waits for the runs to checkpoint and hand back.
+    pub stop_patience: Duration,
+    /// Who this worker is, as leases and run records name it.
+    pub owner: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            max_runs: 8,
+            leases: LeaseTiming::default(),
+            poll_every: Duration::from_millis(100),
+            stop_patience: Duration::from_secs(30),
+            owner: loom_core::owner::this_process(),
+        }
+    }
+}
+
+/// A worker: runs taken from `leases`, executed with agents from the factory.
+pub struct Worker {
+    config: WorkerConfig,
+    agents: Agents,
+    store: Arc<dyn Store>,
+    leases: Arc<dyn RunLeases>,
+    keeper: Keeper,
+    runs: TaskTracker,
+    /// Woken when a run ends (a slot is free).
+    ended: Notify,
+    stopping: AtomicBool,
+    /// The controls of the runs executing, to interrupt them at a stop.
+    live: std::sync::Mutex<std::collections::HashMap<String, loom_core::RunController>>,
+}
+
+impl Worker {
+    /// A worker over `store` and its `leases` (the same store, one
+    /// connection), whose keeper opens a connection of its own with
+    /// `connect`. Starts the keeper's thread.
+    pub fn new(
+        config: WorkerConfig,
+        factory: Arc<dyn AgentFactory>,
+        store: Arc<dyn Store>,
+        leases: Arc<dyn RunLeases>,
+        connect: ConnectLeases,
+    ) -> std::io::Result<Arc<Self>> {
+        let keeper = Keeper::start(connect, config.leases)?;
+        Ok(Arc::new(Self {
+            agents: Agents::new(factory, Some(store.clone())),
+            config,
+            store,
+            leases,
+            keeper,
+            runs: TaskTracker::new(),
+            ended: Notify::new(),
+            stopping: AtomicBool::new(false),
+            live: std::sync::Mutex::default(),
+        }))
+    }
+
+    /// Whether the store answers and the worker is not stopping.
+    pub async fn ready(&self) -> Result<(), String> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err("stopping".into());
+        }
+        self.store
+            .list_runs(1)
+            .await
+            .map(|_| ())
+            .map_err(|err| format!("store: {err}"))
+    }
+
+    /// How many runs execute here.
+    pub fn executing(&self) -> usize {
+        self.keeper.count()
+    }
+
+    /// Takes and executes runs until `stop` resolves; then interrupts the
+    /// runs, waits for them to checkpoint (at most `stop_patience`) and
+    /// hands each back, so another worker takes it at once.
+    pub async fn run(self: &Arc<Self>, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut backoff = self.config.poll_every;
+        loop {
+            let mut took = false;
+            while self.keeper.count() < self.config.max_runs && !self.stopping.load(Ordering::SeqCst) {
+                let sent = Instant::now();
+                match self.leases.claim_next(&self.config.owner, self.config.leases.ttl).await {
+                    Ok(Some(claim)) => {
+                        took = true;
+                        backoff = self.config.poll_every;
+                        self.execute(claim, sent);
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot take runs from the store");
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        break;
+                    }
+                }
+            }
+            let wait = if took { Duration::ZERO } else { backoff };
+            tokio::select! {
+                () = &mut stop => break,
+                () = tokio::time::sleep(wait) => {}
+                () = self.ended.notified(), if self.keeper.count() >= self.config.max_runs => {}
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Interrupts every run, waits for them, and hands them back.
+    async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let live: Vec<loom_core::RunController> = self
+            .live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        tracing::info!(
+            runs = live.len(),
+            "the worker is stopping: its runs go back to the store"
+        );
+        for controller in live {
+            controller.interrupt("the worker is stopping");
+        }
+        self.runs.close();
+        if tokio::time::timeout(self.config.stop_patience, self.runs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("runs still executing after the stop's patience; their leases will run out");
+        }
+    }
+
+    /// Executes a claimed run on a task of its own.
+    fn execute(self: &Arc<Self>, claim: Claim, claimed: Instant) {
+        let lease = claim.lease().clone();
+        if matches!(claim, Claim::Resume { .. }) {
+            metrics::counter!("loom_worker_takeovers_total").increment(1);
+        }
+        let revoked = Arc::new(AtomicBool::new(false));
+        self.keeper.hold(lease.clone(), revoked.clone(), claimed);
+        let worker = self.clone();
+        let span = tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch);
+        self.runs.spawn(
+            async move {
+                let store = worker.leases.fenced(&lease, revoked.clone());
+                let status = match execution::start(&worker.agents, &claim, store.clone(), worker.store.as_ref()).await
+                {
+                    Ok(handle) => Some(worker.follow(handle).await),
+                    Err(execution::NotStarted::Never(why)) => {
+                        tracing::error!(error = %why, "the run can never start; it is cancelled");
+                        let reason = format!("the run cannot go on: {why}");
+                        if let Err(err) =
+                            loom_core::recovery::close_cancelled(store.as_ref(), &lease.run_id, &reason).await
+                        {
+                            tracing::error!(error = %err, "could not record the cancelled run");
+                        }
+                        None
+                    }
+                    Err(execution::NotStarted::NotNow(why)) => {
+                        // Its lease runs out; a worker tries again then.
+                        tracing::error!(error = %why, "the run cannot start here now");
+                        revoked.store(true, Ordering::SeqCst);
+                        None
+                    }
+                };
+                worker.keeper.forget(&lease.run_id);
+                // Interrupted here and still ours: handed back at once.
+                if status == Some(RunStatus::Interrupted) && !revoked.load(Ordering::SeqCst) {
+                    if let Err(err) = worker.leases.release(&lease).await {
+                        tracing::warn!(error = %err, "could not hand the run back; its lease will run out");
+                    }
+                }
+                worker.ended.notify_one();
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Follows a started run to its end; returns how it ended.
+    async fn follow(&self, mut handle: loom_core::RunHandle) -> RunStatus {
+        let run_id = handle.run_id().to_string();
+        let controller = handle.controller();
+        self.live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(run_id.clone(), controller.clone());
+        self.keeper.attach(&run_id, controller.clone());
+        if self.stopping.load(Ordering::SeqCst) {
+            controller.interrupt("the worker is stopping");
+        }
+        tracing::info!("run started");
+        let mut model_started = None;
+        // Its events are in the store before they come here; gateways
+        // read them there.
+        while let Some(event) = handle.next_event().await {
+            crate::metrics::observe(&event, &mut model_started);
+        }
+        let outcome = handle.outcome().await;
+        self.live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&run_id);
+        metrics::counter!("loom_runs_finished_total", "status" => outcome.status.as_str()).increment(1);
+        tracing::info!(status = outcome.status.as_str(), "run ended");
+        outcome.status
+    }
+}
