@@ -64,9 +64,13 @@ pub(crate) struct FileConfig {
 pub(crate) struct ClusterConfig {
     /// `redis://HOST:PORT/DB`: runs are recorded there.
     pub redis: Option<String>,
-    /// Whether `loom serve` executes runs itself (until `loom worker`
-    /// exists, a gateway on Redis must).
+    /// Whether `loom serve` executes runs itself (default: no, `loom
+    /// worker` processes do).
     pub execute: Option<bool>,
+    /// How long a worker's lease on a run lasts without renewal, in
+    /// seconds (default 3; renewed every third of it): a dead worker's
+    /// runs are taken over after about this long.
+    pub lease_secs: Option<f64>,
 }
 
 impl FileConfig {

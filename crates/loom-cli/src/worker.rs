@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use loom::stores::RedisStore;
 use loom::{RunLeases, Store};
-use loom_server::worker::{ConnectLeases, Worker, WorkerConfig};
+use loom_server::worker::{ConnectLeases, LeaseTiming, Worker, WorkerConfig};
 use loom_server::{AgentFactory, AgentSpec};
 
 use crate::cli::{AgentArgs, PlaceArgs, WorkerArgs};
@@ -49,6 +49,21 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
             "the --config file sets store = …: a worker records in the cluster's Redis only"
         )));
     }
+    let timing = match loaded.file.cluster.as_ref().and_then(|cluster| cluster.lease_secs) {
+        Some(secs) if secs.is_finite() && (0.3..=3600.0).contains(&secs) => {
+            let ttl = std::time::Duration::from_secs_f64(secs);
+            LeaseTiming {
+                ttl,
+                renew_every: ttl / 3,
+            }
+        }
+        Some(secs) => {
+            return Err(Failure::Usage(anyhow!(
+                "[cluster] lease_secs = {secs}: use 0.3 to 3600 seconds"
+            )))
+        }
+        None => LeaseTiming::default(),
+    };
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
@@ -97,6 +112,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     };
     let config = WorkerConfig {
         max_runs: args.max_runs as usize,
+        leases: timing,
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();

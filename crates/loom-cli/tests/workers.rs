@@ -82,6 +82,11 @@ impl Drop for WorkerProcess {
 
 /// Redis, the fake model, and a gateway that executes nothing, all in `dir`.
 fn cluster(dir: &Path) -> (RedisServer, PromptModel, Gateway) {
+    cluster_with(dir, "")
+}
+
+/// [`cluster`] with more `[cluster]` settings.
+fn cluster_with(dir: &Path, settings: &str) -> (RedisServer, PromptModel, Gateway) {
     let files = dir.join("redis");
     std::fs::create_dir_all(&files).unwrap();
     let server = RedisServer::start(&files).unwrap_or_else(|err| panic!("{err}"));
@@ -89,7 +94,7 @@ fn cluster(dir: &Path) -> (RedisServer, PromptModel, Gateway) {
     config(
         dir,
         &model.url(),
-        &format!("\n[cluster]\nredis = \"{}\"\n", server.url(0)),
+        &format!("\n[cluster]\nredis = \"{}\"\n{settings}\n", server.url(0)),
     );
     let gateway = Gateway::start(dir, &[]);
     assert!(
@@ -248,4 +253,213 @@ async fn runs_execute_on_two_workers_and_one_killed_mid_run_loses_and_repeats_no
     let held = first.log_text().matches("run started").count();
     assert!(held >= 1, "the first worker took no run: {}", why());
     assert_eq!(resumed, held, "{}", why());
+}
+
+/// Waits until `line` is among the effects.
+async fn effect(dir: &Path, line: &str, why: impl Fn() -> String) {
+    let started = Instant::now();
+    while !effects(dir).contains_key(line) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{line} never ran: {}",
+            why()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The stored log holds every seq once, in order, and ends once.
+fn assert_one_clean_log(stored: &[Value], status: &str) {
+    let seqs: Vec<u64> = stored.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "{stored:?}");
+    let last = stored.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["status"].as_str()),
+        (Some("lifecycle.end"), Some(status))
+    );
+}
+
+/// A worker frozen (SIGSTOP) past its lease: another takes the run over;
+/// thawed (SIGCONT), the first gives the run up, and none of its late
+/// writes lands — the log and the files show only the new owner's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_is_fenced_off_the_run_another_took_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster(dir.path());
+    let frozen = WorkerProcess::start(dir.path(), 1);
+    let run = start(&gateway, &prompt("s", 3, 1.0)).await;
+    let why = || format!("gateway:\n{}\nfrozen:\n{}", gateway.log_text(), frozen.log_text());
+    effect(dir.path(), "s-1", why).await;
+    frozen.signal("-STOP");
+    let other = WorkerProcess::start(dir.path(), 1);
+    let why = || {
+        format!(
+            "gateway:\n{}\nfrozen:\n{}\nother:\n{}",
+            gateway.log_text(),
+            frozen.log_text(),
+            other.log_text()
+        )
+    };
+    let done = ended(&gateway, &run, Duration::from_secs(60), why).await;
+    assert_eq!(done["status"], "DONE", "{done}");
+    let before = stored_events(dir.path(), &server.url(0), &run);
+
+    frozen.signal("-CONT");
+    let thawed = Instant::now();
+    while !frozen.log_text().contains("giving the run up") {
+        assert!(
+            thawed.elapsed() < Duration::from_secs(10),
+            "the thawed worker kept the run: {}",
+            why()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Time for whatever it would still do.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = stored_events(dir.path(), &server.url(0), &run);
+    assert_eq!(after, before, "the frozen worker wrote after the take-over: {}", why());
+    assert_one_clean_log(&after, "DONE");
+    assert_eq!(view(&gateway, &run).await["status"], "DONE");
+    let seen = effects(dir.path());
+    assert_eq!(
+        seen,
+        BTreeMap::from([("s-1".into(), 1), ("s-2".into(), 1), ("s-3".into(), 1)]),
+        "{}",
+        why()
+    );
+}
+
+/// A worker stopped with SIGTERM interrupts its run and hands it back at
+/// once: with leases of 30 s another worker still takes it over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_with_sigterm_hands_its_runs_back_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_with(dir.path(), "lease_secs = 30");
+    let mut leaving = WorkerProcess::start(dir.path(), 2);
+    let runs = [
+        start(&gateway, &prompt("a", 3, 1.0)).await,
+        start(&gateway, &prompt("b", 3, 1.0)).await,
+    ];
+    let why = || format!("gateway:\n{}\nleaving:\n{}", gateway.log_text(), leaving.log_text());
+    effect(dir.path(), "a-1", why).await;
+    effect(dir.path(), "b-1", why).await;
+    let staying = WorkerProcess::start(dir.path(), 2);
+    leaving.signal("-TERM");
+    let status = leaving.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let handed = Instant::now();
+    for run in &runs {
+        let view = ended(&gateway, run, Duration::from_secs(20), || staying.log_text()).await;
+        assert_eq!(view["status"], "DONE", "{view}");
+    }
+    // Well inside the 30 s a lease that ran out would have taken.
+    assert!(handed.elapsed() < Duration::from_secs(20));
+    for run in &runs {
+        let stored = stored_events(dir.path(), &server.url(0), run);
+        assert_one_clean_log(&stored, "DONE");
+        // Interrupted (no end in its log: it goes on), then resumed once.
+        let resumed = stored
+            .iter()
+            .filter(|event| event["type"] == "lifecycle.start" && event["resumed"] == true)
+            .count();
+        assert_eq!(resumed, 1, "handed back once: {stored:?}");
+    }
+    for (line, times) in effects(dir.path()) {
+        assert_eq!(times, 1, "{line} ran {times} times");
+    }
+}
+
+/// A cancel reaches the run wherever it is: one no worker took yet ends
+/// at once; one a worker executes stops there, and `agent.cancel`
+/// answers with its final seq once it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster(dir.path());
+    let mut client = gateway.ws(ALICE).await;
+
+    // No worker yet: the run waits in the store, and a cancel ends it there.
+    let waiting = start(&gateway, &prompt("q", 1, 0.0)).await;
+    assert_eq!(view(&gateway, &waiting).await["status"], "QUEUED");
+    let cancelled = client.ok("agent.cancel", json!({"runId": waiting})).await;
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    let stored = stored_events(dir.path(), &server.url(0), &waiting);
+    assert_eq!(
+        cancelled["finalSeq"].as_u64(),
+        stored.last().and_then(|event| event["seq"].as_u64())
+    );
+    assert_one_clean_log(&stored, "CANCELED");
+
+    let worker = WorkerProcess::start(dir.path(), 1);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    let running = start(&gateway, &prompt("c", 3, 5.0)).await;
+    effect(dir.path(), "c-1", why).await;
+    let asked = Instant::now();
+    let cancelled = client.ok("agent.cancel", json!({"runId": running})).await;
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    // Within a renewal and the bash tool's kill, not the 5 s sleep.
+    assert!(asked.elapsed() < Duration::from_secs(5), "{:?}", asked.elapsed());
+    let stored = stored_events(dir.path(), &server.url(0), &running);
+    assert_eq!(
+        cancelled["finalSeq"].as_u64(),
+        stored.last().and_then(|event| event["seq"].as_u64())
+    );
+    assert_one_clean_log(&stored, "CANCELED");
+    assert_eq!(view(&gateway, &running).await["status"], "CANCELED");
+    // The queued run never ran; the cancelled one stopped in its first call.
+    assert_eq!(effects(dir.path()), BTreeMap::from([("c-1".into(), 1)]));
+    // The worker is free again.
+    let next = start(&gateway, &prompt("n", 1, 0.0)).await;
+    assert_eq!(
+        ended(&gateway, &next, Duration::from_secs(30), why).await["status"],
+        "DONE"
+    );
+}
+
+/// A client of one gateway moves to another mid-run and resubscribes
+/// after its last seq: between them it sees every event once; the other
+/// gateway can steer and cancel the run too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster(dir.path());
+    let other = Gateway::start(dir.path(), &[]);
+    let worker = WorkerProcess::start(dir.path(), 2);
+    let why = || {
+        format!(
+            "gateway:\n{}\nother:\n{}\nworker:\n{}",
+            gateway.log_text(),
+            other.log_text(),
+            worker.log_text()
+        )
+    };
+
+    let mut first = gateway.ws(ALICE).await;
+    let accepted = first.ok("agent.run", json!({"prompt": prompt("m", 3, 0.5)})).await;
+    let run = accepted["runId"].as_str().unwrap().to_string();
+    first.until(&run, "tool.result").await;
+    let seen_first = first.seqs(&run);
+    let last = *seen_first.last().unwrap();
+    drop(first);
+
+    let mut second = other.ws(ALICE).await;
+    second
+        .ok("run.subscribe", json!({"runId": run, "afterSeq": last}))
+        .await;
+    let end = tokio::time::timeout(Duration::from_secs(60), second.until(&run, "lifecycle.end"))
+        .await
+        .unwrap_or_else(|_| panic!("no end on the other gateway: {}", why()));
+    assert_eq!(end["payload"]["status"], "DONE");
+    let mut seqs = seen_first.clone();
+    seqs.extend(second.seqs(&run));
+    let stored = stored_events(dir.path(), &server.url(0), &run);
+    let stored_seqs: Vec<u64> = stored.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, stored_seqs, "every event once across the two gateways");
+
+    // A run accepted by one gateway is cancelled through the other.
+    let long = start(&gateway, &prompt("l", 3, 5.0)).await;
+    effect(dir.path(), "l-1", why).await;
+    let cancelled = second.ok("agent.cancel", json!({"runId": long})).await;
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    assert_eq!(view(&gateway, &long).await["status"], "CANCELED");
 }

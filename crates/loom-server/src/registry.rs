@@ -39,6 +39,9 @@ pub(crate) struct LiveRun {
     pub(crate) cancel_requested: bool,
     /// Its asks counted in the `loom_permission_pending` gauge.
     pub(crate) asks_counted: usize,
+    /// Executed by a worker (docs/cluster.md): it shows `QUEUED` until a
+    /// worker starts it, rather than as soon as this gateway lets it go.
+    pub(crate) on_worker: bool,
     /// The `seq` of its last event, once it has stopped.
     pub(crate) done: watch::Sender<Option<(u64, RunStatus)>>,
 }
@@ -81,6 +84,7 @@ impl LiveRun {
             // Let go by the queue, its loop not started yet (a run taken
             // back after a restart may show asks it left open).
             (false, RunStatus::Queued) if !state.pending_asks.is_empty() => RunStatus::WaitingPermission,
+            (false, RunStatus::Queued) if self.on_worker => RunStatus::Queued,
             (false, RunStatus::Queued) => RunStatus::Running,
             (false, status) => status,
         }

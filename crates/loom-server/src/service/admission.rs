@@ -294,6 +294,7 @@ impl Service {
             controller: None,
             cancel_requested: false,
             asks_counted: 0,
+            on_worker: false,
             done,
         }
     }

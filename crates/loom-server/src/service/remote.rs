@@ -151,6 +151,7 @@ impl Service {
             let mut registry = self.registry();
             if let Some(run) = registry.runs.get_mut(run_id) {
                 let controller: Arc<dyn RunControl> = remote.clone();
+                run.on_worker = true;
                 if run.cancel_requested {
                     let _ = controller.send(Control::Cancel {
                         reason: "cancelled by the client".into(),
@@ -246,6 +247,7 @@ impl Service {
                 controller: None,
                 cancel_requested: false,
                 asks_counted: 0,
+                on_worker: true,
                 done,
             });
             self.inner.feed.open(run_id, state.last_seq);

@@ -139,6 +139,7 @@ impl Service {
                 controller: Some(controller),
                 cancel_requested: false,
                 asks_counted: state.pending_asks.len(),
+                on_worker: false,
                 done,
             },
             None,

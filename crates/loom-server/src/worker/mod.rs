@@ -183,7 +183,17 @@ impl Worker {
                 let store = worker.leases.fenced(&lease, revoked.clone());
                 let status = match execution::start(&worker.agents, &claim, store.clone(), worker.store.as_ref()).await
                 {
-                    Ok(handle) => Some(worker.follow(handle).await),
+                    Ok(handle) => {
+                        let status = worker.follow(handle).await;
+                        if revoked.load(Ordering::SeqCst) {
+                            // It goes on elsewhere: how it stopped here is no end.
+                            tracing::info!("the run stopped here after it was given up");
+                        } else {
+                            metrics::counter!("loom_runs_finished_total", "status" => status.as_str()).increment(1);
+                            tracing::info!(status = status.as_str(), "run ended");
+                        }
+                        Some(status)
+                    }
                     Err(execution::NotStarted::Never(why)) => {
                         tracing::error!(error = %why, "the run can never start; it is cancelled");
                         let reason = format!("the run cannot go on: {why}");
@@ -238,8 +248,6 @@ impl Worker {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&run_id);
-        metrics::counter!("loom_runs_finished_total", "status" => outcome.status.as_str()).increment(1);
-        tracing::info!(status = outcome.status.as_str(), "run ended");
         outcome.status
     }
 }
