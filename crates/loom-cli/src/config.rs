@@ -71,6 +71,9 @@ pub(crate) struct ClusterConfig {
     /// seconds (default 3; renewed every third of it): a dead worker's
     /// runs are taken over after about this long.
     pub lease_secs: Option<f64>,
+    /// A run waiting this long for a person is parked by its worker: it
+    /// holds no worker until answered (default 5; 0: at once).
+    pub park_after_secs: Option<f64>,
 }
 
 impl FileConfig {

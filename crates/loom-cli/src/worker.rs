@@ -64,6 +64,17 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         }
         None => LeaseTiming::default(),
     };
+    let park_after = match loaded.file.cluster.as_ref().and_then(|cluster| cluster.park_after_secs) {
+        Some(secs) if secs.is_finite() && (0.0..=86_400.0).contains(&secs) => {
+            Some(std::time::Duration::from_secs_f64(secs))
+        }
+        Some(secs) => {
+            return Err(Failure::Usage(anyhow!(
+                "[cluster] park_after_secs = {secs}: use 0 to 86400 seconds"
+            )))
+        }
+        None => WorkerConfig::default().park_after,
+    };
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
@@ -113,6 +124,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let config = WorkerConfig {
         max_runs: args.max_runs as usize,
         leases: timing,
+        park_after,
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();

@@ -1,7 +1,8 @@
 //! The `loom` binary on Redis (docs/cluster.md): `loom run --redis URL`
 //! (or `LOOM_REDIS_URL`, or `[cluster] redis`) records its runs there,
 //! `loom runs … --redis` reads them back from any directory, and `loom
-//! serve` on Redis refuses to start unless told to execute runs itself.
+//! serve` on Redis executing runs itself (`[cluster] execute = true`; the
+//! gateway whose workers execute them is in `workers.rs`).
 //! Against a real `redis-server`, started per test.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
@@ -173,7 +174,7 @@ fn cluster_redis_in_loom_toml_and_its_conflicts() {
 }
 
 #[test]
-fn a_gateway_on_redis_must_be_told_to_execute() {
+fn a_gateway_whose_redis_cannot_be_reached_at_start_says_which() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("loom.toml");
     std::fs::write(&config, "[cluster]\nredis = \"redis://127.0.0.1:1/0\"\n").unwrap();
@@ -191,7 +192,10 @@ fn a_gateway_on_redis_must_be_told_to_execute() {
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("[cluster] execute = true"), "{stderr}");
+    assert!(
+        stderr.contains("cannot use the Redis at redis://127.0.0.1:1/0"),
+        "{stderr}"
+    );
 }
 
 /// Redis killed (SIGKILL) while a run's `bash` call runs: the run stops

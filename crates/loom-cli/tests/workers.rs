@@ -29,12 +29,18 @@ struct WorkerProcess {
 impl WorkerProcess {
     /// Starts a worker on the gateway's loom.toml in `dir`, allowed `bash`.
     fn start(dir: &Path, max_runs: u32) -> Self {
+        Self::start_with(dir, max_runs, &["--allow", "bash"])
+    }
+
+    /// Starts a worker with `args` besides.
+    fn start_with(dir: &Path, max_runs: u32, args: &[&str]) -> Self {
         let mut child = loom_in(dir)
             .args(["worker", "--config"])
             .arg(dir.join("loom.toml"))
             .arg("--workspace")
             .arg(dir)
-            .args(["--allow", "bash", "--max-runs", &max_runs.to_string()])
+            .args(args)
+            .args(["--max-runs", &max_runs.to_string()])
             .env("OPENAI_API_KEY", "test-key")
             .env("LOOM_LOG", "info")
             .stdout(Stdio::null())
@@ -462,4 +468,65 @@ async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq()
     let cancelled = second.ok("agent.cancel", json!({"runId": long})).await;
     assert_eq!(cancelled["cancelled"], true, "{cancelled}");
     assert_eq!(view(&gateway, &long).await["status"], "CANCELED");
+}
+
+/// A run waiting for a person is parked: it frees its worker (another
+/// run executes meanwhile), and the answer — given to any gateway —
+/// brings it back on whichever worker is free, where it goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_waiting_for_a_person_frees_its_worker_until_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_with(dir.path(), "park_after_secs = 0.5");
+    let parker = WorkerProcess::start_with(dir.path(), 1, &["--ask", "bash"]);
+    let mut client = gateway.ws(ALICE).await;
+    let asking = client.ok("agent.run", json!({"prompt": prompt("p", 1, 0.0)})).await;
+    let asking = asking["runId"].as_str().unwrap().to_string();
+    {
+        let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), parker.log_text());
+        let request = client.until(&asking, "permission.request").await;
+        let request_id = request["payload"]["requestId"].as_str().unwrap().to_string();
+        let started = Instant::now();
+        while !parker.log_text().contains("parked until a person answers") {
+            assert!(started.elapsed() < Duration::from_secs(10), "never parked: {}", why());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let parked = view(&gateway, &asking).await;
+        assert_eq!(parked["status"], "WAITING_PERMISSION", "{parked}");
+        assert_eq!(parked["pendingAsks"][0]["requestId"], request_id.as_str());
+
+        // The only slot of the only worker is free: another run executes.
+        let other = start(&gateway, "steps=0").await;
+        assert_eq!(
+            ended(&gateway, &other, Duration::from_secs(30), why).await["status"],
+            "DONE"
+        );
+    }
+    // The worker that parked it goes away; answered through the gateway,
+    // the run comes back on another and goes on.
+    drop(parker);
+    let taker = WorkerProcess::start_with(dir.path(), 1, &["--ask", "bash"]);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), taker.log_text());
+    let request_id = view(&gateway, &asking).await["pendingAsks"][0]["requestId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    client
+        .ok(
+            "permission.respond",
+            json!({"runId": asking, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    let done = ended(&gateway, &asking, Duration::from_secs(30), why).await;
+    assert_eq!(done["status"], "DONE", "{done}\n{}", why());
+    assert_eq!(effects(dir.path()), BTreeMap::from([("p-1".into(), 1)]));
+    let stored = stored_events(dir.path(), &server.url(0), &asking);
+    assert_one_clean_log(&stored, "DONE");
+    assert!(
+        stored
+            .iter()
+            .any(|event| event["type"] == "lifecycle.start" && event["resumed"] == true),
+        "resumed from its checkpoint: {stored:?}"
+    );
+    let end = client.until(&asking, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE");
 }

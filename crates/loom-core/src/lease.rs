@@ -89,6 +89,14 @@ pub trait RunLeases: Send + Sync {
     /// at once (a worker stopping with SIGTERM, after it interrupted the run).
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Parks a run its worker interrupted while it waited for a person
+    /// (it holds no worker while nobody answers): no worker takes it until
+    /// a control is sent to it ([`RunLeases::send_control`] — the answer,
+    /// a cancel, a steer), which makes it claimable at once. Returns
+    /// `false` when it was not parked: a control had come meanwhile (it
+    /// is claimable now), or the lease was lost.
+    async fn park(&self, lease: &Lease) -> Result<bool, StoreError>;
+
     /// Cancels a run no worker has taken yet, in one step: when it is
     /// still `QUEUED` and unleased it becomes `CANCELED` with `log` (its
     /// cancel and end) appended, and this returns `true`; otherwise nothing
@@ -96,7 +104,8 @@ pub trait RunLeases: Send + Sync {
     async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError>;
 
     /// Sends a control to whichever worker executes `run_id`: it is kept
-    /// with the run and delivered at that worker's next renewal.
+    /// with the run and delivered at that worker's next renewal (a parked
+    /// run is taken by a worker first, which hears it as it starts).
     async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError>;
 
     /// The store a leased run writes through: every write is refused with

@@ -95,6 +95,20 @@ impl RunLeases for RedisStore {
         Ok(())
     }
 
+    async fn park(&self, lease: &Lease) -> Result<bool, StoreError> {
+        let reply: String = self
+            .park_script()
+            .key(self.run_key_of(&lease.run_id))
+            .key(self.controls_key(&lease.run_id))
+            .arg(self.prefix())
+            .arg(&lease.run_id)
+            .arg(lease.epoch)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(reply == "parked")
+    }
+
     async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError> {
         let metrics = log
             .iter()
@@ -125,6 +139,8 @@ impl RunLeases for RedisStore {
             .key(self.controls_key(run_id))
             .arg(body)
             .arg(millis(CONTROL_RETENTION))
+            .arg(self.prefix())
+            .arg(run_id)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;

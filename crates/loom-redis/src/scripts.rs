@@ -333,12 +333,33 @@ return 'ok'
 "#;
 
 /// `send_control`: KEYS run, controls; ARGV the control (JSON), how long
-/// it is kept in ms.
+/// it is kept in ms, prefix, id. A parked run (see `PARK`) becomes
+/// claimable at once, so that a worker takes it and hears the control.
 pub(crate) const SEND_CONTROL: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if redis.call('ZREM', ARGV[3] .. 'parked', ARGV[4]) == 1 then
+  redis.call('ZADD', ARGV[3] .. 'leases', 0, ARGV[4])
+end
 return 'ok'
+"#;
+
+/// `park`: KEYS run, controls; ARGV prefix, id, epoch. A run its worker
+/// interrupted while it waited for a person leaves the leases for
+/// `{p}parked` (scored by when), where no worker takes it, until a
+/// control comes (`SEND_CONTROL`); one that came meanwhile makes it
+/// claimable at once. Returns `'parked'`, `'claimable'` or `'lost'`.
+pub(crate) const PARK: &str = r#"
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
+if redis.call('LLEN', KEYS[2]) > 0 then
+  redis.call('ZADD', ARGV[1] .. 'leases', 0, ARGV[2])
+  return 'claimable'
+end
+redis.call('ZREM', ARGV[1] .. 'leases', ARGV[2])
+local t = redis.call('TIME')
+redis.call('ZADD', ARGV[1] .. 'parked', tonumber(t[1]), ARGV[2])
+return 'parked'
 "#;
 
 /// `withdraw`: KEYS run, events; ARGV prefix, id, end time, metrics,

@@ -54,6 +54,7 @@ struct Scripts {
     release: Script,
     send_control: Script,
     withdraw: Script,
+    park: Script,
 }
 
 /// The fence a leased run's store puts on every write (`scripts::FENCE`).
@@ -127,6 +128,7 @@ impl RedisStore {
                 release: Script::new(scripts::RELEASE),
                 send_control: Script::new(scripts::SEND_CONTROL),
                 withdraw: Script::new(&scripts::withdraw()),
+                park: Script::new(scripts::PARK),
             }),
             client,
             fence: None,
@@ -160,6 +162,10 @@ impl RedisStore {
 
     pub(crate) fn controls_key(&self, run_id: &str) -> String {
         self.run_part(run_id, "controls")
+    }
+
+    pub(crate) fn park_script(&self) -> &Script {
+        &self.scripts.park
     }
 
     pub(crate) fn withdraw_script(&self) -> &Script {

@@ -229,3 +229,34 @@ async fn a_run_handed_back_is_taken_at_once_and_a_revoked_lease_sends_nothing() 
     ));
     assert_eq!(store.load_run("q1").await.unwrap().last_seq, 0);
 }
+
+#[tokio::test]
+async fn a_parked_run_holds_no_worker_until_a_control_comes() {
+    let (store, _server, _dir) = store().await;
+    queue(&store, "q1", "s1", 1).await;
+    let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
+    let run = fenced(&store, &lease);
+    run.create_run(&started(&lease)).await.unwrap();
+    run.mark_interrupted("q1", "w1").await.unwrap();
+    assert!(store.park(&lease).await.unwrap(), "parked");
+    assert_eq!(claim(&store, "w2", 60_000).await, None, "nobody takes a parked run");
+    let answer = Control::PermissionReply {
+        request_id: "perm_1".into(),
+        decision: loom_core::PermissionDecision::Allow,
+    };
+    store.send_control("q1", &answer).await.unwrap();
+    let Some(Claim::Resume { lease: next }) = claim(&store, "w2", 60_000).await else {
+        panic!("the answer makes it claimable at once");
+    };
+    assert_eq!(
+        store.renew(&next, Duration::from_secs(60)).await.unwrap(),
+        Renewal::Held { controls: vec![answer] },
+        "and its worker hears the answer"
+    );
+
+    // A control that came before the park: the run stays claimable.
+    store.mark_interrupted("q1", "w1").await.unwrap();
+    store.send_control("q1", &Control::Steer("more".into())).await.unwrap();
+    assert!(!store.park(&next).await.unwrap());
+    assert!(matches!(claim(&store, "w3", 60_000).await, Some(Claim::Resume { .. })));
+}

@@ -64,6 +64,10 @@ fn describe() {
         "Runs this worker gave up: taken over by another worker, or not renewed in time."
     );
     describe_counter!(
+        "loom_worker_runs_parked_total",
+        "Runs this worker parked while they waited for a person (they hold no worker until answered)."
+    );
+    describe_counter!(
         "loom_worker_takeovers_total",
         "Runs this worker took over from a worker that stopped renewing (or handed them back)."
     );
@@ -128,6 +132,7 @@ fn start_at_zero() {
         "loom_worker_leases_renewed_total",
         "loom_worker_leases_lost_total",
         "loom_worker_takeovers_total",
+        "loom_worker_runs_parked_total",
     ] {
         metrics::counter!(counter).absolute(0);
     }

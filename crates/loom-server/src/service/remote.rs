@@ -55,6 +55,17 @@ impl RunControl for RemoteRun {
         if matches!(control, Control::Interrupt { .. }) {
             return Ok(());
         }
+        if let Control::PermissionReply { request_id, .. } = &control {
+            let waiting = self
+                .state
+                .borrow()
+                .pending_asks
+                .iter()
+                .any(|ask| ask.request_id == *request_id);
+            if !waiting {
+                return Err(ControlError::UnknownRequest(request_id.clone()));
+            }
+        }
         let leases = self.leases.clone();
         let run_id = self.run_id.clone();
         let last_seq = self.state.borrow().last_seq;

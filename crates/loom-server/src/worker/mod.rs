@@ -35,6 +35,10 @@ pub struct WorkerConfig {
     pub poll_every: Duration,
     /// How long a stop waits for the runs to checkpoint and hand back.
     pub stop_patience: Duration,
+    /// A run waiting this long for a person is parked: interrupted and
+    /// left in the store, holding no worker, until the answer (or any
+    /// control) comes (`None`: never).
+    pub park_after: Option<Duration>,
     /// Who this worker is, as leases and run records name it.
     pub owner: String,
 }
@@ -46,6 +50,7 @@ impl Default for WorkerConfig {
             leases: LeaseTiming::default(),
             poll_every: Duration::from_millis(100),
             stop_patience: Duration::from_secs(30),
+            park_after: Some(Duration::from_secs(5)),
             owner: loom_core::owner::this_process(),
         }
     }
@@ -184,7 +189,7 @@ impl Worker {
                 let status = match execution::start(&worker.agents, &claim, store.clone(), worker.store.as_ref()).await
                 {
                     Ok(handle) => {
-                        let status = worker.follow(handle).await;
+                        let (status, parking) = worker.follow(handle).await;
                         if revoked.load(Ordering::SeqCst) {
                             // It goes on elsewhere: how it stopped here is no end.
                             tracing::info!("the run stopped here after it was given up");
@@ -192,7 +197,7 @@ impl Worker {
                             metrics::counter!("loom_runs_finished_total", "status" => status.as_str()).increment(1);
                             tracing::info!(status = status.as_str(), "run ended");
                         }
-                        Some(status)
+                        Some((status, parking))
                     }
                     Err(execution::NotStarted::Never(why)) => {
                         tracing::error!(error = %why, "the run can never start; it is cancelled");
@@ -212,11 +217,25 @@ impl Worker {
                     }
                 };
                 worker.keeper.forget(&lease.run_id);
-                // Interrupted here and still ours: handed back at once.
-                if status == Some(RunStatus::Interrupted) && !revoked.load(Ordering::SeqCst) {
-                    if let Err(err) = worker.leases.release(&lease).await {
-                        tracing::warn!(error = %err, "could not hand the run back; its lease will run out");
+                // Interrupted here and still ours: parked until a person
+                // answers, or handed back at once.
+                match status {
+                    Some((RunStatus::Interrupted, parking)) if !revoked.load(Ordering::SeqCst) => {
+                        let handed = if parking && !worker.stopping.load(Ordering::SeqCst) {
+                            worker.leases.park(&lease).await.map(|parked| {
+                                if parked {
+                                    metrics::counter!("loom_worker_runs_parked_total").increment(1);
+                                    tracing::info!("the run is parked until a person answers");
+                                }
+                            })
+                        } else {
+                            worker.leases.release(&lease).await
+                        };
+                        if let Err(err) = handed {
+                            tracing::warn!(error = %err, "could not hand the run back; its lease will run out");
+                        }
                     }
+                    _ => {}
                 }
                 worker.ended.notify_one();
             }
@@ -224,8 +243,10 @@ impl Worker {
         );
     }
 
-    /// Follows a started run to its end; returns how it ended.
-    async fn follow(&self, mut handle: loom_core::RunHandle) -> RunStatus {
+    /// Follows a started run to its end; returns how it ended, and
+    /// whether it was interrupted to be parked (it waited for a person
+    /// longer than `park_after`).
+    async fn follow(&self, mut handle: loom_core::RunHandle) -> (RunStatus, bool) {
         let run_id = handle.run_id().to_string();
         let controller = handle.controller();
         self.live
@@ -238,16 +259,49 @@ impl Worker {
         }
         tracing::info!("run started");
         let mut model_started = None;
+        let mut state = controller.watch_state();
+        let mut watching = true;
+        let mut waiting_since: Option<Instant> = None;
+        let mut parking = false;
         // Its events are in the store before they come here; gateways
         // read them there.
-        while let Some(event) = handle.next_event().await {
-            crate::metrics::observe(&event, &mut model_started);
+        loop {
+            let park_at = match (waiting_since, self.config.park_after) {
+                (Some(since), Some(after)) if !parking => Some(since + after),
+                _ => None,
+            };
+            tokio::select! {
+                event = handle.next_event() => match event {
+                    Some(event) => crate::metrics::observe(&event, &mut model_started),
+                    None => break,
+                },
+                changed = state.changed(), if watching => {
+                    if changed.is_err() {
+                        watching = false;
+                        continue;
+                    }
+                    let waiting = state.borrow().status == RunStatus::WaitingPermission;
+                    waiting_since = if waiting { waiting_since.or(Some(Instant::now())) } else { None };
+                }
+                () = sleep_until(park_at), if park_at.is_some() => {
+                    parking = true;
+                    controller.interrupt("waiting for a person: parked until answered");
+                }
+            }
         }
         let outcome = handle.outcome().await;
         self.live
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&run_id);
-        outcome.status
+        (outcome.status, parking)
+    }
+}
+
+/// Sleeps until `at` (never, for none).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
