@@ -144,10 +144,14 @@ async fn ended(gateway: &Gateway, run: &str, within: Duration, why: impl Fn() ->
     let started = Instant::now();
     loop {
         let view = view(gateway, run).await;
-        if !matches!(
-            view["status"].as_str(),
-            Some("QUEUED" | "RUNNING" | "WAITING_PERMISSION" | "INTERRUPTED")
-        ) {
+        // A store coming back is asked again.
+        let unavailable = view["error"]["code"] == "UNAVAILABLE";
+        if !unavailable
+            && !matches!(
+                view["status"].as_str(),
+                Some("QUEUED" | "RUNNING" | "WAITING_PERMISSION" | "INTERRUPTED")
+            )
+        {
             return view;
         }
         assert!(started.elapsed() < within, "run {run} did not end: {view}\n{}", why());
@@ -529,4 +533,47 @@ async fn a_run_waiting_for_a_person_frees_its_worker_until_answered() {
     );
     let end = client.until(&asking, "lifecycle.end").await;
     assert_eq!(end["payload"]["status"], "DONE");
+}
+
+/// Redis killed (SIGKILL) under load and restarted from its append-only
+/// file: every run the gateway accepted ends `DONE` once it is back, no
+/// side effect twice, every log whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_loses_no_accepted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, _model, gateway) = cluster(dir.path());
+    let first = WorkerProcess::start(dir.path(), 4);
+    let second = WorkerProcess::start(dir.path(), 4);
+    let why = || {
+        format!(
+            "gateway:\n{}\nfirst:\n{}\nsecond:\n{}",
+            gateway.log_text(),
+            first.log_text(),
+            second.log_text()
+        )
+    };
+    let mut runs = Vec::new();
+    for i in 0..12 {
+        runs.push(start(&gateway, &prompt(&format!("k{i}"), 2, 0.5)).await);
+    }
+    let started = Instant::now();
+    while effects(dir.path()).len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the runs did not start: {}",
+            why()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart().unwrap();
+    for run in &runs {
+        let done = ended(&gateway, run, Duration::from_secs(90), why).await;
+        assert_eq!(done["status"], "DONE", "{done}\n{}", why());
+        assert_one_clean_log(&stored_events(dir.path(), &server.url(0), run), "DONE");
+    }
+    for (line, times) in effects(dir.path()) {
+        assert_eq!(times, 1, "{line} ran {times} times\n{}", why());
+    }
 }
