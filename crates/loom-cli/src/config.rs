@@ -74,6 +74,9 @@ pub(crate) struct ClusterConfig {
     /// A run waiting this long for a person is parked by its worker: it
     /// holds no worker until answered (default 5; 0: at once).
     pub park_after_secs: Option<f64>,
+    /// Days a finished run is kept before workers remove it (default 30;
+    /// 0: for ever).
+    pub keep_finished_days: Option<f64>,
 }
 
 impl FileConfig {

@@ -75,6 +75,23 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         }
         None => WorkerConfig::default().park_after,
     };
+    let keep_finished = match loaded
+        .file
+        .cluster
+        .as_ref()
+        .and_then(|cluster| cluster.keep_finished_days)
+    {
+        Some(days) if days == 0.0 => None,
+        Some(days) if days.is_finite() && days > 0.0 && days <= 36_500.0 => {
+            Some(std::time::Duration::from_secs_f64(days * 86_400.0))
+        }
+        Some(days) => {
+            return Err(Failure::Usage(anyhow!(
+                "[cluster] keep_finished_days = {days}: use 0 (for ever) or up to 36500 days"
+            )))
+        }
+        None => WorkerConfig::default().keep_finished,
+    };
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
@@ -125,6 +142,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         max_runs: args.max_runs as usize,
         leases: timing,
         park_after,
+        keep_finished,
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();

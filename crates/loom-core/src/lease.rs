@@ -108,6 +108,12 @@ pub trait RunLeases: Send + Sync {
     /// run is taken by a worker first, which hears it as it starts).
     async fn send_control(&self, run_id: &str, control: &Control) -> Result<(), StoreError>;
 
+    /// Removes at most `limit` runs that ended before `before_ms` (ms
+    /// since the Unix epoch), with everything stored of them; returns how
+    /// many. The cluster keeps finished runs for a while (`[cluster]
+    /// keep_finished_days`), and any worker may sweep.
+    async fn forget_ended(&self, before_ms: u64, limit: usize) -> Result<usize, StoreError>;
+
     /// The store a leased run writes through: every write is refused with
     /// [`StoreError::Fenced`] once another worker took the run over, or
     /// once `revoked` is set (the worker fenced itself).

@@ -109,6 +109,16 @@ impl RunLeases for RedisStore {
         Ok(reply == "parked")
     }
 
+    async fn forget_ended(&self, before_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        self.forget_ended_script()
+            .arg(self.prefix())
+            .arg(before_ms)
+            .arg(limit.max(1))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
     async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError> {
         let metrics = log
             .iter()

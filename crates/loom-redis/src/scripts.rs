@@ -60,9 +60,11 @@ local function move_status(p, run_key, id, from, to)
   redis.call('HSET', run_key, 'status', to)
   redis.call('ZREM', p .. 'status:' .. from, id)
   redis.call('ZADD', p .. 'status:' .. to, started, id)
-  -- An ended run has nothing left to lease.
+  -- An ended run has nothing left to lease, and is kept for a while.
   if to == 'DONE' or to == 'ERROR' or to == 'CANCELED' or to == 'TIMEOUT' then
     redis.call('ZREM', p .. 'leases', id)
+    local t = redis.call('TIME')
+    redis.call('ZADD', p .. 'ended', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), id)
   end
 end
 
@@ -380,3 +382,24 @@ return 'ok'
 "#
     )
 }
+
+/// `forget_ended`: ARGV prefix, cutoff (ms since the epoch), how many at
+/// most. Removes the runs that ended before the cutoff (`{p}ended`, by
+/// end time): their keys and their places in every index. Returns how
+/// many.
+pub(crate) const FORGET_ENDED: &str = r#"
+local p = ARGV[1]
+local ids = redis.call('ZRANGEBYSCORE', p .. 'ended', '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do
+  local key = p .. 'run:' .. id
+  local run = redis.call('HMGET', key, 'session_id', 'parent_run_id', 'status')
+  if run[1] then redis.call('ZREM', p .. 'session:' .. run[1], id) end
+  if run[2] then redis.call('ZREM', p .. 'children:' .. run[2], id) end
+  if run[3] then redis.call('ZREM', p .. 'status:' .. run[3], id) end
+  redis.call('ZREM', p .. 'runs', id)
+  redis.call('ZREM', p .. 'ended', id)
+  redis.call('DEL', key, p .. 'messages:' .. id, p .. 'events:' .. id, p .. 'journal:' .. id,
+    p .. 'results:' .. id, p .. 'controls:' .. id)
+end
+return #ids
+"#;

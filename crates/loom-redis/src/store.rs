@@ -55,6 +55,7 @@ struct Scripts {
     send_control: Script,
     withdraw: Script,
     park: Script,
+    forget_ended: Script,
 }
 
 /// The fence a leased run's store puts on every write (`scripts::FENCE`).
@@ -129,6 +130,7 @@ impl RedisStore {
                 send_control: Script::new(scripts::SEND_CONTROL),
                 withdraw: Script::new(&scripts::withdraw()),
                 park: Script::new(scripts::PARK),
+                forget_ended: Script::new(scripts::FORGET_ENDED),
             }),
             client,
             fence: None,
@@ -162,6 +164,10 @@ impl RedisStore {
 
     pub(crate) fn controls_key(&self, run_id: &str) -> String {
         self.run_part(run_id, "controls")
+    }
+
+    pub(crate) fn forget_ended_script(&self) -> &Script {
+        &self.scripts.forget_ended
     }
 
     pub(crate) fn park_script(&self) -> &Script {

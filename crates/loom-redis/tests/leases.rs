@@ -260,3 +260,50 @@ async fn a_parked_run_holds_no_worker_until_a_control_comes() {
     assert!(!store.park(&next).await.unwrap());
     assert!(matches!(claim(&store, "w3", 60_000).await, Some(Claim::Resume { .. })));
 }
+
+#[tokio::test]
+async fn ended_runs_are_forgotten_after_their_keeping_time_with_every_trace() {
+    let (store, server, _dir) = store().await;
+    queue(&store, "old", "s1", 1).await;
+    queue(&store, "live", "s2", 2).await;
+    let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
+    let run = fenced(&store, &lease);
+    run.create_run(&started(&lease)).await.unwrap();
+    run.append_events("old", &[event(1)]).await.unwrap();
+    run.finish_run("old", RunStatus::Done, Some("ok"), &RunMetrics::default(), &[event(2)])
+        .await
+        .unwrap();
+    // Not yet: it ended just now.
+    assert_eq!(store.forget_ended(1, 100).await.unwrap(), 0);
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 1_000;
+    assert_eq!(store.forget_ended(later, 100).await.unwrap(), 1);
+    assert!(matches!(store.load_run("old").await, Err(StoreError::NotFound(_))));
+    assert!(store.session_runs("s1").await.unwrap().is_empty());
+    let listed: Vec<String> = store
+        .list_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|run| run.run_id)
+        .collect();
+    assert_eq!(listed, ["live"], "the run that has not ended stays");
+    let client = redis::Client::open(server.url(0)).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*old*").query_async(&mut conn).await.unwrap();
+    assert!(keys.is_empty(), "nothing of it is left: {keys:?}");
+    for index in ["loom:runs", "loom:ended", "loom:status:DONE", "loom:session:s1"] {
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(index)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!members.contains(&"old".to_string()), "{index}: {members:?}");
+    }
+    assert_eq!(store.forget_ended(later, 100).await.unwrap(), 0);
+}

@@ -64,6 +64,10 @@ fn describe() {
         "Runs this worker gave up: taken over by another worker, or not renewed in time."
     );
     describe_counter!(
+        "loom_worker_runs_forgotten_total",
+        "Finished runs removed after [cluster] keep_finished_days."
+    );
+    describe_counter!(
         "loom_worker_runs_parked_total",
         "Runs this worker parked while they waited for a person (they hold no worker until answered)."
     );

@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     pub park_after: Option<Duration>,
     /// Who this worker is, as leases and run records name it.
     pub owner: String,
+    /// Runs that ended longer ago than this are removed from the store
+    /// (`None`: kept for ever).
+    pub keep_finished: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -52,6 +55,7 @@ impl Default for WorkerConfig {
             stop_patience: Duration::from_secs(30),
             park_after: Some(Duration::from_secs(5)),
             owner: loom_core::owner::this_process(),
+            keep_finished: Some(Duration::from_secs(30 * 24 * 60 * 60)),
         }
     }
 }
@@ -118,6 +122,10 @@ impl Worker {
     /// hands each back, so another worker takes it at once.
     pub async fn run(self: &Arc<Self>, stop: impl std::future::Future<Output = ()>) {
         tokio::pin!(stop);
+        let sweeping = self.config.keep_finished.map(|keep| {
+            let worker = self.clone();
+            tokio::spawn(async move { worker.sweep(keep).await })
+        });
         let mut backoff = self.config.poll_every;
         loop {
             let mut took = false;
@@ -144,7 +152,41 @@ impl Worker {
                 () = self.ended.notified(), if self.keeper.count() >= self.config.max_runs => {}
             }
         }
+        if let Some(sweeping) = sweeping {
+            sweeping.abort();
+        }
         self.stop().await;
+    }
+
+    /// Every minute, removes the runs that ended more than `keep` ago.
+    async fn sweep(&self, keep: Duration) {
+        /// Runs removed in one step (one script: short, so Redis is not held).
+        const BATCH: usize = 200;
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as u64);
+            let before = now.saturating_sub(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX));
+            loop {
+                match self.leases.forget_ended(before, BATCH).await {
+                    Ok(removed) => {
+                        if removed > 0 {
+                            metrics::counter!("loom_worker_runs_forgotten_total").increment(removed as u64);
+                            tracing::info!(removed, "finished runs past their keeping time were removed");
+                        }
+                        if removed < BATCH {
+                            break;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not remove old finished runs");
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Interrupts every run, waits for them, and hands them back.
