@@ -141,7 +141,13 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
                     "loom.toml sets both store = \"{store}\" and [cluster] redis: keep one"
                 )));
             }
-            Some(crate::store::open_redis(url).await.map_err(Failure::Usage)?)
+            // The cluster's line is bounded by this gateway's max_queued.
+            Some(
+                crate::store::open_redis(url)
+                    .await
+                    .map_err(Failure::Usage)?
+                    .with_queue_bound(config.max_queued),
+            )
         }
         _ => None,
     };

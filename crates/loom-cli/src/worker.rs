@@ -92,6 +92,13 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         }
         None => WorkerConfig::default().keep_finished,
     };
+    // The gateways' per-token cap holds across the cluster.
+    let per_principal = loaded
+        .file
+        .server
+        .as_ref()
+        .and_then(|server| server.max_runs_per_token)
+        .unwrap_or(loom_server::ServerConfig::default().max_runs_per_token);
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
@@ -143,6 +150,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         leases: timing,
         park_after,
         keep_finished,
+        per_principal,
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();

@@ -93,6 +93,11 @@ fn cluster(dir: &Path) -> (RedisServer, PromptModel, Gateway) {
 
 /// [`cluster`] with more `[cluster]` settings.
 fn cluster_with(dir: &Path, settings: &str) -> (RedisServer, PromptModel, Gateway) {
+    cluster_configured(dir, "", settings)
+}
+
+/// [`cluster`] with more `[server]` and `[cluster]` settings.
+fn cluster_configured(dir: &Path, server_settings: &str, settings: &str) -> (RedisServer, PromptModel, Gateway) {
     let files = dir.join("redis");
     std::fs::create_dir_all(&files).unwrap();
     let server = RedisServer::start(&files).unwrap_or_else(|err| panic!("{err}"));
@@ -100,7 +105,10 @@ fn cluster_with(dir: &Path, settings: &str) -> (RedisServer, PromptModel, Gatewa
     config(
         dir,
         &model.url(),
-        &format!("\n[cluster]\nredis = \"{}\"\n{settings}\n", server.url(0)),
+        &format!(
+            "{server_settings}\n[cluster]\nredis = \"{}\"\n{settings}\n",
+            server.url(0)
+        ),
     );
     let gateway = Gateway::start(dir, &[]);
     assert!(
@@ -575,5 +583,64 @@ async fn redis_killed_under_load_loses_no_accepted_run() {
     }
     for (line, times) in effects(dir.path()) {
         assert_eq!(times, 1, "{line} ran {times} times\n{}", why());
+    }
+}
+
+/// The cluster's line: runs wait in the store with their place shown,
+/// one past its bound is refused `OVERLOADED`, and a token executes at
+/// most its cap at once whatever the workers could take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_line_is_bounded_shows_places_and_caps_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_configured(dir.path(), "max_queued = 3\nmax_runs_per_token = 1", "");
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        let accepted: Value = http(ALICE)
+            .post(gateway.url("/v1/runs"))
+            .json(&json!({"prompt": prompt(&format!("w{i}"), 1, 0.5)}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(accepted["status"], "QUEUED", "{accepted}");
+        assert_eq!(accepted["queuePosition"], i + 1, "{accepted}");
+        waiting.push(accepted["runId"].as_str().unwrap().to_string());
+    }
+    let refused = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "steps=0"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "OVERLOADED", "{body}");
+    assert_eq!(view(&gateway, &waiting[2]).await["queuePosition"], 3);
+
+    // A worker with room for three executes alice's runs one at a time.
+    let worker = WorkerProcess::start(dir.path(), 3);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    effect(dir.path(), "w0-1", why).await;
+    assert_eq!(view(&gateway, &waiting[1]).await["queuePosition"], 1);
+    for run in &waiting {
+        assert_eq!(
+            ended(&gateway, run, Duration::from_secs(30), why).await["status"],
+            "DONE"
+        );
+    }
+    // Never two at once: each run began after the one before had ended.
+    let spans: Vec<(String, String)> = waiting
+        .iter()
+        .map(|run| {
+            let stored = stored_events(dir.path(), &server.url(0), run);
+            let ts = |event: &Value| event["ts"].as_str().unwrap().to_string();
+            (ts(&stored[0]), ts(stored.last().unwrap()))
+        })
+        .collect();
+    for pair in spans.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two of alice's runs overlapped: {spans:?}");
     }
 }

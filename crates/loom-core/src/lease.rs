@@ -78,8 +78,13 @@ pub enum Renewal {
 pub trait RunLeases: Send + Sync {
     /// Takes the next run to execute, for `ttl`: the oldest run whose
     /// lease expired (its worker died), else the oldest queued run whose
-    /// session executes no other run. `None` when there is none.
-    async fn claim_next(&self, owner: &str, ttl: Duration) -> Result<Option<Claim>, StoreError>;
+    /// session executes no other run and whose principal executes fewer
+    /// than `per_principal` (0: no cap). `None` when there is none.
+    async fn claim_next(&self, owner: &str, ttl: Duration, per_principal: usize) -> Result<Option<Claim>, StoreError>;
+
+    /// Where a queued run no worker took yet waits: 1 for the next to
+    /// start; `None` when it does not wait.
+    async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError>;
 
     /// Renews a lease for another `ttl`, and collects the controls sent
     /// to its run meanwhile.

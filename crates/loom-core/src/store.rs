@@ -230,6 +230,12 @@ pub enum StoreError {
     /// too slow to answer): the same request may succeed later.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
+    /// Too many runs are waiting: the run was not taken (a bounded line).
+    #[error("too many runs are waiting (at most {limit}); try again later")]
+    QueueFull {
+        /// The bound.
+        limit: usize,
+    },
     /// The write was for a run this process no longer holds: another
     /// process took it over, or this one gave it up (docs/cluster.md,
     /// leases). Nothing was written.

@@ -26,12 +26,13 @@ fn unexpected(reply: &[String]) -> StoreError {
 
 #[async_trait]
 impl RunLeases for RedisStore {
-    async fn claim_next(&self, owner: &str, ttl: Duration) -> Result<Option<Claim>, StoreError> {
+    async fn claim_next(&self, owner: &str, ttl: Duration, per_principal: usize) -> Result<Option<Claim>, StoreError> {
         let (claim, ..) = self.lease_scripts();
         let reply: Vec<String> = claim
             .arg(self.prefix())
             .arg(owner)
             .arg(millis(ttl))
+            .arg(per_principal)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
@@ -107,6 +108,15 @@ impl RunLeases for RedisStore {
             .await
             .map_err(backend)?;
         Ok(reply == "parked")
+    }
+
+    async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError> {
+        self.queue_position_script()
+            .arg(self.prefix())
+            .arg(run_id)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)
     }
 
     async fn forget_ended(&self, before_ms: u64, limit: usize) -> Result<usize, StoreError> {

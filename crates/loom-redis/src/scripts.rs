@@ -122,7 +122,8 @@ return 'created'
 
 /// `queue_run`: KEYS run; ARGV prefix, id, the new run's fields (status
 /// `QUEUED`, its request), then the idempotency key (`''` for none), its
-/// value and its lifetime in ms.
+/// value and its lifetime in ms, then the most runs that may wait (`''`
+/// for no bound: past it the run is refused, `'full'`).
 pub(crate) fn queue_run() -> String {
     format!(
         "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
@@ -130,6 +131,7 @@ pub(crate) fn queue_run() -> String {
 local fenced = fence_error(); if fenced then return fenced end
 local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then return 'exists' end
+if ARGV[18] ~= '' and redis.call('ZCARD', p .. 'status:QUEUED') >= tonumber(ARGV[18]) then return 'full' end
 new_run(run_key, p, id)
 if ARGV[15] ~= '' then redis.call('SET', ARGV[15], ARGV[16], 'NX', 'PX', ARGV[17]) end
 return 'queued'
@@ -249,7 +251,8 @@ local function now_ms()
 end
 "#;
 
-/// `claim_next`: ARGV prefix, owner, lease in ms. Takes the oldest run
+/// `claim_next`: ARGV prefix, owner, lease in ms, the most runs of one
+/// principal executing at once (0: no cap). Takes the oldest run
 /// whose lease ended (`{p}leases`, lease ends by run) — a queued run to
 /// start, or an active one to resume, moved to `INTERRUPTED` — else the
 /// oldest queued run (with its request) that nobody leases and whose
@@ -290,10 +293,21 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0,
     redis.call('ZREM', leases, id)
   end
 end
+-- Runs executing per principal, when a cap asks for them.
+local cap = tonumber(ARGV[4])
+local executing = {}
+if cap > 0 then
+  for _, other in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+    local principal = redis.call('HGET', p .. 'run:' .. other, 'principal') or ''
+    executing[principal] = (executing[principal] or 0) + 1
+  end
+end
 for _, id in ipairs(redis.call('ZRANGE', p .. 'status:QUEUED', 0, 99)) do
   local key = p .. 'run:' .. id
   if not redis.call('ZSCORE', leases, id) and redis.call('HEXISTS', key, 'request') == 1 then
-    if not session_busy(redis.call('HGET', key, 'session_id'), id) then
+    local principal = redis.call('HGET', key, 'principal') or ''
+    if (cap == 0 or (executing[principal] or 0) < cap)
+      and not session_busy(redis.call('HGET', key, 'session_id'), id) then
       return {'start', id, lease(key, id), redis.call('HGET', key, 'request')}
     end
   end
@@ -402,4 +416,21 @@ for _, id in ipairs(ids) do
     p .. 'results:' .. id, p .. 'controls:' .. id)
 end
 return #ids
+"#;
+
+/// `queue_position`: ARGV prefix, id. 1 for the oldest queued run that no
+/// worker took yet; `false` when the run does not wait.
+pub(crate) const QUEUE_POSITION: &str = r#"
+local p, id = ARGV[1], ARGV[2]
+if redis.call('HGET', p .. 'run:' .. id, 'status') ~= 'QUEUED' or redis.call('ZSCORE', p .. 'leases', id) then
+  return false
+end
+local rank = redis.call('ZRANK', p .. 'status:QUEUED', id)
+if not rank then return false end
+-- Runs a worker took are still QUEUED until they start: not ahead.
+local position = 0
+for _, other in ipairs(redis.call('ZRANGE', p .. 'status:QUEUED', 0, rank)) do
+  if not redis.call('ZSCORE', p .. 'leases', other) then position = position + 1 end
+end
+return position
 "#;

@@ -56,6 +56,7 @@ struct Scripts {
     withdraw: Script,
     park: Script,
     forget_ended: Script,
+    queue_position: Script,
 }
 
 /// The fence a leased run's store puts on every write (`scripts::FENCE`).
@@ -77,6 +78,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// The runs' events, sent to Redis together (`appender.rs`).
     appender: Appender,
+    /// The most queued runs (`with_queue_bound`), if bounded.
+    queue_bound: Option<usize>,
     /// What opens further connections (`tail.rs`).
     client: redis::Client,
     /// The lease this store writes under (`RunLeases::fenced`), if any.
@@ -131,8 +134,10 @@ impl RedisStore {
                 withdraw: Script::new(&scripts::withdraw()),
                 park: Script::new(scripts::PARK),
                 forget_ended: Script::new(scripts::FORGET_ENDED),
+                queue_position: Script::new(scripts::QUEUE_POSITION),
             }),
             client,
+            queue_bound: None,
             fence: None,
         })
     }
@@ -164,6 +169,17 @@ impl RedisStore {
 
     pub(crate) fn controls_key(&self, run_id: &str) -> String {
         self.run_part(run_id, "controls")
+    }
+
+    pub(crate) fn queue_position_script(&self) -> &Script {
+        &self.scripts.queue_position
+    }
+
+    /// The same store, refusing a queued run once `max` wait
+    /// ([`StoreError::QueueFull`]): the bound of a cluster's line.
+    pub fn with_queue_bound(mut self, max: usize) -> Self {
+        self.queue_bound = Some(max);
+        self
     }
 
     pub(crate) fn forget_ended_script(&self) -> &Script {
@@ -476,10 +492,15 @@ impl Store for RedisStore {
                 .arg(REQUEST_KEY_RETENTION.as_millis() as u64),
             _ => invocation.arg("").arg("").arg(0),
         };
-        invocation.arg(self.fence_arg()?);
+        invocation
+            .arg(self.queue_bound.map(|max| max.to_string()).unwrap_or_default())
+            .arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "queued" => Ok(()),
+            "full" => Err(StoreError::QueueFull {
+                limit: self.queue_bound.unwrap_or_default(),
+            }),
             _ => Err(StoreError::Backend(format!(
                 "a run with id '{}' already exists",
                 run.run_id

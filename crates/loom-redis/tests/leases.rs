@@ -44,7 +44,7 @@ fn started(lease: &Lease) -> RunRecord {
 }
 
 async fn claim(store: &RedisStore, owner: &str, ttl_ms: u64) -> Option<Claim> {
-    store.claim_next(owner, Duration::from_millis(ttl_ms)).await.unwrap()
+    store.claim_next(owner, Duration::from_millis(ttl_ms), 0).await.unwrap()
 }
 
 fn fenced(store: &RedisStore, lease: &Lease) -> Arc<dyn Store> {
@@ -306,4 +306,56 @@ async fn ended_runs_are_forgotten_after_their_keeping_time_with_every_trace() {
         assert!(!members.contains(&"old".to_string()), "{index}: {members:?}");
     }
     assert_eq!(store.forget_ended(later, 100).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn the_line_is_bounded_shows_positions_and_caps_each_principal() {
+    let (store, _server, _dir) = store().await;
+    let store = store.with_queue_bound(3);
+    queue(&store, "q1", "s1", 1).await;
+    queue(&store, "q2", "s2", 2).await;
+    queue(&store, "q3", "s3", 3).await;
+    let mut run = record("q4");
+    run.principal = Some("alice".into());
+    let refused = store
+        .queue_run(
+            &QueuedRun {
+                record: run,
+                request: "{}".into(),
+            },
+            None,
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::QueueFull { limit: 3 })),
+        "{refused:?}"
+    );
+    assert_eq!(store.queue_position("q2").await.unwrap(), Some(2));
+
+    // Every queued run is alice's: with a cap of two, a third waits.
+    let first = store
+        .claim_next("w1", Duration::from_secs(60), 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.queue_position("q1").await.unwrap(), None, "taken: not waiting");
+    assert_eq!(store.queue_position("q2").await.unwrap(), Some(1));
+    store
+        .claim_next("w1", Duration::from_secs(60), 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.claim_next("w2", Duration::from_secs(60), 2).await.unwrap(), None);
+    // One ends: the third may go.
+    let done = fenced(&store, first.lease());
+    done.create_run(&started(first.lease())).await.unwrap();
+    done.finish_run("q1", RunStatus::Done, None, &RunMetrics::default(), &[])
+        .await
+        .unwrap();
+    let third = store
+        .claim_next("w2", Duration::from_secs(60), 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.lease().run_id, "q3");
 }

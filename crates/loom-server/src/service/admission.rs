@@ -43,7 +43,10 @@ impl Service {
         let key = params.idempotency_key.clone();
         let digest = digest(&params);
         match self.admit(principal, params).await? {
-            Admitted::Run(accepted) => {
+            Admitted::Run(mut accepted) => {
+                if self.on_workers() && accepted.status == RunStatus::Queued && !accepted.steered {
+                    accepted.queue_position = self.cluster_position(&accepted.run_id).await;
+                }
                 // A new run's key was stored with it; a steer's is stored here.
                 if let (Some(key), true) = (&key, accepted.steered) {
                     self.persist_key(principal, key, digest, &accepted.run_id).await;
@@ -294,7 +297,7 @@ impl Service {
             controller: None,
             cancel_requested: false,
             asks_counted: 0,
-            on_worker: false,
+            on_worker: self.on_workers(),
             done,
         }
     }

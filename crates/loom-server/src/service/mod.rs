@@ -81,6 +81,8 @@ fn store_error(err: StoreError) -> ApiError {
             tracing::warn!(error = %err, "the store is unavailable");
             ApiError::new(Code::Unavailable, "the store is unavailable; try again").retry_after(Duration::from_secs(1))
         }
+        StoreError::QueueFull { .. } => ApiError::new(Code::Overloaded, "too many runs are waiting; try again later")
+            .retry_after(Duration::from_secs(1)),
         err => ApiError::internal("the store failed", err),
     }
 }

@@ -41,11 +41,18 @@ impl Service {
 
     /// `run.get`.
     pub async fn get(&self, principal: &Principal, run_id: &str) -> Result<RunView, ApiError> {
+        let live = self
+            .registry()
+            .run(principal, run_id)
+            .map(|run| run.view(self.inner.queue.position(run_id)));
+        if let Some(mut view) = live {
+            if self.on_workers() && view.status == RunStatus::Queued {
+                view.queue_position = self.cluster_position(run_id).await;
+            }
+            return Ok(view);
+        }
         {
             let registry = self.registry();
-            if let Some(run) = registry.run(principal, run_id) {
-                return Ok(run.view(self.inner.queue.position(run_id)));
-            }
             if let Some((owner, view)) = registry.finished.get(run_id) {
                 return if owner == principal {
                     Ok(view.clone())

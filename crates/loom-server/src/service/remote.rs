@@ -106,6 +106,19 @@ impl Service {
         self.inner.cluster.is_some()
     }
 
+    /// Where a run no worker took yet waits in the cluster's line (`None`
+    /// when it does not, or the store cannot say now).
+    pub(super) async fn cluster_position(&self, run_id: &str) -> Option<usize> {
+        let cluster = self.inner.cluster.as_ref()?;
+        match cluster.leases.queue_position(run_id).await {
+            Ok(position) => position,
+            Err(err) => {
+                tracing::warn!(run_id, error = %err, "cannot read the run's place in line");
+                None
+            }
+        }
+    }
+
     /// Starts the gateway's one reader of its followed runs.
     pub(super) fn start_reading(&self) {
         let Some(cluster) = self.inner.cluster.clone() else {

@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     pub park_after: Option<Duration>,
     /// Who this worker is, as leases and run records name it.
     pub owner: String,
+    /// Runs of one principal executing at once across the cluster (the
+    /// gateways' `max_runs_per_token`; 0: no cap).
+    pub per_principal: usize,
     /// Runs that ended longer ago than this are removed from the store
     /// (`None`: kept for ever).
     pub keep_finished: Option<Duration>,
@@ -56,6 +59,7 @@ impl Default for WorkerConfig {
             park_after: Some(Duration::from_secs(5)),
             owner: loom_core::owner::this_process(),
             keep_finished: Some(Duration::from_secs(30 * 24 * 60 * 60)),
+            per_principal: 0,
         }
     }
 }
@@ -131,7 +135,11 @@ impl Worker {
             let mut took = false;
             while self.keeper.count() < self.config.max_runs && !self.stopping.load(Ordering::SeqCst) {
                 let sent = Instant::now();
-                match self.leases.claim_next(&self.config.owner, self.config.leases.ttl).await {
+                match self
+                    .leases
+                    .claim_next(&self.config.owner, self.config.leases.ttl, self.config.per_principal)
+                    .await
+                {
                     Ok(Some(claim)) => {
                         took = true;
                         backoff = self.config.poll_every;
