@@ -146,7 +146,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
                 crate::store::open_redis(url)
                     .await
                     .map_err(Failure::Usage)?
-                    .with_queue_bound(config.max_queued),
+                    .queueing_for_workers(config.max_queued),
             )
         }
         _ => None,

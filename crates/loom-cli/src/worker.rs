@@ -50,7 +50,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         )));
     }
     let timing = match loaded.file.cluster.as_ref().and_then(|cluster| cluster.lease_secs) {
-        Some(secs) if secs.is_finite() && (0.3..=3600.0).contains(&secs) => {
+        Some(secs) if secs.is_finite() && (1.5..=3600.0).contains(&secs) => {
             let ttl = std::time::Duration::from_secs_f64(secs);
             LeaseTiming {
                 ttl,
@@ -59,7 +59,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         }
         Some(secs) => {
             return Err(Failure::Usage(anyhow!(
-                "[cluster] lease_secs = {secs}: use 0.3 to 3600 seconds"
+                "[cluster] lease_secs = {secs}: use 1.5 to 3600 seconds"
             )))
         }
         None => LeaseTiming::default(),

@@ -58,14 +58,27 @@ impl Claim {
     }
 }
 
+/// What a worker shares with the store of a lease it holds
+/// ([`RunLeases::fenced`]).
+#[derive(Debug, Default)]
+pub struct LeaseGuard {
+    /// Set when the worker gave the run up: its store sends nothing more.
+    pub revoked: std::sync::atomic::AtomicBool,
+    /// The number of the last control handed to the run: its next
+    /// checkpoint acknowledges it and those before, which then leave the
+    /// store (until then a worker that takes the run over gets them again).
+    pub delivered: std::sync::atomic::AtomicU64,
+}
+
 /// What a renewal found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Renewal {
-    /// The lease is held for another term; `controls` came for the run
-    /// since the last renewal (from any gateway), oldest first.
+    /// The lease is held for another term; `controls` are those sent to
+    /// the run (from any gateway) after the number the renewal named,
+    /// oldest first, each with its number.
     Held {
         /// Controls to apply to the run.
-        controls: Vec<Control>,
+        controls: Vec<(u64, Control)>,
     },
     /// Another worker took the run over (the epoch moved on): stop at once.
     Lost,
@@ -87,8 +100,13 @@ pub trait RunLeases: Send + Sync {
     async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError>;
 
     /// Renews a lease for another `ttl`, and collects the controls sent
-    /// to its run meanwhile.
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal, StoreError>;
+    /// to its run after the one numbered `after`.
+    async fn renew(&self, lease: &Lease, ttl: Duration, after: u64) -> Result<Renewal, StoreError>;
+
+    /// Counts a start of the run that failed here (its model or a tool
+    /// could not be set up); returns how many have, or `None` when the
+    /// lease was lost meanwhile.
+    async fn note_failed_start(&self, lease: &Lease) -> Result<Option<u32>, StoreError>;
 
     /// Hands a run back: its lease ends now, so another worker takes it
     /// at once (a worker stopping with SIGTERM, after it interrupted the run).
@@ -98,9 +116,10 @@ pub trait RunLeases: Send + Sync {
     /// (it holds no worker while nobody answers): no worker takes it until
     /// a control is sent to it ([`RunLeases::send_control`] — the answer,
     /// a cancel, a steer), which makes it claimable at once. Returns
-    /// `false` when it was not parked: a control had come meanwhile (it
-    /// is claimable now), or the lease was lost.
-    async fn park(&self, lease: &Lease) -> Result<bool, StoreError>;
+    /// `false` when it was not parked: a control the worker had not heard
+    /// (numbered after `heard`) had come meanwhile — it is claimable now —
+    /// or the lease was lost.
+    async fn park(&self, lease: &Lease, heard: u64) -> Result<bool, StoreError>;
 
     /// Cancels a run no worker has taken yet, in one step: when it is
     /// still `QUEUED` and unleased it becomes `CANCELED` with `log` (its
@@ -121,8 +140,9 @@ pub trait RunLeases: Send + Sync {
 
     /// The store a leased run writes through: every write is refused with
     /// [`StoreError::Fenced`] once another worker took the run over, or
-    /// once `revoked` is set (the worker fenced itself).
-    fn fenced(&self, lease: &Lease, revoked: Arc<std::sync::atomic::AtomicBool>) -> Arc<dyn Store>;
+    /// once the guard is revoked (the worker fenced itself); its
+    /// checkpoints acknowledge the controls the guard says were delivered.
+    fn fenced(&self, lease: &Lease, guard: Arc<LeaseGuard>) -> Arc<dyn Store>;
 }
 
 /// New events of runs executed elsewhere, as they are stored: how a

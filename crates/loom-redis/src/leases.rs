@@ -4,12 +4,11 @@
 //! a run wait in the list `{p}controls:{id}` until its worker's next
 //! renewal takes them. Each step is one script (`scripts.rs`).
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{Claim, Control, Event, EventKind, Lease, Renewal, RunLeases, Store, StoreError};
+use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Renewal, RunLeases, Store, StoreError};
 
 use crate::store::{backend, event_args, event_rows, json, now_ms, Fence, RedisStore};
 
@@ -56,7 +55,7 @@ impl RunLeases for RedisStore {
         }
     }
 
-    async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Renewal, StoreError> {
+    async fn renew(&self, lease: &Lease, ttl: Duration, after: u64) -> Result<Renewal, StoreError> {
         let (_, renew, ..) = self.lease_scripts();
         let reply: Vec<String> = renew
             .key(self.run_key_of(&lease.run_id))
@@ -65,6 +64,7 @@ impl RunLeases for RedisStore {
             .arg(&lease.run_id)
             .arg(lease.epoch)
             .arg(millis(ttl))
+            .arg(after)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
@@ -74,7 +74,10 @@ impl RunLeases for RedisStore {
                     .iter()
                     // A control this Loom cannot read (a newer one sent
                     // it) is dropped rather than stopping the renewals.
-                    .filter_map(|control| serde_json::from_str(control).ok())
+                    .filter_map(|control| {
+                        let (number, body) = control.split_once(' ')?;
+                        Some((number.parse().ok()?, serde_json::from_str(body).ok()?))
+                    })
                     .collect(),
             }),
             Some((kind, _)) if kind == "lost" => Ok(Renewal::Lost),
@@ -96,7 +99,7 @@ impl RunLeases for RedisStore {
         Ok(())
     }
 
-    async fn park(&self, lease: &Lease) -> Result<bool, StoreError> {
+    async fn park(&self, lease: &Lease, heard: u64) -> Result<bool, StoreError> {
         let reply: String = self
             .park_script()
             .key(self.run_key_of(&lease.run_id))
@@ -104,10 +107,22 @@ impl RunLeases for RedisStore {
             .arg(self.prefix())
             .arg(&lease.run_id)
             .arg(lease.epoch)
+            .arg(heard)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
         Ok(reply == "parked")
+    }
+
+    async fn note_failed_start(&self, lease: &Lease) -> Result<Option<u32>, StoreError> {
+        let count: i64 = self
+            .failed_start_script()
+            .key(self.run_key_of(&lease.run_id))
+            .arg(lease.epoch)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(u32::try_from(count).ok())
     }
 
     async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError> {
@@ -165,17 +180,19 @@ impl RunLeases for RedisStore {
             .await
             .map_err(backend)?;
         match reply.as_str() {
-            "ok" => Ok(()),
+            // An ended run has nothing to hear.
+            "ok" | "ended" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
         }
     }
 
-    fn fenced(&self, lease: &Lease, revoked: Arc<AtomicBool>) -> Arc<dyn Store> {
+    fn fenced(&self, lease: &Lease, guard: Arc<LeaseGuard>) -> Arc<dyn Store> {
         let mut store = self.clone();
         store.fence = Some(Arc::new(Fence {
             run_id: lease.run_id.clone(),
             arg: format!("{} {}", lease.epoch, self.run_key_of(&lease.run_id)),
-            revoked,
+            guard,
+            controls_key: self.controls_key(&lease.run_id),
         }));
         Arc::new(store)
     }

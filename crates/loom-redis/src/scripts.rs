@@ -123,7 +123,9 @@ return 'created'
 /// `queue_run`: KEYS run; ARGV prefix, id, the new run's fields (status
 /// `QUEUED`, its request), then the idempotency key (`''` for none), its
 /// value and its lifetime in ms, then the most runs that may wait (`''`
-/// for no bound: past it the run is refused, `'full'`).
+/// for no bound: past it the run is refused, `'full'`), then `'1'` when
+/// workers execute it (only such runs are claimed: a gateway that
+/// executes its own runs may share the Redis).
 pub(crate) fn queue_run() -> String {
     format!(
         "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
@@ -133,6 +135,7 @@ local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then return 'exists' end
 if ARGV[18] ~= '' and redis.call('ZCARD', p .. 'status:QUEUED') >= tonumber(ARGV[18]) then return 'full' end
 new_run(run_key, p, id)
+if ARGV[19] == '1' then redis.call('HSET', run_key, 'for_workers', '1') end
 if ARGV[15] ~= '' then redis.call('SET', ARGV[15], ARGV[16], 'NX', 'PX', ARGV[17]) end
 return 'queued'
 "#
@@ -175,7 +178,9 @@ return {'ok'}
 
 /// `checkpoint`: KEYS run, messages, events; ARGV `1` to replace the
 /// history (then its length and messages) or `0`, the new messages' count
-/// and messages, the events, the run's state and metrics.
+/// and messages, the events, the run's state and metrics, then the
+/// controls list of a leased run (`''` for none) and the number of the
+/// last control its worker applied: those are taken out of the list.
 pub(crate) fn checkpoint() -> String {
     format!(
         "{FENCE}{APPEND_EVENTS}{}",
@@ -195,6 +200,15 @@ local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('RPUSH', messages_key, ARGV[i]); i = i + 1 end
 i = append_events(events_key, i)
 redis.call('HSET', run_key, 'next_turn', ARGV[i], 'metrics', ARGV[i + 1])
+-- The controls its worker had applied are in this checkpoint now.
+local controls_key, acked = ARGV[i + 2], tonumber(ARGV[i + 3])
+if controls_key ~= '' then
+  while true do
+    local head = redis.call('LINDEX', controls_key, 0)
+    if not head or tonumber(string.match(head, '^(%d+) ')) > acked then break end
+    redis.call('LPOP', controls_key)
+  end
+end
 return 'ok'
 "#
     )
@@ -256,8 +270,9 @@ end
 /// whose lease ended (`{p}leases`, lease ends by run) — a queued run to
 /// start, or an active one to resume, moved to `INTERRUPTED` — else the
 /// oldest queued run (with its request) that nobody leases and whose
-/// session has no other run executing. Raises the run's epoch. Returns
-/// `{'start', id, epoch, request}`, `{'resume', id, epoch}` or `{}`.
+/// session has no other run executing (queued for workers: see
+/// `queue_run`). Raises the run's epoch. Returns `{'start', id, epoch,
+/// request}`, `{'resume', id, epoch}` or `{}`.
 pub(crate) fn claim_next() -> String {
     format!(
         "{APPEND_EVENTS}{NOW}{}",
@@ -271,15 +286,23 @@ local function lease(key, id)
   redis.call('ZADD', leases, now + ttl, id)
   return epoch
 end
+-- A session executes one run at a time: one leased, parked (it goes on
+-- once answered), or executing without a lease (a process of its own).
+local busy = {}
 local function session_busy(session, id)
+  if busy[session] ~= nil then return busy[session] end
+  busy[session] = false
   for _, other in ipairs(redis.call('ZRANGE', p .. 'session:' .. session, 0, -1)) do
     if other ~= id then
-      if redis.call('ZSCORE', leases, other) then return true end
       local status = redis.call('HGET', p .. 'run:' .. other, 'status')
-      if status == 'RUNNING' or status == 'WAITING_PERMISSION' then return true end
+      if redis.call('ZSCORE', leases, other) or redis.call('ZSCORE', p .. 'parked', other)
+        or status == 'RUNNING' or status == 'WAITING_PERMISSION' then
+        busy[session] = true
+        break
+      end
     end
   end
-  return false
+  return busy[session]
 end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, 20)) do
   local key = p .. 'run:' .. id
@@ -304,7 +327,7 @@ if cap > 0 then
 end
 for _, id in ipairs(redis.call('ZRANGE', p .. 'status:QUEUED', 0, 99)) do
   local key = p .. 'run:' .. id
-  if not redis.call('ZSCORE', leases, id) and redis.call('HEXISTS', key, 'request') == 1 then
+  if not redis.call('ZSCORE', leases, id) and redis.call('HGET', key, 'for_workers') == '1' then
     local principal = redis.call('HGET', key, 'principal') or ''
     if (cap == 0 or (executing[principal] or 0) < cap)
       and not session_busy(redis.call('HGET', key, 'session_id'), id) then
@@ -317,10 +340,13 @@ return {}
     )
 }
 
-/// `renew`: KEYS run, controls; ARGV prefix, id, epoch, lease in ms.
-/// Returns `{'lost'}` when the epoch moved on, `{'ended'}` when the run
-/// ended, else `{'held', control...}` with the controls sent meanwhile
-/// (taken out of the list).
+/// `renew`: KEYS run, controls; ARGV prefix, id, epoch, lease in ms, the
+/// number of the last control the worker has. Returns `{'lost'}` when
+/// the epoch moved on, `{'ended'}` when the run ended, else `{'held',
+/// control...}` with the controls after that number (each `N JSON`, at
+/// most 100). Controls stay in the list until a checkpoint of the run
+/// acknowledges them (`checkpoint`): a worker that dies first leaves
+/// them to the next.
 pub(crate) fn renew() -> String {
     format!(
         "{NOW}{}",
@@ -333,27 +359,42 @@ if status ~= 'QUEUED' and status ~= 'RUNNING' and status ~= 'WAITING_PERMISSION'
   return {'ended'}
 end
 redis.call('ZADD', p .. 'leases', now_ms() + tonumber(ARGV[4]), id)
-local controls = redis.call('LRANGE', controls_key, 0, -1)
-redis.call('DEL', controls_key)
-return {'held', unpack(controls)}
+local after = tonumber(ARGV[5])
+local reply = {'held'}
+for _, control in ipairs(redis.call('LRANGE', controls_key, 0, 199)) do
+  if tonumber(string.match(control, '^(%d+) ')) > after and #reply <= 100 then
+    table.insert(reply, control)
+  end
+end
+return reply
 "#
     )
 }
 
 /// `release`: KEYS run; ARGV prefix, id, epoch. The lease ends now (if
-/// it is still this epoch's), so the next claim takes the run.
+/// it is still this epoch's), so the next claim takes the run; the epoch
+/// moves on, so nothing more of the releasing worker lands.
 pub(crate) const RELEASE: &str = r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
+-- A renewal or write of the releasing worker still on its way is stale.
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('ZADD', ARGV[1] .. 'leases', 'XX', 0, ARGV[2])
 return 'ok'
 "#;
 
 /// `send_control`: KEYS run, controls; ARGV the control (JSON), how long
-/// it is kept in ms, prefix, id. A parked run (see `PARK`) becomes
-/// claimable at once, so that a worker takes it and hears the control.
+/// it is kept in ms, prefix, id. Each control is numbered (`N JSON`). A
+/// parked run (see `PARK`) becomes claimable at once, so that a worker
+/// takes it and hears the control. Returns `'ok'`, `'ended'` (nothing
+/// kept) or `'missing'`.
 pub(crate) const SEND_CONTROL: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
-redis.call('RPUSH', KEYS[2], ARGV[1])
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 'missing' end
+if status ~= 'QUEUED' and status ~= 'RUNNING' and status ~= 'WAITING_PERMISSION' and status ~= 'INTERRUPTED' then
+  return 'ended'
+end
+local n = redis.call('HINCRBY', KEYS[1], 'control_seq', 1)
+redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 if redis.call('ZREM', ARGV[3] .. 'parked', ARGV[4]) == 1 then
   redis.call('ZADD', ARGV[3] .. 'leases', 0, ARGV[4])
@@ -361,16 +402,24 @@ end
 return 'ok'
 "#;
 
-/// `park`: KEYS run, controls; ARGV prefix, id, epoch. A run its worker
+/// `park`: KEYS run, controls; ARGV prefix, id, epoch, the number of the
+/// last control the worker heard. A run its worker
 /// interrupted while it waited for a person leaves the leases for
 /// `{p}parked` (scored by when), where no worker takes it, until a
-/// control comes (`SEND_CONTROL`); one that came meanwhile makes it
-/// claimable at once. Returns `'parked'`, `'claimable'` or `'lost'`.
+/// control comes (`SEND_CONTROL`); one the worker had not heard yet
+/// makes it claimable at once (those it heard and no checkpoint
+/// acknowledged stay in the list, for whoever resumes it). The epoch moves on (a late
+/// renewal of the parking worker finds the lease lost). Returns
+/// `'parked'`, `'claimable'` or `'lost'`.
 pub(crate) const PARK: &str = r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
-if redis.call('LLEN', KEYS[2]) > 0 then
-  redis.call('ZADD', ARGV[1] .. 'leases', 0, ARGV[2])
-  return 'claimable'
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+-- A control the worker has not heard yet: the run is wanted now.
+for _, control in ipairs(redis.call('LRANGE', KEYS[2], 0, 199)) do
+  if tonumber(string.match(control, '^(%d+) ')) > tonumber(ARGV[4]) then
+    redis.call('ZADD', ARGV[1] .. 'leases', 0, ARGV[2])
+    return 'claimable'
+  end
 end
 redis.call('ZREM', ARGV[1] .. 'leases', ARGV[2])
 local t = redis.call('TIME')
@@ -433,4 +482,12 @@ for _, other in ipairs(redis.call('ZRANGE', p .. 'status:QUEUED', 0, rank)) do
   if not redis.call('ZSCORE', p .. 'leases', other) then position = position + 1 end
 end
 return position
+"#;
+
+/// `failed_start`: KEYS run; ARGV epoch. Counts a start that failed on a
+/// worker (its model or a tool could not be set up); returns the count,
+/// or `-1` when the lease was lost.
+pub(crate) const FAILED_START: &str = r#"
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+return redis.call('HINCRBY', KEYS[1], 'failed_starts', 1)
 "#;

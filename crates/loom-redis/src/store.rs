@@ -57,6 +57,7 @@ struct Scripts {
     park: Script,
     forget_ended: Script,
     queue_position: Script,
+    failed_start: Script,
 }
 
 /// The fence a leased run's store puts on every write (`scripts::FENCE`).
@@ -66,8 +67,10 @@ pub(crate) struct Fence {
     pub run_id: String,
     /// `EPOCH RUNKEY`, as the scripts take it.
     pub arg: String,
-    /// Set when the worker gave the run up: nothing is sent any more.
-    pub revoked: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The worker's side of the lease: revoked, controls delivered.
+    pub guard: std::sync::Arc<loom_core::LeaseGuard>,
+    /// The leased run's controls list (acknowledged by its checkpoints).
+    pub controls_key: String,
 }
 
 /// A [`Store`] on Redis.
@@ -78,7 +81,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// The runs' events, sent to Redis together (`appender.rs`).
     appender: Appender,
-    /// The most queued runs (`with_queue_bound`), if bounded.
+    /// The most queued runs, when this store queues for workers
+    /// (`queueing_for_workers`).
     queue_bound: Option<usize>,
     /// What opens further connections (`tail.rs`).
     client: redis::Client,
@@ -135,6 +139,7 @@ impl RedisStore {
                 park: Script::new(scripts::PARK),
                 forget_ended: Script::new(scripts::FORGET_ENDED),
                 queue_position: Script::new(scripts::QUEUE_POSITION),
+                failed_start: Script::new(scripts::FAILED_START),
             }),
             client,
             queue_bound: None,
@@ -148,7 +153,7 @@ impl RedisStore {
     pub(crate) fn fence_arg(&self) -> Result<String, StoreError> {
         match &self.fence {
             None => Ok(String::new()),
-            Some(fence) if fence.revoked.load(std::sync::atomic::Ordering::SeqCst) => {
+            Some(fence) if fence.guard.revoked.load(std::sync::atomic::Ordering::SeqCst) => {
                 Err(StoreError::Fenced(fence.run_id.clone()))
             }
             Some(fence) => Ok(fence.arg.clone()),
@@ -171,13 +176,19 @@ impl RedisStore {
         self.run_part(run_id, "controls")
     }
 
+    pub(crate) fn failed_start_script(&self) -> &Script {
+        &self.scripts.failed_start
+    }
+
     pub(crate) fn queue_position_script(&self) -> &Script {
         &self.scripts.queue_position
     }
 
-    /// The same store, refusing a queued run once `max` wait
-    /// ([`StoreError::QueueFull`]): the bound of a cluster's line.
-    pub fn with_queue_bound(mut self, max: usize) -> Self {
+    /// The same store as a gateway whose runs `loom worker` processes
+    /// execute uses it: the runs it queues are marked for workers (only
+    /// those are claimed), and a queued run is refused once `max` wait
+    /// ([`StoreError::QueueFull`]): the bound of the cluster's line.
+    pub fn queueing_for_workers(mut self, max: usize) -> Self {
         self.queue_bound = Some(max);
         self
     }
@@ -494,6 +505,7 @@ impl Store for RedisStore {
         };
         invocation
             .arg(self.queue_bound.map(|max| max.to_string()).unwrap_or_default())
+            .arg(if self.queue_bound.is_some() { "1" } else { "" })
             .arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
@@ -607,8 +619,15 @@ impl Store for RedisStore {
         event_args(&mut invocation, &event_rows(checkpoint.events)?);
         invocation
             .arg(json(checkpoint.state)?)
-            .arg(json(checkpoint.state.metrics())?)
-            .arg(self.fence_arg()?);
+            .arg(json(checkpoint.state.metrics())?);
+        // A leased run's own checkpoint acknowledges the controls applied.
+        match self.fence.as_deref().filter(|fence| fence.run_id == run_id) {
+            Some(fence) => invocation
+                .arg(&fence.controls_key)
+                .arg(fence.guard.delivered.load(std::sync::atomic::Ordering::SeqCst)),
+            None => invocation.arg("").arg(0),
+        };
+        invocation.arg(self.fence_arg()?);
         let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
         match reply.as_str() {
             "ok" => Ok(()),

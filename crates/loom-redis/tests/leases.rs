@@ -4,13 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use loom_core::{
-    Checkpoint, Claim, Control, Lease, QueuedRun, Renewal, RunLeases, RunMetrics, RunRecord, RunState, RunStatus,
-    Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
+    Checkpoint, Claim, Control, Lease, LeaseGuard, QueuedRun, Renewal, RunLeases, RunMetrics, RunRecord, RunState,
+    RunStatus, Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
 };
 use loom_redis::RedisStore;
 use loom_testkit::redis_server::RedisServer;
@@ -19,7 +19,11 @@ use loom_testkit::store_conformance::{event, record};
 async fn store() -> (RedisStore, RedisServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
-    let store = RedisStore::connect(&server.url(0)).await.unwrap();
+    // As a gateway whose runs workers execute queues them.
+    let store = RedisStore::connect(&server.url(0))
+        .await
+        .unwrap()
+        .queueing_for_workers(10_000);
     (store, server, dir)
 }
 
@@ -48,7 +52,11 @@ async fn claim(store: &RedisStore, owner: &str, ttl_ms: u64) -> Option<Claim> {
 }
 
 fn fenced(store: &RedisStore, lease: &Lease) -> Arc<dyn Store> {
-    store.fenced(lease, Arc::new(AtomicBool::new(false)))
+    store.fenced(lease, Arc::default())
+}
+
+async fn renew(store: &RedisStore, lease: &Lease, ttl_ms: u64) -> Renewal {
+    store.renew(lease, Duration::from_millis(ttl_ms), 0).await.unwrap()
 }
 
 #[tokio::test]
@@ -75,10 +83,7 @@ async fn queued_runs_are_taken_once_oldest_first_and_a_session_one_run_at_a_time
     run.finish_run("q1", RunStatus::Done, Some("ok"), &RunMetrics::default(), &[])
         .await
         .unwrap();
-    assert_eq!(
-        store.renew(&first, Duration::from_secs(60)).await.unwrap(),
-        Renewal::Ended
-    );
+    assert_eq!(renew(&store, &first, 60000).await, Renewal::Ended);
     assert_eq!(claim(&store, "w2", 60_000).await.unwrap().lease().run_id, "q2");
 }
 
@@ -151,7 +156,7 @@ async fn a_lease_that_ends_is_taken_over_with_a_higher_epoch_and_every_stale_wri
         store.load_run("child-of-q1").await,
         Err(StoreError::NotFound(_))
     ));
-    assert_eq!(store.renew(&old, Duration::from_secs(1)).await.unwrap(), Renewal::Lost);
+    assert_eq!(renew(&store, &old, 1000).await, Renewal::Lost);
 
     // The new holder writes.
     let new_store = fenced(&store, &new);
@@ -167,10 +172,7 @@ async fn renewals_keep_the_lease_and_bring_the_controls_sent_meanwhile() {
     let lease = claim(&store, "w1", 300).await.unwrap().lease().clone();
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(matches!(
-            store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
-            Renewal::Held { .. }
-        ));
+        assert!(matches!(renew(&store, &lease, 300).await, Renewal::Held { .. }));
     }
     assert_eq!(
         claim(&store, "w2", 300).await,
@@ -186,17 +188,50 @@ async fn renewals_keep_the_lease_and_bring_the_controls_sent_meanwhile() {
         .send_control("q1", &Control::Steer("also this".into()))
         .await
         .unwrap();
+    let both = vec![(1, cancel.clone()), (2, Control::Steer("also this".into()))];
     assert_eq!(
-        store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
+        renew(&store, &lease, 300).await,
+        Renewal::Held { controls: both.clone() }
+    );
+    // Until a checkpoint acknowledges them, they stay: a worker asks after
+    // the last it has, and one taking the run over gets them all.
+    assert_eq!(
+        store.renew(&lease, Duration::from_millis(300), 1).await.unwrap(),
         Renewal::Held {
-            controls: vec![cancel, Control::Steer("also this".into())]
+            controls: both[1..].to_vec()
         }
     );
     assert_eq!(
-        store.renew(&lease, Duration::from_millis(300)).await.unwrap(),
-        Renewal::Held { controls: vec![] },
-        "each control is delivered once"
+        renew(&store, &lease, 300).await,
+        Renewal::Held { controls: both.clone() }
     );
+    let guard = Arc::new(LeaseGuard::default());
+    let run = store.fenced(&lease, guard.clone());
+    run.create_run(&started(&lease)).await.unwrap();
+    guard.delivered.store(1, Ordering::SeqCst);
+    let state = RunState::new(TurnState::initial(10), "q");
+    run.checkpoint(&Checkpoint {
+        run_id: "q1",
+        state: &state,
+        new_messages: &[],
+        replaced_history: None,
+        events: &[],
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        renew(&store, &lease, 300).await,
+        Renewal::Held {
+            controls: both[1..].to_vec()
+        },
+        "the checkpoint acknowledged the first"
+    );
+    // An ended run hears nothing more, and keeps nothing for it.
+    run.finish_run("q1", RunStatus::Canceled, None, &RunMetrics::default(), &[])
+        .await
+        .unwrap();
+    store.send_control("q1", &Control::Pause).await.unwrap();
+    assert_eq!(renew(&store, &lease, 300).await, Renewal::Ended);
     assert!(matches!(
         store.send_control("nobody", &Control::Pause).await,
         Err(StoreError::NotFound(_))
@@ -208,8 +243,8 @@ async fn a_run_handed_back_is_taken_at_once_and_a_revoked_lease_sends_nothing() 
     let (store, _server, _dir) = store().await;
     queue(&store, "q1", "s1", 1).await;
     let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
-    let revoked = Arc::new(AtomicBool::new(false));
-    let run = store.fenced(&lease, revoked.clone());
+    let guard = Arc::new(LeaseGuard::default());
+    let run = store.fenced(&lease, guard.clone());
     run.create_run(&started(&lease)).await.unwrap();
     run.finish_run("q1", RunStatus::Interrupted, None, &RunMetrics::default(), &[])
         .await
@@ -218,11 +253,16 @@ async fn a_run_handed_back_is_taken_at_once_and_a_revoked_lease_sends_nothing() 
     let Some(Claim::Resume { lease: next }) = claim(&store, "w2", 60_000).await else {
         panic!("a run handed back is taken without waiting for its lease");
     };
-    assert_eq!(next.epoch, 2);
+    assert_eq!(next.epoch, 3, "released (2), then taken (3)");
+    assert_eq!(
+        renew(&store, &lease, 60_000).await,
+        Renewal::Lost,
+        "a late renewal of the releasing worker"
+    );
 
     // A worker that gave a run up sends nothing, whatever Redis would say.
-    let mine = store.fenced(&next, revoked.clone());
-    revoked.store(true, Ordering::SeqCst);
+    let mine = store.fenced(&next, guard.clone());
+    guard.revoked.store(true, Ordering::SeqCst);
     assert!(matches!(
         mine.append_events("q1", &[event(1)]).await,
         Err(StoreError::Fenced(_))
@@ -238,7 +278,12 @@ async fn a_parked_run_holds_no_worker_until_a_control_comes() {
     let run = fenced(&store, &lease);
     run.create_run(&started(&lease)).await.unwrap();
     run.mark_interrupted("q1", "w1").await.unwrap();
-    assert!(store.park(&lease).await.unwrap(), "parked");
+    assert!(store.park(&lease, 0).await.unwrap(), "parked");
+    assert_eq!(
+        renew(&store, &lease, 60_000).await,
+        Renewal::Lost,
+        "a late renewal of the parking worker"
+    );
     assert_eq!(claim(&store, "w2", 60_000).await, None, "nobody takes a parked run");
     let answer = Control::PermissionReply {
         request_id: "perm_1".into(),
@@ -249,16 +294,25 @@ async fn a_parked_run_holds_no_worker_until_a_control_comes() {
         panic!("the answer makes it claimable at once");
     };
     assert_eq!(
-        store.renew(&next, Duration::from_secs(60)).await.unwrap(),
-        Renewal::Held { controls: vec![answer] },
+        renew(&store, &next, 60000).await,
+        Renewal::Held {
+            controls: vec![(1, answer)]
+        },
         "and its worker hears the answer"
     );
 
     // A control that came before the park: the run stays claimable.
     store.mark_interrupted("q1", "w1").await.unwrap();
     store.send_control("q1", &Control::Steer("more".into())).await.unwrap();
-    assert!(!store.park(&next).await.unwrap());
-    assert!(matches!(claim(&store, "w3", 60_000).await, Some(Claim::Resume { .. })));
+    // One it heard (the answer, 1) does not; one it had not (2) does.
+    assert!(!store.park(&next, 1).await.unwrap());
+    let Some(Claim::Resume { lease: third }) = claim(&store, "w3", 60_000).await else {
+        panic!("claimable at once");
+    };
+    // Controls heard and not yet acknowledged do not keep it from parking
+    // (it would be taken and parked again for ever); they stay for later.
+    assert!(store.park(&third, 2).await.unwrap());
+    assert_eq!(claim(&store, "w4", 60_000).await, None);
 }
 
 #[tokio::test]
@@ -311,7 +365,7 @@ async fn ended_runs_are_forgotten_after_their_keeping_time_with_every_trace() {
 #[tokio::test]
 async fn the_line_is_bounded_shows_positions_and_caps_each_principal() {
     let (store, _server, _dir) = store().await;
-    let store = store.with_queue_bound(3);
+    let store = store.queueing_for_workers(3);
     queue(&store, "q1", "s1", 1).await;
     queue(&store, "q2", "s2", 2).await;
     queue(&store, "q3", "s3", 3).await;
@@ -358,4 +412,28 @@ async fn the_line_is_bounded_shows_positions_and_caps_each_principal() {
         .unwrap()
         .unwrap();
     assert_eq!(third.lease().run_id, "q3");
+}
+
+#[tokio::test]
+async fn only_runs_queued_for_workers_are_claimed_and_failed_starts_are_counted() {
+    let (store, server, _dir) = store().await;
+    // A gateway that executes its own runs queues them unmarked.
+    let own = RedisStore::connect(&server.url(0)).await.unwrap();
+    queue(&own, "mine", "s1", 1).await;
+    assert_eq!(
+        claim(&store, "w1", 60_000).await,
+        None,
+        "a gateway's own run is not a worker's"
+    );
+    queue(&store, "theirs", "s2", 2).await;
+    let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
+    assert_eq!(lease.run_id, "theirs");
+    assert_eq!(store.note_failed_start(&lease).await.unwrap(), Some(1));
+    assert_eq!(store.note_failed_start(&lease).await.unwrap(), Some(2));
+    store.release(&lease).await.unwrap();
+    assert_eq!(
+        store.note_failed_start(&lease).await.unwrap(),
+        None,
+        "the lease is gone"
+    );
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use loom_core::{Control, Lease, Renewal, RunController, RunLeases, StoreError};
+use loom_core::{Lease, LeaseGuard, Renewal, RunController, RunLeases, StoreError};
 
 /// Opens the keeper's own connection to the leases' store; called on the
 /// keeper's runtime, so the connection is driven there.
@@ -42,22 +42,30 @@ impl Default for LeaseTiming {
 
 impl LeaseTiming {
     /// When a lease last renewed at `renewed` is given up: before it can
-    /// end, with half a renewal's time to spare for the stop to take hold.
+    /// end, with half a renewal's time (at least 250 ms) to spare for the
+    /// stop to take hold.
     fn give_up_at(&self, renewed: Instant) -> Instant {
-        renewed + self.ttl.saturating_sub(self.renew_every / 2)
+        let spare = (self.renew_every / 2).max(Duration::from_millis(250));
+        renewed + self.ttl.saturating_sub(spare)
     }
 }
 
 /// One lease held.
 struct Held {
     lease: Lease,
-    revoked: Arc<AtomicBool>,
+    /// Shared with the lease's store: revoked, controls delivered.
+    guard: Arc<LeaseGuard>,
     /// When the last successful renewal (or the claim) was sent.
     renewed: Instant,
-    /// The run's controls, once it started.
+    /// The run's controls, once it started (controls wait in the store
+    /// until then).
     controller: Option<RunController>,
-    /// Controls that came before it started.
-    early: Vec<Control>,
+}
+
+impl Held {
+    fn revoked(&self) -> bool {
+        self.guard.revoked.load(Ordering::SeqCst)
+    }
 }
 
 type HeldMap = Arc<Mutex<HashMap<String, Held>>>;
@@ -93,36 +101,32 @@ impl Keeper {
     }
 
     /// Holds `lease`, claimed at `claimed` (when the claim was sent).
-    pub(crate) fn hold(&self, lease: Lease, revoked: Arc<AtomicBool>, claimed: Instant) {
+    pub(crate) fn hold(&self, lease: Lease, guard: Arc<LeaseGuard>, claimed: Instant) {
         metrics::gauge!("loom_worker_runs_owned").increment(1.0);
         lock(&self.held).insert(
             lease.run_id.clone(),
             Held {
                 lease,
-                revoked,
+                guard,
                 renewed: claimed,
                 controller: None,
-                early: Vec::new(),
             },
         );
     }
 
-    /// The run started: controls go to it from now on (those that came
-    /// already, at once). Returns `false` when the lease was given up
-    /// meanwhile (the run is interrupted at once then too).
+    /// The run started: controls go to it from the next renewal on (until
+    /// then they wait in the store). Returns `false` when the lease was
+    /// given up meanwhile (the run is interrupted at once then).
     pub(crate) fn attach(&self, run_id: &str, controller: RunController) -> bool {
         let mut held = lock(&self.held);
         let Some(entry) = held.get_mut(run_id) else {
             return false;
         };
-        for control in entry.early.drain(..) {
-            let _ = controller.send(control);
-        }
-        if entry.revoked.load(Ordering::SeqCst) {
+        if entry.revoked() {
             controller.interrupt("this worker lost the run's lease");
         }
         entry.controller = Some(controller);
-        !entry.revoked.load(Ordering::SeqCst)
+        !entry.revoked()
     }
 
     /// The run ended here: its lease is no longer renewed.
@@ -177,8 +181,9 @@ fn keep(connect: ConnectLeases, timing: LeaseTiming, held: HeldMap, stop: Arc<At
 /// How often leases are checked for being overdue.
 const CHECK_EVERY: Duration = Duration::from_millis(50);
 
-/// A renewal round every `renew_every`, over a connection opened (and
-/// opened again after a failure) on the keeper's runtime.
+/// A renewal round every `renew_every`, over a connection opened on the
+/// keeper's runtime (until that succeeds, each round tries again; once
+/// open, the connection reconnects by itself).
 async fn renew_rounds(connect: ConnectLeases, held: HeldMap, timing: LeaseTiming, stop: Arc<AtomicBool>) {
     let mut leases: Option<Arc<dyn RunLeases>> = None;
     let mut tick = tokio::time::interval(timing.renew_every);
@@ -201,20 +206,20 @@ async fn renew_rounds(connect: ConnectLeases, held: HeldMap, timing: LeaseTiming
 /// One round: every held lease renewed at once, each waiting at most one
 /// renewal period.
 async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) {
-    let round: Vec<Lease> = lock(held)
+    let round: Vec<(Lease, u64)> = lock(held)
         .values()
-        .filter(|entry| !entry.revoked.load(Ordering::SeqCst))
-        .map(|entry| entry.lease.clone())
+        .filter(|entry| !entry.revoked())
+        .map(|entry| (entry.lease.clone(), entry.guard.delivered.load(Ordering::SeqCst)))
         .collect();
     let sent = Instant::now();
     let answers = futures_util::future::join_all(
         round
             .iter()
-            .map(|lease| tokio::time::timeout(timing.renew_every, leases.renew(lease, timing.ttl))),
+            .map(|(lease, heard)| tokio::time::timeout(timing.renew_every, leases.renew(lease, timing.ttl, *heard))),
     )
     .await;
     let mut held = lock(held);
-    for (lease, answer) in round.iter().zip(answers) {
+    for ((lease, _), answer) in round.iter().zip(answers) {
         let Some(entry) = held.get_mut(&lease.run_id).filter(|entry| entry.lease == *lease) else {
             continue;
         };
@@ -222,13 +227,16 @@ async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) 
             Ok(Ok(Renewal::Held { controls })) => {
                 metrics::counter!("loom_worker_leases_renewed_total").increment(1);
                 entry.renewed = sent;
-                for control in controls {
-                    match &entry.controller {
-                        Some(controller) => {
-                            let _ = controller.send(control);
-                        }
-                        None => entry.early.push(control),
+                // In order, each once: the store keeps them until a
+                // checkpoint acknowledges the number delivered.
+                let Some(controller) = &entry.controller else { continue };
+                for (number, control) in controls {
+                    if number <= entry.guard.delivered.load(Ordering::SeqCst) {
+                        continue;
                     }
+                    // One the run cannot take (an ask already answered) is done with too.
+                    let _ = controller.send(control);
+                    entry.guard.delivered.store(number, Ordering::SeqCst);
                 }
             }
             Ok(Ok(Renewal::Lost)) => give_up(entry, "another worker took the run over"),
@@ -243,7 +251,7 @@ async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) 
 /// Gives up every lease not renewed for so long that it may end soon.
 fn give_up_overdue(held: &HeldMap, timing: LeaseTiming, now: Instant) {
     for entry in lock(held).values_mut() {
-        if !entry.revoked.load(Ordering::SeqCst) && now >= timing.give_up_at(entry.renewed) {
+        if !entry.revoked() && now >= timing.give_up_at(entry.renewed) {
             give_up(entry, "its lease could not be renewed in time");
         }
     }
@@ -252,7 +260,7 @@ fn give_up_overdue(held: &HeldMap, timing: LeaseTiming, now: Instant) {
 /// Fences the worker off a run: its store writes nothing more, and the
 /// run stops at once (an interrupt: another worker resumes it).
 fn give_up(entry: &mut Held, why: &str) {
-    if entry.revoked.swap(true, Ordering::SeqCst) {
+    if entry.guard.revoked.swap(true, Ordering::SeqCst) {
         return;
     }
     metrics::counter!("loom_worker_leases_lost_total").increment(1);

@@ -24,6 +24,22 @@ use keeper::Keeper;
 pub use keeper::{ConnectLeases, LeaseTiming};
 pub use routes::{router, serve_routes};
 
+/// How long setting a run up (its agent: the model, MCP servers) may take.
+const START_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Failed starts of a run (on any worker) after which it is given up.
+const MAX_FAILED_STARTS: u32 = 5;
+
+/// How a run's time on this worker ended.
+enum Ending {
+    /// It ended (or never started): nothing to hand back.
+    Ended,
+    /// Interrupted (the worker stops): handed back at once.
+    Interrupted,
+    /// Interrupted while it waited for a person: parked.
+    ToPark,
+}
+
 /// A worker's settings.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -229,68 +245,96 @@ impl Worker {
         if matches!(claim, Claim::Resume { .. }) {
             metrics::counter!("loom_worker_takeovers_total").increment(1);
         }
-        let revoked = Arc::new(AtomicBool::new(false));
-        self.keeper.hold(lease.clone(), revoked.clone(), claimed);
+        let guard = Arc::new(loom_core::LeaseGuard::default());
+        self.keeper.hold(lease.clone(), guard.clone(), claimed);
         let worker = self.clone();
         let span = tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch);
         self.runs.spawn(
             async move {
-                let store = worker.leases.fenced(&lease, revoked.clone());
-                let status = match execution::start(&worker.agents, &claim, store.clone(), worker.store.as_ref()).await
-                {
-                    Ok(handle) => {
-                        let (status, parking) = worker.follow(handle).await;
-                        if revoked.load(Ordering::SeqCst) {
-                            // It goes on elsewhere: how it stopped here is no end.
-                            tracing::info!("the run stopped here after it was given up");
-                        } else {
-                            metrics::counter!("loom_runs_finished_total", "status" => status.as_str()).increment(1);
-                            tracing::info!(status = status.as_str(), "run ended");
-                        }
-                        Some((status, parking))
-                    }
-                    Err(execution::NotStarted::Never(why)) => {
-                        tracing::error!(error = %why, "the run can never start; it is cancelled");
-                        let reason = format!("the run cannot go on: {why}");
-                        if let Err(err) =
-                            loom_core::recovery::close_cancelled(store.as_ref(), &lease.run_id, &reason).await
-                        {
-                            tracing::error!(error = %err, "could not record the cancelled run");
-                        }
-                        None
-                    }
-                    Err(execution::NotStarted::NotNow(why)) => {
-                        // Its lease runs out; a worker tries again then.
-                        tracing::error!(error = %why, "the run cannot start here now");
-                        revoked.store(true, Ordering::SeqCst);
-                        None
-                    }
-                };
+                let ending = worker.carry(&claim, &guard).await;
                 worker.keeper.forget(&lease.run_id);
-                // Interrupted here and still ours: parked until a person
-                // answers, or handed back at once.
-                match status {
-                    Some((RunStatus::Interrupted, parking)) if !revoked.load(Ordering::SeqCst) => {
-                        let handed = if parking && !worker.stopping.load(Ordering::SeqCst) {
-                            worker.leases.park(&lease).await.map(|parked| {
-                                if parked {
-                                    metrics::counter!("loom_worker_runs_parked_total").increment(1);
-                                    tracing::info!("the run is parked until a person answers");
-                                }
-                            })
-                        } else {
-                            worker.leases.release(&lease).await
-                        };
-                        if let Err(err) = handed {
-                            tracing::warn!(error = %err, "could not hand the run back; its lease will run out");
-                        }
-                    }
-                    _ => {}
+                if !guard.revoked.load(Ordering::SeqCst) {
+                    worker.hand_back(&lease, &guard, ending).await;
                 }
                 worker.ended.notify_one();
             }
             .instrument(span),
         );
+    }
+
+    /// Starts the claimed run and follows it to its end here; how it ended.
+    async fn carry(&self, claim: &Claim, guard: &Arc<loom_core::LeaseGuard>) -> Ending {
+        let lease = claim.lease();
+        let store = self.leases.fenced(lease, guard.clone());
+        match self.start(claim, store.clone()).await {
+            Ok(handle) => {
+                let (status, parking) = self.follow(handle).await;
+                if guard.revoked.load(Ordering::SeqCst) {
+                    // It goes on elsewhere: how it stopped here is no end.
+                    tracing::info!("the run stopped here after it was given up");
+                } else {
+                    metrics::counter!("loom_runs_finished_total", "status" => status.as_str()).increment(1);
+                    tracing::info!(status = status.as_str(), "run ended");
+                }
+                match status {
+                    RunStatus::Interrupted if parking => Ending::ToPark,
+                    RunStatus::Interrupted => Ending::Interrupted,
+                    _ => Ending::Ended,
+                }
+            }
+            Err(execution::NotStarted::Never(why)) => {
+                tracing::error!(error = %why, "the run can never start; it is cancelled");
+                let reason = format!("the run cannot go on: {why}");
+                if let Err(err) = loom_core::recovery::close_cancelled(store.as_ref(), &lease.run_id, &reason).await {
+                    tracing::error!(error = %err, "could not record the cancelled run");
+                }
+                Ending::Ended
+            }
+            Err(execution::NotStarted::NotNow(why)) => {
+                // Its lease runs out; a worker tries again then.
+                tracing::error!(error = %why, "the run cannot start here now");
+                guard.revoked.store(true, Ordering::SeqCst);
+                Ending::Ended
+            }
+        }
+    }
+
+    /// Starts the claimed run, within `START_PATIENCE`; a run that failed
+    /// to start `MAX_FAILED_STARTS` times (on any worker) never will.
+    async fn start(&self, claim: &Claim, store: Arc<dyn Store>) -> Result<loom_core::RunHandle, execution::NotStarted> {
+        let starting = execution::start(&self.agents, claim, store, self.store.as_ref());
+        let why = match tokio::time::timeout(START_PATIENCE, starting).await {
+            Ok(Err(execution::NotStarted::NotNow(why))) => why,
+            Ok(started) => return started,
+            Err(_) => format!("setting it up took longer than {} s", START_PATIENCE.as_secs()),
+        };
+        match self.leases.note_failed_start(claim.lease()).await {
+            Ok(Some(failures)) if failures >= MAX_FAILED_STARTS => {
+                Err(execution::NotStarted::Never(format!("{why} ({failures} attempts)")))
+            }
+            _ => Err(execution::NotStarted::NotNow(why)),
+        }
+    }
+
+    /// A run interrupted here, still ours: parked until a person answers,
+    /// or handed back at once.
+    async fn hand_back(&self, lease: &loom_core::Lease, guard: &loom_core::LeaseGuard, ending: Ending) {
+        let handed = match ending {
+            Ending::ToPark if !self.stopping.load(Ordering::SeqCst) => {
+                let heard = guard.delivered.load(Ordering::SeqCst);
+                self.leases.park(lease, heard).await.map(|parked| {
+                    if parked {
+                        metrics::counter!("loom_worker_runs_parked_total").increment(1);
+                        tracing::info!("the run is parked until a person answers");
+                    }
+                })
+            }
+            Ending::ToPark | Ending::Interrupted => self.leases.release(lease).await,
+            Ending::Ended => return,
+        };
+        if let Err(err) = handed {
+            tracing::warn!(error = %err, "could not hand the run back; its lease will run out");
+        }
     }
 
     /// Follows a started run to its end; returns how it ended, and
