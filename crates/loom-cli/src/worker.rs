@@ -81,7 +81,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         .as_ref()
         .and_then(|cluster| cluster.keep_finished_days)
     {
-        Some(days) if days == 0.0 => None,
+        Some(0.0) => None,
         Some(days) if days.is_finite() && days > 0.0 && days <= 36_500.0 => {
             Some(std::time::Duration::from_secs_f64(days * 86_400.0))
         }

@@ -644,3 +644,46 @@ async fn the_clusters_line_is_bounded_shows_places_and_caps_a_token() {
         assert!(pair[1].0 >= pair[0].1, "two of alice's runs overlapped: {spans:?}");
     }
 }
+
+/// A sub-agent started on a worker: a client of the gateway sees its
+/// events live under its parent's, and answers its ask through the
+/// gateway like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_events_and_asks_reach_the_clients_of_a_cluster_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_with(dir.path(), "park_after_secs = 60");
+    let worker = WorkerProcess::start_with(dir.path(), 1, &["--allow", "task", "--ask", "bash"]);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    let mut client = gateway.ws(ALICE).await;
+    let accepted = client
+        .ok(
+            "agent.run",
+            json!({"prompt": "steps=1 tool=task child=steps:1+tool:bash"}),
+        )
+        .await;
+    let run = accepted["runId"].as_str().unwrap().to_string();
+    let asked = tokio::time::timeout(Duration::from_secs(30), client.until_any("permission.request"))
+        .await
+        .unwrap_or_else(|_| panic!("the sub-agent's ask never came: {}", why()));
+    let child = asked["runId"].as_str().unwrap().to_string();
+    assert_ne!(child, run, "the ask is the sub-agent's");
+    let request_id = asked["payload"]["requestId"].as_str().unwrap().to_string();
+    let shown = view(&gateway, &run).await;
+    assert_eq!(shown["status"], "WAITING_PERMISSION", "{shown}");
+    assert_eq!(shown["pendingAsks"][0]["runId"], child.as_str());
+    client
+        .ok(
+            "permission.respond",
+            json!({"runId": child, "requestId": request_id, "decision": "allow"}),
+        )
+        .await;
+    let end = tokio::time::timeout(Duration::from_secs(30), client.until(&run, "lifecycle.end"))
+        .await
+        .unwrap_or_else(|_| panic!("the run did not end: {}", why()));
+    assert_eq!(end["payload"]["status"], "DONE", "{end}");
+    // The sub-agent's whole log reached the client, once, in order.
+    let stored = stored_events(dir.path(), &server.url(0), &child);
+    let stored_seqs: Vec<u64> = stored.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
+    assert_eq!(client.seqs(&child), stored_seqs, "{}", why());
+    assert_one_clean_log(&stored, "DONE");
+}

@@ -145,12 +145,29 @@ pub trait RunLeases: Send + Sync {
     fn fenced(&self, lease: &Lease, guard: Arc<LeaseGuard>) -> Arc<dyn Store>;
 }
 
+/// One entry of a run's stored log, as an [`EventTail`] read it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tailed {
+    /// An event.
+    Event(Box<Event>),
+    /// An entry that could not be read (written by a newer Loom, or
+    /// damaged): passed over, so it stops nothing that follows it.
+    Unreadable {
+        /// Its run.
+        run_id: String,
+        /// Its `seq`.
+        seq: u64,
+        /// Why.
+        error: String,
+    },
+}
+
 /// New events of runs executed elsewhere, as they are stored: how a
 /// gateway follows the runs its clients watch when workers execute them.
 /// One reader serves every run a gateway follows.
 #[async_trait]
 pub trait EventTail: Send + Sync {
-    /// The events of `runs` after each one's `seq`, in order per run;
+    /// The entries of `runs` after each one's `seq`, in order per run;
     /// waits up to `wait` for the first, and returns none if none came.
-    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Event>, StoreError>;
+    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Tailed>, StoreError>;
 }

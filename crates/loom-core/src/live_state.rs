@@ -189,12 +189,12 @@ impl LiveState {
     pub fn follow(&mut self, root: &str, event: &Event) -> bool {
         let own = *event.run_id == *root;
         let before = self.status;
-        if own && !matches!(event.kind, EventKind::LifecycleEnd { .. }) {
-            if matches!(self.own_status, RunStatus::Queued | RunStatus::Interrupted) {
-                self.own_status = RunStatus::Running;
-            }
-            // The permission gate's own status is the log's: an ask
-            // waiting shows through `pending_asks`.
+        // An ask waiting shows through `pending_asks`, as for a run here.
+        if own
+            && !matches!(event.kind, EventKind::LifecycleEnd { .. })
+            && matches!(self.own_status, RunStatus::Queued | RunStatus::Interrupted)
+        {
+            self.own_status = RunStatus::Running;
         }
         let changed = self.observe(root, event);
         changed || before != self.status

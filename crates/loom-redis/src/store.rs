@@ -468,7 +468,7 @@ pub(crate) fn events_of(entries: Vec<(String, Vec<(String, String)>)>) -> Result
 }
 
 /// The seq of a stream entry id `0-SEQ`.
-fn seq_of(id: &str) -> u64 {
+pub(crate) fn seq_of(id: &str) -> u64 {
     id.strip_prefix("0-").and_then(|seq| seq.parse().ok()).unwrap_or(0)
 }
 

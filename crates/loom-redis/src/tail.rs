@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{Event, EventTail, StoreError};
+use loom_core::{EventTail, StoreError, Tailed};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::store::{backend, events_of, RedisStore};
+use crate::store::{backend, events_of, seq_of, RedisStore};
 
 /// Events read per run at most in one read.
 const PER_RUN: usize = 256;
@@ -49,7 +49,7 @@ type Entries = Vec<(String, Vec<(String, String)>)>;
 
 #[async_trait]
 impl EventTail for RedisTail {
-    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Event>, StoreError> {
+    async fn read(&self, runs: &[(String, u64)], wait: Duration) -> Result<Vec<Tailed>, StoreError> {
         if runs.is_empty() {
             tokio::time::sleep(wait).await;
             return Ok(Vec::new());
@@ -65,15 +65,35 @@ impl EventTail for RedisTail {
         for (run_id, _) in &named {
             read.arg(self.store.events_key(run_id));
         }
+        let run_of: std::collections::HashMap<String, &str> = named
+            .iter()
+            .map(|(run_id, _)| (self.store.events_key(run_id), run_id.as_str()))
+            .collect();
         for (_, after) in &named {
             read.arg(format!("0-{after}"));
         }
         let reply: Option<Vec<(String, Entries)>> =
             read.query_async(&mut *self.conn.lock().await).await.map_err(backend)?;
-        let mut events = Vec::new();
-        for (_, entries) in reply.unwrap_or_default() {
-            events.extend(events_of(entries)?);
+        let mut tailed = Vec::new();
+        for (key, entries) in reply.unwrap_or_default() {
+            let run_id = run_of.get(&key).copied().unwrap_or_default();
+            for (id, fields) in entries {
+                // Each entry on its own: one that cannot be read is passed over.
+                tailed.push(match events_of(vec![(id.clone(), fields)]) {
+                    Ok(mut events) if events.len() == 1 => Tailed::Event(Box::new(events.remove(0))),
+                    Ok(_) => Tailed::Unreadable {
+                        run_id: run_id.to_string(),
+                        seq: seq_of(&id),
+                        error: "an entry without an event".into(),
+                    },
+                    Err(err) => Tailed::Unreadable {
+                        run_id: run_id.to_string(),
+                        seq: seq_of(&id),
+                        error: err.to_string(),
+                    },
+                });
+            }
         }
-        Ok(events)
+        Ok(tailed)
     }
 }

@@ -12,6 +12,9 @@ enum Admitted {
     /// The run of the same idempotency key ended while this request was
     /// being checked: answer with where it is now.
     EndedMeanwhile,
+    /// A steer of the session's run that a worker executes: stored for
+    /// it before the answer (the prompt is the message).
+    SteerOnWorker(RunAccepted, String),
 }
 
 /// What becomes of a run once its record is written.
@@ -43,6 +46,18 @@ impl Service {
         let key = params.idempotency_key.clone();
         let digest = digest(&params);
         match self.admit(principal, params).await? {
+            Admitted::SteerOnWorker(accepted, message) => {
+                if let Err(err) = self.steer_on_worker(principal, &accepted.run_id, message).await {
+                    if let Some(key) = &key {
+                        self.registry().forget_key(principal, key);
+                    }
+                    return Err(err);
+                }
+                if let Some(key) = &key {
+                    self.persist_key(principal, key, digest, &accepted.run_id).await;
+                }
+                Ok(accepted)
+            }
             Admitted::Run(mut accepted) => {
                 if self.on_workers() && accepted.status == RunStatus::Queued && !accepted.steered {
                     accepted.queue_position = self.cluster_position(&accepted.run_id).await;
@@ -62,6 +77,17 @@ impl Service {
                     .ok_or_else(|| ApiError::internal("an idempotency key lost its run", key)),
                 None => Err(ApiError::internal("an idempotency key lost its run", "no key")),
             },
+        }
+    }
+
+    /// Stores a steer for the worker of the session's run.
+    async fn steer_on_worker(&self, principal: &Principal, run_id: &str, message: String) -> Result<(), ApiError> {
+        match self.followed_run(principal, run_id) {
+            Some(remote) => remote.deliver(Control::Steer(message)).await.map_err(store_error),
+            None => Err(ApiError::new(
+                Code::Conflict,
+                format!("the live run {run_id} cannot take a message now"),
+            )),
         }
     }
 
@@ -132,7 +158,10 @@ impl Service {
                     }
                     OnBusy::Steer => {
                         let run = registry.runs.get(busy_id);
+                        let on_worker = run.is_some_and(|run| run.on_worker);
                         let steered = match run.and_then(|run| run.controller.as_ref()) {
+                            // Stored for its worker after this lock (`start`).
+                            Some(_) if on_worker => true,
                             Some(controller) if !*busy_queued => {
                                 controller.send(Control::Steer(params.prompt.clone())).is_ok()
                             }
@@ -150,6 +179,9 @@ impl Service {
                         // A retry of this request must not steer twice.
                         if let Some(key) = &params.idempotency_key {
                             registry.remember(principal, key.clone(), digest, busy_id.clone());
+                        }
+                        if on_worker {
+                            return Ok(Admitted::SteerOnWorker(accepted, params.prompt.clone()));
                         }
                         return Ok(Admitted::Run(accepted));
                     }

@@ -25,6 +25,22 @@ impl Service {
     ) -> Result<Cancelled, ApiError> {
         self.adopt(principal, run_id).await?;
         self.refuse_sub_agent(principal, run_id, "cancel")?;
+        if let Some(remote) = self.followed_run(principal, run_id) {
+            // Stored for its worker (or the run withdrawn from the line)
+            // before anything else; the answer waits for its end.
+            let done = self.registry().runs.get(run_id).map(|run| run.done.subscribe());
+            if let Some(done) = done {
+                if done.borrow().is_none() {
+                    remote
+                        .deliver(Control::Cancel {
+                            reason: reason.to_string(),
+                        })
+                        .await
+                        .map_err(store_error)?;
+                    return self.cancelled_when_stopped(run_id, done).await;
+                }
+            }
+        }
         enum Found {
             Queued(Option<Box<LiveRun>>),
             Running(watch::Receiver<Option<(u64, RunStatus)>>),
@@ -73,13 +89,22 @@ impl Service {
             Found::Running(done) => Some(done),
             Found::Ended => None,
         };
-        let Some(mut done) = waiting else {
+        let Some(done) = waiting else {
             let view = self.get(principal, run_id).await?;
             return Err(ApiError::new(
                 Code::InvalidState,
                 format!("run {run_id} has already ended ({})", view.status.as_str()),
             ));
         };
+        self.cancelled_when_stopped(run_id, done).await
+    }
+
+    /// The answer to a cancel, once the run has stopped.
+    async fn cancelled_when_stopped(
+        &self,
+        run_id: &str,
+        mut done: watch::Receiver<Option<(u64, RunStatus)>>,
+    ) -> Result<Cancelled, ApiError> {
         let stopped = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
         match stopped {
             Ok(Ok(ended)) => match *ended {
@@ -164,6 +189,10 @@ impl Service {
         }
         self.adopt(principal, run_id).await?;
         self.refuse_sub_agent(principal, run_id, "steer")?;
+        if let Some(remote) = self.followed_run(principal, run_id) {
+            // Stored for its worker before the client hears it was taken.
+            return remote.deliver(Control::Steer(message)).await.map_err(store_error);
+        }
         let refused = {
             let registry = self.registry();
             match registry.run(principal, run_id) {
@@ -208,6 +237,22 @@ impl Service {
         decision: PermissionDecision,
     ) -> Result<(), ApiError> {
         self.adopt(principal, run_id).await?;
+        let root = answering_root(&self.registry(), run_id);
+        if let Some(remote) = self.followed_run(principal, &root) {
+            if !remote.asks(request_id) {
+                return Err(ApiError::new(
+                    Code::InvalidState,
+                    format!("no ask '{request_id}' is waiting for an answer"),
+                ));
+            }
+            let reply = Control::PermissionReply {
+                request_id: request_id.to_string(),
+                decision,
+            };
+            // Stored for its worker before the client hears it was taken
+            // (the run applies it within a renewal, or as it resumes).
+            return remote.deliver(reply).await.map_err(store_error);
+        }
         let recorded = {
             let registry = self.registry();
             // A sub-agent's ask is answered by its root, whose state holds it.
