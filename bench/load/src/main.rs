@@ -31,6 +31,11 @@ struct Options {
     connections: usize,
     loom: PathBuf,
     delay_ms: u64,
+    /// `loom worker` processes executing the runs (with `--store redis`;
+    /// 0: the gateway executes them itself).
+    workers: usize,
+    /// Each worker's `--max-runs`.
+    worker_max_runs: usize,
 }
 
 fn options() -> Result<Options> {
@@ -41,6 +46,8 @@ fn options() -> Result<Options> {
         connections: 100,
         loom: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/loom"),
         delay_ms: 200,
+        workers: 0,
+        worker_max_runs: 50,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -52,8 +59,10 @@ fn options() -> Result<Options> {
             "--connections" => options.connections = value()?.parse()?,
             "--loom" => options.loom = PathBuf::from(value()?),
             "--delay-ms" => options.delay_ms = value()?.parse()?,
+            "--workers" => options.workers = value()?.parse()?,
+            "--worker-max-runs" => options.worker_max_runs = value()?.parse()?,
             "--help" | "-h" => {
-                println!("loom-load [--runs N] [--store sqlite|redis|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS]");
+                println!("loom-load [--runs N] [--store sqlite|redis|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS] [--workers K --worker-max-runs M]");
                 std::process::exit(0);
             }
             other => bail!("unknown flag {other}"),
@@ -63,6 +72,9 @@ fn options() -> Result<Options> {
         || !["ws", "sse"].contains(&options.transport.as_str())
     {
         bail!("--store sqlite|redis|none, --transport ws|sse");
+    }
+    if options.workers > 0 && options.store != "redis" {
+        bail!("--workers needs --store redis (workers take runs from the cluster's Redis)");
     }
     options.connections = options.connections.clamp(1, options.runs.max(1));
     Ok(options)
@@ -112,12 +124,18 @@ struct Server {
     _state: tempfile::TempDir,
     /// With `--store redis`: the Redis it records in (its files in `_state`).
     redis: Option<loom_testkit::redis_server::RedisServer>,
+    /// With `--workers`: the `loom worker` processes.
+    workers: Vec<Child>,
 }
 
 impl Drop for Server {
     /// SIGTERM first (the server shuts down cleanly, so a profiler around
     /// it can write its report), then SIGKILL after 30 s.
     fn drop(&mut self) {
+        for worker in &mut self.workers {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -142,7 +160,11 @@ fn start_server(options: &Options, model_url: &str) -> Result<Server> {
         _ => None,
     };
     let store = match (&redis, options.store.as_str()) {
-        (Some(redis), _) => format!("[cluster]\nredis = \"{}\"\nexecute = true\n", redis.url(0)),
+        (Some(redis), _) => format!(
+            "[cluster]\nredis = \"{}\"\nexecute = {}\n",
+            redis.url(0),
+            options.workers == 0
+        ),
         (None, "none") => "store = \"none\"\n".to_string(),
         _ => String::new(),
     };
@@ -203,12 +225,31 @@ token = "{TOKEN}"
     let addr = rx
         .recv_timeout(Duration::from_secs(30))
         .context("loom serve did not start")?;
+    let mut workers = Vec::new();
+    for _ in 0..options.workers {
+        workers.push(
+            Command::new(&options.loom)
+                .args(["worker", "--config"])
+                .arg(dir.path().join("loom.toml"))
+                .arg("--workspace")
+                .arg(dir.path())
+                .args(["--max-runs", &options.worker_max_runs.to_string()])
+                .env("OPENAI_API_KEY", "load")
+                .env("LOOM_STATE_DIR", state.path())
+                .env("LOOM_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("cannot start loom worker")?,
+        );
+    }
     Ok(Server {
         child,
         addr,
         _dir: dir,
         _state: state,
         redis,
+        workers,
     })
 }
 
@@ -524,8 +565,17 @@ async fn main() -> Result<()> {
     latencies.sort_unstable();
     let per_run_kib = peak_kib.saturating_sub(baseline_kib) as f64 / options.runs.max(1) as f64;
     println!(
-        "runs={} transport={} store={} connections={} model_delay_ms={}",
-        options.runs, options.transport, options.store, options.connections, options.delay_ms
+        "runs={} transport={} store={} connections={} model_delay_ms={} workers={}",
+        options.runs,
+        options.transport,
+        options.store,
+        options.connections,
+        options.delay_ms,
+        if options.workers == 0 {
+            "none (the gateway executes)".to_string()
+        } else {
+            format!("{} × max {} runs", options.workers, options.worker_max_runs)
+        }
     );
     println!(
         "wall_time_s={:.3} (ideal {:.1})",
