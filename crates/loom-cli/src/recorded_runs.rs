@@ -105,6 +105,58 @@ pub(crate) async fn cancel(store: &dyn Store, id: &str, json: bool) -> Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// `loom runs cancel` of a run the cluster's workers execute: the run is
+/// withdrawn from the line if no worker took it, else the cancel is
+/// stored for its worker; answers once the run has stopped (at most a
+/// minute).
+pub(crate) async fn cancel_on_workers(
+    store: &dyn Store,
+    leases: &dyn loom::RunLeases,
+    id: &str,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let snapshot = store.load_run(id).await.map_err(not_found_is_usage)?;
+    if snapshot.run.status.is_terminal() {
+        return Err(Failure::Usage(anyhow!(
+            "run {id} already ended ({}); nothing to cancel",
+            snapshot.run.status.as_str()
+        )));
+    }
+    let reason = "cancelled with `loom runs cancel`";
+    let turn = loom::event::TurnIds {
+        turn_id: id.into(),
+        parent_turn_id: None,
+    };
+    let log = loom::recovery::cancelled_log(id, snapshot.last_seq, &turn, reason, &snapshot.run.metrics);
+    if !leases.withdraw(id, &log).await.map_err(runtime)? {
+        let cancel = loom::Control::Cancel { reason: reason.into() };
+        leases.send_control(id, &cancel).await.map_err(runtime)?;
+    }
+    let started = std::time::Instant::now();
+    let status = loop {
+        let status = store.load_run(id).await.map_err(runtime)?.run.status;
+        if status.is_terminal() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            return Err(Failure::Runtime(anyhow!(
+                "run {id} is still {} a minute after its cancel was sent to its worker",
+                status.as_str()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"runId": id, "status": status, "cancelled": status == RunStatus::Canceled})
+        );
+    } else {
+        println!("run {id}: {}", status.as_str());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn close(store: &dyn Store, id: &str) -> Result<RunStatus, Failure> {
     loom::recovery::close_cancelled(store, id, "cancelled with `loom runs cancel`")
         .await

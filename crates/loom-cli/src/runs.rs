@@ -17,15 +17,26 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         // ends them quietly, as it ends any Unix tool, instead of a panic.
         restore_sigpipe();
     }
+    let mut leases: Option<Box<dyn loom::RunLeases>> = None;
     let (store, recorded_in): (Box<dyn Store>, RecordedIn) = match &args.redis {
-        Some(url) => (
-            Box::new(crate::store::open_redis(url).await.map_err(Failure::Usage)?),
-            RecordedIn::Redis(url.clone()),
-        ),
+        Some(url) => {
+            let redis = crate::store::open_redis(url).await.map_err(Failure::Usage)?;
+            leases = Some(Box::new(redis.clone()));
+            (Box::new(redis), RecordedIn::Redis(url.clone()))
+        }
         None => {
             let path = sqlite_path(&args).await?;
             (Box::new(open_sqlite(&path).await?), RecordedIn::Sqlite(path))
         }
+    };
+    // A run the cluster's workers execute is theirs to resume, and hears
+    // a cancel through them.
+    let on_workers = match (&leases, &args.command) {
+        (Some(leases), RunsCommand::Resume { id, .. } | RunsCommand::Cancel { id }) => leases
+            .on_workers(id)
+            .await
+            .map_err(|err| Failure::Runtime(anyhow!("{err}")))?,
+        _ => false,
     };
     let store = store.as_ref();
     let usage_if_unknown = |err: StoreError| match err {
@@ -37,6 +48,19 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
     loom::recovery::recover_interrupted_runs(store)
         .await
         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
+    match &args.command {
+        RunsCommand::Resume { id, .. } if on_workers => {
+            return Err(Failure::Usage(anyhow!(
+                "run {id} is executed by the cluster's `loom worker` processes: they resume it themselves (docs/cluster.md)"
+            )))
+        }
+        RunsCommand::Cancel { id } if on_workers => {
+            if let Some(leases) = &leases {
+                return crate::recorded_runs::cancel_on_workers(store, leases.as_ref(), id, args.json).await;
+            }
+        }
+        _ => {}
+    }
     match args.command {
         RunsCommand::Resume { id, agent } => {
             return crate::recorded_runs::resume(store, recorded_in, args.workspace, &id, &agent, args.json).await

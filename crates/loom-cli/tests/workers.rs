@@ -194,7 +194,7 @@ async fn runs_execute_on_two_workers_and_one_killed_mid_run_loses_and_repeats_no
     let dir = tempfile::tempdir().unwrap();
     let (server, _model, gateway) = cluster(dir.path());
     let first = WorkerProcess::start(dir.path(), 3);
-    let second = WorkerProcess::start(dir.path(), 3);
+    let second = WorkerProcess::start_with(dir.path(), 3, &["--allow", "bash", "--addr", "127.0.0.1:0"]);
     let why = || {
         format!(
             "gateway:\n{}\nfirst:\n{}\nsecond:\n{}",
@@ -236,20 +236,30 @@ async fn runs_execute_on_two_workers_and_one_killed_mid_run_loses_and_repeats_no
     }
     eprintln!("every run ended {:?} after the kill", killed.elapsed());
 
-    // Every side effect happened at most once; a call cut off by the kill
-    // had written its line before it slept, so each happened exactly once.
+    // Every side effect happened at most once. One that never happened
+    // was cut off by the kill between its journal entry and its command:
+    // the run that took it over told the model so, and did not run it.
     let seen = effects(dir.path());
     for (line, times) in &seen {
         assert_eq!(*times, 1, "{line} happened {times} times: {seen:?}");
     }
-    for i in 0..6 {
+    let mut cut_off = 0;
+    for (i, run) in runs.iter().enumerate() {
         for step in 1..=2 {
+            if seen.contains_key(&format!("r{i}-{step}")) {
+                continue;
+            }
+            cut_off += 1;
+            let stored = stored_events(dir.path(), &server.url(0), run);
             assert!(
-                seen.contains_key(&format!("r{i}-{step}")),
-                "r{i}-{step} never ran: {seen:?}"
+                stored.iter().any(|event| event["type"] == "tool.result"
+                    && event["status"] == "error"
+                    && event["content"].as_str().unwrap_or_default().contains("interrupted")),
+                "r{i}-{step} never ran and nothing says why: {stored:?}"
             );
         }
     }
+    assert!(cut_off <= 3, "at most one call per run the killed worker held");
 
     // The live client saw every stored event of every run exactly once, in order.
     let mut resumed = 0;
@@ -271,6 +281,30 @@ async fn runs_execute_on_two_workers_and_one_killed_mid_run_loses_and_repeats_no
     let held = first.log_text().matches("run started").count();
     assert!(held >= 1, "the first worker took no run: {}", why());
     assert_eq!(resumed, held, "{}", why());
+
+    // The survivor says so on its own routes.
+    let routes = second
+        .log_text()
+        .split("health and metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no routes: {}", why()));
+    let ready = reqwest::get(format!("http://{routes}/readyz")).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    let metrics = reqwest::get(format!("http://{routes}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let takeovers: f64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("loom_worker_takeovers_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no take-over count: {metrics}"));
+    assert_eq!(takeovers as usize, held, "{metrics}");
+    assert!(metrics.contains("loom_worker_leases_renewed_total"));
 }
 
 /// Waits until `line` is among the effects.

@@ -95,6 +95,10 @@ pub trait RunLeases: Send + Sync {
     /// than `per_principal` (0: no cap). `None` when there is none.
     async fn claim_next(&self, owner: &str, ttl: Duration, per_principal: usize) -> Result<Option<Claim>, StoreError>;
 
+    /// Whether `run_id` (or the run a sub-agent belongs to) was queued for
+    /// workers: they execute and resume it, and take its controls.
+    async fn on_workers(&self, run_id: &str) -> Result<bool, StoreError>;
+
     /// Where a queued run no worker took yet waits: 1 for the next to
     /// start; `None` when it does not wait.
     async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError>;

@@ -125,6 +125,16 @@ impl RunLeases for RedisStore {
         Ok(u32::try_from(count).ok())
     }
 
+    async fn on_workers(&self, run_id: &str) -> Result<bool, StoreError> {
+        let marked: Option<String> = redis::cmd("HGET")
+            .arg(self.run_key_of(run_id))
+            .arg("for_workers")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(marked.as_deref() == Some("1"))
+    }
+
     async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError> {
         self.queue_position_script()
             .arg(self.prefix())
