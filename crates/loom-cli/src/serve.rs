@@ -99,20 +99,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             "refusing to listen on {addr} without a token: add [[server.tokens]] to the file named with --config or set LOOM_TOKEN (without a token only a loopback address such as 127.0.0.1 is allowed)"
         )));
     }
-    let agent_args = AgentArgs {
-        common: args.agent,
-        record: None,
-        // Budgets of served runs come from loom.toml.
-        max_tokens: None,
-        max_cost: None,
-        yes: false,
-        verbose: false,
-    };
+    let agent_args = served(args.agent);
     let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
-    let workspace = match &args.place.workspace {
-        Some(dir) => dir.clone(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
+    let workspace = workspace_of(&args.place)?;
     // The web page's sessions outlive a restart: their key is kept in the
     // workspace's state directory, out of the tools' reach.
     let state_of = workspace.clone();
@@ -219,6 +208,28 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         .map_err(|err| Failure::Runtime(err.into()))?;
     say!("loom serve: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The agent options of served runs (a gateway's or a worker's): the
+/// command line's common ones; budgets come from loom.toml, and nobody is
+/// at a terminal to say yes.
+pub(crate) fn served(common: crate::cli::CommonAgentArgs) -> AgentArgs {
+    AgentArgs {
+        common,
+        record: None,
+        max_tokens: None,
+        max_cost: None,
+        yes: false,
+        verbose: false,
+    }
+}
+
+/// `--workspace`, else the current directory.
+pub(crate) fn workspace_of(place: &PlaceArgs) -> Result<std::path::PathBuf, Failure> {
+    match &place.workspace {
+        Some(dir) => Ok(dir.clone()),
+        None => Ok(std::env::current_dir().context("cannot read the current directory")?),
+    }
 }
 
 /// SIGTERM or SIGINT.

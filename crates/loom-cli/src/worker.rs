@@ -12,10 +12,10 @@ use loom::{RunLeases, Store};
 use loom_server::worker::{ConnectLeases, LeaseTiming, Worker, WorkerConfig};
 use loom_server::{AgentFactory, AgentSpec};
 
-use crate::cli::{AgentArgs, PlaceArgs, WorkerArgs};
+use crate::cli::{PlaceArgs, WorkerArgs};
 use crate::config;
 use crate::run::{configured_model, Failure};
-use crate::serve::{stop_signal, ConfiguredAgents};
+use crate::serve::{served, stop_signal, workspace_of, ConfiguredAgents};
 
 pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let addr: Option<SocketAddr> = match &args.addr {
@@ -102,19 +102,9 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
-    let agent_args = AgentArgs {
-        common: args.agent,
-        record: None,
-        max_tokens: None,
-        max_cost: None,
-        yes: false,
-        verbose: false,
-    };
+    let agent_args = served(args.agent);
     let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
-    let workspace = match &args.place.workspace {
-        Some(dir) => dir.clone(),
-        None => std::env::current_dir().context("cannot read the current directory")?,
-    };
+    let workspace = workspace_of(&args.place)?;
     let factory = Arc::new(ConfiguredAgents {
         args: agent_args,
         place: PlaceArgs {
