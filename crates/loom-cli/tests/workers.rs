@@ -101,7 +101,10 @@ fn cluster_configured(dir: &Path, server_settings: &str, settings: &str) -> (Red
     let files = dir.join("redis");
     std::fs::create_dir_all(&files).unwrap();
     let server = RedisServer::start(&files).unwrap_or_else(|err| panic!("{err}"));
-    let model = PromptModel::start(PromptModelOptions::default());
+    let model = PromptModel::start(PromptModelOptions {
+        keep_bodies: true,
+        ..PromptModelOptions::default()
+    });
     config(
         dir,
         &model.url(),
@@ -474,7 +477,7 @@ async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, _model, gateway) = cluster(dir.path());
+    let (server, model, gateway) = cluster(dir.path());
     let other = Gateway::start(dir.path(), &[]);
     let worker = WorkerProcess::start(dir.path(), 2);
     let why = || {
@@ -508,9 +511,50 @@ async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq()
     let stored_seqs: Vec<u64> = stored.iter().map(|event| event["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, stored_seqs, "every event once across the two gateways");
 
-    // A run accepted by one gateway is cancelled through the other.
-    let long = start(&gateway, &prompt("l", 3, 5.0)).await;
+    // A run accepted by one gateway is its session's live run on the
+    // other too (`onBusy`), and is cancelled through it.
+    let long: Value = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": prompt("l", 3, 1.0), "sessionId": "shared-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let long = long["runId"].as_str().unwrap().to_string();
     effect(dir.path(), "l-1", why).await;
+    let refused = second
+        .error(
+            "agent.run",
+            json!({"prompt": "more", "sessionId": "shared-1", "onBusy": "reject"}),
+        )
+        .await;
+    assert_eq!(refused, "CONFLICT");
+    let steered = second
+        .ok(
+            "agent.run",
+            json!({"prompt": "also mention zebras", "sessionId": "shared-1", "onBusy": "steer"}),
+        )
+        .await;
+    assert_eq!(
+        (steered["runId"].as_str(), steered["steered"].as_bool()),
+        (Some(long.as_str()), Some(true))
+    );
+    // The steer reached the worker: the model reads it at the next turn.
+    let steered_at = Instant::now();
+    while !model
+        .bodies()
+        .iter()
+        .any(|body| body.to_string().contains("also mention zebras"))
+    {
+        assert!(
+            steered_at.elapsed() < Duration::from_secs(20),
+            "the steer never reached the model: {}",
+            why()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let cancelled = second.ok("agent.cancel", json!({"runId": long})).await;
     assert_eq!(cancelled["cancelled"], true, "{cancelled}");
     assert_eq!(view(&gateway, &long).await["status"], "CANCELED");

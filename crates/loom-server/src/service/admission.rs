@@ -106,6 +106,9 @@ impl Service {
         }
         if let Some(session) = &params.session_id {
             self.check_session_owner(principal, session).await?;
+            // On a cluster, the session's live run may have come through
+            // another gateway: followed here, `onBusy` applies to it too.
+            self.adopt_session(principal, session).await?;
         }
         let agent = self
             .agent_for(&params)

@@ -422,6 +422,22 @@ impl Service {
         self.on_sub_agent_event(&root, Arc::new(event));
     }
 
+    /// Follows the live runs of `principal`'s session `session` that this
+    /// gateway does not hold ([`Service::adopt`]).
+    pub(super) async fn adopt_session(&self, principal: &Principal, session: &str) -> Result<(), ApiError> {
+        let Some(store) = self.inner.store.as_ref().filter(|_| self.on_workers()) else {
+            return Ok(());
+        };
+        let runs = store.session_runs(session).await.map_err(store_error)?;
+        for run in runs
+            .iter()
+            .filter(|run| !run.status.is_terminal() && run.parent.is_none())
+        {
+            self.adopt(principal, &run.run_id).await?;
+        }
+        Ok(())
+    }
+
     /// A run this gateway does not hold but the store shows active — one
     /// another gateway accepted, or one accepted here before a restart —
     /// joins the registry and is followed, so its subscribers get it live

@@ -30,6 +30,20 @@ const START_PATIENCE: Duration = Duration::from_secs(60);
 /// Failed starts of a run (on any worker) after which it is given up.
 const MAX_FAILED_STARTS: u32 = 5;
 
+/// A run's lease is renewed while its task holds this: however the task
+/// ends (a panic included), the renewals stop, the lease runs out, and
+/// another worker takes the run.
+struct Holding<'a> {
+    keeper: &'a Keeper,
+    run_id: &'a str,
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.keeper.forget(self.run_id);
+    }
+}
+
 /// How a run's time on this worker ended.
 enum Ending {
     /// It ended (or never started): nothing to hand back.
@@ -251,8 +265,12 @@ impl Worker {
         let span = tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch);
         self.runs.spawn(
             async move {
+                let holding = Holding {
+                    keeper: &worker.keeper,
+                    run_id: &lease.run_id,
+                };
                 let ending = worker.carry(&claim, &guard).await;
-                worker.keeper.forget(&lease.run_id);
+                drop(holding);
                 if !guard.revoked.load(Ordering::SeqCst) {
                     worker.hand_back(&lease, &guard, ending).await;
                 }
