@@ -68,6 +68,12 @@ pub struct LeaseGuard {
     /// checkpoint acknowledges it and those before, which then leave the
     /// store (until then a worker that takes the run over gets them again).
     pub delivered: std::sync::atomic::AtomicU64,
+    /// Set when the worker interrupts the run (to park it, or to stop):
+    /// its last checkpoint acknowledges nothing, since a control handed
+    /// to it may not have taken effect yet — the worker that resumes it
+    /// hears those controls again (an answer to an ask already settled
+    /// is ignored).
+    pub acks_frozen: std::sync::atomic::AtomicBool,
 }
 
 /// What a renewal found.

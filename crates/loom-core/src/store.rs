@@ -246,6 +246,16 @@ pub enum StoreError {
     Backend(String),
 }
 
+impl StoreError {
+    /// Whether the run that met this error should stop resumable
+    /// (`INTERRUPTED`) rather than fail: the store is out of reach for now,
+    /// or another process holds the run — the run is not broken, and it
+    /// goes on from its last checkpoint (docs/cluster.md).
+    pub fn interrupts(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Fenced(_))
+    }
+}
+
 /// What [`Store::append_events_then`] calls once the events are stored or
 /// refused, handing them back.
 pub type EventsStored = Box<dyn FnOnce(Vec<Event>, Result<(), StoreError>) + Send>;

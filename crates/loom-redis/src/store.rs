@@ -622,9 +622,15 @@ impl Store for RedisStore {
             .arg(json(checkpoint.state.metrics())?);
         // A leased run's own checkpoint acknowledges the controls applied.
         match self.fence.as_deref().filter(|fence| fence.run_id == run_id) {
-            Some(fence) => invocation
-                .arg(&fence.controls_key)
-                .arg(fence.guard.delivered.load(std::sync::atomic::Ordering::SeqCst)),
+            Some(fence) => {
+                let guard = &fence.guard;
+                let acked = if guard.acks_frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                    0
+                } else {
+                    guard.delivered.load(std::sync::atomic::Ordering::SeqCst)
+                };
+                invocation.arg(&fence.controls_key).arg(acked)
+            }
             None => invocation.arg("").arg(0),
         };
         invocation.arg(self.fence_arg()?);

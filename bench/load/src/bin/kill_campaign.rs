@@ -98,6 +98,8 @@ fn start(options: &Options, dir: &Path, state: &Path, args: &[&str], ready: &str
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(rest) = line.split(&ready).nth(1) {
                 let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            } else if line.contains("ERROR") || line.contains("WARN") {
+                eprintln!("{line}");
             }
         }
     });

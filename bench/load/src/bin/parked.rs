@@ -49,6 +49,8 @@ fn start(loom: &Path, dir: &Path, state: &Path, args: &[&str], ready: &str) -> R
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(rest) = line.split(&ready).nth(1) {
                 let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+            } else if line.contains("ERROR") || line.contains("WARN") {
+                eprintln!("{line}");
             }
         }
     });
@@ -164,6 +166,7 @@ park_after_secs = 0
     let client = redis::Client::open(redis_server.url(0))?;
     let mut redis = client.get_multiplexed_async_connection().await?;
     let memory_before = used_memory(&mut redis).await?;
+    eprintln!("gateway http://{addr}, worker http://{routes}, {}", redis_server.url(0));
 
     let started = Instant::now();
     for _ in 0..runs {
@@ -180,6 +183,12 @@ park_after_secs = 0
         }
         if started.elapsed() > Duration::from_secs(600) {
             bail!("only {parked} of {runs} runs parked in 10 minutes");
+        }
+        if started.elapsed().as_millis() % 5000 < 200 {
+            eprintln!(
+                "{parked} of {runs} parked after {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };

@@ -337,7 +337,7 @@ impl Driver {
         self.store
             .create_run(&record)
             .await
-            .map_err(|err| StopReason::error(ErrorCode::Store, format!("cannot record the run: {err}")))
+            .map_err(|err| store_stop("cannot record the run", &err))
     }
 
     /// Writes the state, the unsaved history and the events since the last
@@ -349,10 +349,7 @@ impl Driver {
         }
         // The log holds every event up to the state this records.
         if let Err(err) = self.log.flush().await {
-            return Err(StopReason::error(
-                ErrorCode::Store,
-                format!("cannot write the run's events: {err}"),
-            ));
+            return Err(store_stop("cannot write the run's events", &err));
         }
         let events = self.events.take_log();
         machine.metrics_mut().duration_ms = self.ctx.elapsed().as_millis() as u64;
@@ -375,10 +372,7 @@ impl Driver {
                 machine.memory_mut().mark_saved();
                 Ok(())
             }
-            Err(err) => Err(StopReason::error(
-                ErrorCode::Store,
-                format!("cannot write the checkpoint: {err}"),
-            )),
+            Err(err) => Err(store_stop("cannot write the checkpoint", &err)),
         }
     }
 
@@ -607,6 +601,17 @@ fn stop_reason(ctx: &RunContext) -> Option<StopReason> {
         }
         None => cancelled(),
     })
+}
+
+/// How a run stops when its store refused a write: resumable
+/// (`INTERRUPTED`) when the store is out of reach for now or another
+/// process holds the run ([`StoreError::interrupts`]), else a `STORE` error.
+fn store_stop(what: &str, err: &crate::store::StoreError) -> StopReason {
+    if err.interrupts() {
+        StopReason::Interrupted(format!("{what}: {err}"))
+    } else {
+        StopReason::error(ErrorCode::Store, format!("{what}: {err}"))
+    }
 }
 
 pub(super) fn cancelled() -> StopReason {

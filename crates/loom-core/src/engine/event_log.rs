@@ -171,7 +171,7 @@ struct LogState {
     /// The store refused a group: it and every later event wait unshown,
     /// every flush fails and the run stops (its next checkpoint cannot be
     /// written).
-    failed: Option<String>,
+    failed: Option<StoreError>,
 }
 
 impl LogState {
@@ -186,6 +186,8 @@ impl LogState {
 
     fn outcome(&self) -> Result<(), StoreError> {
         match &self.failed {
+            // Of its kind, so the run stops as that kind asks.
+            Some(err) if err.interrupts() => Err(err.clone()),
             Some(err) => Err(StoreError::Backend(format!(
                 "an earlier write of the run's events failed: {err}"
             ))),
@@ -264,17 +266,23 @@ impl LogWriter {
                 }
                 Err(err) => {
                     tracing::error!(run_id = %self.run_id, error = %err, "the run's events could not be stored");
-                    state.failed = Some(err.to_string());
-                    refused = state.failed.clone();
+                    state.failed = Some(err.clone());
+                    refused = Some(err);
                     state.waiting.splice(0..0, group);
                 }
             }
             state.answer_flushes();
             state.next_group()
         };
-        if let Some(reason) = refused {
+        if let Some(err) = refused {
             // Outside the lock: stopping wakes whatever waits on the run.
-            self.ctx.stop(StopCause::StoreFailed(reason));
+            // A store out of reach (or a run another process took over)
+            // leaves the run resumable; any other refusal fails it.
+            self.ctx.stop(if err.interrupts() {
+                StopCause::Interrupted(format!("its events could not be stored: {err}"))
+            } else {
+                StopCause::StoreFailed(err.to_string())
+            });
         }
         self.write(next);
     }
@@ -565,6 +573,26 @@ mod tests {
             "flushed: event 1 is on the stream; 2 is still being written"
         );
         assert_eq!(store.held(), [vec![2]]);
+    }
+
+    #[tokio::test]
+    async fn a_store_out_of_reach_or_a_run_taken_over_leaves_the_run_resumable() {
+        for err in [
+            StoreError::Unavailable("redis: broken pipe".into()),
+            StoreError::Fenced("r".into()),
+        ] {
+            let run = Run::new();
+            run.log.open();
+            run.emit(1);
+            run.store.answer(Err(err.clone()));
+            assert!(
+                matches!(run.ctx.stop_cause(), Some(StopCause::Interrupted(why)) if why.contains(&err.to_string())),
+                "{err}: {:?}",
+                run.ctx.stop_cause()
+            );
+            // Of its kind still, for the checkpoint and the end that follow.
+            assert_eq!(run.log.flush().await.err().map(|e| e.interrupts()), Some(true));
+        }
     }
 
     #[tokio::test]

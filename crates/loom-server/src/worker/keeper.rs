@@ -60,6 +60,8 @@ struct Held {
     /// The run's controls, once it started (controls wait in the store
     /// until then).
     controller: Option<RunController>,
+    /// A renewal has brought the run its controls since it started.
+    heard: bool,
 }
 
 impl Held {
@@ -78,6 +80,9 @@ fn lock(held: &HeldMap) -> MutexGuard<'_, HashMap<String, Held>> {
 pub(crate) struct Keeper {
     held: HeldMap,
     stop: Arc<AtomicBool>,
+    /// Asks for a renewal round now (a run just started: the controls
+    /// waiting for it are brought at once, not at the next round).
+    wake: Arc<tokio::sync::Notify>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -86,16 +91,17 @@ impl Keeper {
     pub(crate) fn start(connect: ConnectLeases, timing: LeaseTiming) -> std::io::Result<Self> {
         let held: HeldMap = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(tokio::sync::Notify::new());
         let thread = {
-            let held = held.clone();
-            let stop = stop.clone();
+            let (held, stop, wake) = (held.clone(), stop.clone(), wake.clone());
             std::thread::Builder::new()
                 .name("loom-lease-keeper".into())
-                .spawn(move || keep(connect, timing, held, stop))?
+                .spawn(move || keep(connect, timing, held, stop, wake))?
         };
         Ok(Self {
             held,
             stop,
+            wake,
             thread: Some(thread),
         })
     }
@@ -110,6 +116,7 @@ impl Keeper {
                 guard,
                 renewed: claimed,
                 controller: None,
+                heard: false,
             },
         );
     }
@@ -126,7 +133,17 @@ impl Keeper {
             controller.interrupt("this worker lost the run's lease");
         }
         entry.controller = Some(controller);
+        // A resumed run may be waiting for an answer sent while it was
+        // parked: it hears it now, before it could be parked again.
+        self.wake.notify_one();
         !entry.revoked()
+    }
+
+    /// Whether the run has heard the controls sent to it before it started
+    /// (a renewal since): until then it must not be parked, or an answer
+    /// waiting for it would make it claimable, and parked, for ever.
+    pub(crate) fn heard(&self, run_id: &str) -> bool {
+        lock(&self.held).get(run_id).is_some_and(|entry| entry.heard)
     }
 
     /// The run ended here: its lease is no longer renewed.
@@ -153,7 +170,13 @@ impl Drop for Keeper {
 
 /// The keeper's thread: its own runtime, its own connection, a renewal
 /// round every `renew_every`.
-fn keep(connect: ConnectLeases, timing: LeaseTiming, held: HeldMap, stop: Arc<AtomicBool>) {
+fn keep(
+    connect: ConnectLeases,
+    timing: LeaseTiming,
+    held: HeldMap,
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -169,7 +192,7 @@ fn keep(connect: ConnectLeases, timing: LeaseTiming, held: HeldMap, stop: Arc<At
     runtime.block_on(async move {
         // Renewals go out on a task, so that a round waiting for a slow
         // store does not delay the checks below.
-        let renewing = tokio::spawn(renew_rounds(connect, held.clone(), timing, stop.clone()));
+        let renewing = tokio::spawn(renew_rounds(connect, held.clone(), timing, stop.clone(), wake));
         while !stop.load(Ordering::SeqCst) {
             tokio::time::sleep(CHECK_EVERY).await;
             give_up_overdue(&held, timing, Instant::now());
@@ -184,12 +207,21 @@ const CHECK_EVERY: Duration = Duration::from_millis(50);
 /// A renewal round every `renew_every`, over a connection opened on the
 /// keeper's runtime (until that succeeds, each round tries again; once
 /// open, the connection reconnects by itself).
-async fn renew_rounds(connect: ConnectLeases, held: HeldMap, timing: LeaseTiming, stop: Arc<AtomicBool>) {
+async fn renew_rounds(
+    connect: ConnectLeases,
+    held: HeldMap,
+    timing: LeaseTiming,
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+) {
     let mut leases: Option<Arc<dyn RunLeases>> = None;
     let mut tick = tokio::time::interval(timing.renew_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while !stop.load(Ordering::SeqCst) {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = wake.notified() => {}
+        }
         if leases.is_none() {
             match tokio::time::timeout(timing.renew_every, connect()).await {
                 Ok(Ok(connected)) => leases = Some(connected),
@@ -230,6 +262,7 @@ async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) 
                 // In order, each once: the store keeps them until a
                 // checkpoint acknowledges the number delivered.
                 let Some(controller) = &entry.controller else { continue };
+                entry.heard = true;
                 for (number, control) in controls {
                     if number <= entry.guard.delivered.load(Ordering::SeqCst) {
                         continue;

@@ -105,8 +105,9 @@ pub struct Worker {
     /// Woken when a run ends (a slot is free).
     ended: Notify,
     stopping: AtomicBool,
-    /// The controls of the runs executing, to interrupt them at a stop.
-    live: std::sync::Mutex<std::collections::HashMap<String, loom_core::RunController>>,
+    /// The controls of the runs executing (and their leases' guards), to
+    /// interrupt them at a stop.
+    live: std::sync::Mutex<std::collections::HashMap<String, (loom_core::RunController, Arc<loom_core::LeaseGuard>)>>,
 }
 
 impl Worker {
@@ -230,7 +231,7 @@ impl Worker {
     /// Interrupts every run, waits for them, and hands them back.
     async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        let live: Vec<loom_core::RunController> = self
+        let live: Vec<(loom_core::RunController, Arc<loom_core::LeaseGuard>)> = self
             .live
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -241,7 +242,8 @@ impl Worker {
             runs = live.len(),
             "the worker is stopping: its runs go back to the store"
         );
-        for controller in live {
+        for (controller, guard) in live {
+            guard.acks_frozen.store(true, Ordering::SeqCst);
             controller.interrupt("the worker is stopping");
         }
         self.runs.close();
@@ -286,7 +288,7 @@ impl Worker {
         let store = self.leases.fenced(lease, guard.clone());
         match self.start(claim, store.clone()).await {
             Ok(handle) => {
-                let (status, parking) = self.follow(handle).await;
+                let (status, parking) = self.follow(handle, guard).await;
                 if guard.revoked.load(Ordering::SeqCst) {
                     // It goes on elsewhere: how it stopped here is no end.
                     tracing::info!("the run stopped here after it was given up");
@@ -358,15 +360,16 @@ impl Worker {
     /// Follows a started run to its end; returns how it ended, and
     /// whether it was interrupted to be parked (it waited for a person
     /// longer than `park_after`).
-    async fn follow(&self, mut handle: loom_core::RunHandle) -> (RunStatus, bool) {
+    async fn follow(&self, mut handle: loom_core::RunHandle, guard: &Arc<loom_core::LeaseGuard>) -> (RunStatus, bool) {
         let run_id = handle.run_id().to_string();
         let controller = handle.controller();
         self.live
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(run_id.clone(), controller.clone());
+            .insert(run_id.clone(), (controller.clone(), guard.clone()));
         self.keeper.attach(&run_id, controller.clone());
         if self.stopping.load(Ordering::SeqCst) {
+            guard.acks_frozen.store(true, Ordering::SeqCst);
             controller.interrupt("the worker is stopping");
         }
         tracing::info!("run started");
@@ -375,11 +378,13 @@ impl Worker {
         let mut watching = true;
         let mut waiting_since: Option<Instant> = None;
         let mut parking = false;
+        // Not parked before it heard what was sent to it (`Keeper::heard`).
+        let mut not_before = Instant::now();
         // Its events are in the store before they come here; gateways
         // read them there.
         loop {
             let park_at = match (waiting_since, self.config.park_after) {
-                (Some(since), Some(after)) if !parking => Some(since + after),
+                (Some(since), Some(after)) if !parking => Some((since + after).max(not_before)),
                 _ => None,
             };
             tokio::select! {
@@ -396,8 +401,13 @@ impl Worker {
                     waiting_since = if waiting { waiting_since.or(Some(Instant::now())) } else { None };
                 }
                 () = sleep_until(park_at), if park_at.is_some() => {
-                    parking = true;
-                    controller.interrupt("waiting for a person: parked until answered");
+                    if self.keeper.heard(&run_id) {
+                        parking = true;
+                        guard.acks_frozen.store(true, Ordering::SeqCst);
+                        controller.interrupt("waiting for a person: parked until answered");
+                    } else {
+                        not_before = Instant::now() + Duration::from_millis(50);
+                    }
                 }
             }
         }
