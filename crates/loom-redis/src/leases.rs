@@ -12,6 +12,10 @@ use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Renewal, Ru
 
 use crate::store::{backend, event_args, event_rows, json, now_ms, Fence, RedisStore};
 
+/// When a parked run with controls it heard, and no checkpoint
+/// acknowledged, is tried again (`scripts::PARK`).
+const RETRY_HEARD: Duration = Duration::from_secs(5);
+
 /// How long a control waits for a worker to take it.
 const CONTROL_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -108,6 +112,7 @@ impl RunLeases for RedisStore {
             .arg(&lease.run_id)
             .arg(lease.epoch)
             .arg(heard)
+            .arg(millis(RETRY_HEARD))
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;

@@ -403,23 +403,34 @@ return 'ok'
 "#;
 
 /// `park`: KEYS run, controls; ARGV prefix, id, epoch, the number of the
-/// last control the worker heard. A run its worker
+/// last control the worker heard, how long until a run with controls it
+/// heard (and no checkpoint acknowledged) is tried again, in ms. A run its worker
 /// interrupted while it waited for a person leaves the leases for
 /// `{p}parked` (scored by when), where no worker takes it, until a
 /// control comes (`SEND_CONTROL`); one the worker had not heard yet
 /// makes it claimable at once (those it heard and no checkpoint
 /// acknowledged stay in the list, for whoever resumes it). The epoch moves on (a late
 /// renewal of the parking worker finds the lease lost). Returns
-/// `'parked'`, `'claimable'` or `'lost'`.
+/// `'parked'`, `'claimable'`, `'later'` or `'lost'`.
 pub(crate) const PARK: &str = r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
 redis.call('HINCRBY', KEYS[1], 'epoch', 1)
--- A control the worker has not heard yet: the run is wanted now.
+-- A control the worker has not heard yet: the run is wanted now. One it
+-- heard and no checkpoint acknowledged may not have taken effect: the run
+-- is tried again in a few seconds (not at once: it would be parked again
+-- at once, for ever, if the control does not concern its ask).
+local heard_only = false
 for _, control in ipairs(redis.call('LRANGE', KEYS[2], 0, 199)) do
   if tonumber(string.match(control, '^(%d+) ')) > tonumber(ARGV[4]) then
     redis.call('ZADD', ARGV[1] .. 'leases', 0, ARGV[2])
     return 'claimable'
   end
+  heard_only = true
+end
+if heard_only then
+  local t = redis.call('TIME')
+  redis.call('ZADD', ARGV[1] .. 'leases', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5]), ARGV[2])
+  return 'later'
 end
 redis.call('ZREM', ARGV[1] .. 'leases', ARGV[2])
 local t = redis.call('TIME')

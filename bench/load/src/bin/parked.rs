@@ -176,6 +176,7 @@ park_after_secs = 0
             .await?
             .error_for_status()?;
     }
+    let mut last_told = Instant::now();
     let waiting = loop {
         let parked: usize = redis::cmd("ZCARD").arg("loom:parked").query_async(&mut redis).await?;
         if parked == runs {
@@ -184,7 +185,8 @@ park_after_secs = 0
         if started.elapsed() > Duration::from_secs(600) {
             bail!("only {parked} of {runs} runs parked in 10 minutes");
         }
-        if started.elapsed().as_millis() % 5000 < 200 {
+        if last_told.elapsed() > Duration::from_secs(5) {
+            last_told = Instant::now();
             eprintln!(
                 "{parked} of {runs} parked after {:.0} s",
                 started.elapsed().as_secs_f64()

@@ -50,8 +50,10 @@ enum Ending {
     Ended,
     /// Interrupted (the worker stops): handed back at once.
     Interrupted,
-    /// Interrupted while it waited for a person: parked.
-    ToPark,
+    /// Interrupted while it waited for a person: parked, unless a control
+    /// numbered after the one given (the last it had heard when the
+    /// worker decided to park it) came meanwhile.
+    ToPark(u64),
 }
 
 /// A worker's settings.
@@ -274,7 +276,7 @@ impl Worker {
                 let ending = worker.carry(&claim, &guard).await;
                 drop(holding);
                 if !guard.revoked.load(Ordering::SeqCst) {
-                    worker.hand_back(&lease, &guard, ending).await;
+                    worker.hand_back(&lease, ending).await;
                 }
                 worker.ended.notify_one();
             }
@@ -288,7 +290,7 @@ impl Worker {
         let store = self.leases.fenced(lease, guard.clone());
         match self.start(claim, store.clone()).await {
             Ok(handle) => {
-                let (status, parking) = self.follow(handle, guard).await;
+                let (status, parked_heard) = self.follow(handle, guard).await;
                 if guard.revoked.load(Ordering::SeqCst) {
                     // It goes on elsewhere: how it stopped here is no end.
                     tracing::info!("the run stopped here after it was given up");
@@ -296,9 +298,9 @@ impl Worker {
                     metrics::counter!("loom_runs_finished_total", "status" => status.as_str()).increment(1);
                     tracing::info!(status = status.as_str(), "run ended");
                 }
-                match status {
-                    RunStatus::Interrupted if parking => Ending::ToPark,
-                    RunStatus::Interrupted => Ending::Interrupted,
+                match (status, parked_heard) {
+                    (RunStatus::Interrupted, Some(heard)) => Ending::ToPark(heard),
+                    (RunStatus::Interrupted, None) => Ending::Interrupted,
                     _ => Ending::Ended,
                 }
             }
@@ -338,10 +340,9 @@ impl Worker {
 
     /// A run interrupted here, still ours: parked until a person answers,
     /// or handed back at once.
-    async fn hand_back(&self, lease: &loom_core::Lease, guard: &loom_core::LeaseGuard, ending: Ending) {
+    async fn hand_back(&self, lease: &loom_core::Lease, ending: Ending) {
         let handed = match ending {
-            Ending::ToPark if !self.stopping.load(Ordering::SeqCst) => {
-                let heard = guard.delivered.load(Ordering::SeqCst);
+            Ending::ToPark(heard) if !self.stopping.load(Ordering::SeqCst) => {
                 self.leases.park(lease, heard).await.map(|parked| {
                     if parked {
                         metrics::counter!("loom_worker_runs_parked_total").increment(1);
@@ -349,7 +350,7 @@ impl Worker {
                     }
                 })
             }
-            Ending::ToPark | Ending::Interrupted => self.leases.release(lease).await,
+            Ending::ToPark(_) | Ending::Interrupted => self.leases.release(lease).await,
             Ending::Ended => return,
         };
         if let Err(err) = handed {
@@ -357,10 +358,14 @@ impl Worker {
         }
     }
 
-    /// Follows a started run to its end; returns how it ended, and
-    /// whether it was interrupted to be parked (it waited for a person
-    /// longer than `park_after`).
-    async fn follow(&self, mut handle: loom_core::RunHandle, guard: &Arc<loom_core::LeaseGuard>) -> (RunStatus, bool) {
+    /// Follows a started run to its end; returns how it ended, and — when
+    /// it was interrupted to be parked (it waited for a person longer than
+    /// `park_after`) — the number of the last control it had heard then.
+    async fn follow(
+        &self,
+        mut handle: loom_core::RunHandle,
+        guard: &Arc<loom_core::LeaseGuard>,
+    ) -> (RunStatus, Option<u64>) {
         let run_id = handle.run_id().to_string();
         let controller = handle.controller();
         self.live
@@ -376,15 +381,17 @@ impl Worker {
         let mut model_started = None;
         let mut state = controller.watch_state();
         let mut watching = true;
-        let mut waiting_since: Option<Instant> = None;
-        let mut parking = false;
+        // When the run began to wait for a person, and the last control
+        // it had heard then.
+        let mut waiting_since: Option<(Instant, u64)> = None;
+        let mut parked_heard: Option<u64> = None;
         // Not parked before it heard what was sent to it (`Keeper::heard`).
         let mut not_before = Instant::now();
         // Its events are in the store before they come here; gateways
         // read them there.
         loop {
             let park_at = match (waiting_since, self.config.park_after) {
-                (Some(since), Some(after)) if !parking => Some((since + after).max(not_before)),
+                (Some((since, _)), Some(after)) if parked_heard.is_none() => Some((since + after).max(not_before)),
                 _ => None,
             };
             tokio::select! {
@@ -398,15 +405,26 @@ impl Worker {
                         continue;
                     }
                     let waiting = state.borrow().status == RunStatus::WaitingPermission;
-                    waiting_since = if waiting { waiting_since.or(Some(Instant::now())) } else { None };
+                    let heard = guard.delivered.load(Ordering::SeqCst);
+                    waiting_since = if waiting { waiting_since.or(Some((Instant::now(), heard))) } else { None };
                 }
                 () = sleep_until(park_at), if park_at.is_some() => {
-                    if self.keeper.heard(&run_id) {
-                        parking = true;
-                        guard.acks_frozen.store(true, Ordering::SeqCst);
-                        controller.interrupt("waiting for a person: parked until answered");
-                    } else {
-                        not_before = Instant::now() + Duration::from_millis(50);
+                    let heard = guard.delivered.load(Ordering::SeqCst);
+                    let still_waiting = state.borrow().status == RunStatus::WaitingPermission;
+                    match waiting_since {
+                        // A control came while it waited (the answer,
+                        // perhaps), or it has not heard those sent before
+                        // it started: it gets time to act on them.
+                        Some((_, then)) if then != heard || !self.keeper.heard(&run_id) => {
+                            waiting_since = Some((Instant::now(), heard));
+                            not_before = Instant::now() + Duration::from_millis(50);
+                        }
+                        Some(_) if still_waiting => {
+                            parked_heard = Some(heard);
+                            guard.acks_frozen.store(true, Ordering::SeqCst);
+                            controller.interrupt("waiting for a person: parked until answered");
+                        }
+                        _ => waiting_since = None,
                     }
                 }
             }
@@ -416,7 +434,7 @@ impl Worker {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&run_id);
-        (outcome.status, parking)
+        (outcome.status, parked_heard)
     }
 }
 
