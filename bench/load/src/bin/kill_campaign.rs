@@ -8,14 +8,17 @@
 //! that happened more than once. Not a CI test: it takes minutes.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+#[path = "../processes.rs"]
+mod processes;
+
+use anyhow::{anyhow, bail, Result};
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{PromptModel, PromptModelOptions};
+use processes::start;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "kill-campaign-token-0123456789";
@@ -58,55 +61,6 @@ fn options() -> Result<Options> {
         bail!("--workers: at least 2 (one must be left to take the runs over)");
     }
     Ok(options)
-}
-
-/// A process killed on drop.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `loom` with `args` in `dir`; waits for the line holding `ready`
-/// on its stderr and returns what follows it on that line.
-fn start(options: &Options, dir: &Path, state: &Path, args: &[&str], ready: &str) -> Result<(Process, String)> {
-    let mut child = Command::new(&options.loom)
-        .args(args)
-        .arg("--config")
-        .arg(dir.join("loom.toml"))
-        .arg("--workspace")
-        .arg(dir)
-        .env("OPENAI_API_KEY", "campaign")
-        .env("LOOM_STATE_DIR", state)
-        .env("LOOM_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| {
-            format!(
-                "cannot start {} (cargo build --release -p loom-cli)",
-                options.loom.display()
-            )
-        })?;
-    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ready = ready.to_string();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split(&ready).nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-            } else if line.contains("ERROR") || line.contains("WARN") {
-                eprintln!("{line}");
-            }
-        }
-    });
-    let found = rx
-        .recv_timeout(Duration::from_secs(30))
-        .with_context(|| format!("{args:?} did not start"))?;
-    Ok((Process(child), found))
 }
 
 /// The runs whose lease `pid` holds, with their epochs.
@@ -204,7 +158,7 @@ redis = "{}"
         ),
     )?;
     let (_gateway, addr) = start(
-        &options,
+        &options.loom,
         dir.path(),
         state.path(),
         &["serve", "--addr", "127.0.0.1:0"],
@@ -213,7 +167,16 @@ redis = "{}"
     let worker_args = ["worker", "--allow", "bash", "--max-runs", &options.max_runs.to_string()];
     let mut workers = Vec::new();
     for _ in 0..options.workers {
-        workers.push(start(&options, dir.path(), state.path(), &worker_args, "taking runs from")?.0);
+        workers.push(
+            start(
+                &options.loom,
+                dir.path(),
+                state.path(),
+                &worker_args,
+                "taking runs from",
+            )?
+            .0,
+        );
     }
     let http = reqwest::Client::builder()
         .default_headers(
@@ -284,7 +247,14 @@ redis = "{}"
                 watchers.push(tokio::spawn(taken_over(redis_server.url(0), run, epoch, killed)));
             }
             // A replacement, so the cluster keeps its size.
-            workers[index] = start(&options, dir.path(), state.path(), &worker_args, "taking runs from")?.0;
+            workers[index] = start(
+                &options.loom,
+                dir.path(),
+                state.path(),
+                &worker_args,
+                "taking runs from",
+            )?
+            .0;
             kills += 1;
             next_kill = Instant::now() + options.interval;
             if kills % 10 == 0 {

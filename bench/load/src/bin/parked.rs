@@ -5,60 +5,19 @@
 //! new run takes to finish, Redis's memory per parked run; then every ask
 //! is answered through the gateway and it times the N runs to their end.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+#[path = "../processes.rs"]
+mod processes;
+
+use anyhow::{anyhow, bail, Result};
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{PromptModel, PromptModelOptions};
+use processes::start;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "parked-bench-token-0123456789";
-
-/// A process killed on drop.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `loom` with `args`; returns it and the word after `ready` in its stderr.
-fn start(loom: &Path, dir: &Path, state: &Path, args: &[&str], ready: &str) -> Result<(Process, String)> {
-    let mut child = Command::new(loom)
-        .args(args)
-        .arg("--config")
-        .arg(dir.join("loom.toml"))
-        .arg("--workspace")
-        .arg(dir)
-        .env("OPENAI_API_KEY", "parked")
-        .env("LOOM_STATE_DIR", state)
-        .env("LOOM_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {} (cargo build --release -p loom-cli)", loom.display()))?;
-    let stderr = child.stderr.take().ok_or_else(|| anyhow!("no stderr"))?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ready = ready.to_string();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split(&ready).nth(1) {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
-            } else if line.contains("ERROR") || line.contains("WARN") {
-                eprintln!("{line}");
-            }
-        }
-    });
-    let found = rx
-        .recv_timeout(Duration::from_secs(30))
-        .with_context(|| format!("{args:?} did not start"))?;
-    Ok((Process(child), found))
-}
 
 /// How many of a page of runs are in `status`, and the page.
 async fn runs_in(http: &reqwest::Client, addr: &str, status: &str) -> Result<Vec<Value>> {
