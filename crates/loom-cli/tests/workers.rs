@@ -773,3 +773,35 @@ async fn a_sub_agents_events_and_asks_reach_the_clients_of_a_cluster_gateway() {
     assert_eq!(client.seqs(&child), stored_seqs, "{}", why());
     assert_one_clean_log(&stored, "DONE");
 }
+
+/// A worker with nothing to take runs from, or told to keep them
+/// elsewhere, or given a lease too short to renew in time, says so and
+/// exits 2 — before it takes any run.
+#[test]
+fn a_worker_refuses_what_it_cannot_keep() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let refused = |toml: &str, args: &[&str], says: &str| {
+        std::fs::write(dir.path().join("w.toml"), toml).unwrap();
+        let out = loom_in(dir.path())
+            .args(["worker", "--model", "scripted:s.json", "--config"])
+            .arg(dir.path().join("w.toml"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{toml} {args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    };
+    refused("", &[], "a worker needs the cluster's Redis");
+    refused("", &["--redis", "redis://127.0.0.1:1/0", "--db", "x.db"], "drop --db");
+    let cluster = "[cluster]\nredis = \"redis://127.0.0.1:1/0\"\n";
+    refused(&format!("{cluster}lease_secs = 0.5\n"), &[], "lease_secs = 0.5");
+    refused(&format!("{cluster}park_after_secs = -1\n"), &[], "park_after_secs");
+    refused(
+        &format!("{cluster}keep_finished_days = -3\n"),
+        &[],
+        "keep_finished_days",
+    );
+    refused(cluster, &[], "cannot use the Redis at redis://127.0.0.1:1/0");
+}
