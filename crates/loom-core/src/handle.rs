@@ -86,6 +86,16 @@ impl RunController {
         self.pending.answer(request_id, decision)
     }
 
+    /// Whether the run, or one of its sub-agents, is waiting for a
+    /// person's answer at this moment. Unlike the shown status
+    /// (`WAITING_PERMISSION` while an ask is visible), this is false for an
+    /// ask a previous process left open that the resumed run has not asked
+    /// again yet, for one answered before it was asked again, and from the
+    /// moment an answer is delivered, before the run's events show it.
+    pub fn is_asking(&self) -> bool {
+        self.pending.asking()
+    }
+
     /// Delivers any control.
     pub fn send(&self, control: Control) -> Result<(), ControlError> {
         match control {

@@ -8,13 +8,14 @@
 //! become visible, after they are stored (`engine/event_log.rs`): the state
 //! never shows an ask or a `seq` that the run's log does not have.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
+use crate::control::PermissionDecision;
 use crate::event::{Event, EventKind};
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
@@ -62,6 +63,9 @@ pub struct LiveState {
     /// Of those, the ones answered before the run asked again: asked again,
     /// they are not waiting for anyone.
     answered_early: HashSet<String>,
+    /// What a person decided before a restart, by ask: a resumed run that
+    /// asks again (its call was cut off before it ran) is not asked twice.
+    decided_before_restart: HashMap<String, PermissionDecision>,
 }
 
 impl LiveState {
@@ -72,6 +76,15 @@ impl LiveState {
         let mut state = Self::default();
         for event in log {
             state.observe(run_id, event);
+            if let EventKind::PermissionResolved {
+                request_id,
+                decision,
+                reason: None,
+                ..
+            } = &event.kind
+            {
+                state.decided_before_restart.insert(request_id.clone(), *decision);
+            }
         }
         state.status = RunStatus::Queued;
         state.own_status = RunStatus::Queued;
@@ -82,6 +95,12 @@ impl LiveState {
     /// Whether `request_id` was asked before a restart and not yet again.
     pub(crate) fn asked_before_restart(&self, request_id: &str) -> bool {
         self.asked_before_restart.contains(request_id)
+    }
+
+    /// What a person decided before a restart about `request_id`, if
+    /// anything (a timeout or a cancel is no decision).
+    pub(crate) fn decided_before_restart(&self, request_id: &str) -> Option<PermissionDecision> {
+        self.decided_before_restart.get(request_id).copied()
     }
 
     /// An ask left open before a restart was answered before the run asked
@@ -283,6 +302,30 @@ mod tests {
                 reason: None,
             },
         )
+    }
+
+    #[test]
+    fn a_persons_decisions_before_a_restart_are_kept_not_a_timeouts() {
+        let timed_out = event(
+            "root",
+            4,
+            EventKind::PermissionResolved {
+                request_id: "perm_b".into(),
+                tool: "write_file".into(),
+                decision: PermissionDecision::Deny,
+                reason: Some(crate::event::Unanswered::Timeout),
+            },
+        );
+        let log = vec![
+            ask("root", 1, "perm_a"),
+            resolved("root", 2, "perm_a"),
+            ask("root", 3, "perm_b"),
+            timed_out,
+        ];
+        let state = LiveState::from_log("root", &log);
+        assert_eq!(state.decided_before_restart("perm_a"), Some(PermissionDecision::Allow));
+        assert_eq!(state.decided_before_restart("perm_b"), None, "nobody decided");
+        assert!(state.pending_asks.is_empty());
     }
 
     #[test]

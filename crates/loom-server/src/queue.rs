@@ -2,10 +2,12 @@
 //! caps overall and per token, one run per session at a time, with a bound
 //! on the waiting line.
 //!
-//! Behind the [`RunQueue`] trait so that a later step can keep the line in
-//! Redis, shared by many gateways and `loom worker` processes (docs/server.md),
-//! without touching the protocol code or the service around it. The queue
-//! knows run ids, tokens and sessions — never agents, controls or events.
+//! Behind the [`RunQueue`] trait: the seam of a process that starts the
+//! runs it admits, without touching the protocol code or the service
+//! around it. The queue knows run ids, tokens and sessions — never agents,
+//! controls or events. A cluster's gateway starts nothing: its line is in
+//! the store, and workers admit runs by claiming them (`RunLeases`,
+//! docs/architecture.md, "On a cluster").
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};

@@ -635,6 +635,98 @@ async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the
     assert_eq!(state.last_seq, events.last().unwrap().seq);
 }
 
+/// An agent whose model calls `record` twice in one turn, each asked about.
+fn asking_twice_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<Vec<String>>>) -> Agent {
+    let call = |item: &str| ScriptToolCall {
+        name: "record".into(),
+        arguments: json!({ "item": item }),
+        id: Some(format!("c_{item}")),
+    };
+    Agent::builder()
+        .model(ScriptedModel::new(vec![
+            ScriptTurn {
+                tool_calls: vec![call("x"), call("y")],
+                ..ScriptTurn::default()
+            },
+            ScriptTurn {
+                content: Some("ok".into()),
+                ..ScriptTurn::default()
+            },
+        ]))
+        .tool(Record {
+            log,
+            hang_on: None,
+            started: Arc::default(),
+        })
+        .permissions(loom::PermissionPolicy::new(loom::Decision::Ask))
+        // An ask nobody answers is denied after this, not a hang.
+        .permission_timeout(Some(std::time::Duration::from_secs(5)))
+        .workspace(dir)
+        .store(store)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_answer_given_before_an_interrupt_cut_its_call_off_is_not_asked_for_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut handle = asking_twice_agent(dir.path(), store.clone(), log.clone()).run("record x and y");
+    let controller = handle.controller();
+    let mut asks = Vec::new();
+    while let Some(event) = handle.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            assert!(controller.is_asking(), "a person is waited for");
+            asks.push(request_id.clone());
+            if asks.len() == 1 {
+                // x is allowed; the run stops at y's question, before x ran.
+                controller
+                    .respond_permission(request_id, loom::PermissionDecision::Allow)
+                    .unwrap();
+                assert!(!controller.is_asking(), "answered: nobody is waited for");
+            } else {
+                controller.interrupt("the process goes away");
+            }
+        }
+    }
+    assert_eq!(handle.outcome().await.status, RunStatus::Interrupted);
+    assert_eq!(asks.len(), 2);
+    assert!(log.lock().unwrap().is_empty(), "nothing ran before the interrupt");
+
+    // Another process: only y's question is open; x's was decided.
+    let agent = asking_twice_agent(dir.path(), store.clone(), log.clone());
+    let resuming = agent.prepare_resume(&handle_run_id(&store).await).await.unwrap();
+    let controller = resuming.controller();
+    let open: Vec<String> = controller
+        .state()
+        .pending_asks
+        .iter()
+        .map(|ask| ask.request_id.clone())
+        .collect();
+    assert_eq!(open, [asks[1].clone()]);
+    assert!(!controller.is_asking(), "shown, but not asked again yet");
+
+    let mut handle = resuming.start().await.unwrap();
+    let mut asked_again = Vec::new();
+    while let Some(event) = handle.next_event().await {
+        if let EventKind::PermissionRequest { request_id, .. } = &event.kind {
+            asked_again.push(request_id.clone());
+            if *request_id == asks[1] {
+                controller
+                    .respond_permission(request_id, loom::PermissionDecision::Allow)
+                    .unwrap();
+            }
+        }
+    }
+    let outcome = handle.outcome().await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    // Had x waited for a second answer, nobody would have given it: it
+    // would have been denied at the ask's timeout, and never recorded.
+    assert_eq!(*log.lock().unwrap(), ["x", "y"]);
+    assert_eq!(asked_again, asks, "both asked again under their ids, for the record");
+}
+
 /// The one run in `store`.
 async fn handle_run_id(store: &SqliteStore) -> String {
     store.list_runs(1).await.unwrap()[0].run_id.clone()

@@ -139,7 +139,36 @@ park_after_secs = 0
     let waiting = loop {
         let parked: usize = redis::cmd("ZCARD").arg("loom:parked").query_async(&mut redis).await?;
         if parked == runs {
-            break runs_in(&http, &addr, "WAITING_PERMISSION").await?;
+            let waiting = runs_in(&http, &addr, "WAITING_PERMISSION").await?;
+            if waiting.len() == runs {
+                break waiting;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                let shown: std::collections::HashSet<&str> =
+                    waiting.iter().filter_map(|run| run["runId"].as_str()).collect();
+                let ids: Vec<String> = redis::cmd("ZRANGE")
+                    .arg("loom:parked")
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut redis)
+                    .await?;
+                for id in ids.iter().filter(|id| !shown.contains(id.as_str())) {
+                    let view: Value = http
+                        .get(format!("http://{addr}/v1/runs/{id}"))
+                        .send()
+                        .await?
+                        .json()
+                        .await?;
+                    let events = http
+                        .get(format!("http://{addr}/v1/runs/{id}/events"))
+                        .send()
+                        .await?
+                        .text()
+                        .await?;
+                    eprintln!("DIAG {id}: {view}\n{events}");
+                }
+                bail!("{} parked runs are not shown waiting", runs - waiting.len());
+            }
         }
         if started.elapsed() > Duration::from_secs(600) {
             bail!("only {parked} of {runs} runs parked in 10 minutes");

@@ -82,24 +82,34 @@ impl PendingRequests {
     }
 
     /// Waits for the answer to `request_id` from now on; whether it came
-    /// before the ask (then it is there at once).
+    /// before the ask (then it is there at once): sent early, or decided
+    /// before a restart (the call was cut off after its answer, before it
+    /// ran, and is asked again by the resumed run).
     fn expect(&self, request_id: &str) -> (oneshot::Receiver<PermissionDecision>, bool) {
         let (tx, rx) = oneshot::channel();
         let mut asks = lock(&self.asks);
-        match asks.early.remove(request_id) {
-            Some(decision) => {
-                let _ = tx.send(decision);
-                (rx, true)
-            }
-            None => {
-                asks.waiting.insert(request_id.to_string(), tx);
-                (rx, false)
-            }
+        if let Some(decision) = asks.early.remove(request_id) {
+            let _ = tx.send(decision);
+            return (rx, true);
         }
+        let decided = self.state.borrow().decided_before_restart(request_id);
+        if let Some(decision) = decided {
+            // Asked again for the record, it waits for nobody.
+            self.state.send_modify(|state| state.answered_early(request_id));
+            let _ = tx.send(decision);
+            return (rx, true);
+        }
+        asks.waiting.insert(request_id.to_string(), tx);
+        (rx, false)
     }
 
     fn forget(&self, request_id: &str) {
         lock(&self.asks).waiting.remove(request_id);
+    }
+
+    /// Whether an ask of the run tree waits for its answer now.
+    pub(crate) fn asking(&self) -> bool {
+        !lock(&self.asks).waiting.is_empty()
     }
 }
 

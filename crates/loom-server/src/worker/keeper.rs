@@ -268,7 +268,9 @@ async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) 
                         continue;
                     }
                     // One the run cannot take (an ask already answered) is done with too.
-                    let _ = controller.send(control);
+                    if let Err(err) = controller.send(control) {
+                        tracing::debug!(run_id = %lease.run_id, number, error = %err, "a control the run could not take");
+                    }
                     entry.guard.delivered.store(number, Ordering::SeqCst);
                 }
             }

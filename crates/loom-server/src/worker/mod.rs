@@ -404,13 +404,18 @@ impl Worker {
                         watching = false;
                         continue;
                     }
-                    let waiting = state.borrow().status == RunStatus::WaitingPermission;
+                    // What it heard before whether it asks: an answer
+                    // delivered between the two is in neither.
                     let heard = guard.delivered.load(Ordering::SeqCst);
+                    let waiting = controller.is_asking();
                     waiting_since = if waiting { waiting_since.or(Some((Instant::now(), heard))) } else { None };
                 }
                 () = sleep_until(park_at), if park_at.is_some() => {
+                    // In this order: an answer delivered after `heard`
+                    // was read is a control the park finds unheard, and
+                    // the run is claimable again at once.
                     let heard = guard.delivered.load(Ordering::SeqCst);
-                    let still_waiting = state.borrow().status == RunStatus::WaitingPermission;
+                    let still_waiting = controller.is_asking();
                     match waiting_since {
                         // A control came while it waited (the answer,
                         // perhaps), or it has not heard those sent before
