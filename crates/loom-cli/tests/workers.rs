@@ -471,6 +471,36 @@ async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
     );
 }
 
+/// A control does not wait for the next renewal: Redis nudges the worker
+/// that holds the run. With 30 s leases a worker renews every 10 s; the
+/// cancel still reaches the run within a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_reaches_its_worker_before_the_next_renewal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_with(dir.path(), "lease_secs = 30");
+    let worker = WorkerProcess::start(dir.path(), 1);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    let mut client = gateway.ws(ALICE).await;
+    let running = start(&gateway, &prompt("n", 3, 20.0)).await;
+    effect(dir.path(), "n-1", why).await;
+    let asked = Instant::now();
+    let cancelled = client.ok("agent.cancel", json!({"runId": running})).await;
+    assert_eq!(cancelled["cancelled"], true, "{cancelled}");
+    // Not the renewal 10 s after the run started, nor the 20 s sleep.
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}\n{}",
+        asked.elapsed(),
+        why()
+    );
+    let stored = stored_events(dir.path(), &server.url(0), &running);
+    assert_eq!(
+        cancelled["finalSeq"].as_u64(),
+        stored.last().and_then(|event| event["seq"].as_u64())
+    );
+    assert_one_clean_log(&stored, "CANCELED");
+}
+
 /// A client of one gateway moves to another mid-run and resubscribes
 /// after its last seq: between them it sees every event once; the other
 /// gateway can steer and cancel the run too.

@@ -148,11 +148,32 @@ pub trait RunLeases: Send + Sync {
     /// keep_finished_days`), and any worker may sweep.
     async fn forget_ended(&self, before_ms: u64, limit: usize) -> Result<usize, StoreError>;
 
+    /// Nudges for the worker `owner`, as they happen, until the receiver
+    /// is dropped. A nudge is a hint, never the news itself: the store
+    /// stays the truth, and a worker that misses one (a reconnection, a
+    /// store that cannot push: this default sends none) finds the same at
+    /// its next renewal or claim.
+    fn nudges(&self, owner: &str) -> tokio::sync::mpsc::Receiver<Nudge> {
+        let _ = owner;
+        tokio::sync::mpsc::channel(1).1
+    }
+
     /// The store a leased run writes through: every write is refused with
     /// [`StoreError::Fenced`] once another worker took the run over, or
     /// once the guard is revoked (the worker fenced itself); its
     /// checkpoints acknowledge the controls the guard says were delivered.
     fn fenced(&self, lease: &Lease, guard: Arc<LeaseGuard>) -> Arc<dyn Store>;
+}
+
+/// What a worker is nudged about ([`RunLeases::nudges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nudge {
+    /// A control was sent to a run the worker leases: renew now, and
+    /// hear it, rather than at the next renewal.
+    Control,
+    /// A run became claimable (queued, handed back, or woken by a
+    /// control while parked): claim now rather than at the next poll.
+    Work,
 }
 
 /// One entry of a run's stored log, as an [`EventTail`] read it.

@@ -65,7 +65,7 @@ pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
 pub use handle::{ControlError, RunController, RunHandle};
 pub use history::{validate_history, HistoryError};
 pub use hooks::{HookCall, HookDecision, PermissionHook, ToolHook};
-pub use lease::{Claim, EventTail, Lease, LeaseGuard, Renewal, RunLeases, Tailed};
+pub use lease::{Claim, EventTail, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Tailed};
 pub use live_state::{LiveState, PendingAsk};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
 pub use machine::RunState;

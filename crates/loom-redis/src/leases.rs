@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Renewal, RunLeases, Store, StoreError};
+use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Store, StoreError};
 
 use crate::store::{backend, event_args, event_rows, json, now_ms, Fence, RedisStore};
 
@@ -199,6 +199,10 @@ impl RunLeases for RedisStore {
             "ok" | "ended" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
         }
+    }
+
+    fn nudges(&self, owner: &str) -> tokio::sync::mpsc::Receiver<Nudge> {
+        self.listen_for_nudges(owner)
     }
 
     fn fenced(&self, lease: &Lease, guard: Arc<LeaseGuard>) -> Arc<dyn Store> {

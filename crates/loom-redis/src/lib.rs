@@ -4,6 +4,7 @@
 
 mod appender;
 mod leases;
+mod nudges;
 mod scripts;
 mod store;
 mod tail;

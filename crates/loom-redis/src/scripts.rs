@@ -125,7 +125,8 @@ return 'created'
 /// value and its lifetime in ms, then the most runs that may wait (`''`
 /// for no bound: past it the run is refused, `'full'`), then `'1'` when
 /// workers execute it (only such runs are claimed: a gateway that
-/// executes its own runs may share the Redis).
+/// executes its own runs may share the Redis; workers are nudged on
+/// `{p}work`).
 pub(crate) fn queue_run() -> String {
     format!(
         "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
@@ -135,8 +136,11 @@ local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then return 'exists' end
 if ARGV[18] ~= '' and redis.call('ZCARD', p .. 'status:QUEUED') >= tonumber(ARGV[18]) then return 'full' end
 new_run(run_key, p, id)
-if ARGV[19] == '1' then redis.call('HSET', run_key, 'for_workers', '1') end
 if ARGV[15] ~= '' then redis.call('SET', ARGV[15], ARGV[16], 'NX', 'PX', ARGV[17]) end
+if ARGV[19] == '1' then
+  redis.call('HSET', run_key, 'for_workers', '1')
+  redis.call('PUBLISH', p .. 'work', id)
+end
 return 'queued'
 "#
     )
@@ -372,20 +376,23 @@ return reply
 }
 
 /// `release`: KEYS run; ARGV prefix, id, epoch. The lease ends now (if
-/// it is still this epoch's), so the next claim takes the run; the epoch
-/// moves on, so nothing more of the releasing worker lands.
+/// it is still this epoch's), so the next claim takes the run (workers
+/// are nudged on `{p}work`); the epoch moves on, so nothing more of the
+/// releasing worker lands.
 pub(crate) const RELEASE: &str = r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
 -- A renewal or write of the releasing worker still on its way is stale.
 redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('ZADD', ARGV[1] .. 'leases', 'XX', 0, ARGV[2])
+redis.call('PUBLISH', ARGV[1] .. 'work', ARGV[2])
 return 'ok'
 "#;
 
 /// `send_control`: KEYS run, controls; ARGV the control (JSON), how long
 /// it is kept in ms, prefix, id. Each control is numbered (`N JSON`). A
 /// parked run (see `PARK`) becomes claimable at once, so that a worker
-/// takes it and hears the control. Returns `'ok'`, `'ended'` (nothing
+/// takes it and hears the control (workers are nudged on `{p}work`); the
+/// worker of a leased one is nudged on `{p}nudge:OWNER`. Returns `'ok'`, `'ended'` (nothing
 /// kept) or `'missing'`.
 pub(crate) const SEND_CONTROL: &str = r#"
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -398,6 +405,11 @@ redis.call('RPUSH', KEYS[2], n .. ' ' .. ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 if redis.call('ZREM', ARGV[3] .. 'parked', ARGV[4]) == 1 then
   redis.call('ZADD', ARGV[3] .. 'leases', 0, ARGV[4])
+  redis.call('PUBLISH', ARGV[3] .. 'work', ARGV[4])
+else
+  -- Its worker hears it now rather than at its next renewal.
+  local owner = redis.call('HGET', KEYS[1], 'lease_owner')
+  if owner then redis.call('PUBLISH', ARGV[3] .. 'nudge:' .. owner, ARGV[4]) end
 end
 return 'ok'
 "#;
@@ -423,6 +435,7 @@ local heard_only = false
 for _, control in ipairs(redis.call('LRANGE', KEYS[2], 0, 199)) do
   if tonumber(string.match(control, '^(%d+) ')) > tonumber(ARGV[4]) then
     redis.call('ZADD', ARGV[1] .. 'leases', 0, ARGV[2])
+    redis.call('PUBLISH', ARGV[1] .. 'work', ARGV[2])
     return 'claimable'
   end
   heard_only = true

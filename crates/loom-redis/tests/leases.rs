@@ -451,3 +451,93 @@ async fn only_runs_queued_for_workers_are_claimed_and_failed_starts_are_counted(
         "the lease is gone"
     );
 }
+
+/// The next nudge, within a few seconds.
+async fn next_nudge(nudges: &mut tokio::sync::mpsc::Receiver<loom_core::Nudge>) -> loom_core::Nudge {
+    tokio::time::timeout(Duration::from_secs(5), nudges.recv())
+        .await
+        .expect("a nudge within 5 s")
+        .expect("still listening")
+}
+
+#[tokio::test]
+async fn workers_are_nudged_when_a_run_becomes_claimable_and_when_their_run_gets_a_control() {
+    use loom_core::Nudge;
+    let (store, server, _dir) = store().await;
+    let mut w1 = store.nudges("w1");
+    let mut w2 = store.nudges("w2");
+    // Listening is set up on a task: wait until both are subscribed.
+    let client = redis::Client::open(server.url(0)).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for _ in 0..100 {
+        let listening: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("loom:work")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if listening[0].1 == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A run queued for workers: every worker may take it.
+    queue(&store, "q1", "s1", 1).await;
+    assert_eq!(next_nudge(&mut w1).await, Nudge::Work);
+    assert_eq!(next_nudge(&mut w2).await, Nudge::Work);
+    let lease = claim(&store, "w1", 60_000).await.unwrap().lease().clone();
+    fenced(&store, &lease).create_run(&started(&lease)).await.unwrap();
+
+    // A control for it: only its worker is nudged, and its renewal brings it.
+    store.send_control("q1", &Control::Steer("more".into())).await.unwrap();
+    assert_eq!(next_nudge(&mut w1).await, Nudge::Control);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), w2.recv())
+            .await
+            .is_err(),
+        "another worker's run is none of w2's business"
+    );
+    assert!(matches!(renew(&store, &lease, 60_000).await, Renewal::Held { controls } if controls.len() == 1));
+
+    // Handed back: claimable again, at once.
+    store.release(&lease).await.unwrap();
+    assert_eq!(next_nudge(&mut w2).await, Nudge::Work);
+    assert_eq!(claim(&store, "w2", 60_000).await.unwrap().lease().run_id, "q1");
+
+    // Redis restarted: the listeners come back by themselves.
+    while w1.try_recv().is_ok() {}
+    let mut server = server;
+    server.restart().unwrap_or_else(|err| panic!("{err}"));
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut back = false;
+    for _ in 0..250 {
+        let listening: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("loom:work")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if listening[0].1 == 2 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(back, "both listen again within 5 s");
+    // The store's own connection is made again on its first use.
+    let mut run = record("q2");
+    run.owner = String::new();
+    let queued = QueuedRun {
+        record: run,
+        request: "{}".into(),
+    };
+    let mut tries = 0;
+    while let Err(err) = store.queue_run(&queued, None).await {
+        tries += 1;
+        assert!(tries < 50, "{err}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(next_nudge(&mut w1).await, Nudge::Work);
+    assert_eq!(next_nudge(&mut w2).await, Nudge::Work);
+}

@@ -139,6 +139,12 @@ impl Keeper {
         !entry.revoked()
     }
 
+    /// A renewal round now: a control was sent to one of the runs held
+    /// (the round brings it), rather than at the next round.
+    pub(crate) fn renew_now(&self) {
+        self.wake.notify_one();
+    }
+
     /// Whether the run has heard the controls sent to it before it started
     /// (a renewal since): until then it must not be parked, or an answer
     /// waiting for it would make it claimable, and parked, for ever.

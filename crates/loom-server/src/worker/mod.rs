@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loom_core::{Claim, RunLeases, RunStatus, Store};
+use loom_core::{Claim, Nudge, RunLeases, RunStatus, Store};
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -106,6 +106,8 @@ pub struct Worker {
     runs: TaskTracker,
     /// Woken when a run ends (a slot is free).
     ended: Notify,
+    /// A run became claimable (a nudge from the store).
+    work: Notify,
     stopping: AtomicBool,
     /// The controls of the runs executing (and their leases' guards), to
     /// interrupt them at a stop.
@@ -132,6 +134,7 @@ impl Worker {
             keeper,
             runs: TaskTracker::new(),
             ended: Notify::new(),
+            work: Notify::new(),
             stopping: AtomicBool::new(false),
             live: std::sync::Mutex::default(),
         }))
@@ -163,6 +166,20 @@ impl Worker {
             let worker = self.clone();
             tokio::spawn(async move { worker.sweep(keep).await })
         });
+        // Nudges only shorten the waits: the claims and renewals below find
+        // the same without them.
+        let nudged = {
+            let worker = self.clone();
+            let mut nudges = self.leases.nudges(&self.config.owner);
+            tokio::spawn(async move {
+                while let Some(nudge) = nudges.recv().await {
+                    match nudge {
+                        Nudge::Control => worker.keeper.renew_now(),
+                        Nudge::Work => worker.work.notify_one(),
+                    }
+                }
+            })
+        };
         let mut backoff = self.config.poll_every;
         loop {
             let mut took = false;
@@ -191,8 +208,10 @@ impl Worker {
                 () = &mut stop => break,
                 () = tokio::time::sleep(wait) => {}
                 () = self.ended.notified(), if self.keeper.count() >= self.config.max_runs => {}
+                () = self.work.notified(), if self.keeper.count() < self.config.max_runs => {}
             }
         }
+        nudged.abort();
         if let Some(sweeping) = sweeping {
             sweeping.abort();
         }
