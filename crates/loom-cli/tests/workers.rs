@@ -77,6 +77,31 @@ impl WorkerProcess {
     fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
+
+    /// Where its `--addr` routes listen.
+    fn routes(&self) -> String {
+        self.log_text()
+            .split("health and metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no routes (--addr): {}", self.log_text()))
+    }
+
+    /// The value of `name` on its `/metrics`.
+    async fn metric(&self, name: &str) -> f64 {
+        let metrics = reqwest::get(format!("http://{}/metrics", self.routes()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name}: {metrics}"))
+    }
 }
 
 impl Drop for WorkerProcess {
@@ -286,28 +311,12 @@ async fn runs_execute_on_two_workers_and_one_killed_mid_run_loses_and_repeats_no
     assert_eq!(resumed, held, "{}", why());
 
     // The survivor says so on its own routes.
-    let routes = second
-        .log_text()
-        .split("health and metrics on http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .unwrap_or_else(|| panic!("no routes: {}", why()));
-    let ready = reqwest::get(format!("http://{routes}/readyz")).await.unwrap();
-    assert_eq!(ready.status().as_u16(), 200);
-    let metrics = reqwest::get(format!("http://{routes}/metrics"))
-        .await
-        .unwrap()
-        .text()
+    let ready = reqwest::get(format!("http://{}/readyz", second.routes()))
         .await
         .unwrap();
-    let takeovers: f64 = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("loom_worker_takeovers_total "))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no take-over count: {metrics}"));
-    assert_eq!(takeovers as usize, held, "{metrics}");
-    assert!(metrics.contains("loom_worker_leases_renewed_total"));
+    assert_eq!(ready.status().as_u16(), 200);
+    assert_eq!(second.metric("loom_worker_takeovers_total").await as usize, held);
+    assert!(second.metric("loom_worker_leases_renewed_total").await >= 1.0);
 }
 
 /// Waits until `line` is among the effects.
@@ -341,7 +350,7 @@ fn assert_one_clean_log(stored: &[Value], status: &str) {
 async fn a_frozen_worker_is_fenced_off_the_run_another_took_over() {
     let dir = tempfile::tempdir().unwrap();
     let (server, _model, gateway) = cluster(dir.path());
-    let frozen = WorkerProcess::start(dir.path(), 1);
+    let frozen = WorkerProcess::start_with(dir.path(), 1, &["--allow", "bash", "--addr", "127.0.0.1:0"]);
     let run = start(&gateway, &prompt("s", 3, 1.0)).await;
     let why = || format!("gateway:\n{}\nfrozen:\n{}", gateway.log_text(), frozen.log_text());
     effect(dir.path(), "s-1", why).await;
@@ -373,6 +382,13 @@ async fn a_frozen_worker_is_fenced_off_the_run_another_took_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = stored_events(dir.path(), &server.url(0), &run);
     assert_eq!(after, before, "the frozen worker wrote after the take-over: {}", why());
+    // What it tried is counted.
+    assert!(
+        frozen.metric("loom_worker_writes_fenced_total").await >= 1.0,
+        "{}",
+        why()
+    );
+    assert_eq!(frozen.metric("loom_worker_leases_lost_total").await, 1.0);
     assert_one_clean_log(&after, "DONE");
     assert_eq!(view(&gateway, &run).await["status"], "DONE");
     let seen = effects(dir.path());

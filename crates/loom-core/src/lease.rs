@@ -74,6 +74,9 @@ pub struct LeaseGuard {
     /// hears those controls again (an answer to an ask already settled
     /// is ignored).
     pub acks_frozen: std::sync::atomic::AtomicBool,
+    /// Writes refused as stale: by the store (another worker took the run
+    /// over), or before they were sent (the lease was given up).
+    pub refused: std::sync::atomic::AtomicU64,
 }
 
 /// What a renewal found.

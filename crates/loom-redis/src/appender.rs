@@ -28,6 +28,8 @@ pub(crate) struct Append {
     pub rows: Vec<(u64, String)>,
     /// The fence argument (`scripts::FENCE`).
     pub fence: String,
+    /// The lease's guard, which counts a refusal (`RedisStore::write_error`).
+    pub guard: Option<Arc<loom_core::LeaseGuard>>,
     pub events: Vec<Event>,
     pub then: EventsStored,
 }
@@ -110,6 +112,9 @@ fn answer(batch: Vec<Append>, answers: RedisResult<Vec<RedisResult<String>>>) {
                     Ok(_) => Err(StoreError::NotFound(append.run_id.to_string())),
                     Err(err) => Err(crate::store::backend(err.clone())),
                 };
+                if let (Err(StoreError::Fenced(_)), Some(guard)) = (&result, &append.guard) {
+                    guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
                 (append.then)(append.events, result);
             }
         }

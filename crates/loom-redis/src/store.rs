@@ -154,10 +154,21 @@ impl RedisStore {
         match &self.fence {
             None => Ok(String::new()),
             Some(fence) if fence.guard.revoked.load(std::sync::atomic::Ordering::SeqCst) => {
+                fence.guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 Err(StoreError::Fenced(fence.run_id.clone()))
             }
             Some(fence) => Ok(fence.arg.clone()),
         }
+    }
+
+    /// The error of a write made through this store; a stale write's
+    /// refusal counts on its lease's guard.
+    pub(crate) fn write_error(&self, err: redis::RedisError) -> StoreError {
+        let err = backend(err);
+        if let (StoreError::Fenced(_), Some(fence)) = (&err, &self.fence) {
+            fence.guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        err
     }
 
     pub(crate) fn conn(&self) -> ConnectionManager {
@@ -295,7 +306,10 @@ impl RedisStore {
             event_args(&mut invocation, &end.events);
         }
         invocation.arg(self.fence_arg()?);
-        let reply: Vec<String> = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        let reply: Vec<String> = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))?;
         match reply.first().map(String::as_str) {
             Some("ok") => Ok(Changed::Yes),
             Some("missing") => Err(StoreError::NotFound(run_id.to_string())),
@@ -480,7 +494,10 @@ impl Store for RedisStore {
             invocation.arg(arg);
         }
         invocation.arg(self.fence_arg()?);
-        let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        let reply: String = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))?;
         match reply.as_str() {
             "created" | "taken" => Ok(()),
             _ => Err(StoreError::Backend(format!(
@@ -507,7 +524,10 @@ impl Store for RedisStore {
             .arg(self.queue_bound.map(|max| max.to_string()).unwrap_or_default())
             .arg(if self.queue_bound.is_some() { "1" } else { "" })
             .arg(self.fence_arg()?);
-        let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        let reply: String = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))?;
         match reply.as_str() {
             "queued" => Ok(()),
             "full" => Err(StoreError::QueueFull {
@@ -559,7 +579,10 @@ impl Store for RedisStore {
         invocation.key(self.run_part(run_id, "events"));
         event_args(&mut invocation, &event_rows(events)?);
         invocation.arg(self.fence_arg()?);
-        let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        let reply: String = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))?;
         match reply.as_str() {
             "ok" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
@@ -582,6 +605,7 @@ impl Store for RedisStore {
             run_id,
             rows,
             fence,
+            guard: self.fence.as_ref().map(|fence| fence.guard.clone()),
             events,
             then,
         });
@@ -634,7 +658,10 @@ impl Store for RedisStore {
             None => invocation.arg("").arg(0),
         };
         invocation.arg(self.fence_arg()?);
-        let reply: String = invocation.invoke_async(&mut self.conn.clone()).await.map_err(backend)?;
+        let reply: String = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))?;
         match reply.as_str() {
             "ok" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
@@ -656,7 +683,7 @@ impl Store for RedisStore {
             .arg(self.fence_arg()?)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(backend)?;
+            .map_err(|err| self.write_error(err))?;
         match reply.as_str() {
             "ok" => Ok(()),
             _ => Err(StoreError::NotFound(run_id.to_string())),
@@ -674,7 +701,7 @@ impl Store for RedisStore {
             .arg(self.fence_arg()?)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(backend)?;
+            .map_err(|err| self.write_error(err))?;
         Ok(())
     }
 

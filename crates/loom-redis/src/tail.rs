@@ -1,7 +1,8 @@
 //! [`EventTail`] on Redis: one `XREAD BLOCK` over the streams of every run
 //! a gateway follows, on a connection of its own (a blocking read would
-//! hold up every other command on a shared one). The entry ids are
-//! `0-SEQ`, so each run's cursor is its last `seq`.
+//! hold up every other command on a shared one); past 512 runs, reads
+//! without blocking, in turns, then a wait. The entry ids are `0-SEQ`, so
+//! each run's cursor is its last `seq`.
 
 use std::time::Duration;
 
@@ -54,14 +55,37 @@ impl EventTail for RedisTail {
             tokio::time::sleep(wait).await;
             return Ok(Vec::new());
         }
-        let start = self.turn.fetch_add(PER_READ, std::sync::atomic::Ordering::Relaxed) % runs.len();
-        let named: Vec<&(String, u64)> = runs.iter().cycle().skip(start).take(runs.len().min(PER_READ)).collect();
+        if runs.len() <= PER_READ {
+            return self.read_group(runs.iter().collect(), Some(wait)).await;
+        }
+        // More runs than one read names: a blocking read of one group
+        // would keep every other group waiting for it (with 10 000 runs,
+        // 20 groups × the wait). Each group is read without blocking, in
+        // turn, until one has news; when none has, the wait is slept.
+        for _ in 0..runs.len().div_ceil(PER_READ) {
+            let start = self.turn.fetch_add(PER_READ, std::sync::atomic::Ordering::Relaxed) % runs.len();
+            let named = runs.iter().cycle().skip(start).take(PER_READ).collect();
+            let tailed = self.read_group(named, None).await?;
+            if !tailed.is_empty() {
+                return Ok(tailed);
+            }
+        }
+        tokio::time::sleep(wait).await;
+        Ok(Vec::new())
+    }
+}
+
+impl RedisTail {
+    /// One `XREAD` of `named` (each after its `seq`), blocking up to
+    /// `block` for the first entry when given.
+    async fn read_group(&self, named: Vec<&(String, u64)>, block: Option<Duration>) -> Result<Vec<Tailed>, StoreError> {
         let mut read = redis::cmd("XREAD");
-        read.arg("COUNT")
-            .arg(PER_RUN)
-            .arg("BLOCK")
-            .arg(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg("STREAMS");
+        read.arg("COUNT").arg(PER_RUN);
+        if let Some(block) = block {
+            read.arg("BLOCK")
+                .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
+        }
+        read.arg("STREAMS");
         for (run_id, _) in &named {
             read.arg(self.store.events_key(run_id));
         }

@@ -79,3 +79,27 @@ async fn one_read_follows_many_logs_from_their_cursors_and_passes_over_what_it_c
         .unwrap();
     assert_eq!(seqs(&read), [("unreadable b".into(), 2), ("b".into(), 3)]);
 }
+
+#[tokio::test]
+async fn past_one_reads_worth_of_runs_a_read_finds_news_in_any_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let store = RedisStore::connect(&server.url(0)).await.unwrap();
+    let tail = store.tail().await.unwrap();
+    // 2 000 runs followed (four reads' worth); only the last has news.
+    let mut cursors: Vec<(String, u64)> = (0..1999).map(|n| (format!("quiet-{n}"), 0)).collect();
+    cursors.push(("z".to_string(), 0));
+    store.create_run(&record("z")).await.unwrap();
+    let mut z = event(1);
+    z.run_id = "z".into();
+    store.append_events("z", &[z]).await.unwrap();
+    // One read, however long its wait: not spent blocked on the quiet ones.
+    let read = tail.read(&cursors, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(seqs(&read), [("z".into(), 1)]);
+    // No news anywhere: it comes back empty after its wait.
+    cursors.last_mut().unwrap().1 = 1;
+    let started = Instant::now();
+    let read = tail.read(&cursors, Duration::from_millis(200)).await.unwrap();
+    assert!(read.is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(200));
+}

@@ -75,6 +75,10 @@ fn describe() {
         "loom_worker_takeovers_total",
         "Runs this worker took over from a worker that stopped renewing (or handed them back)."
     );
+    describe_counter!(
+        "loom_worker_writes_fenced_total",
+        "Writes of this worker refused as stale: another worker had taken the run over, or this one had given it up."
+    );
     describe_gauge!("loom_sse_connections", "Open SSE streams.");
     describe_counter!(
         "loom_subscribers_dropped_total",
@@ -137,6 +141,7 @@ fn start_at_zero() {
         "loom_worker_leases_lost_total",
         "loom_worker_takeovers_total",
         "loom_worker_runs_parked_total",
+        "loom_worker_writes_fenced_total",
     ] {
         metrics::counter!(counter).absolute(0);
     }

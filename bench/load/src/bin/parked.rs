@@ -200,7 +200,19 @@ park_after_secs = 0
         .as_str()
         .ok_or_else(|| anyhow!("no runId"))?
         .to_string();
+    // When Redis has it done, and when the gateway shows it so.
+    let mut stored_done = None;
     loop {
+        if stored_done.is_none() {
+            let status: Option<String> = redis::cmd("HGET")
+                .arg(format!("loom:run:{other_id}"))
+                .arg("status")
+                .query_async(&mut redis)
+                .await?;
+            if status.as_deref() == Some("DONE") {
+                stored_done = Some(other.elapsed());
+            }
+        }
         let view: Value = http
             .get(format!("http://{addr}/v1/runs/{other_id}"))
             .send()
@@ -257,8 +269,9 @@ park_after_secs = 0
         memory_parked.saturating_sub(memory_before) as f64 / runs.max(1) as f64 / 1024.0
     );
     println!(
-        "a_new_run_done_in_ms={:.0} (while {runs} wait)",
-        other_took.as_secs_f64() * 1000.0
+        "a_new_run_done_in_ms={:.0} (while {runs} wait; stored done after {:.0} ms)",
+        other_took.as_secs_f64() * 1000.0,
+        stored_done.unwrap_or(other_took).as_secs_f64() * 1000.0
     );
     println!(
         "answered_and_done={} of {runs} in {:.1} s",

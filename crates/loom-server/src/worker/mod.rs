@@ -294,6 +294,10 @@ impl Worker {
                 };
                 let ending = worker.carry(&claim, &guard).await;
                 drop(holding);
+                let refused = guard.refused.load(Ordering::SeqCst);
+                if refused > 0 {
+                    metrics::counter!("loom_worker_writes_fenced_total").increment(refused);
+                }
                 if !guard.revoked.load(Ordering::SeqCst) {
                     worker.hand_back(&lease, ending).await;
                 }
