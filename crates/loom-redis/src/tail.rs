@@ -1,7 +1,7 @@
 //! [`EventTail`] on Redis: one `XREAD BLOCK` over the streams of every run
 //! a gateway follows, on a connection of its own (a blocking read would
-//! hold up every other command on a shared one); past 512 runs, reads
-//! without blocking, in turns, then a wait. The entry ids are `0-SEQ`, so
+//! hold up every other command on a shared one); past 512 runs, groups
+//! read without blocking in one round trip, then a wait. The entry ids are `0-SEQ`, so
 //! each run's cursor is its last `seq`.
 
 use std::time::Duration;
@@ -15,16 +15,16 @@ use crate::store::{backend, events_of, seq_of, RedisStore};
 /// Events read per run at most in one read.
 const PER_RUN: usize = 256;
 
-/// Streams named in one read at most; more are read in turns.
+/// Streams named in one read at most; more are read in groups of this many.
 const PER_READ: usize = 512;
 
 /// The reader of a gateway's followed runs.
 pub struct RedisTail {
     conn: tokio::sync::Mutex<ConnectionManager>,
     store: RedisStore,
-    /// Where the next read starts among the followed runs, when they are
-    /// more than one read names.
-    turn: std::sync::atomic::AtomicUsize,
+    /// When the last round over every group began, when the followed runs
+    /// are more than one read names.
+    last_round: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl RedisStore {
@@ -41,7 +41,7 @@ impl RedisStore {
         Ok(RedisTail {
             conn: tokio::sync::Mutex::new(conn),
             store: self.clone(),
-            turn: std::sync::atomic::AtomicUsize::new(0),
+            last_round: std::sync::Mutex::new(None),
         })
     }
 }
@@ -56,29 +56,47 @@ impl EventTail for RedisTail {
             return Ok(Vec::new());
         }
         if runs.len() <= PER_READ {
-            return self.read_group(runs.iter().collect(), Some(wait)).await;
+            let read = self.xread(&runs.iter().collect::<Vec<_>>(), Some(wait));
+            let reply: Option<Vec<(String, Entries)>> =
+                read.query_async(&mut *self.conn.lock().await).await.map_err(backend)?;
+            return Ok(tailed(&self.store.events_key(""), reply.unwrap_or_default()));
         }
         // More runs than one read names: a blocking read of one group
         // would keep every other group waiting for it (with 10 000 runs,
-        // 20 groups × the wait). Each group is read without blocking, in
-        // turn, until one has news; when none has, the wait is slept.
-        for _ in 0..runs.len().div_ceil(PER_READ) {
-            let start = self.turn.fetch_add(PER_READ, std::sync::atomic::Ordering::Relaxed) % runs.len();
-            let named = runs.iter().cycle().skip(start).take(PER_READ).collect();
-            let tailed = self.read_group(named, None).await?;
-            if !tailed.is_empty() {
-                return Ok(tailed);
-            }
+        // 20 groups × the wait). Every group is read at once, without
+        // blocking, in one round trip; with no news anywhere the wait is
+        // slept. Rounds are at least a quarter of the wait apart, so a
+        // gateway busy with a few runs does not spin over the quiet rest.
+        let pace = wait / 4;
+        let since_last = {
+            let mut last = self.last_round.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let now = tokio::time::Instant::now();
+            last.replace(now).map(|then| now - then)
+        };
+        if let Some(since_last) = since_last.filter(|since_last| *since_last < pace) {
+            tokio::time::sleep(pace - since_last).await;
         }
-        tokio::time::sleep(wait).await;
-        Ok(Vec::new())
+        let mut round = redis::pipe();
+        for group in runs.chunks(PER_READ) {
+            round.add_command(self.xread(&group.iter().collect::<Vec<_>>(), None));
+        }
+        let replies: Vec<Option<Vec<(String, Entries)>>> =
+            round.query_async(&mut *self.conn.lock().await).await.map_err(backend)?;
+        let news = tailed(
+            &self.store.events_key(""),
+            replies.into_iter().flatten().flatten().collect(),
+        );
+        if news.is_empty() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(news)
     }
 }
 
 impl RedisTail {
-    /// One `XREAD` of `named` (each after its `seq`), blocking up to
-    /// `block` for the first entry when given.
-    async fn read_group(&self, named: Vec<&(String, u64)>, block: Option<Duration>) -> Result<Vec<Tailed>, StoreError> {
+    /// `XREAD` of `named` (each after its `seq`), blocking up to `block`
+    /// for the first entry when given.
+    fn xread(&self, named: &[&(String, u64)], block: Option<Duration>) -> redis::Cmd {
         let mut read = redis::cmd("XREAD");
         read.arg("COUNT").arg(PER_RUN);
         if let Some(block) = block {
@@ -86,38 +104,37 @@ impl RedisTail {
                 .arg(u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1));
         }
         read.arg("STREAMS");
-        for (run_id, _) in &named {
+        for (run_id, _) in named {
             read.arg(self.store.events_key(run_id));
         }
-        let run_of: std::collections::HashMap<String, &str> = named
-            .iter()
-            .map(|(run_id, _)| (self.store.events_key(run_id), run_id.as_str()))
-            .collect();
-        for (_, after) in &named {
+        for (_, after) in named {
             read.arg(format!("0-{after}"));
         }
-        let reply: Option<Vec<(String, Entries)>> =
-            read.query_async(&mut *self.conn.lock().await).await.map_err(backend)?;
-        let mut tailed = Vec::new();
-        for (key, entries) in reply.unwrap_or_default() {
-            let run_id = run_of.get(&key).copied().unwrap_or_default();
-            for (id, fields) in entries {
-                // Each entry on its own: one that cannot be read is passed over.
-                tailed.push(match events_of(vec![(id.clone(), fields)]) {
-                    Ok(mut events) if events.len() == 1 => Tailed::Event(Box::new(events.remove(0))),
-                    Ok(_) => Tailed::Unreadable {
-                        run_id: run_id.to_string(),
-                        seq: seq_of(&id),
-                        error: "an entry without an event".into(),
-                    },
-                    Err(err) => Tailed::Unreadable {
-                        run_id: run_id.to_string(),
-                        seq: seq_of(&id),
-                        error: err.to_string(),
-                    },
-                });
-            }
-        }
-        Ok(tailed)
+        read
     }
+}
+
+/// The entries of an `XREAD`'s reply, each on its own: one that cannot be
+/// read is passed over.
+fn tailed(events_prefix: &str, reply: Vec<(String, Entries)>) -> Vec<Tailed> {
+    let mut tailed = Vec::new();
+    for (key, entries) in reply {
+        let run_id = key.strip_prefix(events_prefix).unwrap_or(&key);
+        for (id, fields) in entries {
+            tailed.push(match events_of(vec![(id.clone(), fields)]) {
+                Ok(mut events) if events.len() == 1 => Tailed::Event(Box::new(events.remove(0))),
+                Ok(_) => Tailed::Unreadable {
+                    run_id: run_id.to_string(),
+                    seq: seq_of(&id),
+                    error: "an entry without an event".into(),
+                },
+                Err(err) => Tailed::Unreadable {
+                    run_id: run_id.to_string(),
+                    seq: seq_of(&id),
+                    error: err.to_string(),
+                },
+            });
+        }
+    }
+    tailed
 }
