@@ -517,6 +517,53 @@ async fn a_control_reaches_its_worker_before_the_next_renewal() {
     assert_one_clean_log(&stored, "CANCELED");
 }
 
+/// A model that turns hostile on a worker tries the cluster's Redis over
+/// TCP: sandboxed, its command has an empty network namespace and reaches
+/// nothing; without the sandbox it does (docs/cluster.md, "Security"),
+/// which shows the probe would tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_model_cannot_reach_the_clusters_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster_configured(dir.path(), "[tools.bash]\nsandbox = \"landlock\"", "");
+    let port = server
+        .url(0)
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    // Connects, says PING, and notes whether it got through.
+    let probe = |tag: &str| {
+        format!(
+            "steps=1 tool=bash bash=echo+{tag}-tried+>>+effects.txt;exec+3<>/dev/tcp/127.0.0.1/{port}+&&+printf+'PING\\r\\n'+>&3+&&+echo+{tag}-reached+>>+effects.txt"
+        )
+    };
+    let worker = WorkerProcess::start(dir.path(), 1);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    let run = start(&gateway, &probe("boxed")).await;
+    let done = ended(&gateway, &run, Duration::from_secs(30), why).await;
+    assert_eq!(done["status"], "DONE", "{done}");
+    assert_one_clean_log(&stored_events(dir.path(), &server.url(0), &run), "DONE");
+    let seen = effects(dir.path());
+    assert_eq!(seen.get("boxed-tried"), Some(&1), "{seen:?} {}", why());
+    assert_eq!(seen.get("boxed-reached"), None, "the sandboxed command reached Redis");
+    drop(worker);
+
+    let path = dir.path().join("loom.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("sandbox = \"landlock\"", "sandbox = \"none\"")).unwrap();
+    let worker = WorkerProcess::start(dir.path(), 1);
+    let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    let run = start(&gateway, &probe("open")).await;
+    assert_eq!(
+        ended(&gateway, &run, Duration::from_secs(30), why).await["status"],
+        "DONE"
+    );
+    assert_eq!(effects(dir.path()).get("open-reached"), Some(&1), "{}", why());
+}
+
 /// A client of one gateway moves to another mid-run and resubscribes
 /// after its last seq: between them it sees every event once; the other
 /// gateway can steer and cancel the run too.

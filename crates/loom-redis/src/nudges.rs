@@ -25,8 +25,9 @@ impl RedisStore {
     /// Starts listening for `owner`'s nudges on a task of its own (call
     /// within a Tokio runtime); it stops once the receiver is dropped.
     pub(crate) fn listen_for_nudges(&self, owner: &str) -> mpsc::Receiver<Nudge> {
-        // Nudges say "look now"; one waiting already says as much as more.
-        let (tx, rx) = mpsc::channel(4);
+        // Nudges say "look now": past a few dozen waiting, more say nothing
+        // new (a control dropped here is brought by the next renewal).
+        let (tx, rx) = mpsc::channel(64);
         let channels = Channels {
             work: format!("{}work", self.prefix()),
             control: format!("{}nudge:{owner}", self.prefix()),

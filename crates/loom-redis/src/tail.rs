@@ -68,14 +68,11 @@ impl EventTail for RedisTail {
         // slept. Rounds are at least a quarter of the wait apart, so a
         // gateway busy with a few runs does not spin over the quiet rest.
         let pace = wait / 4;
-        let since_last = {
-            let mut last = self.last_round.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let now = tokio::time::Instant::now();
-            last.replace(now).map(|then| now - then)
-        };
-        if let Some(since_last) = since_last.filter(|since_last| *since_last < pace) {
-            tokio::time::sleep(pace - since_last).await;
+        let last_round = *self.last_round.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(last_round) = last_round {
+            tokio::time::sleep_until(last_round + pace).await;
         }
+        *self.last_round.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tokio::time::Instant::now());
         let mut round = redis::pipe();
         for group in runs.chunks(PER_READ) {
             round.add_command(self.xread(&group.iter().collect::<Vec<_>>(), None));

@@ -81,26 +81,24 @@ impl PendingRequests {
         Err(ControlError::UnknownRequest(request_id.to_string()))
     }
 
-    /// Waits for the answer to `request_id` from now on; whether it came
-    /// before the ask (then it is there at once): sent early, or decided
-    /// before a restart (the call was cut off after its answer, before it
-    /// ran, and is asked again by the resumed run).
-    fn expect(&self, request_id: &str) -> (oneshot::Receiver<PermissionDecision>, bool) {
-        let (tx, rx) = oneshot::channel();
+    /// Waits for the answer to `request_id` from now on, unless it is
+    /// known already: sent before the ask, or decided before a restart
+    /// (the call was cut off after its answer, before it ran, and the
+    /// resumed run asks again).
+    fn expect(&self, request_id: &str) -> Expected {
         let mut asks = lock(&self.asks);
         if let Some(decision) = asks.early.remove(request_id) {
+            let (tx, rx) = oneshot::channel();
             let _ = tx.send(decision);
-            return (rx, true);
+            return Expected::Early(rx);
         }
         let decided = self.state.borrow().decided_before_restart(request_id);
         if let Some(decision) = decided {
-            // Asked again for the record, it waits for nobody.
-            self.state.send_modify(|state| state.answered_early(request_id));
-            let _ = tx.send(decision);
-            return (rx, true);
+            return Expected::DecidedBefore(decision);
         }
+        let (tx, rx) = oneshot::channel();
         asks.waiting.insert(request_id.to_string(), tx);
-        (rx, false)
+        Expected::Waiting(rx)
     }
 
     fn forget(&self, request_id: &str) {
@@ -110,6 +108,30 @@ impl PendingRequests {
     /// Whether an ask of the run tree waits for its answer now.
     pub(crate) fn asking(&self) -> bool {
         !lock(&self.asks).waiting.is_empty()
+    }
+}
+
+/// How an ask's answer will come.
+enum Expected {
+    /// From a person, through the run's controller.
+    Waiting(oneshot::Receiver<PermissionDecision>),
+    /// It came before the ask (a resumed run asking again).
+    Early(oneshot::Receiver<PermissionDecision>),
+    /// A person decided before a restart; the log has the question and
+    /// its resolution already.
+    DecidedBefore(PermissionDecision),
+}
+
+/// Takes an ask out of the waiting ones when its wait ends, however it
+/// ends (a run that no longer waits must not look as if it did).
+struct WaitingEntry<'a> {
+    pending: &'a PendingRequests,
+    request_id: &'a str,
+}
+
+impl Drop for WaitingEntry<'_> {
+    fn drop(&mut self) {
+        self.pending.forget(self.request_id);
     }
 }
 
@@ -166,6 +188,25 @@ impl PermissionGate {
         }
     }
 
+    /// What a person's decision means for the call: an "always" is
+    /// granted for the session from now on.
+    fn settle(&self, decision: PermissionDecision, request: &AskRequest<'_>) -> (AskOutcome, PermissionDecision) {
+        match decision {
+            PermissionDecision::Allow => (AskOutcome::Allowed, decision),
+            PermissionDecision::Always => {
+                lock(&self.grants).insert(request.grant_key.clone());
+                (AskOutcome::Allowed, decision)
+            }
+            PermissionDecision::Deny => (
+                AskOutcome::Denied(format!(
+                    "The user denied permission to run '{}'. Do not retry this call; ask the user or try another way.",
+                    request.tool
+                )),
+                decision,
+            ),
+        }
+    }
+
     /// Asks and waits for the reply, its own timeout, or a cancel. The run's
     /// clocks (run and step limits) stop meanwhile: a person's time is not
     /// the run's; the ask's own timeout bounds it.
@@ -184,7 +225,17 @@ impl PermissionGate {
         }
         let cancel = ctx.cancel_token();
         let request_id = request_id(ctx.run_id(), request.call_id);
-        let (rx, answered) = self.pending.expect(&request_id);
+        let (rx, answered) = match self.pending.expect(&request_id) {
+            Expected::Waiting(rx) => (rx, false),
+            Expected::Early(rx) => (rx, true),
+            // Asked and settled in the log already: nobody is asked again,
+            // and no client is shown the question twice.
+            Expected::DecidedBefore(decision) => return self.settle(decision, &request).0,
+        };
+        let waiting_entry = WaitingEntry {
+            pending: &self.pending,
+            request_id: &request_id,
+        };
         // The status is recorded before the question goes out, so whoever
         // sees the request finds the run WAITING_PERMISSION in the store
         // (not for a question answered already: it waits for nobody).
@@ -216,16 +267,10 @@ impl PermissionGate {
             biased;
             _ = cancel.cancelled() => (AskOutcome::Cancelled, PermissionDecision::Deny, Some(Unanswered::Cancelled)),
             reply = rx => match reply {
-                Ok(PermissionDecision::Allow) => (AskOutcome::Allowed, PermissionDecision::Allow, None),
-                Ok(PermissionDecision::Always) => {
-                    lock(&self.grants).insert(request.grant_key.clone());
-                    (AskOutcome::Allowed, PermissionDecision::Always, None)
+                Ok(decision) => {
+                    let (outcome, decision) = self.settle(decision, &request);
+                    (outcome, decision, None)
                 }
-                Ok(PermissionDecision::Deny) => (
-                    AskOutcome::Denied(format!("The user denied permission to run '{}'. Do not retry this call; ask the user or try another way.", request.tool)),
-                    PermissionDecision::Deny,
-                    None,
-                ),
                 Err(_) => (
                     AskOutcome::Denied(format!("Permission to run '{}' could not be asked for, so it was denied.", request.tool)),
                     PermissionDecision::Deny,
@@ -242,7 +287,7 @@ impl PermissionGate {
             ),
         };
         drop(person);
-        self.pending.forget(&request_id);
+        drop(waiting_entry);
         if outcome == AskOutcome::Cancelled
             && matches!(ctx.stop_cause(), Some(crate::context::StopCause::Interrupted(_)))
         {
