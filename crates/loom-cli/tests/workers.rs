@@ -564,6 +564,65 @@ async fn a_sandboxed_model_cannot_reach_the_clusters_redis() {
     assert_eq!(effects(dir.path()).get("open-reached"), Some(&1), "{}", why());
 }
 
+/// A gateway killed with SIGKILL while clients start runs: every run it
+/// acknowledged (its id given) executes on the workers and is served by
+/// another gateway, once; a run it did not acknowledge ran at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_load_loses_no_run_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, _model, gateway) = cluster(dir.path());
+    let worker = WorkerProcess::start(dir.path(), 4);
+    let url = gateway.url("/v1/runs");
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let starts: Vec<_> = (0..30)
+        .map(|n| {
+            let (url, answered) = (url.clone(), answered.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50 * n)).await;
+                let answer = http(ALICE)
+                    .post(url)
+                    .json(&json!({"prompt": prompt(&format!("g{n}"), 1, 0.2)}))
+                    .send()
+                    .await
+                    .ok()?;
+                let accepted: Value = answer.json().await.ok()?;
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Some((n, accepted["runId"].as_str()?.to_string()))
+            })
+        })
+        .collect();
+    // Killed once a few runs were acknowledged, while more come.
+    let since = Instant::now();
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(since.elapsed() < Duration::from_secs(30), "{}", gateway.log_text());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(gateway);
+    let mut acknowledged = Vec::new();
+    for start in starts {
+        if let Some(found) = start.await.unwrap() {
+            acknowledged.push(found);
+        }
+    }
+    assert!(
+        (1..30).contains(&acknowledged.len()),
+        "the kill came mid-load: {} acknowledged",
+        acknowledged.len()
+    );
+
+    let other = Gateway::start(dir.path(), &[]);
+    let why = || format!("other:\n{}\nworker:\n{}", other.log_text(), worker.log_text());
+    for (n, run) in &acknowledged {
+        let done = ended(&other, run, Duration::from_secs(60), why).await;
+        assert_eq!(done["status"], "DONE", "g{n}: {done}");
+    }
+    let seen = effects(dir.path());
+    for (n, _) in &acknowledged {
+        assert_eq!(seen.get(&format!("g{n}-1")), Some(&1), "g{n}: {seen:?}");
+    }
+    assert!(seen.values().all(|count| *count == 1), "a run ran twice: {seen:?}");
+}
+
 /// A client of one gateway moves to another mid-run and resubscribes
 /// after its last seq: between them it sees every event once; the other
 /// gateway can steer and cancel the run too.

@@ -452,6 +452,24 @@ async fn only_runs_queued_for_workers_are_claimed_and_failed_starts_are_counted(
     );
 }
 
+/// Whether `workers` listen for nudges within 5 s.
+async fn listening(client: &redis::Client, workers: u64) -> bool {
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for _ in 0..250 {
+        let subscribed: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("loom:work")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if subscribed[0].1 == workers {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 /// The next nudge, within a few seconds.
 async fn next_nudge(nudges: &mut tokio::sync::mpsc::Receiver<loom_core::Nudge>) -> loom_core::Nudge {
     tokio::time::timeout(Duration::from_secs(5), nudges.recv())
@@ -468,19 +486,7 @@ async fn workers_are_nudged_when_a_run_becomes_claimable_and_when_their_run_gets
     let mut w2 = store.nudges("w2");
     // Listening is set up on a task: wait until both are subscribed.
     let client = redis::Client::open(server.url(0)).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    for _ in 0..100 {
-        let listening: Vec<(String, u64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("loom:work")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if listening[0].1 == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(listening(&client, 2).await, "both listen within 5 s");
 
     // A run queued for workers: every worker may take it.
     queue(&store, "q1", "s1", 1).await;
@@ -509,22 +515,7 @@ async fn workers_are_nudged_when_a_run_becomes_claimable_and_when_their_run_gets
     while w1.try_recv().is_ok() {}
     let mut server = server;
     server.restart().unwrap_or_else(|err| panic!("{err}"));
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut back = false;
-    for _ in 0..250 {
-        let listening: Vec<(String, u64)> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("loom:work")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if listening[0].1 == 2 {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(back, "both listen again within 5 s");
+    assert!(listening(&client, 2).await, "both listen again within 5 s");
     // The store's own connection is made again on its first use.
     let mut run = record("q2");
     run.owner = String::new();

@@ -518,16 +518,26 @@ async fn a_run_whose_process_died_before_it_started_resumes_from_its_prompt() {
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
 }
 
-/// An agent whose `record` asks a person first, on `store`.
-fn asking_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<Vec<String>>>) -> Agent {
+/// An agent whose model calls `record` once for each of `items` in one
+/// turn, each call asked about first, on `store`.
+fn asking_agent_for(
+    items: &[&str],
+    dir: &std::path::Path,
+    store: Arc<SqliteStore>,
+    log: Arc<Mutex<Vec<String>>>,
+) -> Agent {
+    let calls = items
+        .iter()
+        .map(|item| ScriptToolCall {
+            name: "record".into(),
+            arguments: json!({ "item": item }),
+            id: Some(format!("c_{item}")),
+        })
+        .collect();
     Agent::builder()
         .model(ScriptedModel::new(vec![
             ScriptTurn {
-                tool_calls: vec![ScriptToolCall {
-                    name: "record".into(),
-                    arguments: json!({"item": "x"}),
-                    id: Some("c_x".into()),
-                }],
+                tool_calls: calls,
                 ..ScriptTurn::default()
             },
             ScriptTurn {
@@ -547,6 +557,11 @@ fn asking_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<V
         .store(store)
         .build()
         .unwrap()
+}
+
+/// An agent whose `record` of x asks a person first, on `store`.
+fn asking_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<Vec<String>>>) -> Agent {
+    asking_agent_for(&["x"], dir, store, log)
 }
 
 #[tokio::test]
@@ -635,44 +650,12 @@ async fn an_ask_left_open_by_an_interrupted_run_is_shown_and_answered_before_the
     assert_eq!(state.last_seq, events.last().unwrap().seq);
 }
 
-/// An agent whose model calls `record` twice in one turn, each asked about.
-fn asking_twice_agent(dir: &std::path::Path, store: Arc<SqliteStore>, log: Arc<Mutex<Vec<String>>>) -> Agent {
-    let call = |item: &str| ScriptToolCall {
-        name: "record".into(),
-        arguments: json!({ "item": item }),
-        id: Some(format!("c_{item}")),
-    };
-    Agent::builder()
-        .model(ScriptedModel::new(vec![
-            ScriptTurn {
-                tool_calls: vec![call("x"), call("y")],
-                ..ScriptTurn::default()
-            },
-            ScriptTurn {
-                content: Some("ok".into()),
-                ..ScriptTurn::default()
-            },
-        ]))
-        .tool(Record {
-            log,
-            hang_on: None,
-            started: Arc::default(),
-        })
-        .permissions(loom::PermissionPolicy::new(loom::Decision::Ask))
-        // An ask nobody answers is denied after this, not a hang.
-        .permission_timeout(Some(std::time::Duration::from_secs(5)))
-        .workspace(dir)
-        .store(store)
-        .build()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn an_answer_given_before_an_interrupt_cut_its_call_off_is_not_asked_for_again() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(dir.path().join("loom.db")).unwrap());
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut handle = asking_twice_agent(dir.path(), store.clone(), log.clone()).run("record x and y");
+    let mut handle = asking_agent_for(&["x", "y"], dir.path(), store.clone(), log.clone()).run("record x and y");
     let controller = handle.controller();
     let mut asks = Vec::new();
     while let Some(event) = handle.next_event().await {
@@ -695,7 +678,7 @@ async fn an_answer_given_before_an_interrupt_cut_its_call_off_is_not_asked_for_a
     assert!(log.lock().unwrap().is_empty(), "nothing ran before the interrupt");
 
     // Another process: only y's question is open; x's was decided.
-    let agent = asking_twice_agent(dir.path(), store.clone(), log.clone());
+    let agent = asking_agent_for(&["x", "y"], dir.path(), store.clone(), log.clone());
     let resuming = agent.prepare_resume(&handle_run_id(&store).await).await.unwrap();
     let controller = resuming.controller();
     let open: Vec<String> = controller
