@@ -1,6 +1,7 @@
 //! The `loom` processes the cluster benches start (`loom-kill-campaign`,
 //! `loom-parked`): each killed on drop, started in a workspace with its
-//! loom.toml and waited for until it says it is ready.
+//! loom.toml (`write_cluster_config`) and waited for until it says it is
+//! ready.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -52,4 +53,47 @@ pub(crate) fn start(loom: &Path, dir: &Path, state: &Path, args: &[&str], ready:
         .recv_timeout(Duration::from_secs(30))
         .with_context(|| format!("{args:?} did not start"))?;
     Ok((Process(child), found))
+}
+
+/// Writes `dir/loom.toml` for a cluster bench: the fake model at
+/// `model_url`, Redis at `redis_url`, one token, no limits that would
+/// throttle the bench; `top` goes before the first table, `cluster` into
+/// `[cluster]`.
+pub(crate) fn write_cluster_config(
+    dir: &Path,
+    model_url: &str,
+    redis_url: &str,
+    token: (&str, &str),
+    top: &str,
+    cluster: &str,
+) -> Result<()> {
+    let (name, secret) = token;
+    std::fs::write(
+        dir.join("loom.toml"),
+        format!(
+            r#"model = "openai:fake"
+{top}
+[provider]
+base_url = "{model_url}"
+max_attempts = 1
+
+[feedback]
+monitor = false
+
+[server]
+max_queued = 100000
+max_runs_per_token = 100000
+requests_per_minute = 100000000
+
+[[server.tokens]]
+name = "{name}"
+token = "{secret}"
+
+[cluster]
+redis = "{redis_url}"
+{cluster}
+"#
+        ),
+    )?;
+    Ok(())
 }

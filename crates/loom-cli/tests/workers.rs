@@ -164,6 +164,19 @@ async fn start(gateway: &Gateway, prompt: &str) -> String {
     accepted["runId"].as_str().unwrap().to_string()
 }
 
+/// POSTs `body` to `path` on `gateway` as alice; the answer's JSON.
+async fn post(gateway: &Gateway, path: &str, body: Value) -> Value {
+    http(ALICE)
+        .post(gateway.url(path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 async fn view(gateway: &Gateway, run: &str) -> Value {
     http(ALICE)
         .get(gateway.url(&format!("/v1/runs/{run}")))
@@ -665,15 +678,12 @@ async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq()
 
     // A run accepted by one gateway is its session's live run on the
     // other too (`onBusy`), and is cancelled through it.
-    let long: Value = http(ALICE)
-        .post(gateway.url("/v1/runs"))
-        .json(&json!({"prompt": prompt("l", 3, 1.0), "sessionId": "shared-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let long = post(
+        &gateway,
+        "/v1/runs",
+        json!({"prompt": prompt("l", 3, 1.0), "sessionId": "shared-1"}),
+    )
+    .await;
     let long = long["runId"].as_str().unwrap().to_string();
     effect(dir.path(), "l-1", why).await;
     let refused = second
@@ -708,14 +718,7 @@ async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Over HTTP: the WebSocket client above stopped reading meanwhile.
-    let cancelled: Value = http(ALICE)
-        .post(other.url(&format!("/v1/runs/{long}/cancel")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cancelled = post(&other, &format!("/v1/runs/{long}/cancel"), json!({})).await;
     assert_eq!(cancelled["cancelled"], true, "{cancelled}");
     assert_eq!(view(&gateway, &long).await["status"], "CANCELED");
 }
@@ -833,15 +836,12 @@ async fn the_clusters_line_is_bounded_shows_places_and_caps_a_token() {
     let (server, _model, gateway) = cluster_configured(dir.path(), "max_queued = 3\nmax_runs_per_token = 1", "");
     let mut waiting = Vec::new();
     for i in 0..3 {
-        let accepted: Value = http(ALICE)
-            .post(gateway.url("/v1/runs"))
-            .json(&json!({"prompt": prompt(&format!("w{i}"), 1, 0.5)}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let accepted = post(
+            &gateway,
+            "/v1/runs",
+            json!({"prompt": prompt(&format!("w{i}"), 1, 0.5)}),
+        )
+        .await;
         assert_eq!(accepted["status"], "QUEUED", "{accepted}");
         assert_eq!(accepted["queuePosition"], i + 1, "{accepted}");
         waiting.push(accepted["runId"].as_str().unwrap().to_string());

@@ -14,7 +14,7 @@ mod processes;
 use anyhow::{anyhow, bail, Result};
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{PromptModel, PromptModelOptions};
-use processes::start;
+use processes::{start, write_cluster_config};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "parked-bench-token-0123456789";
@@ -71,34 +71,13 @@ async fn main() -> Result<()> {
         delay: Duration::from_millis(20),
         keep_bodies: false,
     });
-    std::fs::write(
-        dir.path().join("loom.toml"),
-        format!(
-            r#"model = "openai:fake"
-permission_timeout_secs = 0
-[provider]
-base_url = "{}"
-max_attempts = 1
-
-[feedback]
-monitor = false
-
-[server]
-max_queued = 100000
-max_runs_per_token = 100000
-requests_per_minute = 100000000
-
-[[server.tokens]]
-name = "bench"
-token = "{TOKEN}"
-
-[cluster]
-redis = "{}"
-park_after_secs = 0
-"#,
-            model.url(),
-            redis_server.url(0)
-        ),
+    write_cluster_config(
+        dir.path(),
+        &model.url(),
+        &redis_server.url(0),
+        ("bench", TOKEN),
+        "permission_timeout_secs = 0",
+        "park_after_secs = 0",
     )?;
     let (_gateway, addr) = start(
         &loom,
