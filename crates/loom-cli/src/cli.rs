@@ -33,6 +33,41 @@ pub(crate) enum Command {
     /// Trust a project's loom.toml as it is now, so that its settings that
     /// run commands or widen permissions take effect (docs/security.md).
     Trust(TrustArgs),
+    /// The audit trail: who started, steered, cancelled or answered what,
+    /// sign-ins, refused tokens and trusted files (docs/server.md).
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AuditArgs {
+    /// Only records from this moment on: a time ago (`90m`, `2h`, `7days`)
+    /// or an RFC 3339 time (`2026-11-26T18:00:00Z`).
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+
+    /// Only the records of the token with this name (`[[server.tokens]]` name).
+    #[arg(long, value_name = "NAME")]
+    pub token: Option<String>,
+
+    /// At most this many records: the newest.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+
+    /// The database (default: the workspace's, in Loom's state directory).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+
+    /// Read the trail a Redis keeps instead (`redis://HOST:PORT/DB`; docs/cluster.md).
+    #[arg(long, value_name = "URL", env = "LOOM_REDIS_URL", hide_env_values = true)]
+    pub redis: Option<String>,
+
+    /// The workspace whose database to read (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

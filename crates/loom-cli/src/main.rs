@@ -18,6 +18,7 @@ macro_rules! say_partial {
     }};
 }
 
+mod audit;
 mod chat;
 mod cli;
 mod config;
@@ -95,9 +96,10 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(*args).await,
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
+            Command::Audit(args) => audit::audit(args).await,
             Command::Serve(args) => serve::serve(*args).await,
             Command::Worker(args) => worker::worker(*args).await,
-            Command::Trust(args) => trust::trust(args.path.as_deref()).map_err(Failure::Usage),
+            Command::Trust(args) => trust::trust(args.path.as_deref()).await.map_err(Failure::Usage),
             Command::Mcp(args) => {
                 until_signal(async move {
                     match args.command {

@@ -58,7 +58,9 @@ pub(crate) async fn list(
     json: bool,
 ) -> Result<ExitCode, Failure> {
     let loaded = config::load(config_path).map_err(Failure::Usage)?;
-    crate::trust::require(&loaded, true).map_err(Failure::Usage)?;
+    if let Some(trusted) = crate::trust::require(&loaded, true).map_err(Failure::Usage)? {
+        crate::trust::audit(trusted).await;
+    }
     let workspace = match workspace {
         Some(dir) => dir.to_path_buf(),
         None => std::env::current_dir().map_err(|err| Failure::Usage(err.into()))?,

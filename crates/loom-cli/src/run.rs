@@ -147,9 +147,13 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
         say!("loom: note: {note}");
     }
     // It may ask on the terminal and read files: off the async thread.
-    let loaded = tokio::task::spawn_blocking(move || crate::trust::require(&loaded, true).map(|()| loaded))
-        .await
-        .map_err(|err| anyhow!("the trust check failed: {err}"))??;
+    let (loaded, trusted) =
+        tokio::task::spawn_blocking(move || crate::trust::require(&loaded, true).map(|t| (loaded, t)))
+            .await
+            .map_err(|err| anyhow!("the trust check failed: {err}"))??;
+    if let Some(trusted) = trusted {
+        crate::trust::audit(trusted).await;
+    }
     configure_agent(args, place, default_model, &loaded, None).await
 }
 

@@ -25,7 +25,7 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
             (Box::new(redis), RecordedIn::Redis(url.clone()))
         }
         None => {
-            let path = sqlite_path(&args).await?;
+            let path = sqlite_path(args.db.as_deref(), args.workspace.as_deref()).await?;
             (Box::new(open_sqlite(&path).await?), RecordedIn::Sqlite(path))
         }
     };
@@ -127,11 +127,16 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
 }
 
 /// The SQLite database `loom runs` reads: `--db`, else the workspace's.
-async fn sqlite_path(args: &RunsArgs) -> Result<std::path::PathBuf, Failure> {
-    let path = match (&args.db, &args.workspace) {
-        (Some(db), _) => db.clone(),
+/// The database `--db` names, else the workspace's; a usage error when
+/// there is none.
+pub(crate) async fn sqlite_path(
+    db: Option<&std::path::Path>,
+    workspace: Option<&std::path::Path>,
+) -> Result<std::path::PathBuf, Failure> {
+    let path = match (db, workspace) {
+        (Some(db), _) => db.to_path_buf(),
         (None, workspace) => {
-            let workspace = workspace.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
+            let workspace = workspace.map_or_else(|| std::path::PathBuf::from("."), std::path::Path::to_path_buf);
             tokio::task::spawn_blocking(move || crate::state::workspace_dir(&workspace))
                 .await
                 .map_err(|err| Failure::Runtime(err.into()))?
@@ -148,7 +153,7 @@ async fn sqlite_path(args: &RunsArgs) -> Result<std::path::PathBuf, Failure> {
     Ok(path)
 }
 
-async fn open_sqlite(path: &std::path::Path) -> Result<SqliteStore, Failure> {
+pub(crate) async fn open_sqlite(path: &std::path::Path) -> Result<SqliteStore, Failure> {
     let shown = path.display().to_string();
     let opened = path.to_path_buf();
     let store = tokio::task::spawn_blocking(move || SqliteStore::open(opened))
@@ -268,7 +273,7 @@ fn show(run: &RunRecord, messages: usize, journaled: usize) -> String {
 }
 
 #[cfg(unix)]
-fn restore_sigpipe() {
+pub(crate) fn restore_sigpipe() {
     // SAFETY: setting a signal's disposition to its default has no memory
     // effects; Rust's runtime set SIGPIPE to ignored at start-up.
     unsafe {

@@ -156,12 +156,50 @@ fn record(file: &Path, digest: &str) -> Result<()> {
     Ok(())
 }
 
+/// A file trusted just now, for the audit trail ([`audit`]).
+#[derive(Debug)]
+pub(crate) struct Trusted {
+    file: PathBuf,
+    digest: String,
+    /// `loom trust`, or a yes at the prompt.
+    how: &'static str,
+}
+
+/// Appends `trusted` to the audit trail of its project's database
+/// (docs/server.md, "Audit trail"); a failure is a warning, the trust
+/// stands.
+pub(crate) async fn audit(trusted: Trusted) {
+    let project = trusted.file.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let entry = loom::AuditEntry {
+        time_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        action: "config.trust".into(),
+        token: Some("local".into()),
+        address: None,
+        target: Some(trusted.file.display().to_string()),
+        outcome: "ok".into(),
+        detail: serde_json::json!({ "sha256": trusted.digest, "how": trusted.how }),
+    };
+    let appended = async {
+        let dir = tokio::task::spawn_blocking(move || crate::state::workspace_dir(&project)).await??;
+        let path = dir.join("loom.db");
+        let store = tokio::task::spawn_blocking(move || loom::stores::SqliteStore::open(path)).await??;
+        loom::Store::append_audit(&store, &entry).await?;
+        anyhow::Ok(())
+    };
+    if let Err(err) = appended.await {
+        say!("loom: warning: the trust was recorded, but not in the audit trail: {err:#}");
+    }
+}
+
 /// Lets `loaded` take effect, or says why not: a project file with risky
 /// settings must be trusted as it is now. On a terminal (`ask`), the
-/// person is asked once and the answer recorded.
-pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
+/// person is asked once and the answer recorded (and returned, for
+/// [`audit`]).
+pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<Option<Trusted>> {
     let (Origin::Project, Some(path)) = (loaded.origin, &loaded.path) else {
-        return Ok(());
+        return Ok(None);
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut risky = risky_settings(&loaded.file, dir);
@@ -171,7 +209,7 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
         risky.push(format!("it is read instead of your own {}", own.display()));
     }
     if risky.is_empty() || is_trusted(path, &loaded.digest)? {
-        return Ok(());
+        return Ok(None);
     }
     let list = risky
         .iter()
@@ -187,7 +225,11 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
         std::io::stdin().lock().read_line(&mut answer)?;
         if matches!(answer.trim(), "y" | "Y" | "yes") {
             record(path, &loaded.digest)?;
-            return Ok(());
+            return Ok(Some(Trusted {
+                file: path.clone(),
+                digest: loaded.digest.clone(),
+                how: "prompt",
+            }));
         }
         bail!("{} is not trusted; nothing was run", path.display());
     }
@@ -200,7 +242,7 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<()> {
 }
 
 /// `loom trust [PATH]`: records the file as trusted and says what it allows.
-pub(crate) fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
+pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
     let path = path.unwrap_or(Path::new("loom.toml"));
     let real = crate::config::resolved_dir(path);
     let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
@@ -208,6 +250,12 @@ pub(crate) fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
         toml::from_str(&text).map_err(|err| anyhow!("{}: {}", real.display(), err.message().trim()))?;
     let digest = sha256_hex(text.as_bytes());
     record(&real, &digest)?;
+    audit(Trusted {
+        file: real.clone(),
+        digest: digest.clone(),
+        how: "loom trust",
+    })
+    .await;
     let dir = real.parent().unwrap_or(Path::new("."));
     let risky = risky_settings(&file, dir);
     for note in project_programs(&file, dir) {

@@ -409,6 +409,23 @@ fn a_project_config_that_runs_commands_waits_until_a_person_trusts_it() {
         .unwrap();
     assert!(trusted.status.success(), "{}", String::from_utf8_lossy(&trusted.stderr));
     assert!(String::from_utf8_lossy(&trusted.stdout).contains("mcp.servers.evil"));
+    // The trust is in the project's audit trail, with the file's digest.
+    let audit = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["audit", "--json"])
+        .output()
+        .unwrap();
+    assert!(audit.status.success(), "{}", String::from_utf8_lossy(&audit.stderr));
+    let records = common::json_lines(&audit.stdout);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["action"], "config.trust");
+    assert_eq!(records[0]["detail"]["how"], "loom trust");
+    assert_eq!(
+        records[0]["detail"]["sha256"].as_str().unwrap().len(),
+        64,
+        "{records:?}"
+    );
+    assert!(records[0]["target"].as_str().unwrap().ends_with("loom.toml"));
     let _ = loom_run();
     assert!(marker.exists(), "trusted, the server is started");
     std::fs::remove_file(&marker).unwrap();

@@ -15,6 +15,7 @@
 
 pub mod agent;
 pub mod assembly;
+pub mod audit;
 pub mod budget;
 pub mod codes;
 pub mod context;
@@ -55,6 +56,7 @@ mod wire;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumingRun, RunRequest, DEFAULT_SYSTEM_PROMPT, LEGACY_STATE};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
+pub use audit::{AuditEntry, AuditQuery};
 pub use budget::{Budget, BudgetKind, Spending};
 pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
 pub use control::{Control, PermissionDecision};

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{AuditEntry, AuditQuery};
 use crate::event::Event;
 use crate::machine::RunState;
 use crate::message::{Message, ToolCall};
@@ -118,6 +119,9 @@ pub struct KeyedRequest {
 pub struct RunQuery {
     /// Only the runs of this principal.
     pub principal: Option<String>,
+    /// Only runs some principal owns (a server token's runs: not those
+    /// started at the command line or by the library).
+    pub owned: bool,
     /// Only runs in this status.
     pub status: Option<RunStatus>,
     /// Only the runs of this session.
@@ -135,6 +139,7 @@ impl RunQuery {
         self.principal
             .as_deref()
             .is_none_or(|p| run.principal.as_deref() == Some(p))
+            && (!self.owned || run.principal.is_some())
             && self.status.is_none_or(|s| run.status == s)
             && self.session_id.as_deref().is_none_or(|s| run.session_id == s)
             && self
@@ -409,6 +414,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(runs)
     }
 
+    /// Appends `entry` to the audit trail (docs/server.md, "Audit
+    /// trail"). Records are kept in the order they are appended and never
+    /// changed.
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError>;
+
+    /// The audit records `query` asks for, oldest first.
+    async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
+
     /// Whether the store keeps anything. Only the store of a run without
     /// one says no; its callers then skip the calls that would do nothing
     /// (a journal row per tool call, a checkpoint per turn) — same path,
@@ -515,6 +528,14 @@ impl Store for NoStore {
     }
 
     async fn session_runs(&self, _session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn append_audit(&self, _entry: &AuditEntry) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn audit_entries(&self, _query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(Vec::new())
     }
 

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, QueuedRun, RunMetrics, RunQuery, RunRecord,
-    RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    AuditEntry, AuditQuery, Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, QueuedRun, RunMetrics,
+    RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -948,6 +948,60 @@ impl Store for RedisStore {
                 })
             })
             .transpose()
+    }
+
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        // A stream: appended in order, never trimmed by Loom.
+        let _: Value = redis::cmd("XADD")
+            .arg(self.index("audit"))
+            .arg("*")
+            .arg("e")
+            .arg(json(entry)?)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        // Newest first, a batch at a time, until the query has its limit.
+        // The stream's ids are Redis's clock, which may differ from the
+        // gateway's by a little: a `since` reads a minute further back and
+        // the records' own times decide.
+        let oldest = query
+            .since_ms
+            .map_or_else(|| "-".to_string(), |ms| ms.saturating_sub(60_000).to_string());
+        let mut newest = "+".to_string();
+        let mut found: Vec<AuditEntry> = Vec::new();
+        while found.len() < query.limit {
+            let batch: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+                .arg(self.index("audit"))
+                .arg(&newest)
+                .arg(&oldest)
+                .arg("COUNT")
+                .arg(QUERY_BATCH)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(backend)?;
+            let Some((last_id, _)) = batch.last() else { break };
+            newest = format!("({last_id}");
+            let full = batch.len() as isize == QUERY_BATCH;
+            for (_, fields) in &batch {
+                for (_, body) in fields.iter().filter(|(name, _)| name == "e") {
+                    let entry: AuditEntry = serde_json::from_str(body)
+                        .map_err(|err| StoreError::Backend(format!("an audit record is not readable: {err}")))?;
+                    if query.matches(&entry) {
+                        found.push(entry);
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        found.truncate(query.limit);
+        found.reverse();
+        Ok(found)
     }
 
     async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {

@@ -60,6 +60,12 @@ async fn runs_are_listed_and_queried() {
 }
 
 #[tokio::test]
+async fn audit_records_are_kept_in_order() {
+    let (store, _server, _dir) = store().await;
+    conformance::audit_records_are_kept_in_order(&store).await;
+}
+
+#[tokio::test]
 async fn events_are_kept_once_and_read_in_pages() {
     let (store, _server, _dir) = store().await;
     conformance::events_are_kept_once_and_read_in_pages(&store).await;

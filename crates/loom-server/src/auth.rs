@@ -7,21 +7,128 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::TokenEntry;
+use crate::error::{ApiError, Code};
 
-/// Who is calling: the name of the token they presented. Runs are
-/// recorded under it, and a principal sees only its own runs.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Principal(pub Arc<str>);
+/// What a token may do (`role` in `[[server.tokens]]`, docs/server.md,
+/// "Roles").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Sees and controls every token's runs, and reads the audit trail.
+    Admin,
+    /// Starts, steers, answers and cancels its own runs.
+    #[default]
+    Operator,
+    /// Sees its own runs and their events; changes nothing.
+    Viewer,
+}
+
+impl Role {
+    /// As written in loom.toml.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Operator => "operator",
+            Self::Viewer => "viewer",
+        }
+    }
+}
+
+/// A token's role and its limits: the models its runs may use and the
+/// tools they may have (none: whatever the server offers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// What the token may do.
+    pub role: Role,
+    /// The only models its runs may name (the default model included only
+    /// if listed).
+    pub models: Option<Vec<String>>,
+    /// The only tools its runs may have.
+    pub tools: Option<Vec<String>>,
+}
+
+/// Who is calling: the name of the token they presented, with what it is
+/// granted. Runs are recorded under the name; a principal sees its own
+/// runs, an admin every token's. Two principals are the same when their
+/// names are.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    name: Arc<str>,
+    grant: Arc<Grant>,
+}
+
+impl PartialEq for Principal {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Principal {}
+
+impl std::hash::Hash for Principal {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
 
 impl Principal {
-    /// The principal of a gateway without tokens (loopback only).
+    /// The operator named `name`, without limits: a run's owner as stored.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self::granted(name, Grant::default())
+    }
+
+    /// `name` with `grant`.
+    pub fn granted(name: impl Into<Arc<str>>, grant: Grant) -> Self {
+        Self {
+            name: name.into(),
+            grant: Arc::new(grant),
+        }
+    }
+
+    /// The principal of a gateway without tokens (loopback only): an
+    /// operator.
     pub fn local() -> Self {
-        Self("local".into())
+        Self::new("local")
     }
 
     /// The token's name.
     pub fn name(&self) -> &str {
-        &self.0
+        &self.name
+    }
+
+    /// What the token is granted.
+    pub fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    /// The token's role.
+    pub fn role(&self) -> Role {
+        self.grant.role
+    }
+
+    /// Whether this principal may see and control the runs of `owner`:
+    /// its own, or every token's for an admin.
+    pub fn reaches(&self, owner: &Principal) -> bool {
+        self == owner || self.role() == Role::Admin
+    }
+
+    /// [`Principal::reaches`] for a stored run's owner: a run without one
+    /// (started at the command line) belongs to no token, and no
+    /// principal reaches it.
+    pub fn reaches_owner(&self, owner: Option<&str>) -> bool {
+        owner.is_some_and(|owner| owner == self.name() || self.role() == Role::Admin)
+    }
+
+    /// `FORBIDDEN` unless this principal may change runs (`what` says
+    /// which change, for the message): a viewer may not.
+    pub fn may_change(&self, what: &str) -> Result<(), ApiError> {
+        if self.role() == Role::Viewer {
+            return Err(ApiError::new(
+                Code::Forbidden,
+                format!("the token '{}' is a viewer: it may not {what}", self.name()),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -77,11 +184,12 @@ impl Tokens {
     pub fn from_entries(entries: &[TokenEntry]) -> Result<Self, TokenError> {
         let mut tokens = Self::default();
         for entry in entries {
+            let principal = Principal::granted(entry.name.as_str(), entry.grant());
             match (&entry.token, &entry.token_sha256) {
-                (Some(token), None) => tokens.add_clear(&entry.name, token)?,
+                (Some(token), None) => tokens.add_clear_for(principal, token)?,
                 (None, Some(hex)) => {
                     let digest = parse_hex(hex).ok_or_else(|| TokenError::BadDigest(entry.name.clone()))?;
-                    tokens.add(&entry.name, digest)?;
+                    tokens.add(principal, digest)?;
                 }
                 _ => return Err(TokenError::OneOf(entry.name.clone())),
             }
@@ -96,6 +204,13 @@ impl Tokens {
     /// look-alike letter would make a token that looks like another, or
     /// like nothing at all.
     pub fn add_clear(&mut self, name: &str, token: &str) -> Result<(), TokenError> {
+        self.add_clear_for(Principal::new(name), token)
+    }
+
+    /// [`Tokens::add_clear`] for a principal with its grant.
+    pub fn add_clear_for(&mut self, principal: Principal, token: &str) -> Result<(), TokenError> {
+        let name = principal.name().to_string();
+        let name = name.as_str();
         let token = token.trim();
         // `trim` keeps zero-width spaces and other format characters (they
         // are not White_Space): a token of those is as blank as spaces.
@@ -108,17 +223,14 @@ impl Tokens {
         if token.len() < 16 {
             return Err(TokenError::TooShort(name.to_string()));
         }
-        self.add(name, digest(token))
+        self.add(principal, digest(token))
     }
 
-    fn add(&mut self, name: &str, digest: [u8; 32]) -> Result<(), TokenError> {
-        if self.entries.iter().any(|e| e.principal.name() == name) {
-            return Err(TokenError::Duplicate(name.to_string()));
+    fn add(&mut self, principal: Principal, digest: [u8; 32]) -> Result<(), TokenError> {
+        if self.entries.iter().any(|e| e.principal == principal) {
+            return Err(TokenError::Duplicate(principal.name().to_string()));
         }
-        self.entries.push(Entry {
-            principal: Principal(name.into()),
-            digest,
-        });
+        self.entries.push(Entry { principal, digest });
         Ok(())
     }
 
@@ -206,11 +318,13 @@ mod tests {
                 name: "alice".into(),
                 token: Some("alice-secret-token-1".into()),
                 token_sha256: None,
+                ..TokenEntry::default()
             },
             TokenEntry {
                 name: "bob".into(),
                 token: None,
                 token_sha256: Some(token_sha256("bob-secret-token-22")),
+                ..TokenEntry::default()
             },
         ];
         let tokens = Tokens::from_entries(&entries).unwrap();
@@ -222,7 +336,8 @@ mod tests {
             Tokens::from_entries(&[TokenEntry {
                 name: "x".into(),
                 token: Some("short".into()),
-                token_sha256: None
+                token_sha256: None,
+                ..TokenEntry::default()
             }]),
             Err(TokenError::TooShort(_))
         ));

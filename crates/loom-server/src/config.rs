@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::{TokenError, Tokens};
+use crate::auth::{Grant, Role, TokenError, Tokens};
 
 /// `[server]` as written in loom.toml.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -59,8 +59,9 @@ pub struct ServerSettings {
     pub max_connections: Option<usize>,
 }
 
-/// One `[[server.tokens]]` entry: a name and the token, or its SHA-256.
-#[derive(Clone, Deserialize)]
+/// One `[[server.tokens]]` entry: a name and the token, or its SHA-256;
+/// its role and limits.
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
     /// Who holds it: runs are recorded under this name.
@@ -69,6 +70,24 @@ pub struct TokenEntry {
     pub token: Option<String>,
     /// The token's SHA-256 as 64 hex digits, so the file holds no secret.
     pub token_sha256: Option<String>,
+    /// `admin`, `operator` (the default) or `viewer` (docs/server.md, "Roles").
+    #[serde(default)]
+    pub role: Role,
+    /// The only models the token's runs may use.
+    pub models: Option<Vec<String>>,
+    /// The only tools the token's runs may have.
+    pub tools: Option<Vec<String>>,
+}
+
+impl TokenEntry {
+    /// What the entry grants.
+    pub fn grant(&self) -> Grant {
+        Grant {
+            role: self.role,
+            models: self.models.clone(),
+            tools: self.tools.clone(),
+        }
+    }
 }
 
 impl std::fmt::Debug for TokenEntry {
@@ -76,6 +95,7 @@ impl std::fmt::Debug for TokenEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenEntry")
             .field("name", &self.name)
+            .field("role", &self.role)
             .finish_non_exhaustive()
     }
 }

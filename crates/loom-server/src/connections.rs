@@ -81,10 +81,10 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
     let cut = CancellationToken::new();
     tokio::pin!(stopping);
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             () = &mut stopping => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     // Out of descriptors (or a connection reset before it
                     // was taken): trying again at once would spin.
@@ -108,7 +108,14 @@ pub(crate) async fn serve(listener: TcpListener, router: Router, limits: Limits,
         };
         tune(&tcp);
         let io = Watched::new(tcp, slot);
-        tracker.spawn(connection(io, router.clone(), limits, closing.clone(), cut.clone()));
+        tracker.spawn(connection(
+            io,
+            peer,
+            router.clone(),
+            limits,
+            closing.clone(),
+            cut.clone(),
+        ));
     }
     drop(listener);
     closing.cancel();
@@ -232,7 +239,14 @@ async fn refuse(mut tcp: TcpStream, telling: OwnedSemaphorePermit) {
 }
 
 /// One HTTP/1 connection, with its header timeout and idle watch.
-async fn connection(io: Watched, router: Router, limits: Limits, closing: CancellationToken, cut: CancellationToken) {
+async fn connection(
+    io: Watched,
+    peer: std::net::SocketAddr,
+    router: Router,
+    limits: Limits,
+    closing: CancellationToken,
+    cut: CancellationToken,
+) {
     let activity = io.activity.clone();
     let mut builder = http1::Builder::new();
     // hyper starts the header clock when a connection opens and again when
@@ -245,7 +259,9 @@ async fn connection(io: Watched, router: Router, limits: Limits, closing: Cancel
     // no byte moves (a cancel waits for its run to stop); a body that
     // stalls meanwhile is the body timeout's.
     let handled = activity.clone();
-    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        // Who is at the other end, for the audit trail.
+        request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
         let handling = Handling::enter(handled.clone());
         // Busy from the moment its headers are in until its answer has
         // been sent (an SSE stream: until it ends), so never evicted.

@@ -24,8 +24,10 @@ pub enum Code {
     InvalidState,
     /// No valid token.
     Unauthorized,
-    /// A request the gateway refuses whoever asks: a state change with the
-    /// page's session cookie from another origin.
+    /// A request this token may not make: a change by a viewer, a model
+    /// or tool the token is not granted, the audit trail read by a
+    /// non-admin; or a state change with the page's session cookie from
+    /// another origin.
     Forbidden,
     /// The frame or body is over the size limit.
     PayloadTooLarge,

@@ -25,13 +25,34 @@ use crate::protocol::{
     Answer, DecisionBody, ListParams, PermissionListParams, Request, RespondParams, RunIdParams, StartRun, SteerBody,
     SteerParams,
 };
+use crate::requests::Caller;
 use crate::service::Next;
 use crate::App;
 
 /// Answers `request` as JSON with `status`.
-async fn answer(app: &App, who: &Principal, request: Request, status: StatusCode) -> Result<Response, ApiError> {
-    let (answer, _): (Answer, _) = crate::requests::answer(&app.service, who, request).await?;
+async fn answer(app: &App, caller: &Caller, request: Request, status: StatusCode) -> Result<Response, ApiError> {
+    let (answer, _): (Answer, _) = crate::requests::answer(&app.service, caller, request).await?;
     Ok((status, Json(answer)).into_response())
+}
+
+/// The client's socket address, as the accept loop saw it.
+pub(crate) fn client_address(parts: &Parts) -> Option<std::net::SocketAddr> {
+    parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0)
+}
+
+impl FromRequestParts<Arc<App>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Self::Rejection> {
+        let principal = Principal::from_request_parts(parts, app).await?;
+        Ok(Caller {
+            principal,
+            address: client_address(parts),
+        })
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -75,11 +96,12 @@ impl FromRequestParts<Arc<App>> for Principal {
             // a name rebound to 127.0.0.1.
             crate::web::check_local_request(parts, app)?;
         }
-        if let Some(token) = presented(parts) {
+        let presented = presented(parts);
+        if let Some(token) = &presented {
             if tokens.is_empty() {
                 return Ok(Principal::local());
             }
-            if let Some(principal) = tokens.check(&token) {
+            if let Some(principal) = tokens.check(token) {
                 return Ok(principal);
             }
         }
@@ -90,6 +112,14 @@ impl FromRequestParts<Arc<App>> for Principal {
         if tokens.is_empty() {
             return Ok(Principal::local());
         }
+        let reason = if presented.is_some() {
+            "unknown token"
+        } else {
+            "no token"
+        };
+        app.service
+            .audit_refusal(client_address(parts), parts.uri.path(), reason)
+            .await;
         Err(ApiError::new(
             Code::Unauthorized,
             "a valid token is required (Authorization: Bearer TOKEN)",
@@ -99,7 +129,7 @@ impl FromRequestParts<Arc<App>> for Principal {
 
 pub(crate) async fn start_run(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     headers: HeaderMap,
     JsonBody(mut params): JsonBody<StartRun>,
 ) -> Result<Response, ApiError> {
@@ -117,16 +147,16 @@ pub(crate) async fn start_run(
         }
         params.idempotency_key = Some(key.to_string());
     }
-    answer(&app, &principal, Request::Run(params), StatusCode::ACCEPTED).await
+    answer(&app, &caller, Request::Run(params), StatusCode::ACCEPTED).await
 }
 
 pub(crate) async fn list_runs(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let params = list_params(query.as_deref().unwrap_or_default())?;
-    answer(&app, &principal, Request::List(params), StatusCode::OK).await
+    answer(&app, &caller, Request::List(params), StatusCode::OK).await
 }
 
 /// The list's filters from a query string. `token` signs the request in
@@ -146,39 +176,33 @@ fn list_params(query: &str) -> Result<ListParams, ApiError> {
 
 pub(crate) async fn get_run(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    answer(&app, &principal, Request::Get(RunIdParams { run_id }), StatusCode::OK).await
+    answer(&app, &caller, Request::Get(RunIdParams { run_id }), StatusCode::OK).await
 }
 
 pub(crate) async fn cancel_run(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     Path(run_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    answer(
-        &app,
-        &principal,
-        Request::Cancel(RunIdParams { run_id }),
-        StatusCode::OK,
-    )
-    .await
+    answer(&app, &caller, Request::Cancel(RunIdParams { run_id }), StatusCode::OK).await
 }
 
 pub(crate) async fn steer_run(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     Path(run_id): Path<String>,
     JsonBody(SteerBody { message }): JsonBody<SteerBody>,
 ) -> Result<Response, ApiError> {
     let request = Request::Steer(SteerParams { run_id, message });
-    answer(&app, &principal, request, StatusCode::OK).await
+    answer(&app, &caller, request, StatusCode::OK).await
 }
 
 pub(crate) async fn respond(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     Path((run_id, request_id)): Path<(String, String)>,
     JsonBody(DecisionBody { decision }): JsonBody<DecisionBody>,
 ) -> Result<Response, ApiError> {
@@ -187,18 +211,64 @@ pub(crate) async fn respond(
         request_id,
         decision,
     });
-    answer(&app, &principal, request, StatusCode::OK).await
+    answer(&app, &caller, request, StatusCode::OK).await
 }
 
 pub(crate) async fn list_permissions(
     State(app): State<Arc<App>>,
-    principal: Principal,
+    caller: Caller,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let request = Request::Asks(PermissionListParams {
         run_id: query.get("runId").cloned(),
     });
-    answer(&app, &principal, request, StatusCode::OK).await
+    answer(&app, &caller, request, StatusCode::OK).await
+}
+
+/// `GET /v1/audit?sinceMs=&tokenName=&limit=`: the audit trail, oldest
+/// first (the newest `limit`, default 100, at most 1000); admins only. A
+/// refused read is itself recorded.
+pub(crate) async fn audit(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let mut filter = loom_core::AuditQuery {
+        limit: 100,
+        ..loom_core::AuditQuery::default()
+    };
+    for (name, value) in &query {
+        let number = || {
+            value
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| ApiError::new(Code::InvalidParams, format!("{name} must be a whole number")))
+        };
+        match name.as_str() {
+            "sinceMs" => filter.since_ms = Some(number()?),
+            "tokenName" => filter.token = Some(value.clone()),
+            "limit" => filter.limit = (number()? as usize).clamp(1, 1000),
+            // Signs the request in (see `presented`).
+            "token" => {}
+            other => {
+                return Err(ApiError::new(
+                    Code::InvalidParams,
+                    format!("unknown parameter '{other}' (sinceMs, tokenName, limit)"),
+                ))
+            }
+        }
+    }
+    match app.service.audit_entries(&caller.principal, &filter).await {
+        Ok(entries) => Ok(Json(json!({ "entries": entries })).into_response()),
+        Err(refused) => {
+            if refused.code == Code::Forbidden {
+                let mut audited = crate::service::Audited::by("audit.read", &caller.principal, caller.address);
+                audited.outcome = Err(refused.code);
+                app.service.audit(audited).await;
+            }
+            Err(refused)
+        }
+    }
 }
 
 /// `GET /v1/runs/{id}/events`: SSE, `id:` = seq, after `Last-Event-ID`

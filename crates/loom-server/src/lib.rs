@@ -38,13 +38,13 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use agents::{AgentFactory, AgentSpec};
-pub use auth::Principal;
+pub use auth::{Grant, Principal, Role};
 pub use config::{bound_max_connections, max_connections_for, ServerConfig, ServerSettings, TokenEntry};
 pub use control::RunControl;
 pub use error::{ApiError, Code};
 pub use feed::{EventFeed, LocalFeed};
 pub use queue::{LocalQueue, RunQueue};
-pub use service::{Cluster, Next, Service, Subscription};
+pub use service::{Audited, Cluster, Next, Service, Subscription};
 
 /// A 32-byte key from the OS's random source (two v4 UUIDs: 244 random
 /// bits), for the web page's session key.
@@ -124,6 +124,7 @@ impl App {
             .route("/v1/runs/{id}/steer", post(http::steer_run))
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
+            .route("/v1/audit", get(http::audit))
             // Outermost last: signed in and rate-limited, then the body read.
             .route_layer(axum::middleware::from_fn_with_state(self.clone(), body::bounded))
             .route_layer(axum::middleware::from_fn_with_state(self.clone(), http::admitted));

@@ -115,6 +115,18 @@ fn describe() {
         "loom_http_timeouts_total",
         "Connections or requests ended by a timeout, by kind (header, idle, body)."
     );
+    describe_counter!(
+        "loom_audit_records_total",
+        "Records appended to the audit trail, by action."
+    );
+    describe_counter!(
+        "loom_audit_write_errors_total",
+        "Audit records the store failed to take (the action was answered)."
+    );
+    describe_counter!(
+        "loom_audit_refusals_dropped_total",
+        "Refused-token records over 600 a minute, counted here instead of written."
+    );
 }
 
 /// Every series whose labels are known ahead is exported from start-up,
@@ -142,6 +154,8 @@ fn start_at_zero() {
         "loom_worker_takeovers_total",
         "loom_worker_runs_parked_total",
         "loom_worker_writes_fenced_total",
+        "loom_audit_write_errors_total",
+        "loom_audit_refusals_dropped_total",
     ] {
         metrics::counter!(counter).absolute(0);
     }

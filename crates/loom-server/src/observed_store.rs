@@ -167,6 +167,14 @@ impl Store for ObservedStore {
         self.inner.remembered_request(owner, key).await
     }
 
+    async fn append_audit(&self, entry: &loom_core::AuditEntry) -> Result<(), StoreError> {
+        timed("append_audit", self.inner.append_audit(entry)).await
+    }
+
+    async fn audit_entries(&self, query: &loom_core::AuditQuery) -> Result<Vec<loom_core::AuditEntry>, StoreError> {
+        self.inner.audit_entries(query).await
+    }
+
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }

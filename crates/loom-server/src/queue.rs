@@ -212,7 +212,7 @@ mod tests {
     fn ticket(run: &str, token: &str, session: &str) -> Ticket {
         Ticket {
             run_id: run.into(),
-            principal: Principal(token.into()),
+            principal: Principal::new(token),
             session_id: session.into(),
         }
     }

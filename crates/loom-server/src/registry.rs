@@ -150,13 +150,15 @@ pub(crate) struct Registry {
 const IDEMPOTENCY_KEYS: usize = 100_000;
 
 impl Registry {
-    /// The run, if `principal` may see it.
+    /// The run, if `principal` may see it (its own; an admin's, any).
     pub(crate) fn run(&self, principal: &Principal, run_id: &str) -> Option<&LiveRun> {
-        self.runs.get(run_id).filter(|run| &run.principal == principal)
+        self.runs.get(run_id).filter(|run| principal.reaches(&run.principal))
     }
 
     pub(crate) fn run_mut(&mut self, principal: &Principal, run_id: &str) -> Option<&mut LiveRun> {
-        self.runs.get_mut(run_id).filter(|run| &run.principal == principal)
+        self.runs
+            .get_mut(run_id)
+            .filter(|run| principal.reaches(&run.principal))
     }
 
     /// Takes a run in.

@@ -1,14 +1,84 @@
 //! Answering a request, whichever way it came (a WebSocket frame or an
-//! HTTP route): one typed [`Request`] in, one typed [`Answer`] out.
+//! HTTP route): one typed [`Request`] in, one typed [`Answer`] out; every
+//! request that changes something is written to the audit trail, with its
+//! outcome, before it is answered.
+
+use std::net::SocketAddr;
+
+use serde_json::json;
 
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::protocol::{Answer, Asks, Request, Responded, Steered, Subscribed, Unsubscribed};
-use crate::service::{Service, Subscription};
+use crate::service::{Audited, Service, Subscription};
+
+/// Who sent a request, and from where.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    /// The token's principal.
+    pub(crate) principal: Principal,
+    /// The client's socket address (none for a request made in process).
+    pub(crate) address: Option<SocketAddr>,
+}
 
 /// The answer to `request`, and for `run.subscribe` the subscription whose
 /// events follow it.
 pub(crate) async fn answer(
+    service: &Service,
+    caller: &Caller,
+    request: Request,
+) -> Result<(Answer, Option<Subscription>), ApiError> {
+    let audited = audited(caller, &request);
+    let answered = dispatch(service, &caller.principal, request).await;
+    if let Some(mut audited) = audited {
+        match &answered {
+            Ok((Answer::Accepted(accepted), _)) => {
+                audited.target = Some(accepted.run_id.clone());
+                if let Some(detail) = audited.detail.as_object_mut() {
+                    detail.insert("sessionId".into(), accepted.session_id.clone().into());
+                    detail.insert("steered".into(), accepted.steered.into());
+                }
+            }
+            Ok(_) => {}
+            Err(err) => audited.outcome = Err(err.code),
+        }
+        service.audit(audited).await;
+    }
+    answered
+}
+
+/// The audit record of `request`, if it changes something: its method,
+/// the run, and what else tells what it did (never a prompt, a message or
+/// a token).
+fn audited(caller: &Caller, request: &Request) -> Option<Audited> {
+    let (action, target, detail) = match request {
+        Request::Run(params) => (
+            "agent.run",
+            None,
+            json!({ "sessionId": params.session_id, "model": params.model }),
+        ),
+        Request::Cancel(params) => ("agent.cancel", Some(params.run_id.clone()), serde_json::Value::Null),
+        Request::Steer(params) => ("agent.steer", Some(params.run_id.clone()), serde_json::Value::Null),
+        Request::Respond(params) => (
+            "permission.respond",
+            Some(params.run_id.clone()),
+            json!({
+                "requestId": params.request_id,
+                "decision": if params.decision == loom_core::PermissionDecision::Deny { "deny" } else { "allow" },
+                "always": params.decision == loom_core::PermissionDecision::Always,
+            }),
+        ),
+        Request::Asks(_) | Request::Get(_) | Request::List(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
+            return None
+        }
+    };
+    let mut audited = Audited::by(action, &caller.principal, caller.address);
+    audited.target = target;
+    audited.detail = detail;
+    Some(audited)
+}
+
+async fn dispatch(
     service: &Service,
     who: &Principal,
     request: Request,

@@ -26,6 +26,7 @@ use subtle::ConstantTimeEq;
 use crate::auth::Principal;
 use crate::body::JsonBody;
 use crate::error::{ApiError, Code};
+use crate::service::Audited;
 use crate::App;
 
 /// The start of the cookie's name; the rest comes from the session key.
@@ -367,6 +368,10 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, req
     if !same_origin(&headers, &app) {
         return ApiError::new(Code::Forbidden, "sign in from the page itself").into_response();
     }
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0);
     let body: SignIn = match JsonBody::from_request(request, &app).await {
         Ok(JsonBody(body)) => body,
         Err(err) => return err.into_response(),
@@ -378,6 +383,7 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, req
         tokens.check(body.token.trim())
     };
     let Some(principal) = principal else {
+        app.service.audit_refusal(address, "/v1/session", "unknown token").await;
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
     // A sign-in counts against its token's rate like any call: a loop of
@@ -396,8 +402,11 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, req
     let Some(id) = app.sessions.open(&principal, &app) else {
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
+    app.service
+        .audit(Audited::by("session.sign_in", &principal, address))
+        .await;
     let cookie = format!("{}={id}; HttpOnly; SameSite=Strict; Path=/", app.sessions.cookie_name);
-    let mut response = Json(json!({ "principal": principal.name() })).into_response();
+    let mut response = Json(json!({ "principal": principal.name(), "role": principal.role() })).into_response();
     if let Ok(value) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(SET_COOKIE, value);
     }
@@ -405,17 +414,22 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, req
 }
 
 /// `DELETE /v1/session`: signs out.
-pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+pub(crate) async fn sign_out(State(app): State<Arc<App>>, request: Request) -> Response {
+    let headers = request.headers();
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0);
     // Like every change made with the cookie, only from the page itself:
     // another site must not be able to sign a person out.
-    if app.sessions.cookie(&headers).is_some() && !same_origin(&headers, &app) {
+    if app.sessions.cookie(headers).is_some() && !same_origin(headers, &app) {
         return ApiError::new(Code::Forbidden, "sign out from the page itself").into_response();
     }
     // Only a genuine session is remembered as signed out: made-up cookies
     // cannot fill the list.
     // It is on disk before the answer: a restart right after the
     // sign-out does not bring the session back.
-    if let Some(id) = app.sessions.cookie(&headers) {
+    if let Some(id) = app.sessions.cookie(headers) {
         if let Some((principal, mac, expiry)) = app.sessions.find(id, &app) {
             if let Err(err) = app.service.admit_request(&principal) {
                 return err.into_response();
@@ -423,6 +437,9 @@ pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) ->
             if let Err(err) = app.sessions.close(mac, expiry).await {
                 return ApiError::internal("could not record the sign-out", err).into_response();
             }
+            app.service
+                .audit(Audited::by("session.sign_out", &principal, address))
+                .await;
         }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
@@ -438,7 +455,7 @@ pub(crate) async fn sign_out(State(app): State<Arc<App>>, headers: HeaderMap) ->
 
 /// `GET /v1/session`: who the page is signed in as.
 pub(crate) async fn whoami(principal: Principal) -> Response {
-    Json(json!({ "principal": principal.name() })).into_response()
+    Json(json!({ "principal": principal.name(), "role": principal.role() })).into_response()
 }
 
 pub(crate) async fn index() -> Response {

@@ -17,10 +17,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Principal;
 use crate::error::{ApiError, Code};
 use crate::protocol::{Answer, FrameId, FrameType, Request, ResponseFrame};
 use crate::requests;
+use crate::requests::Caller;
 use crate::service::{Next, Subscription};
 use crate::App;
 use loom_core::Event;
@@ -42,7 +42,7 @@ const TOO_BIG: u16 = 1009;
 const POLICY: u16 = 1008;
 const TRY_AGAIN_LATER: u16 = 1013;
 
-pub(crate) async fn upgrade(State(app): State<Arc<App>>, principal: Principal, ws: WebSocketUpgrade) -> Response {
+pub(crate) async fn upgrade(State(app): State<Arc<App>>, caller: Caller, ws: WebSocketUpgrade) -> Response {
     let limit = app.service.config().max_frame_bytes;
     // Small buffers: a gateway holds many connections, and tungstenite's
     // defaults allocate about 128 KiB for each. Frames up to four times
@@ -58,7 +58,7 @@ pub(crate) async fn upgrade(State(app): State<Arc<App>>, principal: Principal, w
         .max_frame_size(limit.saturating_mul(4))
         .on_upgrade(move |socket| {
             let tracker = app.connections.clone();
-            tracker.track_future(connection(app, principal, socket))
+            tracker.track_future(connection(app, caller, socket))
         })
 }
 
@@ -66,7 +66,8 @@ pub(crate) async fn upgrade(State(app): State<Arc<App>>, principal: Principal, w
 #[derive(Clone)]
 struct Conn {
     app: Arc<App>,
-    principal: Principal,
+    /// Who opened it, and from where.
+    caller: Caller,
     /// Frames for the writer.
     out: mpsc::Sender<String>,
     /// Cancelled when the connection ends: its subscriptions stop.
@@ -86,14 +87,14 @@ impl Conn {
     }
 }
 
-async fn connection(app: Arc<App>, principal: Principal, socket: WebSocket) {
+async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
     metrics::gauge!("loom_ws_connections").increment(1.0);
     let (sink, mut stream) = socket.split();
     let (out, outbound) = mpsc::channel::<String>(OUTBOUND);
     let closed = CancellationToken::new();
     let conn = Conn {
         app: app.clone(),
-        principal,
+        caller,
         out,
         closed: closed.clone(),
         close_with: Arc::default(),
@@ -381,7 +382,7 @@ impl Conn {
             );
             return self.respond(id, Err(error)).await;
         };
-        if let Err(error) = self.app.service.admit_request(&self.principal) {
+        if let Err(error) = self.app.service.admit_request(&self.caller.principal) {
             return self.respond(id, Err(error)).await;
         }
         let payload = frame.get("payload").cloned().unwrap_or(Value::Null);
@@ -405,9 +406,9 @@ impl Conn {
     /// Runs a request. A started run and `run.subscribe` also return the
     /// subscription to follow once the answer is out.
     async fn call(&self, method: &str, payload: Value) -> Result<(Answer, Option<(String, Subscription)>), ApiError> {
-        let (service, who) = (&self.app.service, &self.principal);
+        let (service, who) = (&self.app.service, &self.caller.principal);
         let request = Request::parse(method, payload)?;
-        let (answer, subscription) = requests::answer(service, who, request).await?;
+        let (answer, subscription) = requests::answer(service, &self.caller, request).await?;
         let follow = match (&answer, subscription) {
             (Answer::Subscribed(subscribed), Some(subscription)) => Some((subscribed.run_id.clone(), subscription)),
             // The run's events follow on this connection (not for a

@@ -36,7 +36,7 @@ async function api(method, path, body) {
 async function checkSession() {
   try {
     const me = await api('GET', '/v1/session');
-    signedIn(me.principal);
+    signedIn(me.principal, me.role);
   } catch {
     $('sign-in').hidden = false;
     $('app').hidden = true;
@@ -45,8 +45,10 @@ async function checkSession() {
   }
 }
 
-function signedIn(principal) {
-  $('who').textContent = `signed in as ${principal}`;
+function signedIn(principal, role) {
+  // A viewer or an admin is told so: what the page lets them do differs.
+  const shown = role && role !== 'operator' ? ` (${role})` : '';
+  $('who').textContent = `signed in as ${principal}${shown}`;
   $('sign-in').hidden = true;
   $('app').hidden = false;
   $('sign-out').hidden = false;
@@ -61,7 +63,7 @@ $('sign-in-form').addEventListener('submit', async (event) => {
   try {
     const me = await api('POST', '/v1/session', { token: $('token').value });
     $('token').value = '';
-    signedIn(me.principal);
+    signedIn(me.principal, me.role);
   } catch (error) {
     $('sign-in-error').textContent = error.status === 401 ? 'That token is not valid on this server.' : error.message;
   }

@@ -102,4 +102,15 @@ pub const MIGRATIONS: &[&str] = &[
     DROP TABLE messages;
     ALTER TABLE messages_written RENAME TO messages;
     CREATE UNIQUE INDEX messages_by_run ON messages(run_id, position);",
+    // 8: the audit trail (docs/server.md): one row per action, in the
+    // order appended; the record as JSON, its time and token name beside
+    // it for the filters of `loom audit`.
+    "CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        time_ms INTEGER NOT NULL,
+        token TEXT,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX audit_by_time ON audit(time_ms);
+    CREATE INDEX audit_by_token ON audit(token, id);",
 ];

@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    Checkpoint, Event, EventsStored, JournalEntry, KeyedRequest, Message, ParentLink, QueuedRun, RunMetrics, RunQuery,
-    RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    AuditEntry, AuditQuery, Checkpoint, Event, EventsStored, JournalEntry, KeyedRequest, Message, ParentLink,
+    QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall,
+    ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -731,6 +732,7 @@ impl Store for SqliteStore {
                        AND (?2 IS NULL OR status = ?2)
                        AND (?3 IS NULL OR session_id = ?3)
                        AND (?4 IS NULL OR started_ms < ?4 OR (started_ms = ?4 AND id < ?5))
+                       AND (?7 = 0 OR principal IS NOT NULL)
                      ORDER BY started_ms DESC, id DESC LIMIT ?6"
                 ))
                 .map_err(&fail)?;
@@ -746,7 +748,8 @@ impl Store for SqliteStore {
                         query.session_id,
                         before_ms,
                         before_id,
-                        query.limit.min(i64::MAX as usize) as i64
+                        query.limit.min(i64::MAX as usize) as i64,
+                        query.owned
                     ],
                     row_to_record,
                 )
@@ -900,6 +903,51 @@ impl Store for SqliteStore {
         let fail = self.fail();
         self.write("remember_request", move |tx| {
             insert_request_key(tx, &owner, &key, &request).map_err(&fail)
+        })
+        .await
+    }
+
+    async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        let body = serde_json::to_string(entry).map_err(|err| StoreError::Backend(err.to_string()))?;
+        let (time_ms, token) = (entry.time_ms.min(i64::MAX as u64) as i64, entry.token.clone());
+        let fail = self.fail();
+        self.write("append_audit", move |tx| {
+            tx.prepare_cached("INSERT INTO audit (time_ms, token, body) VALUES (?1, ?2, ?3)")
+                .and_then(|mut insert| insert.execute(params![time_ms, token, body]))
+                .map_err(&fail)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        let query = query.clone();
+        let fail = self.fail();
+        self.read(move |conn| {
+            // The newest `limit` by the order they were appended (a clock
+            // that jumped back does not reorder them), then oldest first.
+            let mut select = conn
+                .prepare_cached(
+                    "SELECT body FROM audit
+                     WHERE (?1 IS NULL OR time_ms >= ?1) AND (?2 IS NULL OR token = ?2)
+                     ORDER BY id DESC LIMIT ?3",
+                )
+                .map_err(&fail)?;
+            let since = query.since_ms.map(|ms| ms.min(i64::MAX as u64) as i64);
+            let limit = query.limit.min(i64::MAX as usize) as i64;
+            let bodies = select
+                .query_map(params![since, query.token, limit], |row| row.get::<_, String>(0))
+                .map_err(&fail)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&fail)?;
+            bodies
+                .iter()
+                .rev()
+                .map(|body| {
+                    serde_json::from_str(body)
+                        .map_err(|err| StoreError::Backend(format!("an audit record is not readable: {err}")))
+                })
+                .collect()
         })
         .await
     }

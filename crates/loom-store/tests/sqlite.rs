@@ -440,6 +440,13 @@ async fn listings_queries_and_takeovers() {
 }
 
 #[tokio::test]
+async fn audit_records_are_kept_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
+    store_conformance::audit_records_are_kept_in_order(&store).await;
+}
+
+#[tokio::test]
 async fn events_are_kept_once_and_read_in_pages() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();

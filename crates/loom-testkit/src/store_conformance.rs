@@ -350,6 +350,7 @@ pub async fn runs_are_listed_and_queried(store: &dyn Store) {
         session_id: session.map(str::to_string),
         before: None,
         limit: 10,
+        owned: false,
     };
     assert_eq!(
         ids(store.query_runs(&query(Some("alice"), None, None)).await.unwrap()),
@@ -366,6 +367,18 @@ pub async fn runs_are_listed_and_queried(store: &dyn Store) {
         ids(store.query_runs(&query(None, None, Some("s2"))).await.unwrap()),
         ["l2"]
     );
+    // Only runs some token owns: a run of the command line is not.
+    store
+        .create_run(&RunRecord {
+            owner: "test".into(),
+            ..RunRecord::new("cli", "s9", "p", "scripted:x", RunStatus::Done, 100)
+        })
+        .await
+        .unwrap();
+    let mut owned = query(None, None, None);
+    owned.owned = true;
+    assert_eq!(ids(store.query_runs(&owned).await.unwrap()), ["l3", "l2", "l1", "l0"]);
+    assert_eq!(ids(store.query_runs(&query(None, None, None)).await.unwrap())[0], "cli");
     // The next page starts after the last run of the one before.
     let mut page = query(Some("alice"), None, None);
     page.limit = 2;
@@ -459,4 +472,76 @@ pub async fn an_empty_owner_is_compared_like_any_other(store: &dyn Store) {
     store.set_status("o", RunStatus::Running).await.unwrap();
     assert!(!store.mark_interrupted("o", "someone").await.unwrap());
     assert!(store.mark_interrupted("o", "").await.unwrap());
+}
+
+/// The audit trail keeps records in the order appended, whole, and reads
+/// the newest ones matching a token and a time, oldest first.
+pub async fn audit_records_are_kept_in_order(store: &dyn Store) {
+    use loom_core::{AuditEntry, AuditQuery};
+    let entry = |time_ms: u64, token: Option<&str>, action: &str| AuditEntry {
+        time_ms,
+        action: action.into(),
+        token: token.map(str::to_string),
+        address: Some("127.0.0.1:4242".into()),
+        target: Some(format!("run-{time_ms}")),
+        outcome: "ok".into(),
+        detail: json!({"decision": "allow", "always": true}),
+    };
+    assert!(store
+        .audit_entries(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap()
+        .is_empty());
+    // Appended out of time order (a clock that jumped back): kept as appended.
+    let written = [
+        entry(1_000, Some("alice"), "agent.run"),
+        entry(3_000, Some("bob"), "agent.cancel"),
+        entry(2_000, None, "token.refused"),
+        entry(4_000, Some("alice"), "permission.respond"),
+    ];
+    for record in &written {
+        store.append_audit(record).await.unwrap();
+    }
+    let all = store
+        .audit_entries(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all, written);
+    let alice = AuditQuery {
+        token: Some("alice".into()),
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    let actions: Vec<String> = store
+        .audit_entries(&alice)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(actions, ["agent.run", "permission.respond"]);
+    let newest_two = AuditQuery {
+        limit: 2,
+        ..AuditQuery::default()
+    };
+    assert_eq!(store.audit_entries(&newest_two).await.unwrap(), written[2..]);
+    let since = AuditQuery {
+        since_ms: Some(2_500),
+        limit: 10,
+        ..AuditQuery::default()
+    };
+    let times: Vec<u64> = store
+        .audit_entries(&since)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.time_ms)
+        .collect();
+    assert_eq!(times, [3_000, 4_000]);
 }

@@ -418,6 +418,12 @@ mod tests {
         async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
             NoStore.load_run(run_id).await
         }
+        async fn append_audit(&self, entry: &crate::AuditEntry) -> Result<(), StoreError> {
+            NoStore.append_audit(entry).await
+        }
+        async fn audit_entries(&self, query: &crate::AuditQuery) -> Result<Vec<crate::AuditEntry>, StoreError> {
+            NoStore.audit_entries(query).await
+        }
         async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
             NoStore.list_runs(limit).await
         }

@@ -42,7 +42,9 @@ impl Service {
     }
 
     /// `agent.run`.
-    pub async fn start(&self, principal: &Principal, params: StartRun) -> Result<RunAccepted, ApiError> {
+    pub async fn start(&self, principal: &Principal, mut params: StartRun) -> Result<RunAccepted, ApiError> {
+        principal.may_change("start runs")?;
+        self.within_grant(principal, &mut params)?;
         let key = params.idempotency_key.clone();
         let digest = digest(&params);
         match self.admit(principal, params).await? {
@@ -390,6 +392,43 @@ impl Service {
         };
         self.inner.feed.forget(run_id);
         launches
+    }
+
+    /// `FORBIDDEN` for a model or a tool the token is not granted; a
+    /// token limited to some tools gives a run that names none those
+    /// (docs/server.md, "Roles").
+    fn within_grant(&self, principal: &Principal, params: &mut StartRun) -> Result<(), ApiError> {
+        let grant = principal.grant();
+        if let Some(models) = &grant.models {
+            let model = params
+                .model
+                .clone()
+                .unwrap_or_else(|| self.inner.agents.default_model());
+            if !models.contains(&model) {
+                return Err(ApiError::new(
+                    Code::Forbidden,
+                    format!(
+                        "the token '{}' may not use the model '{model}' (it may use: {})",
+                        principal.name(),
+                        models.join(", ")
+                    ),
+                ));
+            }
+        }
+        if let Some(granted) = &grant.tools {
+            match &params.tools {
+                Some(asked) => {
+                    if let Some(tool) = asked.iter().find(|tool| !granted.contains(tool)) {
+                        return Err(ApiError::new(
+                            Code::Forbidden,
+                            format!("the token '{}' may not use the tool '{tool}'", principal.name()),
+                        ));
+                    }
+                }
+                None => params.tools = Some(granted.clone()),
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn validate(&self, params: &StartRun) -> Result<(), ApiError> {

@@ -14,6 +14,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(10);
 impl Service {
     /// `agent.cancel`: answers once the run has stopped.
     pub async fn cancel(&self, principal: &Principal, run_id: &str) -> Result<Cancelled, ApiError> {
+        principal.may_change("cancel runs")?;
         self.cancel_with(principal, run_id, "cancelled by the client").await
     }
 
@@ -184,6 +185,7 @@ impl Service {
 
     /// `agent.steer`.
     pub async fn steer(&self, principal: &Principal, run_id: &str, message: String) -> Result<(), ApiError> {
+        principal.may_change("steer runs")?;
         if message.trim().is_empty() {
             return Err(ApiError::new(Code::InvalidParams, "message must not be empty"));
         }
@@ -236,6 +238,7 @@ impl Service {
         request_id: &str,
         decision: PermissionDecision,
     ) -> Result<(), ApiError> {
+        principal.may_change("answer asks")?;
         self.adopt(principal, run_id).await?;
         let root = answering_root(&self.registry(), run_id);
         if let Some(remote) = self.followed_run(principal, &root) {
@@ -362,7 +365,7 @@ mod tests {
     async fn another_tokens_run_or_no_run_is_not_found() {
         let service = service(5_000);
         let accepted = service.start(&alice(), start("wait")).await.unwrap();
-        let bob = Principal("bob".into());
+        let bob = Principal::new("bob");
         for err in [
             service.cancel(&bob, &accepted.run_id).await.unwrap_err(),
             service.steer(&bob, &accepted.run_id, "x".into()).await.unwrap_err(),

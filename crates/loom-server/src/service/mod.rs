@@ -4,7 +4,8 @@
 //! `rate.rs` (requests per minute), `admission.rs` (taking a run in),
 //! `pump.rs` (a started run's events and end), `controls.rs` (cancel,
 //! steer, answer), `queries.rs` (runs and asks), `subscription.rs`
-//! (following a run), `restart.rs` (taking runs back, shutting down); here
+//! (following a run), `restart.rs` (taking runs back, shutting down),
+//! `audit.rs` (the record of who changed what); here
 //! the state they share.
 
 use std::collections::{HashMap, VecDeque};
@@ -33,6 +34,7 @@ use crate::queue::{Caps, LocalQueue, QueueFull, RunQueue, Ticket};
 use crate::registry::{Launch, LiveRun, Registry, Start};
 
 mod admission;
+mod audit;
 mod controls;
 mod pump;
 mod queries;
@@ -41,6 +43,7 @@ mod remote;
 mod restart;
 mod subscription;
 
+pub use audit::Audited;
 use rate::Bucket;
 pub use remote::Cluster;
 pub use subscription::{Next, Subscription};
@@ -66,6 +69,8 @@ struct Inner {
     cluster: Option<Cluster>,
     /// The runs followed on workers.
     followed: Arc<remote::Followed>,
+    /// The audit trail without a store, and the bound on refusal records.
+    audit: audit::AuditMemory,
 }
 
 fn now_ms() -> u64 {
@@ -160,6 +165,7 @@ impl Service {
                 pumps: TaskTracker::new(),
                 cluster,
                 followed: Arc::default(),
+                audit: audit::AuditMemory::default(),
             }),
         }
     }
@@ -248,7 +254,7 @@ pub(super) mod testing {
     }
 
     pub(crate) fn alice() -> Principal {
-        Principal("alice".into())
+        Principal::new("alice")
     }
 
     pub(crate) fn start(prompt: &str) -> StartRun {

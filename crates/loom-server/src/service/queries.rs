@@ -1,6 +1,7 @@
 //! Looking at runs: one, a page, the asks waiting.
 
 use super::*;
+use crate::auth::Role;
 
 impl Service {
     /// `permission.list`.
@@ -12,7 +13,7 @@ impl Service {
                     let mut asks: Vec<PendingAsk> = registry
                         .runs
                         .values()
-                        .filter(|run| &run.principal == principal)
+                        .filter(|run| principal.reaches(&run.principal))
                         .flat_map(|run| run.state().pending_asks)
                         .collect();
                     asks.sort_by(|a, b| (&a.run_id, a.seq).cmp(&(&b.run_id, b.seq)));
@@ -54,7 +55,7 @@ impl Service {
         {
             let registry = self.registry();
             if let Some((owner, view)) = registry.finished.get(run_id) {
-                return if owner == principal {
+                return if principal.reaches(owner) {
                     Ok(view.clone())
                 } else {
                     Err(ApiError::no_run(run_id))
@@ -69,21 +70,24 @@ impl Service {
             Err(StoreError::NotFound(_)) => return Err(ApiError::no_run(run_id)),
             Err(err) => return Err(store_error(err)),
         };
-        if snapshot.run.principal.as_deref() != Some(principal.name()) {
+        if !principal.reaches_owner(snapshot.run.principal.as_deref()) {
             return Err(ApiError::no_run(run_id));
         }
         Ok(stored_view(snapshot.run, snapshot.last_seq))
     }
 
-    /// `run.list`: this token's runs, newest first.
+    /// `run.list`: this token's runs (an admin's: every token's), newest
+    /// first.
     pub async fn list(&self, principal: &Principal, params: ListParams) -> Result<RunPage, ApiError> {
         let limit = params.limit.unwrap_or(50).clamp(1, 500);
         let before = match &params.cursor {
             Some(cursor) => Some(parse_cursor(cursor)?),
             None => None,
         };
+        let admin = principal.role() == Role::Admin;
         let query = RunQuery {
-            principal: Some(principal.name().to_string()),
+            principal: (!admin).then(|| principal.name().to_string()),
+            owned: admin,
             status: params.status,
             session_id: params.session_id.clone(),
             before: before.clone(),
@@ -93,7 +97,7 @@ impl Service {
         let mut live_ids = Vec::new();
         {
             let registry = self.registry();
-            for run in registry.runs.values().filter(|run| &run.principal == principal) {
+            for run in registry.runs.values().filter(|run| principal.reaches(&run.principal)) {
                 live_ids.push(run.run_id.clone());
                 let view = run.view(self.inner.queue.position(&run.run_id));
                 if matches_view(&query, &view) {
@@ -102,7 +106,7 @@ impl Service {
             }
             if self.inner.store.is_none() {
                 for (owner, view) in registry.finished.values() {
-                    if owner == principal && matches_view(&query, view) {
+                    if principal.reaches(owner) && matches_view(&query, view) {
                         runs.push(view.clone());
                     }
                 }

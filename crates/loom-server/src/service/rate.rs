@@ -11,7 +11,7 @@ pub(super) struct Bucket {
 
 impl Bucket {
     /// A full bucket for `per_minute`.
-    fn full(per_minute: u32, now: Instant) -> Self {
+    pub(super) fn full(per_minute: u32, now: Instant) -> Self {
         Self {
             tokens: capacity(per_minute),
             at: now,
@@ -19,7 +19,7 @@ impl Bucket {
     }
 
     /// Takes one request at `now`, or says how long until one may come.
-    fn take(&mut self, per_minute: u32, now: Instant) -> Result<(), Duration> {
+    pub(super) fn take(&mut self, per_minute: u32, now: Instant) -> Result<(), Duration> {
         let per_second = f64::from(per_minute) / 60.0;
         let refilled = now.saturating_duration_since(self.at).as_secs_f64() * per_second;
         self.tokens = (self.tokens + refilled).min(capacity(per_minute));

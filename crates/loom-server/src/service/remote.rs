@@ -457,9 +457,11 @@ impl Service {
             record.status,
             RunStatus::Queued | RunStatus::Running | RunStatus::WaitingPermission | RunStatus::Interrupted
         );
-        if !active || record.principal.as_deref() != Some(principal.name()) || record.parent.is_some() {
+        if !active || !principal.reaches_owner(record.principal.as_deref()) || record.parent.is_some() {
             return Ok(());
         }
+        // Held under its owner's name, whoever asked (an admin may).
+        let owner = Principal::new(record.principal.as_deref().unwrap_or_default());
         let events = store.events(run_id, 0).await.map_err(store_error)?;
         let mut state = LiveState::default();
         for event in &events {
@@ -478,7 +480,7 @@ impl Service {
             registry.add(LiveRun {
                 run_id: record.run_id.clone(),
                 session_id: record.session_id.clone(),
-                principal: principal.clone(),
+                principal: owner,
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
                 started_ms: record.started_ms,

@@ -48,7 +48,7 @@ impl Service {
             }
             let run_id = record.run_id.clone();
             match self
-                .take_back_interrupted(&record, Principal(principal.into()), store.as_ref())
+                .take_back_interrupted(&record, Principal::new(principal.as_str()), store.as_ref())
                 .await
             {
                 Ok(()) => taken += 1,
@@ -155,7 +155,7 @@ impl Service {
             .principal
             .clone()
             .ok_or_else(|| NotTaken::Never("the run has no owner".into()))?;
-        let principal = Principal(owner.into());
+        let principal = Principal::new(owner.as_str());
         let params: StartRun = serde_json::from_str(&queued.request)
             .map_err(|err| NotTaken::Never(format!("its stored request is unreadable: {err}")))?;
         // The configuration may have changed since (a model no longer offered, a lower step limit).

@@ -1,0 +1,355 @@
+//! Roles and the audit trail (docs/server.md, "Roles" and "Audit trail")
+//! against a real `loom serve`: a viewer's every change is refused with
+//! `FORBIDDEN` over WebSocket and HTTP and recorded; an admin sees and
+//! cancels another token's run, and that is recorded; a token limited to
+//! models and tools gets no other; the trail is read back over HTTP and
+//! with `loom audit`, and holds no token.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use common::gateway::{config, http, Gateway, ALICE, BOB};
+use common::loom_in;
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::{json, Value};
+
+const OPS: &str = "ops-admin-token-0123456789";
+const WATCHER: &str = "watcher-token-0123456789";
+const LIMITED: &str = "limited-token-0123456789";
+
+fn tokens(watcher_role: &str) -> String {
+    format!(
+        r#"models = ["openai:other"]
+
+[[server.tokens]]
+name = "ops"
+token = "{OPS}"
+role = "admin"
+
+[[server.tokens]]
+name = "watcher"
+token = "{WATCHER}"
+role = "{watcher_role}"
+
+[[server.tokens]]
+name = "limited"
+token = "{LIMITED}"
+models = ["openai:other"]
+tools = ["read_file"]
+"#
+    )
+}
+
+fn run_id(accepted: &Value) -> String {
+    accepted["runId"].as_str().unwrap().to_string()
+}
+
+/// The audit trail as an admin reads it over HTTP.
+async fn audit(gateway: &Gateway, query: &str) -> Vec<Value> {
+    let response = http(OPS)
+        .get(gateway.url(&format!("/v1/audit{query}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["entries"].as_array().unwrap().clone()
+}
+
+fn find<'a>(entries: &'a [Value], action: &str, token: &str) -> Vec<&'a Value> {
+    entries
+        .iter()
+        .filter(|e| e["action"] == action && e["token"] == token)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions {
+        keep_bodies: true,
+        ..PromptModelOptions::default()
+    });
+    config(dir.path(), &model.url(), &tokens("viewer"));
+    let gateway = Gateway::start(dir.path(), &["--ask", "write_file"]);
+
+    // Alice's run waits for her answer.
+    let mut alice = gateway.ws(ALICE).await;
+    let run = run_id(
+        &alice
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=1 tool=write_file", "sessionId": "s-alice"}),
+            )
+            .await,
+    );
+    let ask = alice.until(&run, "permission.request").await;
+    let request_id = ask["payload"]["requestId"].as_str().unwrap().to_string();
+
+    // The viewer: every change refused, over WebSocket …
+    let mut watcher = gateway.ws(WATCHER).await;
+    assert_eq!(
+        watcher.error("agent.run", json!({"prompt": "hello"})).await,
+        "FORBIDDEN"
+    );
+    assert_eq!(watcher.error("agent.cancel", json!({"runId": run})).await, "FORBIDDEN");
+    assert_eq!(
+        watcher
+            .error("agent.steer", json!({"runId": run, "message": "stop"}))
+            .await,
+        "FORBIDDEN"
+    );
+    assert_eq!(
+        watcher
+            .error(
+                "permission.respond",
+                json!({"runId": run, "requestId": request_id, "decision": "allow"})
+            )
+            .await,
+        "FORBIDDEN"
+    );
+    // … and over HTTP.
+    let viewer = http(WATCHER);
+    let refused = [
+        viewer.post(gateway.url("/v1/runs")).json(&json!({"prompt": "hello"})),
+        viewer.post(gateway.url(&format!("/v1/runs/{run}/cancel"))),
+        viewer
+            .post(gateway.url(&format!("/v1/runs/{run}/steer")))
+            .json(&json!({"message": "stop"})),
+        viewer
+            .post(gateway.url(&format!("/v1/runs/{run}/permissions/{request_id}")))
+            .json(&json!({"decision": "always"})),
+        viewer.get(gateway.url("/v1/audit")),
+    ];
+    for request in refused {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 403);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "FORBIDDEN", "{body}");
+    }
+    // It reads what is its own: nothing here, and not Alice's run.
+    assert_eq!(watcher.ok("run.list", json!({})).await["runs"], json!([]));
+    assert_eq!(watcher.error("run.get", json!({"runId": run})).await, "NOT_FOUND");
+    // An operator does not read the audit trail either.
+    assert_eq!(
+        http(ALICE).get(gateway.url("/v1/audit")).send().await.unwrap().status(),
+        403
+    );
+
+    // The admin sees Alice's run, its ask and its events …
+    let mut ops = gateway.ws(OPS).await;
+    let listed = ops.ok("run.list", json!({})).await;
+    assert!(
+        listed["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["runId"] == run.as_str()),
+        "{listed}"
+    );
+    assert_eq!(
+        ops.ok("run.get", json!({"runId": run})).await["status"],
+        "WAITING_PERMISSION"
+    );
+    let asks = ops.ok("permission.list", json!({})).await;
+    assert_eq!(asks["asks"][0]["requestId"], request_id.as_str());
+    // … but is not let into her session: only her runs are reachable.
+    assert_eq!(
+        ops.error("agent.run", json!({"prompt": "x", "sessionId": "s-alice"}))
+            .await,
+        "CONFLICT"
+    );
+    // The admin cancels it over HTTP; Alice hears it end.
+    let cancelled = http(OPS)
+        .post(gateway.url(&format!("/v1/runs/{run}/cancel")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 200);
+    let end = alice.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "CANCELED");
+    assert!(!gateway.dir.join("out_1.txt").exists());
+
+    // A token limited to a model and a tool gets no other.
+    let limited = http(LIMITED);
+    let other_model = limited
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_model.status(), 403, "the default model is not granted");
+    let other_tool = limited
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "hi", "model": "openai:other", "tools": ["write_file"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other_tool.status(), 403);
+    let mut limited_ws = gateway.ws(LIMITED).await;
+    let granted = run_id(
+        &limited_ws
+            .ok(
+                "agent.run",
+                json!({"prompt": "only granted tools answer=ok", "model": "openai:other"}),
+            )
+            .await,
+    );
+    assert_eq!(
+        limited_ws.until(&granted, "lifecycle.end").await["payload"]["status"],
+        "DONE"
+    );
+    // What the model was offered: read_file and nothing else.
+    let body = model
+        .bodies()
+        .into_iter()
+        .rev()
+        .find(|body| body.to_string().contains("only granted tools"))
+        .unwrap();
+    let offered: Vec<&str> = body["tools"]
+        .as_array()
+        .map(|tools| tools.iter().filter_map(|t| t["function"]["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(offered, ["read_file"], "{body}");
+
+    // A token that is not one, and a sign-in to the page.
+    let unknown = http("not-a-token-at-all-000000")
+        .get(gateway.url("/v1/runs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 401);
+    let page = format!("http://{}", gateway.addr);
+    let signed_in = reqwest::Client::new()
+        .post(gateway.url("/v1/session"))
+        .header("Origin", &page)
+        .json(&json!({"token": BOB}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed_in.status(), 200);
+    let who: Value = signed_in.json().await.unwrap();
+    assert_eq!(
+        (who["principal"].as_str(), who["role"].as_str()),
+        (Some("bob"), Some("operator"))
+    );
+
+    // The trail, as the admin reads it.
+    let entries = audit(&gateway, "").await;
+    let text = serde_json::to_string(&entries).unwrap();
+    for secret in [ALICE, BOB, OPS, WATCHER, LIMITED, "not-a-token-at-all-000000"] {
+        assert!(!text.contains(secret), "a token is in the audit trail: {text}");
+    }
+    let started = find(&entries, "agent.run", "alice");
+    assert_eq!(started.len(), 1, "{text}");
+    assert_eq!(started[0]["target"], run.as_str());
+    assert_eq!(started[0]["outcome"], "ok");
+    assert!(
+        started[0]["address"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{text}"
+    );
+    // Each of the viewer's refused changes, two of each (one per transport).
+    for action in ["agent.run", "agent.cancel", "agent.steer", "permission.respond"] {
+        let refusals = find(&entries, action, "watcher");
+        assert_eq!(refusals.len(), 2, "{action}: {text}");
+        assert!(refusals.iter().all(|e| e["outcome"] == "FORBIDDEN"), "{text}");
+    }
+    let answers = find(&entries, "permission.respond", "watcher");
+    let always: Vec<&Value> = answers.iter().map(|e| &e["detail"]["always"]).collect();
+    assert_eq!(always, [&json!(false), &json!(true)], "{text}");
+    assert_eq!(answers[0]["target"], run.as_str());
+    assert_eq!(find(&entries, "audit.read", "watcher")[0]["outcome"], "FORBIDDEN");
+    assert_eq!(find(&entries, "audit.read", "alice")[0]["outcome"], "FORBIDDEN");
+    let cancel = find(&entries, "agent.cancel", "ops");
+    assert_eq!(cancel.len(), 1, "{text}");
+    assert_eq!(
+        (cancel[0]["target"].as_str(), cancel[0]["outcome"].as_str()),
+        (Some(run.as_str()), Some("ok"))
+    );
+    assert_eq!(find(&entries, "agent.run", "ops")[0]["outcome"], "CONFLICT");
+    assert_eq!(find(&entries, "agent.run", "limited").len(), 3);
+    let refused_token: Vec<&Value> = entries.iter().filter(|e| e["action"] == "token.refused").collect();
+    assert_eq!(refused_token.len(), 1, "{text}");
+    assert_eq!(refused_token[0]["detail"]["reason"], "unknown token");
+    assert!(refused_token[0].get("token").is_none());
+    assert_eq!(find(&entries, "session.sign_in", "bob").len(), 1, "{text}");
+    // Reads are not recorded.
+    assert!(entries
+        .iter()
+        .all(|e| e["action"] != "run.list" && e["action"] != "run.get"));
+    // Filters: one token's records.
+    let only_ops = audit(&gateway, "?tokenName=ops").await;
+    assert!(!only_ops.is_empty() && only_ops.iter().all(|e| e["token"] == "ops"));
+
+    // `loom audit` reads the same trail from the gateway's database.
+    let out = loom_in(dir.path())
+        .args(["audit", "--json", "--token", "watcher", "--since", "1h", "--workspace"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 9, "{lines:?}");
+    assert!(lines
+        .iter()
+        .all(|e| e["token"] == "watcher" && e["outcome"] == "FORBIDDEN"));
+    let table = loom_in(dir.path())
+        .args(["audit", "--token", "ops", "--workspace"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|line| line.contains("agent.cancel") && line.contains(&run) && line.contains("ok")),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_made_a_viewer_still_reads_its_runs_and_changes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), &tokens("operator"));
+    let mut gateway = Gateway::start(dir.path(), &[]);
+    let mut watcher = gateway.ws(WATCHER).await;
+    let run = run_id(&watcher.ok("agent.run", json!({"prompt": "hello answer=hi"})).await);
+    assert_eq!(watcher.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
+    drop(watcher);
+    assert!(gateway.terminate().success());
+
+    // The same token, now a viewer.
+    config(dir.path(), &model.url(), &tokens("viewer"));
+    let gateway = Gateway::start(dir.path(), &[]);
+    let mut watcher = gateway.ws(WATCHER).await;
+    let listed = watcher.ok("run.list", json!({})).await;
+    assert_eq!(listed["runs"][0]["runId"], run.as_str());
+    watcher.ok("run.subscribe", json!({"runId": run})).await;
+    assert_eq!(watcher.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
+    let events = http(WATCHER)
+        .get(gateway.url(&format!("/v1/runs/{run}/events")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 200);
+    assert_eq!(
+        watcher
+            .error("agent.run", json!({"prompt": "again", "sessionId": run}))
+            .await,
+        "FORBIDDEN"
+    );
+    let whoami: Value = http(WATCHER)
+        .get(gateway.url("/v1/session"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whoami["role"], "viewer");
+}
