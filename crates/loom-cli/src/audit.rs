@@ -59,18 +59,20 @@ fn since_ms(when: &str, now: SystemTime) -> anyhow::Result<u64> {
 }
 
 /// One record as a line: time, action, outcome, token, address, target,
-/// and the detail as JSON.
+/// and the detail as JSON. A client chose the target (a run id, a path):
+/// its control and direction characters are shown escaped, so no record
+/// can print a line that looks like another record.
 fn line(entry: &AuditEntry) -> String {
     let time = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(entry.time_ms));
     let mut line = format!(
         "{time}  {:<18} {:<13} token={} from={}",
-        entry.action,
-        entry.outcome,
-        entry.token.as_deref().unwrap_or("-"),
-        entry.address.as_deref().unwrap_or("-"),
+        shown(&entry.action),
+        shown(&entry.outcome),
+        shown(entry.token.as_deref().unwrap_or("-")),
+        shown(entry.address.as_deref().unwrap_or("-")),
     );
     if let Some(target) = &entry.target {
-        line.push_str(&format!(" target={target}"));
+        line.push_str(&format!(" target={}", shown(target)));
     }
     if !entry.detail.is_null() {
         line.push_str(&format!(" {}", entry.detail));
@@ -78,9 +80,48 @@ fn line(entry: &AuditEntry) -> String {
     line
 }
 
+/// `text` with control characters, and the invisible ones that reorder
+/// or hide text (bidirectional overrides, zero-width), escaped (`\n`,
+/// `\u{1b}`).
+fn shown(text: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    text.chars()
+        .map(|c| {
+            if hidden(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_cannot_print_a_second_record() {
+        let entry = AuditEntry {
+            time_ms: 0,
+            action: "agent.cancel".into(),
+            token: Some("vic".into()),
+            address: None,
+            target: Some("x\n1970-01-01T00:00:00.000Z  agent.cancel  ok  token=boss\u{1b}[8m\u{202e}".into()),
+            outcome: "FORBIDDEN".into(),
+            detail: serde_json::Value::Null,
+        };
+        let printed = line(&entry);
+        assert_eq!(printed.lines().count(), 1, "{printed}");
+        assert!(
+            !printed.contains('\u{1b}') && !printed.contains('\u{202e}'),
+            "{printed}"
+        );
+        assert!(printed.contains("\\u{a}") && printed.contains("\\u{1b}"), "{printed}");
+    }
 
     #[test]
     fn since_takes_a_time_ago_or_a_moment() {

@@ -72,7 +72,8 @@ async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_a
         ..PromptModelOptions::default()
     });
     config(dir.path(), &model.url(), &tokens("viewer"));
-    let gateway = Gateway::start(dir.path(), &["--ask", "write_file"]);
+    let db = dir.path().join("gateway.db");
+    let gateway = Gateway::start(dir.path(), &["--ask", "write_file", "--db", db.to_str().unwrap()]);
 
     // Alice's run waits for her answer.
     let mut alice = gateway.ws(ALICE).await;
@@ -128,6 +129,25 @@ async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_a
         let body: Value = response.json().await.unwrap();
         assert_eq!(body["error"]["code"], "FORBIDDEN", "{body}");
     }
+    // What a client chose is kept short in the trail, and a token sent
+    // where a run id goes is not kept at all.
+    let huge = "m".repeat(100_000);
+    let refused = viewer
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "x", "model": huge, "sessionId": huge}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(
+        viewer
+            .post(gateway.url(&format!("/v1/runs/{ALICE}/cancel")))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
     // It reads what is its own: nothing here, and not Alice's run.
     assert_eq!(watcher.ok("run.list", json!({})).await["runs"], json!([]));
     assert_eq!(watcher.error("run.get", json!({"runId": run})).await, "NOT_FOUND");
@@ -249,12 +269,25 @@ async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_a
         started[0]["address"].as_str().unwrap().starts_with("127.0.0.1:"),
         "{text}"
     );
-    // Each of the viewer's refused changes, two of each (one per transport).
-    for action in ["agent.run", "agent.cancel", "agent.steer", "permission.respond"] {
+    // Each of the viewer's refused changes, two of each (one per
+    // transport), and the two sent to test what the trail keeps.
+    for (action, count) in [
+        ("agent.run", 3),
+        ("agent.cancel", 3),
+        ("agent.steer", 2),
+        ("permission.respond", 2),
+    ] {
         let refusals = find(&entries, action, "watcher");
-        assert_eq!(refusals.len(), 2, "{action}: {text}");
+        assert_eq!(refusals.len(), count, "{action}: {text}");
         assert!(refusals.iter().all(|e| e["outcome"] == "FORBIDDEN"), "{text}");
     }
+    let long = find(&entries, "agent.run", "watcher")[2];
+    assert!(
+        long["detail"]["model"].as_str().unwrap().chars().count() <= 201,
+        "{long}"
+    );
+    assert!(long.to_string().len() < 2_000, "{long}");
+    assert_eq!(find(&entries, "agent.cancel", "watcher")[2]["target"], "[a token]");
     let answers = find(&entries, "permission.respond", "watcher");
     let always: Vec<&Value> = answers.iter().map(|e| &e["detail"]["always"]).collect();
     assert_eq!(always, [&json!(false), &json!(true)], "{text}");
@@ -284,8 +317,8 @@ async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_a
 
     // `loom audit` reads the same trail from the gateway's database.
     let out = loom_in(dir.path())
-        .args(["audit", "--json", "--token", "watcher", "--since", "1h", "--workspace"])
-        .arg(dir.path())
+        .args(["audit", "--json", "--token", "watcher", "--since", "1h", "--db"])
+        .arg(&db)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -293,13 +326,13 @@ async fn a_viewer_changes_nothing_an_admin_cancels_any_run_and_every_action_is_a
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
-    assert_eq!(lines.len(), 9, "{lines:?}");
+    assert_eq!(lines.len(), 11, "{lines:?}");
     assert!(lines
         .iter()
         .all(|e| e["token"] == "watcher" && e["outcome"] == "FORBIDDEN"));
     let table = loom_in(dir.path())
-        .args(["audit", "--token", "ops", "--workspace"])
-        .arg(dir.path())
+        .args(["audit", "--token", "ops", "--db"])
+        .arg(&db)
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
@@ -352,4 +385,56 @@ async fn a_token_made_a_viewer_still_reads_its_runs_and_changes_none() {
         .await
         .unwrap();
     assert_eq!(whoami["role"], "viewer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_recorded_even_when_its_client_hangs_up_before_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), &tokens("viewer"));
+    let db = dir.path().join("gateway.db");
+    let gateway = Gateway::start(dir.path(), &["--ask", "write_file", "--db", db.to_str().unwrap()]);
+    let mut alice = gateway.ws(ALICE).await;
+    let run = run_id(
+        &alice
+            .ok("agent.run", json!({"prompt": "write steps=1 tool=write_file"}))
+            .await,
+    );
+    let ask = alice.until(&run, "permission.request").await;
+    let request_id = ask["payload"]["requestId"].as_str().unwrap().to_string();
+
+    // Another process holds the database: the answer waits for it, and
+    // the client gives up after half a second.
+    let locked = rusqlite::Connection::open(&db).unwrap();
+    locked.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let gave_up = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/permissions/{request_id}")))
+        .timeout(std::time::Duration::from_millis(500))
+        .json(&json!({"decision": "always"}))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the answer came before the database was free");
+    // Reading meanwhile (the connection answers the gateway's pings): the
+    // run cannot end while the database is held.
+    let early = tokio::time::timeout(std::time::Duration::from_secs(2), alice.until(&run, "lifecycle.end")).await;
+    assert!(early.is_err(), "the run ended while the database was held");
+    locked.execute_batch("COMMIT").unwrap();
+    drop(locked);
+
+    // The answer applied, and its record is there.
+    assert_eq!(alice.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
+    let mut recorded = Vec::new();
+    for _ in 0..50 {
+        recorded = audit(&gateway, "?tokenName=alice").await;
+        if recorded.iter().any(|e| e["action"] == "permission.respond") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let answer = recorded
+        .iter()
+        .find(|e| e["action"] == "permission.respond")
+        .unwrap_or_else(|| panic!("no record of the answer: {recorded:?}"));
+    assert_eq!(answer["detail"]["always"], true);
+    assert_eq!(answer["target"], run.as_str());
 }

@@ -144,6 +144,12 @@ pub enum TokenError {
     /// Two entries share a name.
     #[error("[[server.tokens]] '{0}': the name is used twice")]
     Duplicate(String),
+    /// Two entries share a token: which one it signs in as (and so its
+    /// role) could not be told.
+    #[error(
+        "[[server.tokens]] '{0}': the same token as '{1}' (LOOM_TOKEN is the token named 'default'); give each its own"
+    )]
+    SameToken(String, String),
     /// A token that is too short to be a secret.
     #[error("[[server.tokens]] '{0}': a token must have at least 16 characters (besides blanks around it)")]
     TooShort(String),
@@ -229,6 +235,12 @@ impl Tokens {
     fn add(&mut self, principal: Principal, digest: [u8; 32]) -> Result<(), TokenError> {
         if self.entries.iter().any(|e| e.principal == principal) {
             return Err(TokenError::Duplicate(principal.name().to_string()));
+        }
+        if let Some(twin) = self.entries.iter().find(|e| e.digest == digest) {
+            return Err(TokenError::SameToken(
+                principal.name().to_string(),
+                twin.principal.name().to_string(),
+            ));
         }
         self.entries.push(Entry { principal, digest });
         Ok(())
@@ -392,6 +404,11 @@ mod tests {
             );
         }
         tokens.add_clear("default", "  padded-token-0123456789 \n").unwrap();
+        // One token under two names (two roles): refused, however written.
+        assert!(matches!(
+            tokens.add(Principal::new("admin"), digest("padded-token-0123456789")),
+            Err(TokenError::SameToken(name, twin)) if name == "admin" && twin == "default"
+        ));
         assert_eq!(tokens.check("padded-token-0123456789").unwrap().name(), "default");
         assert_eq!(tokens.check(" padded-token-0123456789 ").unwrap().name(), "default");
         assert!(tokens.check("").is_none());

@@ -106,8 +106,15 @@ impl FromRequestParts<Arc<App>> for Principal {
             }
         }
         // The web page's session cookie (checked for the page's origin).
-        if let Some(principal) = crate::web::cookie_principal(parts, app)? {
-            return Ok(principal);
+        match crate::web::cookie_principal(parts, app) {
+            Ok(Some(principal)) => return Ok(principal),
+            Ok(None) => {}
+            Err(refused) => {
+                app.service
+                    .audit_refusal(client_address(parts), parts.uri.path(), &refused.message, refused.code)
+                    .await;
+                return Err(refused);
+            }
         }
         if tokens.is_empty() {
             return Ok(Principal::local());
@@ -118,7 +125,7 @@ impl FromRequestParts<Arc<App>> for Principal {
             "no token"
         };
         app.service
-            .audit_refusal(client_address(parts), parts.uri.path(), reason)
+            .audit_refusal(client_address(parts), parts.uri.path(), reason, Code::Unauthorized)
             .await;
         Err(ApiError::new(
             Code::Unauthorized,
@@ -233,6 +240,16 @@ pub(crate) async fn audit(
     caller: Caller,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    // Who asks is judged before what is asked.
+    if caller.principal.role() != crate::auth::Role::Admin {
+        let refused = app.service.audit_entries(&caller.principal, &Default::default()).await;
+        if let Err(refused) = refused {
+            let mut audited = crate::service::Audited::by("audit.read", &caller.principal, caller.address);
+            audited.outcome = Err(refused.code);
+            app.service.audit(audited).await;
+            return Err(refused);
+        }
+    }
     let mut filter = loom_core::AuditQuery {
         limit: 100,
         ..loom_core::AuditQuery::default()
@@ -258,17 +275,8 @@ pub(crate) async fn audit(
             }
         }
     }
-    match app.service.audit_entries(&caller.principal, &filter).await {
-        Ok(entries) => Ok(Json(json!({ "entries": entries })).into_response()),
-        Err(refused) => {
-            if refused.code == Code::Forbidden {
-                let mut audited = crate::service::Audited::by("audit.read", &caller.principal, caller.address);
-                audited.outcome = Err(refused.code);
-                app.service.audit(audited).await;
-            }
-            Err(refused)
-        }
-    }
+    let entries = app.service.audit_entries(&caller.principal, &filter).await?;
+    Ok(Json(json!({ "entries": entries })).into_response())
 }
 
 /// `GET /v1/runs/{id}/events`: SSE, `id:` = seq, after `Last-Event-ID`

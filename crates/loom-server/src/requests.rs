@@ -22,8 +22,22 @@ pub(crate) struct Caller {
 }
 
 /// The answer to `request`, and for `run.subscribe` the subscription whose
-/// events follow it.
+/// events follow it. The request is carried out, and recorded, on a task of
+/// its own: a client that hangs up while a change waits (a cancel waits for
+/// its run to stop) drops only its wait for the answer, never the record
+/// of a change that then happens.
 pub(crate) async fn answer(
+    service: &Service,
+    caller: &Caller,
+    request: Request,
+) -> Result<(Answer, Option<Subscription>), ApiError> {
+    let (service, caller) = (service.clone(), caller.clone());
+    tokio::spawn(async move { carry_out(&service, &caller, request).await })
+        .await
+        .unwrap_or_else(|failed| Err(ApiError::internal("a request failed", failed)))
+}
+
+async fn carry_out(
     service: &Service,
     caller: &Caller,
     request: Request,

@@ -383,7 +383,9 @@ pub(crate) async fn sign_in(State(app): State<Arc<App>>, headers: HeaderMap, req
         tokens.check(body.token.trim())
     };
     let Some(principal) = principal else {
-        app.service.audit_refusal(address, "/v1/session", "unknown token").await;
+        app.service
+            .audit_refusal(address, "/v1/session", "unknown token", Code::Unauthorized)
+            .await;
         return ApiError::new(Code::Unauthorized, "that token is not valid on this server").into_response();
     };
     // A sign-in counts against its token's rate like any call: a loop of

@@ -13,6 +13,11 @@ use crate::auth::Role;
 /// Records kept in memory without a store.
 const KEPT_IN_MEMORY: usize = 10_000;
 
+/// The longest text a record keeps of a field a client chose (a run id, a
+/// path, a model, a session id): past it the field is cut (`…`), so a record
+/// stays small whatever was sent.
+const FIELD_CHARS: usize = 200;
+
 /// Records of refused tokens per minute at most: a client that tries
 /// tokens in a loop must not fill the disk. Those beyond are counted in
 /// `loom_audit_refusals_dropped_total`.
@@ -73,6 +78,52 @@ fn code_name(code: Code) -> String {
 }
 
 impl Service {
+    /// `text` as a record keeps it: a configured token in it (a whole part
+    /// between `/ ? & = ,` and blanks) replaced by `[a token]`, then cut to
+    /// [`FIELD_CHARS`].
+    fn kept(&self, text: &str) -> String {
+        let tokens = &self.inner.config.tokens;
+        let mut out = String::with_capacity(text.len().min(FIELD_CHARS + 3));
+        let mut part = String::new();
+        let flush = |part: &mut String, out: &mut String| {
+            if !tokens.is_empty() && part.len() >= 16 && tokens.check(part).is_some() {
+                out.push_str("[a token]");
+            } else {
+                out.push_str(part);
+            }
+            part.clear();
+        };
+        for c in text.chars() {
+            if matches!(c, '/' | '?' | '&' | '=' | ',') || c.is_whitespace() {
+                flush(&mut part, &mut out);
+                out.push(c);
+            } else {
+                part.push(c);
+            }
+        }
+        flush(&mut part, &mut out);
+        if out.chars().count() > FIELD_CHARS {
+            out = out.chars().take(FIELD_CHARS).chain(['…']).collect();
+        }
+        out
+    }
+
+    /// [`Service::kept`] for every text in `detail`.
+    fn kept_detail(&self, detail: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match detail {
+            Value::String(text) => Value::String(self.kept(&text)),
+            Value::Array(items) => Value::Array(items.into_iter().map(|item| self.kept_detail(item)).collect()),
+            Value::Object(fields) => Value::Object(
+                fields
+                    .into_iter()
+                    .map(|(name, value)| (name, self.kept_detail(value)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
     /// Appends `action` to the audit trail and returns once it is stored
     /// (a failing store is logged and counted in
     /// `loom_audit_write_errors_total`: the action has happened by then,
@@ -83,12 +134,12 @@ impl Service {
             action: action.action.to_string(),
             token: action.token,
             address: action.address.map(|address| address.to_string()),
-            target: action.target,
+            target: action.target.map(|target| self.kept(&target)),
             outcome: match action.outcome {
                 Ok(()) => loom_core::audit::OUTCOME_OK.to_string(),
                 Err(code) => code_name(code),
             },
-            detail: action.detail,
+            detail: self.kept_detail(action.detail),
         };
         metrics::counter!("loom_audit_records_total", "action" => action.action).increment(1);
         match &self.inner.store {
@@ -115,7 +166,7 @@ impl Service {
 
     /// Records a refused token, unless refusals already filled this
     /// minute's share (then it is only counted).
-    pub async fn audit_refusal(&self, address: Option<SocketAddr>, target: &str, reason: &str) {
+    pub async fn audit_refusal(&self, address: Option<SocketAddr>, target: &str, reason: &str, code: Code) {
         let admitted = self
             .inner
             .audit
@@ -133,7 +184,7 @@ impl Service {
             token: None,
             address,
             target: Some(target.to_string()),
-            outcome: Err(Code::Unauthorized),
+            outcome: Err(code),
             detail: serde_json::json!({ "reason": reason }),
         })
         .await;
