@@ -24,6 +24,8 @@ pub mod delegate;
 mod engine;
 pub mod event;
 pub mod feedback;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handle;
 pub mod history;
 pub mod hooks;

@@ -17,6 +17,8 @@
 #![warn(missing_docs)]
 
 pub mod anthropic;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod openai;
 pub mod recorder;
 pub mod resilience;

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
+use axum::extract::{FromRequestParts, Query, RawQuery, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::auth::Principal;
 use crate::body::JsonBody;
 use crate::error::{ApiError, Code};
+use crate::extract::{ApiPath, ApiQuery};
 use crate::protocol::{
     Answer, DecisionBody, ListParams, PermissionListParams, Request, RespondParams, RunIdParams, StartRun, SteerBody,
     SteerParams,
@@ -184,7 +185,7 @@ fn list_params(query: &str) -> Result<ListParams, ApiError> {
 pub(crate) async fn get_run(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path(run_id): Path<String>,
+    ApiPath(run_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     answer(&app, &caller, Request::Get(RunIdParams { run_id }), StatusCode::OK).await
 }
@@ -192,7 +193,7 @@ pub(crate) async fn get_run(
 pub(crate) async fn cancel_run(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path(run_id): Path<String>,
+    ApiPath(run_id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     answer(&app, &caller, Request::Cancel(RunIdParams { run_id }), StatusCode::OK).await
 }
@@ -200,7 +201,7 @@ pub(crate) async fn cancel_run(
 pub(crate) async fn steer_run(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path(run_id): Path<String>,
+    ApiPath(run_id): ApiPath<String>,
     JsonBody(SteerBody { message }): JsonBody<SteerBody>,
 ) -> Result<Response, ApiError> {
     let request = Request::Steer(SteerParams { run_id, message });
@@ -210,7 +211,7 @@ pub(crate) async fn steer_run(
 pub(crate) async fn respond(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path((run_id, request_id)): Path<(String, String)>,
+    ApiPath((run_id, request_id)): ApiPath<(String, String)>,
     JsonBody(DecisionBody { decision }): JsonBody<DecisionBody>,
 ) -> Result<Response, ApiError> {
     let request = Request::Respond(RespondParams {
@@ -224,7 +225,7 @@ pub(crate) async fn respond(
 pub(crate) async fn list_permissions(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Query(query): Query<HashMap<String, String>>,
+    ApiQuery(query): ApiQuery<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let request = Request::Asks(PermissionListParams {
         run_id: query.get("runId").cloned(),
@@ -238,7 +239,7 @@ pub(crate) async fn list_permissions(
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Query(query): Query<HashMap<String, String>>,
+    ApiQuery(query): ApiQuery<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     // Who asks is judged before what is asked.
     if caller.principal.role() != crate::auth::Role::Admin {
@@ -286,9 +287,9 @@ pub(crate) async fn audit(
 pub(crate) async fn events(
     State(app): State<Arc<App>>,
     principal: Principal,
-    Path(run_id): Path<String>,
+    ApiPath(run_id): ApiPath<String>,
     headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
+    ApiQuery(query): ApiQuery<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let after = match last_event_id.or(query.get("afterSeq").map(String::as_str)) {

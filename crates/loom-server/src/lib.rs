@@ -16,6 +16,7 @@ pub mod config;
 mod connections;
 pub mod control;
 pub mod error;
+mod extract;
 pub mod feed;
 mod http;
 pub mod metrics;

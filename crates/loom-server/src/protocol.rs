@@ -396,7 +396,7 @@ pub enum FrameId {
 /// params are optional (`run.list`, `permission.list`).
 #[derive(Debug, Clone, JsonSchema)]
 #[schemars(extend("unevaluatedProperties" = false))]
-#[allow(dead_code)] // described for the schema; read field by field (ws.rs)
+#[allow(dead_code)] // described for the schema; read field by field (`RequestFrame::read`)
 pub struct RequestFrame {
     /// Always `"request"`.
     r#type: FrameType,
@@ -405,6 +405,60 @@ pub struct RequestFrame {
     /// The method and its payload.
     #[schemars(flatten)]
     request: Request,
+}
+
+/// The fields a request frame has.
+const FRAME_FIELDS: [&str; 4] = ["type", "id", "method", "payload"];
+
+/// A request frame as read, before its payload is typed: the id to echo,
+/// the method and the payload (`null` when absent). The payload is typed by
+/// [`Request::parse`] only once the request is admitted (its rate), so a
+/// flood of bad payloads pays the rate like any other.
+#[derive(Debug, Clone)]
+pub struct FrameEnvelope {
+    /// Echoed in the response.
+    pub id: FrameId,
+    /// The method's name.
+    pub method: String,
+    /// Its payload.
+    pub payload: Value,
+}
+
+impl RequestFrame {
+    /// Reads the text of a WebSocket frame: `PARSE_ERROR` for text that is
+    /// not JSON, `INVALID_REQUEST` for JSON that is not a request frame (a
+    /// field it does not have; no `type: request`, `id` or `method`), with
+    /// the id when one could be read.
+    pub fn read(text: &str) -> Result<FrameEnvelope, (Option<FrameId>, ApiError)> {
+        let frame: Value = serde_json::from_str(text)
+            .map_err(|err| (None, ApiError::new(Code::ParseError, format!("not JSON: {err}"))))?;
+        let id = frame
+            .get("id")
+            .and_then(|id| serde_json::from_value::<FrameId>(id.clone()).ok());
+        let unknown = frame
+            .as_object()
+            .and_then(|fields| fields.keys().find(|key| !FRAME_FIELDS.contains(&key.as_str())));
+        if let Some(field) = unknown {
+            let error = ApiError::new(Code::InvalidRequest, format!("unknown field '{field}' in the frame"));
+            return Err((id, error));
+        }
+        let (Some("request"), Some(method), Some(id)) = (
+            frame.get("type").and_then(Value::as_str),
+            frame.get("method").and_then(Value::as_str),
+            id.clone(),
+        ) else {
+            let error = ApiError::new(
+                Code::InvalidRequest,
+                "a request is {\"type\":\"request\",\"id\":…,\"method\":…,\"payload\":{…}}",
+            );
+            return Err((id, error));
+        };
+        Ok(FrameEnvelope {
+            id,
+            method: method.to_string(),
+            payload: frame.get("payload").cloned().unwrap_or(Value::Null),
+        })
+    }
 }
 
 /// The server's answer to a request frame.

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ApiError, Code};
-use crate::protocol::{Answer, FrameId, FrameType, Request, ResponseFrame};
+use crate::protocol::{Answer, FrameEnvelope, FrameId, FrameType, Request, RequestFrame, ResponseFrame};
 use crate::requests;
 use crate::requests::Caller;
 use crate::service::{Next, Subscription};
@@ -314,9 +314,6 @@ fn close(code: u16, reason: String) -> Message {
     }))
 }
 
-/// The fields a request frame has.
-const FRAME_FIELDS: [&str; 4] = ["type", "id", "method", "payload"];
-
 type SubChanges = mpsc::UnboundedSender<SubChange>;
 
 impl Conn {
@@ -354,39 +351,15 @@ impl Conn {
             );
             return self.respond(None, Err(error)).await;
         }
-        let frame: Value = match serde_json::from_str(text) {
-            Ok(frame) => frame,
-            Err(err) => {
-                let error = ApiError::new(Code::ParseError, format!("not JSON: {err}"));
-                return self.respond(None, Err(error)).await;
-            }
+        let FrameEnvelope { id, method, payload } = match RequestFrame::read(text) {
+            Ok(envelope) => envelope,
+            Err((id, error)) => return self.respond(id, Err(error)).await,
         };
-        let id = frame
-            .get("id")
-            .and_then(|id| serde_json::from_value::<FrameId>(id.clone()).ok());
-        let unknown = frame
-            .as_object()
-            .and_then(|fields| fields.keys().find(|key| !FRAME_FIELDS.contains(&key.as_str())));
-        if let Some(field) = unknown {
-            let error = ApiError::new(Code::InvalidRequest, format!("unknown field '{field}' in the frame"));
-            return self.respond(id, Err(error)).await;
-        }
-        let (Some("request"), Some(method), Some(_)) = (
-            frame.get("type").and_then(Value::as_str),
-            frame.get("method").and_then(Value::as_str),
-            &id,
-        ) else {
-            let error = ApiError::new(
-                Code::InvalidRequest,
-                "a request is {\"type\":\"request\",\"id\":…,\"method\":…,\"payload\":{…}}",
-            );
-            return self.respond(id, Err(error)).await;
-        };
+        let id = Some(id);
         if let Err(error) = self.app.service.admit_request(&self.caller.principal) {
             return self.respond(id, Err(error)).await;
         }
-        let payload = frame.get("payload").cloned().unwrap_or(Value::Null);
-        let (result, follow) = match self.call(method, payload).await {
+        let (result, follow) = match self.call(&method, payload).await {
             Ok((answer, follow)) => (Ok(answer), follow),
             Err(error) => (Err(error), None),
         };

@@ -311,3 +311,12 @@ fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
 fn micros(since: Instant) -> u64 {
     since.elapsed().as_micros() as u64
 }
+
+/// The validate stage, for [`crate::fuzzing`].
+pub(crate) fn validate_for_fuzzing(
+    call: &crate::message::ToolCall,
+    registered: &crate::tool::RegisteredTool,
+    arguments: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    stages::validate(call, registered, arguments).map_err(|rejection| rejection.into_result(call).content)
+}
