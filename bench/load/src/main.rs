@@ -507,6 +507,7 @@ async fn main() -> Result<()> {
     let model = PromptModel::start(PromptModelOptions {
         delay: Duration::from_millis(options.delay_ms),
         keep_bodies: false,
+        ..PromptModelOptions::default()
     });
     let server = start_server(&options, &model.url())?;
     let pid = server.child.id();

@@ -17,7 +17,7 @@ pub mod redaction;
 pub mod redis_server;
 pub mod store_conformance;
 pub mod symlink_race;
-pub use model_server::{PromptModel, PromptModelOptions};
+pub use model_server::{Fault, FaultPlan, PromptModel, PromptModelOptions};
 pub use noop::{NoArgs, NoopTool};
 
 use std::collections::HashMap;

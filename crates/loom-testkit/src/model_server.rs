@@ -52,6 +52,38 @@ pub struct PromptModelOptions {
     /// Keep every request body for [`PromptModel::bodies`] (off for load:
     /// bodies grow with each run's history).
     pub keep_bodies: bool,
+    /// Faults to inject from the start ([`PromptModel::set_faults`]).
+    pub faults: Option<FaultPlan>,
+}
+
+/// A fault the server injects instead of a clean answer (the fault
+/// campaign, bench/faults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `500` with a JSON error.
+    ServerError,
+    /// `429` with `Retry-After: 1`.
+    RateLimited,
+    /// Half the stream, then the connection is reset.
+    ResetMidStream,
+    /// Half the stream, then a clean end: no finish, no `[DONE]`.
+    Truncated,
+    /// A `data:` line that is not JSON, then the end.
+    Garbage,
+    /// Nothing for [`FaultPlan::stall`], then the answer.
+    Stall,
+}
+
+/// Which requests get a fault: every `every`-th, the next kind of `kinds`
+/// in turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultPlan {
+    /// One request in this many (1: every request).
+    pub every: usize,
+    /// The faults, in turn.
+    pub kinds: Vec<Fault>,
+    /// How long a [`Fault::Stall`] waits.
+    pub stall: Duration,
 }
 
 /// A running fake model. Dropping it leaves the server running until the
@@ -66,12 +98,15 @@ struct Shared {
     requests: AtomicUsize,
     bodies: Mutex<Vec<Value>>,
     options: PromptModelOptions,
+    faults: Mutex<Option<FaultPlan>>,
+    injected: AtomicUsize,
 }
 
 impl PromptModel {
     /// Starts the server on 127.0.0.1 with `options`.
     pub fn start(options: PromptModelOptions) -> Self {
         let shared = Arc::new(Shared {
+            faults: Mutex::new(options.faults.clone()),
             options,
             ..Shared::default()
         });
@@ -104,6 +139,18 @@ impl PromptModel {
     /// How many requests came.
     pub fn request_count(&self) -> usize {
         self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Injects `faults` from now on (`None`: answers cleanly again).
+    pub fn set_faults(&self, faults: Option<FaultPlan>) {
+        if let Ok(mut slot) = self.shared.faults.lock() {
+            *slot = faults;
+        }
+    }
+
+    /// How many faults were injected.
+    pub fn faults_injected(&self) -> usize {
+        self.shared.injected.load(Ordering::SeqCst)
     }
 
     /// The request bodies, when kept.
@@ -220,8 +267,39 @@ fn now_micros() -> u128 {
         .map_or(0, |d| d.as_micros())
 }
 
+/// The fault request number `n` (from 1) gets, if any.
+fn fault_for(shared: &Shared, n: usize) -> Option<(Fault, Duration)> {
+    let plan = shared.faults.lock().ok()?.clone()?;
+    if plan.every == 0 || plan.kinds.is_empty() || n % plan.every != 0 {
+        return None;
+    }
+    shared.injected.fetch_add(1, Ordering::SeqCst);
+    Some((plan.kinds[(n / plan.every) % plan.kinds.len()], plan.stall))
+}
+
 async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    shared.requests.fetch_add(1, Ordering::SeqCst);
+    let n = shared.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    let fault = fault_for(&shared, n);
+    match fault {
+        Some((Fault::ServerError, _)) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "application/json")],
+                r#"{"error":{"message":"injected fault","type":"server_error"}}"#,
+            )
+                .into_response()
+        }
+        Some((Fault::RateLimited, _)) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::CONTENT_TYPE, "application/json"), (header::RETRY_AFTER, "1")],
+                r#"{"error":{"message":"injected rate limit","type":"rate_limit_exceeded"}}"#,
+            )
+                .into_response()
+        }
+        Some((Fault::Stall, stall)) => tokio::time::sleep(stall).await,
+        _ => {}
+    }
     let request: ChatRequest<'_> = serde_json::from_slice(&body).unwrap_or(ChatRequest {
         messages: Vec::new(),
         tools: None,
@@ -277,12 +355,47 @@ async fn answer(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let stamp = directives.stamp && (done >= directives.steps || !tools_offered);
     let answer_text = directives.answer.clone();
     let events = futures_stream(stream, chunk, stamp, answer_text);
+    let events = match fault {
+        Some((kind @ (Fault::ResetMidStream | Fault::Truncated | Fault::Garbage), _)) => {
+            futures_util::StreamExt::boxed(cut_short(events, kind))
+        }
+        _ => futures_util::StreamExt::boxed(events),
+    };
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/event-stream")],
         Body::from_stream(events),
     )
         .into_response()
+}
+
+/// `events` broken as `kind` says: half of them, then a reset or a clean
+/// end; or a line of garbage instead.
+fn cut_short(
+    events: impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+    kind: Fault,
+) -> impl futures_core::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    use futures_util::StreamExt;
+    let garbage = futures_util::stream::once(async { Ok(Bytes::from_static(b"data: {\"choices\": [garb\n\n")) });
+    match kind {
+        Fault::Garbage => garbage.boxed(),
+        _ => {
+            let reset = kind == Fault::ResetMidStream;
+            events
+                .take(2)
+                .chain(futures_util::stream::once(async move {
+                    if reset {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionReset,
+                            "injected reset",
+                        ))
+                    } else {
+                        Ok(Bytes::new())
+                    }
+                }))
+                .boxed()
+        }
+    }
 }
 
 /// The stream's events one by one, `chunk` apart; stamped text chunks are

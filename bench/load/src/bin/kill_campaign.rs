@@ -129,6 +129,7 @@ async fn main() -> Result<()> {
     let model = PromptModel::start(PromptModelOptions {
         delay: Duration::from_millis(100),
         keep_bodies: false,
+        ..PromptModelOptions::default()
     });
     write_cluster_config(
         dir.path(),

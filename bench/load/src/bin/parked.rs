@@ -70,6 +70,7 @@ async fn main() -> Result<()> {
     let model = PromptModel::start(PromptModelOptions {
         delay: Duration::from_millis(20),
         keep_bodies: false,
+        ..PromptModelOptions::default()
     });
     write_cluster_config(
         dir.path(),

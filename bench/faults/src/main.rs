@@ -1,0 +1,440 @@
+//! The fault campaign (bench/faults/README.md): under load, faults injected
+//! into the model (500, 429 with `Retry-After`, a reset mid-stream, a
+//! truncated stream, garbage, a stall), the database (held by another
+//! process past the busy timeout; damaged at start), the disk (full while
+//! SQLite writes) and Redis (paused; killed and restarted from its
+//! append-only file). For each it prints what the runs did: ended DONE,
+//! ended with a typed error, never ended (lost), a side effect that ran
+//! twice, a panic in the gateway's log, and whether a run after the fault
+//! ends DONE. It fails (status 1) on a lost run, an untyped error, a
+//! repeated effect, a panic or no recovery.
+//!
+//!   loom-faults [--smoke] [--runs N] [--loom PATH] [SCENARIO...]
+
+mod gateway;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use gateway::{prompt, repeated_effects, start, write_config, Gateway};
+use loom_testkit::redis_server::RedisServer;
+use loom_testkit::{Fault, FaultPlan};
+use loom_testkit::{PromptModel, PromptModelOptions};
+
+const SCENARIOS: [&str; 6] = [
+    "provider",
+    "db_locked",
+    "db_corrupt",
+    "disk_full",
+    "redis_pause",
+    "redis_kill",
+];
+
+struct Options {
+    runs: usize,
+    smoke: bool,
+    loom: PathBuf,
+    scenarios: Vec<String>,
+}
+
+/// One scenario's line of the table.
+#[derive(Default)]
+struct Row {
+    fault: String,
+    runs: usize,
+    done: usize,
+    typed_errors: usize,
+    untyped: usize,
+    not_ended: usize,
+    repeated: usize,
+    panics: usize,
+    recovered: bool,
+    notes: String,
+}
+
+impl Row {
+    fn failed(&self) -> bool {
+        self.untyped > 0 || self.not_ended > 0 || self.repeated > 0 || self.panics > 0 || !self.recovered
+    }
+}
+
+/// What a batch of runs came to.
+async fn tally(gateway: &Gateway, row: &mut Row, ids: &[String], patience: Duration) -> Vec<String> {
+    let mut codes = Vec::new();
+    for (id, status) in gateway.wait_all(ids, patience).await {
+        match status.as_str() {
+            "DONE" => row.done += 1,
+            "ERROR" | "TIMEOUT" | "INTERRUPTED" | "CANCELED" => match gateway.error_code(&id).await {
+                Some(code) => {
+                    row.typed_errors += 1;
+                    codes.push(format!("{status}:{code}"));
+                }
+                None if status == "INTERRUPTED" => {
+                    // Resumable, and says so: a status, not an error.
+                    row.typed_errors += 1;
+                    codes.push(status);
+                }
+                None => {
+                    row.untyped += 1;
+                    codes.push(format!("{status}:no code"));
+                    if std::env::var_os("LOOM_FAULTS_DEBUG").is_some() {
+                        eprintln!(
+                            "{id}: {status} without an error event:\n{}",
+                            gateway.events_text(&id).await
+                        );
+                    }
+                }
+            },
+            _ => row.not_ended += 1,
+        }
+    }
+    codes.sort();
+    codes
+}
+
+/// `codes` counted: `A×3 B×1`.
+fn counted(codes: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut index = 0;
+    while index < codes.len() {
+        let same = codes[index..].iter().take_while(|code| **code == codes[index]).count();
+        out.push(format!("{}×{same}", codes[index]));
+        index += same;
+    }
+    out.join(" ")
+}
+
+async fn submit_all(gateway: &Gateway, tags: impl Iterator<Item = String>, steps: usize) -> (Vec<String>, Vec<String>) {
+    let (mut ids, mut refused) = (Vec::new(), Vec::new());
+    for tag in tags {
+        match gateway.submit(&prompt(&tag, steps)).await {
+            Ok(id) => ids.push(id),
+            Err(code) => refused.push(code),
+        }
+    }
+    (ids, refused)
+}
+
+/// A run after the fault is over ends DONE.
+async fn recovers(gateway: &Gateway) -> bool {
+    match gateway.submit(&prompt("after", 1)).await {
+        Ok(id) => gateway
+            .wait_all(&[id], Duration::from_secs(60))
+            .await
+            .first()
+            .is_some_and(|(_, status)| status == "DONE"),
+        Err(_) => false,
+    }
+}
+
+async fn provider(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    let stall = if options.smoke {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(30)
+    };
+    let model = PromptModel::start(PromptModelOptions {
+        faults: Some(FaultPlan {
+            every: 3,
+            kinds: vec![
+                Fault::ServerError,
+                Fault::RateLimited,
+                Fault::ResetMidStream,
+                Fault::Truncated,
+                Fault::Garbage,
+                Fault::Stall,
+            ],
+            stall,
+        }),
+        ..PromptModelOptions::default()
+    });
+    write_config(dir, &model.url(), "")?;
+    let gateway = start(&options.loom, dir, state, &[])?;
+    let mut row = Row {
+        fault: format!(
+            "model: every 3rd call 500 / 429 / reset / truncated / garbage / {}s stall",
+            stall.as_secs()
+        ),
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("p{n}")), 2).await;
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(240)).await;
+    model.set_faults(None);
+    row.recovered = recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    row.not_ended += refused.len();
+    row.notes = format!("{} faults injected; {}", model.faults_injected(), counted(&codes));
+    Ok(row)
+}
+
+async fn db_locked(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    let model = PromptModel::start(PromptModelOptions {
+        delay: Duration::from_millis(200),
+        ..PromptModelOptions::default()
+    });
+    write_config(dir, &model.url(), "")?;
+    let db = dir.join("loom.db");
+    let gateway = start(&options.loom, dir, state, &["--db", &db.to_string_lossy()])?;
+    let mut row = Row {
+        fault: "database held by another process for 7 s (busy timeout 5 s)".into(),
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (mut ids, _) = submit_all(&gateway, (0..options.runs / 2).map(|n| format!("l{n}")), 3).await;
+    // Another process takes the write lock while the runs write.
+    let held = db.clone();
+    let holder = std::thread::spawn(move || -> Result<()> {
+        let connection = rusqlite::Connection::open(&held)?;
+        connection.execute_batch("BEGIN IMMEDIATE")?;
+        std::thread::sleep(Duration::from_secs(7));
+        connection.execute_batch("COMMIT")?;
+        Ok(())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (more, refused) = submit_all(&gateway, (options.runs / 2..options.runs).map(|n| format!("l{n}")), 3).await;
+    ids.extend(more);
+    holder.join().map_err(|_| anyhow!("the lock holder failed"))??;
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(120)).await;
+    row.recovered = recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    // A start refused while the database was held is answered, not lost.
+    let unavailable = refused.iter().filter(|code| *code == "UNAVAILABLE").count();
+    row.untyped += refused.len() - unavailable;
+    row.runs = ids.len() + refused.len();
+    row.notes = format!(
+        "{unavailable} starts refused UNAVAILABLE while held; {}",
+        counted(&codes)
+    );
+    Ok(row)
+}
+
+async fn db_corrupt(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    let model = PromptModel::start(PromptModelOptions::default());
+    write_config(dir, &model.url(), "")?;
+    let db = dir.join("loom.db");
+    let garbage: Vec<u8> = (0..65536u32)
+        .map(|n| (n.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&db, garbage)?;
+    let mut row = Row {
+        fault: "database file damaged before start".into(),
+        runs: 0,
+        ..Row::default()
+    };
+    let refused = match start(&options.loom, dir, state, &["--db", &db.to_string_lossy()]) {
+        Ok(_) => bail!("loom serve started on a damaged database"),
+        Err(err) => err.to_string(),
+    };
+    row.panics = refused.lines().filter(|line| line.contains("panicked")).count();
+    let said = refused
+        .lines()
+        .find(|line| line.contains("error"))
+        .unwrap_or("(no error line)")
+        .trim()
+        .chars()
+        .take(120)
+        .collect::<String>();
+    // The operator moves the damaged file away; the next start is clean.
+    std::fs::rename(&db, dir.join("loom.db.damaged"))?;
+    let gateway = start(&options.loom, dir, state, &["--db", &db.to_string_lossy()])?;
+    row.recovered = recovers(&gateway).await;
+    row.panics += gateway.panics();
+    row.notes = format!("refused to start: {said}");
+    Ok(row)
+}
+
+async fn disk_full(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    let disk = dir.join("disk");
+    std::fs::create_dir_all(&disk)?;
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .is_ok_and(|status| status.success());
+    if !mounted {
+        return Ok(Row {
+            fault: "disk full while SQLite writes: skipped (mounting a tmpfs needs root)".into(),
+            recovered: true,
+            ..Row::default()
+        });
+    }
+    let result = disk_full_on(options, dir, state, &disk).await;
+    let _ = std::process::Command::new("umount").arg(&disk).status();
+    result
+}
+
+async fn disk_full_on(options: &Options, dir: &Path, state: &Path, disk: &Path) -> Result<Row> {
+    let model = PromptModel::start(PromptModelOptions::default());
+    write_config(dir, &model.url(), "")?;
+    let db = disk.join("loom.db");
+    let gateway = start(&options.loom, dir, state, &["--db", &db.to_string_lossy()])?;
+    // All but about 400 KB taken: a few runs fit, the rest meet a full disk.
+    let filler = disk.join("filler");
+    let free = 8 * 1024 * 1024 - std::fs::metadata(&db).map_or(0, |meta| meta.len()) - 400 * 1024;
+    let _ = std::fs::write(&filler, vec![0u8; free as usize]);
+    let mut row = Row {
+        fault: "disk full while SQLite writes (an 8 MB tmpfs, filled)".into(),
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("d{n} long=40")), 2).await;
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(120)).await;
+    let healthy = gateway.healthy().await;
+    std::fs::remove_file(&filler)?;
+    row.recovered = healthy && recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    row.runs = ids.len() + refused.len();
+    let typed_refusals = refused
+        .iter()
+        .filter(|code| *code != "UNTYPED" && !code.starts_with("no "))
+        .count();
+    row.untyped += refused.len() - typed_refusals;
+    row.notes = format!(
+        "{} starts refused ({}); {}",
+        refused.len(),
+        counted(&{
+            let mut refused = refused.clone();
+            refused.sort();
+            refused
+        }),
+        counted(&codes)
+    );
+    Ok(row)
+}
+
+async fn redis(options: &Options, dir: &Path, state: &Path, kill: bool) -> Result<Row> {
+    let mut redis = RedisServer::start(state).map_err(|err| anyhow!("{err}"))?;
+    let model = PromptModel::start(PromptModelOptions {
+        delay: Duration::from_millis(300),
+        ..PromptModelOptions::default()
+    });
+    write_config(
+        dir,
+        &model.url(),
+        &format!("[cluster]\nredis = \"{}\"\nexecute = true\n", redis.url(0)),
+    )?;
+    let gateway = start(&options.loom, dir, state, &[])?;
+    let mut row = Row {
+        fault: if kill {
+            "Redis SIGKILLed under load, restarted from its append-only file after 2 s".into()
+        } else {
+            "Redis paused (SIGSTOP) for 5 s under load".into()
+        },
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("r{n}")), 3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if kill {
+        redis.kill();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        redis.restart().map_err(|err| anyhow!("{err}"))?;
+    } else {
+        let pid = redis.pid().to_string();
+        std::process::Command::new("kill").args(["-STOP", &pid]).status()?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        std::process::Command::new("kill").args(["-CONT", &pid]).status()?;
+    }
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(180)).await;
+    row.recovered = recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    row.not_ended += refused.len();
+    row.notes = counted(&codes);
+    Ok(row)
+}
+
+fn options() -> Result<Options> {
+    let mut options = Options {
+        runs: 30,
+        smoke: false,
+        loom: PathBuf::from("target/release/loom"),
+        scenarios: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--runs" => {
+                options.runs = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| anyhow!("--runs N"))?
+            }
+            "--loom" => options.loom = PathBuf::from(args.next().ok_or_else(|| anyhow!("--loom PATH"))?),
+            "--smoke" => options.smoke = true,
+            "-h" | "--help" => {
+                println!(
+                    "loom-faults [--smoke] [--runs N] [--loom PATH] [{}]",
+                    SCENARIOS.join(" | ")
+                );
+                std::process::exit(0);
+            }
+            name if SCENARIOS.contains(&name) => options.scenarios.push(name.to_string()),
+            other => bail!("unknown argument '{other}' (--help)"),
+        }
+    }
+    if options.smoke {
+        options.runs = options.runs.min(12);
+        if options.scenarios.is_empty() {
+            options.scenarios = ["provider", "db_locked", "db_corrupt"].map(String::from).to_vec();
+        }
+    }
+    if options.scenarios.is_empty() {
+        options.scenarios = SCENARIOS.map(String::from).to_vec();
+    }
+    options.loom = options
+        .loom
+        .canonicalize()
+        .map_err(|err| anyhow!("{}: {err} (cargo build --release -p loom-cli)", options.loom.display()))?;
+    Ok(options)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let options = options()?;
+    let mut rows = Vec::new();
+    for scenario in &options.scenarios {
+        let dir = tempfile::tempdir()?;
+        let state = tempfile::tempdir()?;
+        let row = match scenario.as_str() {
+            "provider" => provider(&options, dir.path(), state.path()).await,
+            "db_locked" => db_locked(&options, dir.path(), state.path()).await,
+            "db_corrupt" => db_corrupt(&options, dir.path(), state.path()).await,
+            "disk_full" => disk_full(&options, dir.path(), state.path()).await,
+            "redis_pause" => redis(&options, dir.path(), state.path(), false).await,
+            _ => redis(&options, dir.path(), state.path(), true).await,
+        };
+        let row = row.unwrap_or_else(|err| Row {
+            fault: format!("{scenario}: the scenario failed: {err:#}"),
+            ..Row::default()
+        });
+        eprintln!("{scenario}: done");
+        rows.push(row);
+    }
+    println!("| fault | runs | DONE | typed errors | untyped | not ended | effects repeated | panics | recovered | what the runs saw |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for row in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.fault,
+            row.runs,
+            row.done,
+            row.typed_errors,
+            row.untyped,
+            row.not_ended,
+            row.repeated,
+            row.panics,
+            if row.recovered { "yes" } else { "NO" },
+            row.notes
+        );
+    }
+    if rows.iter().any(Row::failed) {
+        bail!("a fault broke a promise (see the table)");
+    }
+    Ok(())
+}
