@@ -210,8 +210,10 @@ impl Gateway {
     }
 }
 
+/// An end a run does not come back from. `INTERRUPTED` is not one: a
+/// gateway takes back a run its store failed under once the store answers.
 pub(crate) fn is_terminal(status: &str) -> bool {
-    matches!(status, "DONE" | "ERROR" | "CANCELED" | "TIMEOUT" | "INTERRUPTED")
+    matches!(status, "DONE" | "ERROR" | "CANCELED" | "TIMEOUT")
 }
 
 /// Lines of `effects` written more than once (each step appends one line

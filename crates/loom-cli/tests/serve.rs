@@ -612,6 +612,65 @@ async fn sigterm_during_a_run_then_restart_resumes_it_without_repeating_a_side_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_database_is_held_past_the_busy_timeout_is_taken_back_once_it_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), "");
+    let db = dir.path().join("gateway.db");
+    let gateway = Gateway::start(dir.path(), &["--allow", "bash", "--db", db.to_str().unwrap()]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "held steps=4 tool=bash bash=echo+step+STEP+>>+effects.txt delay_ms=300"}),
+            )
+            .await,
+    );
+    client.until(&run, "step.completed").await;
+    // Another process takes the write lock for longer than the store's
+    // busy timeout (5 s): the run's next write fails, and it stops
+    // INTERRUPTED rather than ERROR.
+    let locked = rusqlite::Connection::open(&db).unwrap();
+    locked.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(7), client.until(&run, "lifecycle.end")).await;
+    assert!(held.is_err(), "the run ended while its database was held: {held:?}");
+    locked.execute_batch("COMMIT").unwrap();
+    drop(locked);
+    drop(client);
+
+    // Once the database is free the gateway takes the run back from its
+    // last checkpoint, by itself, and it ends DONE.
+    let http = http(ALICE);
+    let mut status = String::new();
+    for _ in 0..300 {
+        let view: Value = http
+            .get(gateway.url(&format!("/v1/runs/{run}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        status = view["status"].as_str().unwrap_or_default().to_string();
+        if status == "DONE" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "DONE", "{}", gateway.log_text());
+    assert!(gateway.log_text().contains("taken back"), "{}", gateway.log_text());
+    // Every step's side effect ran, each once.
+    let effects = std::fs::read_to_string(dir.path().join("effects.txt")).unwrap();
+    let lines: Vec<&str> = effects.lines().collect();
+    let mut unique = lines.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(lines.len(), unique.len(), "a step ran twice: {effects}");
+    assert_eq!(unique, ["step 1", "step 2", "step 3", "step 4"], "{effects}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_answering_pings_is_closed() {
     let (_dir, _model, gateway) = gateway("", &[]);
     let mut silent = gateway.ws(ALICE).await;

@@ -253,11 +253,12 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether the run that met this error should stop resumable
-    /// (`INTERRUPTED`) rather than fail: the store is out of reach for now,
-    /// or another process holds the run — the run is not broken, and it
-    /// goes on from its last checkpoint (docs/cluster.md).
+    /// (`INTERRUPTED`) rather than fail: the store is out of reach for now
+    /// (down, its disk full, its database held by another process past the
+    /// busy timeout), or another process holds the run — the run is not
+    /// broken, and it goes on from its last checkpoint (docs/cluster.md).
     pub fn interrupts(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Fenced(_))
+        matches!(self, Self::Unavailable(_) | Self::Locked { .. } | Self::Fenced(_))
     }
 }
 

@@ -204,6 +204,9 @@ fn map_error(err: rusqlite::Error, path: &str, busy: Duration) -> StoreError {
                     waited_ms: busy.as_millis() as u64,
                 }
             }
+            // Space may come back (a log rotated, a file removed): the
+            // write may succeed later, as when a server is back.
+            ErrorCode::DiskFull => return StoreError::Unavailable(format!("the disk holding {path} is full")),
             ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt => {
                 return StoreError::Corrupt {
                     path: path.to_string(),

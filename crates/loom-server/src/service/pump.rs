@@ -191,6 +191,10 @@ impl Service {
         for launch in launches {
             self.launch(launch);
         }
+        // Interrupted while this gateway serves: its store failed under it.
+        if outcome.status == RunStatus::Interrupted && !self.shutting_down() {
+            self.take_back_when_stored(run_id.to_string(), run.principal);
+        }
     }
 }
 

@@ -71,6 +71,73 @@ impl Service {
         Ok(taken)
     }
 
+    /// A run this gateway executed stopped `INTERRUPTED` while it still
+    /// serves: its store failed under it (down, its disk full, its database
+    /// held past the busy timeout). It is taken back, from its last
+    /// checkpoint, as a restart would, once the store answers again — tried
+    /// after 1 s, then twice as long each time up to 30 s, until the
+    /// shutdown. A run whose interruption could not be written either is
+    /// still `RUNNING` under this process's name: it is marked interrupted
+    /// first. A run another process holds, or that ended, is left alone.
+    pub(super) fn take_back_when_stored(&self, run_id: String, principal: Principal) {
+        if self.inner.store.is_none() || self.on_workers() {
+            return;
+        }
+        let service = self.clone();
+        tokio::spawn(async move {
+            let me = loom_core::owner::this_process();
+            let mut wait = Duration::from_secs(1);
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+                let Some(store) = service.inner.store.clone().filter(|_| !service.shutting_down()) else {
+                    return;
+                };
+                if service.registry().runs.contains_key(&run_id) {
+                    return;
+                }
+                let record = match store.load_run(&run_id).await {
+                    Ok(snapshot) => snapshot.run,
+                    Err(StoreError::NotFound(_)) => return,
+                    Err(err) => {
+                        tracing::warn!(run_id, error = %err, "an interrupted run waits for its store");
+                        continue;
+                    }
+                };
+                match record.status {
+                    RunStatus::Interrupted => {}
+                    RunStatus::Running | RunStatus::WaitingPermission if record.owner == me => {
+                        match store.mark_interrupted(&run_id, &me).await {
+                            Ok(true) => {}
+                            Ok(false) => return,
+                            Err(err) => {
+                                tracing::warn!(run_id, error = %err, "an interrupted run waits for its store");
+                                continue;
+                            }
+                        }
+                    }
+                    _ => return,
+                }
+                match service
+                    .take_back_interrupted(&record, principal.clone(), store.as_ref())
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::info!(run_id, "the store answers again: the interrupted run is taken back");
+                        return;
+                    }
+                    Err(NotTaken::Never(reason)) => {
+                        service.never_taken(store.as_ref(), &run_id, &reason).await;
+                        return;
+                    }
+                    Err(NotTaken::NotNow(reason)) => {
+                        tracing::warn!(run_id, error = %reason, "an interrupted run cannot be taken back yet");
+                    }
+                }
+            }
+        });
+    }
+
     /// A run left by a previous server that can never run here: cancelled,
     /// with the reason in its log.
     async fn never_taken(&self, store: &dyn Store, run_id: &str, reason: &str) {
