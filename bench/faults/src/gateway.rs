@@ -200,6 +200,15 @@ impl Gateway {
             .is_ok_and(|response| response.status().is_success())
     }
 
+    /// Runs the gateway took back after its store failed under them.
+    pub(crate) fn took_back(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains("the interrupted run is taken back"))
+            .count()
+    }
+
     /// Lines of the gateway's log that report a panic.
     pub(crate) fn panics(&self) -> usize {
         std::fs::read_to_string(&self.log)
@@ -228,7 +237,7 @@ pub(crate) fn repeated_effects(effects: &Path) -> usize {
 }
 
 /// A run's prompt: `steps` tool turns, each appending `TAG-STEP` to
-/// `effects.txt`.
-pub(crate) fn prompt(tag: &str, steps: usize) -> String {
-    format!("fault steps={steps} tool=bash bash=echo+{tag}-STEP+>>+effects.txt")
+/// `effects.txt`, and `more` directives (`long=40`).
+pub(crate) fn prompt(tag: &str, steps: usize, more: &str) -> String {
+    format!("fault steps={steps} tool=bash bash=echo+{tag}-STEP+>>+effects.txt {more}")
 }

@@ -52,12 +52,28 @@ struct Row {
     repeated: usize,
     panics: usize,
     recovered: bool,
+    /// The fault reached the runs (a fault injected, a run taken back, a
+    /// start refused): a scenario whose fault missed proves nothing.
+    hit: bool,
+    /// Runs may end with a typed error (the model failing: a call the
+    /// retries cannot save). Elsewhere every run must end DONE: the
+    /// gateway takes back the runs its store failed under.
+    errors_expected: bool,
+    /// Not run here (what it needs is missing).
+    skipped: bool,
     notes: String,
 }
 
 impl Row {
     fn failed(&self) -> bool {
-        self.untyped > 0 || self.not_ended > 0 || self.repeated > 0 || self.panics > 0 || !self.recovered
+        !self.skipped
+            && (self.untyped > 0
+                || self.not_ended > 0
+                || self.repeated > 0
+                || self.panics > 0
+                || !self.recovered
+                || !self.hit
+                || (self.typed_errors > 0 && !self.errors_expected))
     }
 }
 
@@ -105,10 +121,15 @@ fn counted(codes: &[String]) -> String {
     out.join(" ")
 }
 
-async fn submit_all(gateway: &Gateway, tags: impl Iterator<Item = String>, steps: usize) -> (Vec<String>, Vec<String>) {
+async fn submit_all(
+    gateway: &Gateway,
+    tags: impl Iterator<Item = String>,
+    steps: usize,
+    more: &str,
+) -> (Vec<String>, Vec<String>) {
     let (mut ids, mut refused) = (Vec::new(), Vec::new());
     for tag in tags {
-        match gateway.submit(&prompt(&tag, steps)).await {
+        match gateway.submit(&prompt(&tag, steps, more)).await {
             Ok(id) => ids.push(id),
             Err(code) => refused.push(code),
         }
@@ -118,7 +139,7 @@ async fn submit_all(gateway: &Gateway, tags: impl Iterator<Item = String>, steps
 
 /// A run after the fault is over ends DONE.
 async fn recovers(gateway: &Gateway) -> bool {
-    match gateway.submit(&prompt("after", 1)).await {
+    match gateway.submit(&prompt("after", 1, "")).await {
         Ok(id) => gateway
             .wait_all(&[id], Duration::from_secs(60))
             .await
@@ -159,13 +180,15 @@ async fn provider(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
         runs: options.runs,
         ..Row::default()
     };
-    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("p{n}")), 2).await;
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("p{n}")), 2, "").await;
     let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(240)).await;
     model.set_faults(None);
     row.recovered = recovers(&gateway).await;
     row.repeated = repeated_effects(&dir.join("effects.txt"));
     row.panics = gateway.panics();
     row.not_ended += refused.len();
+    row.hit = model.faults_injected() > 0;
+    row.errors_expected = true;
     row.notes = format!("{} faults injected; {}", model.faults_injected(), counted(&codes));
     Ok(row)
 }
@@ -183,7 +206,7 @@ async fn db_locked(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
         runs: options.runs,
         ..Row::default()
     };
-    let (mut ids, _) = submit_all(&gateway, (0..options.runs / 2).map(|n| format!("l{n}")), 3).await;
+    let (mut ids, _) = submit_all(&gateway, (0..options.runs / 2).map(|n| format!("l{n}")), 3, "").await;
     // Another process takes the write lock while the runs write.
     let held = db.clone();
     let holder = std::thread::spawn(move || -> Result<()> {
@@ -194,7 +217,13 @@ async fn db_locked(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
         Ok(())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (more, refused) = submit_all(&gateway, (options.runs / 2..options.runs).map(|n| format!("l{n}")), 3).await;
+    let (more, refused) = submit_all(
+        &gateway,
+        (options.runs / 2..options.runs).map(|n| format!("l{n}")),
+        3,
+        "",
+    )
+    .await;
     ids.extend(more);
     holder.join().map_err(|_| anyhow!("the lock holder failed"))??;
     let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(120)).await;
@@ -204,9 +233,11 @@ async fn db_locked(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
     // A start refused while the database was held is answered, not lost.
     let unavailable = refused.iter().filter(|code| *code == "UNAVAILABLE").count();
     row.untyped += refused.len() - unavailable;
+    row.hit = unavailable > 0 || gateway.took_back() > 0;
     row.runs = ids.len() + refused.len();
     row.notes = format!(
-        "{unavailable} starts refused UNAVAILABLE while held; {}",
+        "{unavailable} starts refused UNAVAILABLE while held; {} runs interrupted and taken back; {}",
+        gateway.took_back(),
         counted(&codes)
     );
     Ok(row)
@@ -230,6 +261,7 @@ async fn db_corrupt(options: &Options, dir: &Path, state: &Path) -> Result<Row> 
         Err(err) => err.to_string(),
     };
     row.panics = refused.lines().filter(|line| line.contains("panicked")).count();
+    row.hit = true;
     let said = refused
         .lines()
         .find(|line| line.contains("error"))
@@ -258,7 +290,7 @@ async fn disk_full(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
     if !mounted {
         return Ok(Row {
             fault: "disk full while SQLite writes: skipped (mounting a tmpfs needs root)".into(),
-            recovered: true,
+            skipped: true,
             ..Row::default()
         });
     }
@@ -281,7 +313,7 @@ async fn disk_full_on(options: &Options, dir: &Path, state: &Path, disk: &Path) 
         runs: options.runs,
         ..Row::default()
     };
-    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("d{n} long=40")), 2).await;
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("d{n}")), 2, "long=40").await;
     // The disk stays full a while, then space comes back.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let healthy = gateway.healthy().await;
@@ -296,14 +328,16 @@ async fn disk_full_on(options: &Options, dir: &Path, state: &Path, disk: &Path) 
         .filter(|code| *code != "UNTYPED" && !code.starts_with("no "))
         .count();
     row.untyped += refused.len() - typed_refusals;
+    row.hit = !refused.is_empty() || gateway.took_back() > 0;
     row.notes = format!(
-        "{} starts refused ({}); {}",
+        "{} starts refused ({}); {} runs interrupted and taken back; {}",
         refused.len(),
         counted(&{
             let mut refused = refused.clone();
             refused.sort();
             refused
         }),
+        gateway.took_back(),
         counted(&codes)
     );
     Ok(row)
@@ -330,7 +364,7 @@ async fn redis(options: &Options, dir: &Path, state: &Path, kill: bool) -> Resul
         runs: options.runs,
         ..Row::default()
     };
-    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("r{n}")), 3).await;
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("r{n}")), 3, "").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     if kill {
         redis.kill();
@@ -347,7 +381,14 @@ async fn redis(options: &Options, dir: &Path, state: &Path, kill: bool) -> Resul
     row.repeated = repeated_effects(&dir.join("effects.txt"));
     row.panics = gateway.panics();
     row.not_ended += refused.len();
-    row.notes = counted(&codes);
+    // A pause shorter than every timeout may interrupt nothing: it is hit
+    // when the runs waited through it (they were running when it came).
+    row.hit = if kill { gateway.took_back() > 0 } else { !ids.is_empty() };
+    row.notes = format!(
+        "{} runs interrupted and taken back; {}",
+        gateway.took_back(),
+        counted(&codes)
+    );
     Ok(row)
 }
 
@@ -433,7 +474,12 @@ async fn main() -> Result<()> {
             row.not_ended,
             row.repeated,
             row.panics,
-            if row.recovered { "yes" } else { "NO" },
+            match (row.skipped, row.recovered, row.hit) {
+                (true, _, _) => "skipped",
+                (false, true, true) => "yes",
+                (false, true, false) => "fault missed",
+                (false, false, _) => "NO",
+            },
             row.notes
         );
     }

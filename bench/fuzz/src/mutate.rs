@@ -95,6 +95,8 @@ const TOKENS: &[&[u8]] = &[
     b"/permissions/",
     b"/v1/audit",
     b"/v1/session",
+    b"/ws",
+    b"HEAD ",
     b"authorization: Bearer ",
     b"content-type: application/json",
     b"origin: ",

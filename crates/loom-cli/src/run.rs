@@ -122,7 +122,21 @@ pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs)
     }
     let code = match (outcome.status, stopped) {
         (RunStatus::Interrupted, Some(Stopped::By(signal))) => signal.exit_code(),
-        (RunStatus::Interrupted, _) => exit::OUTPUT_CLOSED,
+        (RunStatus::Interrupted, Some(Stopped::OutputClosed)) => exit::OUTPUT_CLOSED,
+        // Neither a signal nor the output: its store failed under it (the
+        // database held past its busy timeout, its disk full, a Redis
+        // down). What it did is kept up to its last checkpoint.
+        (RunStatus::Interrupted, None) => {
+            let why = match &outcome.stop_reason {
+                Some(StopReason::Interrupted(why)) => why.clone(),
+                _ => "its store failed".to_string(),
+            };
+            say!(
+                "loom: the run stopped: {why}; it can be resumed with `loom runs resume {}` once the store is back",
+                outcome.run_id
+            );
+            exit::ERROR
+        }
         _ => exit_code(&outcome),
     };
     Ok(ExitCode::from(code))

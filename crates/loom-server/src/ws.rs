@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
+use axum::response::IntoResponse as _;
 use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -42,7 +43,23 @@ const TOO_BIG: u16 = 1009;
 const POLICY: u16 = 1008;
 const TRY_AGAIN_LATER: u16 = 1013;
 
-pub(crate) async fn upgrade(State(app): State<Arc<App>>, caller: Caller, ws: WebSocketUpgrade) -> Response {
+pub(crate) async fn upgrade(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Response {
+    // A request that is not an upgrade gets the protocol's JSON error, as
+    // every other refusal does (found by the fuzzer: axum's is plain text).
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(refused) => {
+            return ApiError::new(
+                Code::InvalidRequest,
+                format!("/ws takes a WebSocket upgrade: {}", refused.body_text()),
+            )
+            .into_response()
+        }
+    };
     let limit = app.service.config().max_frame_bytes;
     // Small buffers: a gateway holds many connections, and tungstenite's
     // defaults allocate about 128 KiB for each. Frames up to four times

@@ -130,7 +130,7 @@ async fn connection(addr: String, runs: usize) -> Result<u64> {
             continue;
         }
         events += 1;
-        if frame["event"] == "lifecycle.end" && frame["parentRunId"].is_null() {
+        if frame["event"] == "lifecycle.end" && frame["payload"]["parentRunId"].is_null() {
             if frame["payload"]["status"] != "DONE" {
                 bail!("a run ended {}", frame["payload"]["status"]);
             }

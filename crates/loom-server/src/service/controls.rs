@@ -92,6 +92,28 @@ impl Service {
         };
         let Some(done) = waiting else {
             let view = self.get(principal, run_id).await?;
+            // Interrupted and held by nobody (its store failed under it and
+            // the gateway waits to take it back): closed as cancelled in
+            // the store, which the taking back then finds.
+            if let (RunStatus::Interrupted, Some(store), false) = (view.status, &self.inner.store, self.on_workers()) {
+                // Taken back meanwhile: a live run is cancelled through it.
+                if self.registry().runs.contains_key(run_id) {
+                    return Err(ApiError::new(
+                        Code::InvalidState,
+                        format!("run {run_id} is being resumed; cancel it again"),
+                    ));
+                }
+                if view.parent_run_id.is_none() {
+                    let log = loom_core::recovery::close_cancelled(store.as_ref(), run_id, reason)
+                        .await
+                        .map_err(store_error)?;
+                    return Ok(Cancelled {
+                        run_id: run_id.to_string(),
+                        cancelled: true,
+                        final_seq: log.last().map_or(view.last_seq, |event| event.seq),
+                    });
+                }
+            }
             return Err(ApiError::new(
                 Code::InvalidState,
                 format!("run {run_id} has already ended ({})", view.status.as_str()),
@@ -117,7 +139,7 @@ impl Service {
                 Some((_, RunStatus::Interrupted)) => Err(ApiError::new(
                     Code::InvalidState,
                     format!(
-                        "run {run_id} was interrupted by a server shutdown; it resumes when the server starts again"
+                        "run {run_id} was interrupted (a server shutdown, or its store failed) before the cancel reached it; cancel it again: an interrupted run this gateway holds is closed as cancelled"
                     ),
                 )),
                 Some((_, status)) => Err(ApiError::new(

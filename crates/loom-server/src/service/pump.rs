@@ -43,18 +43,23 @@ impl Service {
         }
     }
 
-    /// A run taken back after a restart could not resume: its place frees.
+    /// A run taken back could not resume: its place frees. While the
+    /// gateway serves, it is tried again once its store answers (the store
+    /// failing again is the likely cause).
     pub(super) fn not_resumed(&self, run_id: &str) {
-        let launches = {
+        let (launches, removed) = {
             let mut registry = self.registry();
-            registry.remove(run_id);
+            let removed = registry.remove(run_id);
             let started = self.inner.queue.finished(run_id, !self.shutting_down());
             self.publish_gauges(&registry);
-            registry.starting(started)
+            (registry.starting(started), removed)
         };
         self.inner.feed.close(run_id);
         for launch in launches {
             self.launch(launch);
+        }
+        if let Some(run) = removed.filter(|_| !self.shutting_down()) {
+            self.take_back_when_stored(run_id.to_string(), run.principal);
         }
     }
 

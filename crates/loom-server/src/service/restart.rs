@@ -85,7 +85,10 @@ impl Service {
         }
         let service = self.clone();
         tokio::spawn(async move {
-            let me = loom_core::owner::this_process();
+            // It reads /proc and the machine id: off the async threads.
+            let Ok(me) = tokio::task::spawn_blocking(loom_core::owner::this_process).await else {
+                return;
+            };
             let mut wait = Duration::from_secs(1);
             loop {
                 tokio::time::sleep(wait).await;
@@ -104,11 +107,37 @@ impl Service {
                         continue;
                     }
                 };
-                match record.status {
-                    RunStatus::Interrupted => {}
+                let taken = match record.status {
+                    // Its start could not be written: still in line, as a
+                    // restart would find it.
+                    RunStatus::Queued => match store.run_request(&run_id).await {
+                        Ok(Some(request)) => service.take_back_queued(QueuedRun { record, request }).await,
+                        Ok(None) => return,
+                        Err(err) => {
+                            tracing::warn!(run_id, error = %err, "an interrupted run waits for its store");
+                            continue;
+                        }
+                    },
+                    RunStatus::Interrupted => {
+                        if let Err(err) = interrupt_children(store.as_ref(), &run_id, &me).await {
+                            tracing::warn!(run_id, error = %err, "an interrupted run waits for its store");
+                            continue;
+                        }
+                        service
+                            .take_back_interrupted(&record, principal.clone(), store.as_ref())
+                            .await
+                    }
                     RunStatus::Running | RunStatus::WaitingPermission if record.owner == me => {
-                        match store.mark_interrupted(&run_id, &me).await {
-                            Ok(true) => {}
+                        let marked = match store.mark_interrupted(&run_id, &me).await {
+                            Ok(marked) => interrupt_children(store.as_ref(), &run_id, &me).await.map(|()| marked),
+                            Err(err) => Err(err),
+                        };
+                        match marked {
+                            Ok(true) => {
+                                service
+                                    .take_back_interrupted(&record, principal.clone(), store.as_ref())
+                                    .await
+                            }
                             Ok(false) => return,
                             Err(err) => {
                                 tracing::warn!(run_id, error = %err, "an interrupted run waits for its store");
@@ -117,11 +146,8 @@ impl Service {
                         }
                     }
                     _ => return,
-                }
-                match service
-                    .take_back_interrupted(&record, principal.clone(), store.as_ref())
-                    .await
-                {
+                };
+                match taken {
                     Ok(()) => {
                         tracing::info!(run_id, "the store answers again: the interrupted run is taken back");
                         return;
@@ -325,6 +351,29 @@ impl Service {
             tracing::warn!("some runs did not stop within the shutdown grace");
         }
     }
+}
+
+/// Marks the sub-agents of `run_id` that this process (`me`) still shows
+/// executing — their own interruption could not be written either —
+/// `INTERRUPTED`, depth first, so that the root's resumed `task` calls take
+/// them over rather than find them held by a live process.
+async fn interrupt_children(store: &dyn Store, run_id: &str, me: &str) -> Result<(), StoreError> {
+    let mut pending = vec![run_id.to_string()];
+    // A run tree is bounded by the nesting limit; this bounds a broken one.
+    let mut visited = 0;
+    while let Some(parent) = pending.pop() {
+        visited += 1;
+        if visited > 10_000 {
+            break;
+        }
+        for child in store.child_runs(&parent).await? {
+            if matches!(child.status, RunStatus::Running | RunStatus::WaitingPermission) && child.owner == me {
+                store.mark_interrupted(&child.run_id, me).await?;
+            }
+            pending.push(child.run_id);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
