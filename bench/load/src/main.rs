@@ -4,6 +4,9 @@
 //! second, the server's peak memory and memory per run, event latency
 //! (model chunk → client) and runs lost.
 
+#[allow(dead_code)] // gauge is the other benches'
+mod readings;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use loom_testkit::{PromptModel, PromptModelOptions};
+use readings::status_field;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -84,20 +88,6 @@ fn now_micros() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// `VmHWM` / `VmRSS` of a process, in KiB.
-fn memory_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with(field))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// User + system CPU seconds of a process (from `/proc/PID/stat`).
@@ -512,7 +502,7 @@ async fn main() -> Result<()> {
     let server = start_server(&options, &model.url())?;
     let pid = server.child.id();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let baseline_kib = memory_kib(pid, "VmRSS:");
+    let baseline_kib = status_field(pid, "VmRSS:");
     let baseline_cpu = cpu_seconds(pid);
     let redis_pid = server.redis.as_ref().map(|redis| redis.pid());
     let redis_baseline_cpu = redis_pid.map_or(0.0, cpu_seconds);
@@ -557,7 +547,7 @@ async fn main() -> Result<()> {
         .ok()
         .and_then(|last| *last)
         .map_or(started.elapsed(), |last| last - started);
-    let peak_kib = memory_kib(pid, "VmHWM:");
+    let peak_kib = status_field(pid, "VmHWM:");
     let server_cpu = cpu_seconds(pid) - baseline_cpu;
     let redis_cpu = redis_pid.map(|redis| cpu_seconds(redis) - redis_baseline_cpu);
     let harness_cpu = cpu_seconds(std::process::id()) - harness_baseline_cpu;

@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 
 #[path = "../processes.rs"]
 mod processes;
+#[path = "../readings.rs"]
+#[allow(dead_code)] // status_field is not used here
+mod readings;
 
 use anyhow::{anyhow, bail, Result};
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{PromptModel, PromptModelOptions};
 use processes::{start, write_cluster_config};
+use readings::gauge;
 use serde_json::{json, Value};
 
 const TOKEN: &str = "parked-bench-token-0123456789";
@@ -35,13 +39,6 @@ async fn runs_in(http: &reqwest::Client, addr: &str, status: &str) -> Result<Vec
             None => return Ok(found),
         }
     }
-}
-
-fn gauge(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or(f64::NAN)
 }
 
 async fn used_memory(redis: &mut redis::aio::MultiplexedConnection) -> Result<u64> {

@@ -14,11 +14,14 @@ use std::time::{Duration, Instant};
 #[path = "../processes.rs"]
 #[allow(dead_code)] // the cluster benches' config writer is not used here
 mod processes;
+#[path = "../readings.rs"]
+mod readings;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use loom_testkit::{PromptModel, PromptModelOptions};
 use processes::start;
+use readings::{gauge, status_field};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
@@ -35,19 +38,6 @@ struct Sample {
     threads: u64,
     db_mb: f64,
     active: f64,
-}
-
-fn status_field(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with(field))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|value| value.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn open_fds(pid: u32) -> usize {
@@ -73,15 +63,6 @@ fn db_mb(state: &std::path::Path) -> f64 {
         }
     }
     bytes as f64 / 1_048_576.0
-}
-
-fn gauge(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|line| line.starts_with(name) && line[name.len()..].starts_with(' '))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// Runs one connection starts at once: well under the gateway's requests
@@ -208,7 +189,7 @@ token = "{TOKEN}"
         fds: open_fds(pid),
         threads: status_field(pid, "Threads:"),
         db_mb: db_mb(state.path()),
-        active: gauge(&metrics, "loom_runs_active"),
+        active: gauge(&metrics, "loom_runs_active "),
     };
     let metrics = || async {
         http.get(format!("http://{addr}/metrics"))
