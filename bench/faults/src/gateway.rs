@@ -60,6 +60,17 @@ token = "{TOKEN}"
 /// `loom serve` in `dir` with `args`, its log in `dir/gateway-N.log`;
 /// waits until it listens (or exits: the error is its log).
 pub(crate) fn start(loom: &Path, dir: &Path, state: &Path, args: &[&str]) -> Result<Gateway> {
+    start_with(loom, dir, state, args, &[])
+}
+
+/// [`start`] with more environment (`env`).
+pub(crate) fn start_with(
+    loom: &Path,
+    dir: &Path,
+    state: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> Result<Gateway> {
     let mut n = 0;
     let log = loop {
         let log = dir.join(format!("gateway-{n}.log"));
@@ -77,6 +88,7 @@ pub(crate) fn start(loom: &Path, dir: &Path, state: &Path, args: &[&str]) -> Res
         .env("OPENAI_API_KEY", "faults")
         .env("LOOM_STATE_DIR", state)
         .env("LOOM_LOG", "info")
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()

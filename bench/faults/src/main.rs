@@ -24,14 +24,19 @@ use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{Fault, FaultPlan};
 use loom_testkit::{PromptModel, PromptModelOptions};
 
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "provider",
     "db_locked",
     "db_corrupt",
     "disk_full",
     "redis_pause",
     "redis_kill",
+    "clock_jump",
 ];
+
+/// Debian's libfaketime (package `faketime`): the wall clock a process
+/// reads, moved by writing an offset into a file.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 struct Options {
     runs: usize,
@@ -392,6 +397,62 @@ async fn redis(options: &Options, dir: &Path, state: &Path, kill: bool) -> Resul
     Ok(row)
 }
 
+/// The gateway's wall clock jumps under load: an hour back, then a day
+/// forward, then back to now, while runs write. Its monotonic clock (what
+/// timeouts and leases measure) goes on, as on a machine whose clock is
+/// set by hand or by NTP.
+async fn clock_jump(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    if !Path::new(FAKETIME).exists() {
+        return Ok(Row {
+            fault: "the clock jumping: skipped (apt-get install faketime)".into(),
+            skipped: true,
+            ..Row::default()
+        });
+    }
+    let model = PromptModel::start(PromptModelOptions {
+        delay: Duration::from_millis(300),
+        ..PromptModelOptions::default()
+    });
+    write_config(dir, &model.url(), "")?;
+    let offset = dir.join("clock-offset");
+    std::fs::write(&offset, "+0")?;
+    let env = [
+        ("LD_PRELOAD", FAKETIME.to_string()),
+        ("FAKETIME_TIMESTAMP_FILE", offset.to_string_lossy().into_owned()),
+        ("FAKETIME_NO_CACHE", "1".to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+    ];
+    let gateway = gateway::start_with(&options.loom, dir, state, &[], &env)?;
+    let mut row = Row {
+        fault: "the wall clock jumps an hour back, then a day forward, then back, under load".into(),
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (mut ids, mut refused) = submit_all(&gateway, (0..options.runs / 2).map(|n| format!("c{n}")), 3, "").await;
+    for jump in ["-3600", "+86400", "+0"] {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        std::fs::write(&offset, jump)?;
+    }
+    let (more, more_refused) = submit_all(
+        &gateway,
+        (options.runs / 2..options.runs).map(|n| format!("c{n}")),
+        3,
+        "",
+    )
+    .await;
+    ids.extend(more);
+    refused.extend(more_refused);
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(120)).await;
+    row.recovered = recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    row.not_ended += refused.len();
+    // The jumps came while runs were executing.
+    row.hit = !ids.is_empty();
+    row.notes = counted(&codes);
+    Ok(row)
+}
+
 fn options() -> Result<Options> {
     let mut options = Options {
         runs: 30,
@@ -452,6 +513,7 @@ async fn main() -> Result<()> {
             "db_corrupt" => db_corrupt(&options, dir.path(), state.path()).await,
             "disk_full" => disk_full(&options, dir.path(), state.path()).await,
             "redis_pause" => redis(&options, dir.path(), state.path(), false).await,
+            "clock_jump" => clock_jump(&options, dir.path(), state.path()).await,
             _ => redis(&options, dir.path(), state.path(), true).await,
         };
         let row = row.unwrap_or_else(|err| Row {
