@@ -2,11 +2,11 @@
 //! into the model (500, 429 with `Retry-After`, a reset mid-stream, a
 //! truncated stream, garbage, a stall), the database (held by another
 //! process past the busy timeout; damaged at start), the disk (full while
-//! SQLite writes) and Redis (paused; killed and restarted from its
-//! append-only file). For each it prints what the runs did: ended DONE,
-//! ended with a typed error, never ended (lost), a side effect that ran
-//! twice, a panic in the gateway's log, and whether a run after the fault
-//! ends DONE. It fails (status 1) on a lost run, an untyped error, a
+//! SQLite writes), Redis (paused; killed and restarted from its
+//! append-only file; partitioned away) and the wall clock (jumping). For
+//! each it prints what the runs did: ended DONE, ended with a typed error,
+//! never ended (lost), a side effect that ran twice, a panic in the
+//! gateway's log, and whether a run after the fault ends DONE. It fails (status 1) on a lost run, an untyped error, a
 //! repeated effect, a panic or no recovery.
 //!
 //!   loom-faults [--smoke] [--runs N] [--loom PATH] [SCENARIO...]
@@ -24,7 +24,7 @@ use loom_testkit::redis_server::RedisServer;
 use loom_testkit::{Fault, FaultPlan};
 use loom_testkit::{PromptModel, PromptModelOptions};
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "provider",
     "db_locked",
     "db_corrupt",
@@ -32,6 +32,7 @@ const SCENARIOS: [&str; 7] = [
     "redis_pause",
     "redis_kill",
     "clock_jump",
+    "redis_partition",
 ];
 
 /// Debian's libfaketime (package `faketime`): the wall clock a process
@@ -453,6 +454,154 @@ async fn clock_jump(options: &Options, dir: &Path, state: &Path) -> Result<Row> 
     Ok(row)
 }
 
+/// A network namespace holding a Redis, reached from here over a veth
+/// pair; removed (and its Redis killed) on drop.
+struct Partitioned {
+    namespace: String,
+    link: String,
+    redis: Option<std::process::Child>,
+}
+
+impl Partitioned {
+    const HERE: &'static str = "10.77.9.1";
+    const THERE: &'static str = "10.77.9.2";
+    const PORT: u16 = 6399;
+
+    fn ip(args: &[&str]) -> Result<()> {
+        let status = std::process::Command::new("ip").args(args).status()?;
+        if !status.success() {
+            bail!("ip {}: {status}", args.join(" "));
+        }
+        Ok(())
+    }
+
+    /// The namespace, the link, and Redis in it with its files in `dir`.
+    fn start(dir: &Path) -> Result<Self> {
+        let tag = std::process::id() % 100_000;
+        let mut made = Self {
+            namespace: format!("loomfaults{tag}"),
+            link: format!("lf{tag}h"),
+            redis: None,
+        };
+        let peer = format!("lf{tag}r");
+        Self::ip(&["netns", "add", &made.namespace])?;
+        Self::ip(&["link", "add", &made.link, "type", "veth", "peer", "name", &peer])?;
+        Self::ip(&["link", "set", &peer, "netns", &made.namespace])?;
+        Self::ip(&["addr", "add", &format!("{}/24", Self::HERE), "dev", &made.link])?;
+        Self::ip(&["link", "set", &made.link, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", made.namespace.as_str(), "ip"];
+            all.extend_from_slice(args);
+            Self::ip(&all)
+        };
+        inside(&["addr", "add", &format!("{}/24", Self::THERE), "dev", &peer])?;
+        inside(&["link", "set", &peer, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        let port = Self::PORT.to_string();
+        let redis = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &made.namespace,
+                "redis-server",
+                "--bind",
+                Self::THERE,
+                "--port",
+                &port,
+            ])
+            .args([
+                "--protected-mode",
+                "no",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--dir",
+            ])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        made.redis = Some(redis);
+        let address: std::net::SocketAddr = format!("{}:{}", Self::THERE, Self::PORT).parse()?;
+        for _ in 0..100 {
+            if std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
+                return Ok(made);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bail!("the partitioned Redis did not start")
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}:{}/0", Self::THERE, Self::PORT)
+    }
+
+    /// Cuts the link (packets go nowhere: no reset, no answer), or mends it.
+    fn cut(&self, cut: bool) -> Result<()> {
+        Self::ip(&["link", "set", &self.link, if cut { "down" } else { "up" }])
+    }
+}
+
+impl Drop for Partitioned {
+    fn drop(&mut self) {
+        if let Some(mut redis) = self.redis.take() {
+            let _ = redis.kill();
+            let _ = redis.wait();
+        }
+        let _ = Self::ip(&["link", "del", &self.link]);
+        let _ = Self::ip(&["netns", "del", &self.namespace]);
+    }
+}
+
+/// The gateway cut off from its Redis for 5 s under load: a partition, not
+/// a crash — packets vanish, nothing answers, nothing resets.
+async fn redis_partition(options: &Options, dir: &Path, state: &Path) -> Result<Row> {
+    let network = match Partitioned::start(state) {
+        Ok(network) => network,
+        Err(err) => {
+            return Ok(Row {
+                fault: format!("Redis partitioned: skipped ({err:#}; needs root, iproute2, redis-server)"),
+                skipped: true,
+                ..Row::default()
+            })
+        }
+    };
+    let model = PromptModel::start(PromptModelOptions {
+        delay: Duration::from_millis(300),
+        ..PromptModelOptions::default()
+    });
+    write_config(
+        dir,
+        &model.url(),
+        &format!("[cluster]\nredis = \"{}\"\nexecute = true\n", network.url()),
+    )?;
+    let gateway = start(&options.loom, dir, state, &[])?;
+    let mut row = Row {
+        fault: "Redis partitioned from the gateway for 5 s under load (a veth to a network namespace, cut)".into(),
+        runs: options.runs,
+        ..Row::default()
+    };
+    let (ids, refused) = submit_all(&gateway, (0..options.runs).map(|n| format!("n{n}")), 3, "").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    network.cut(true)?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    network.cut(false)?;
+    let codes = tally(&gateway, &mut row, &ids, Duration::from_secs(180)).await;
+    row.recovered = recovers(&gateway).await;
+    row.repeated = repeated_effects(&dir.join("effects.txt"));
+    row.panics = gateway.panics();
+    row.not_ended += refused.len();
+    row.hit = !ids.is_empty();
+    row.notes = format!(
+        "{} runs interrupted and taken back; {}",
+        gateway.took_back(),
+        counted(&codes)
+    );
+    Ok(row)
+}
+
 fn options() -> Result<Options> {
     let mut options = Options {
         runs: 30,
@@ -514,6 +663,7 @@ async fn main() -> Result<()> {
             "disk_full" => disk_full(&options, dir.path(), state.path()).await,
             "redis_pause" => redis(&options, dir.path(), state.path(), false).await,
             "clock_jump" => clock_jump(&options, dir.path(), state.path()).await,
+            "redis_partition" => redis_partition(&options, dir.path(), state.path()).await,
             _ => redis(&options, dir.path(), state.path(), true).await,
         };
         let row = row.unwrap_or_else(|err| Row {
