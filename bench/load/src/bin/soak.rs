@@ -34,6 +34,9 @@ struct Sample {
     events: u64,
     runs: u64,
     rss_mb: f64,
+    /// Of it, the heap and other anonymous memory; the rest is files and
+    /// shared memory mapped (SQLite's WAL index among them).
+    anon_mb: f64,
     fds: usize,
     threads: u64,
     db_mb: f64,
@@ -124,8 +127,15 @@ async fn connection(addr: String, runs: usize) -> Result<u64> {
 
 fn print_sample(label: &str, sample: &Sample) {
     println!(
-        "{label:<6} events={:>9} runs={:>6} rss_mb={:>7.1} fds={:>4} threads={:>3} live_runs={:>3} db_mb={:>8.1}",
-        sample.events, sample.runs, sample.rss_mb, sample.fds, sample.threads, sample.active, sample.db_mb
+        "{label:<6} events={:>9} runs={:>6} rss_mb={:>7.1} anon_mb={:>7.1} fds={:>4} threads={:>3} live_runs={:>3} db_mb={:>8.1}",
+        sample.events,
+        sample.runs,
+        sample.rss_mb,
+        sample.anon_mb,
+        sample.fds,
+        sample.threads,
+        sample.active,
+        sample.db_mb
     );
 }
 
@@ -186,6 +196,7 @@ token = "{TOKEN}"
         events,
         runs,
         rss_mb: status_field(pid, "VmRSS:") as f64 / 1024.0,
+        anon_mb: status_field(pid, "RssAnon:") as f64 / 1024.0,
         fds: open_fds(pid),
         threads: status_field(pid, "Threads:"),
         db_mb: db_mb(state.path()),
@@ -235,8 +246,9 @@ token = "{TOKEN}"
     let first = &samples[1.min(n)];
     let per_run_db_kb = (settled.db_mb - first.db_mb) * 1024.0 / (runs - first.runs).max(1) as f64;
     println!(
-        "growth from the first wave to idle: rss {:+.1} MB, fds {:+}, threads {:+}; database {:.1} KB per run kept",
+        "growth from the first wave to idle: rss {:+.1} MB (anonymous {:+.1}), fds {:+}, threads {:+}; database {:.1} KB per run kept",
         settled.rss_mb - first.rss_mb,
+        settled.anon_mb - first.anon_mb,
         settled.fds as i64 - first.fds as i64,
         settled.threads as i64 - first.threads as i64,
         per_run_db_kb
