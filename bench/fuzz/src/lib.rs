@@ -54,6 +54,16 @@ pub const TARGETS: &[Target] = &[
         run: targets::server_config::run,
     },
     Target {
+        name: "loom_toml",
+        about: "a whole loom.toml as the loom command parses it, and its [server] section into limits",
+        run: targets::loom_toml::run,
+    },
+    Target {
+        name: "definition_files",
+        about: "an agent file and a SKILL.md: YAML front matter and a body",
+        run: targets::definitions::run,
+    },
+    Target {
         name: "scripted_model",
         about: "a scripted-model file, JSON or YAML",
         run: targets::scripted_model::run,

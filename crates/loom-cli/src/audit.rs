@@ -9,6 +9,7 @@ use loom::{AuditEntry, AuditQuery, Store};
 
 use crate::cli::AuditArgs;
 use crate::run::Failure;
+use crate::text::shown;
 
 pub(crate) async fn audit(args: AuditArgs) -> Result<ExitCode, Failure> {
     crate::runs::restore_sigpipe();
@@ -78,25 +79,6 @@ fn line(entry: &AuditEntry) -> String {
         line.push_str(&format!(" {}", entry.detail));
     }
     line
-}
-
-/// `text` with control characters, and the invisible ones that reorder
-/// or hide text (bidirectional overrides, zero-width), escaped (`\n`,
-/// `\u{1b}`).
-fn shown(text: &str) -> String {
-    let hidden = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
-    };
-    text.chars()
-        .map(|c| {
-            if hidden(c) {
-                c.escape_unicode().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -36,6 +36,32 @@ pub(crate) enum Command {
     /// The audit trail: who started, steered, cancelled or answered what,
     /// sign-ins, refused tokens and trusted files (docs/server.md).
     Audit(AuditArgs),
+    /// Sub-agents defined in files: .loom/agents/NAME.md and
+    /// ~/.config/loom/agents/NAME.md (docs/agents.md).
+    Agents(DefinitionsArgs),
+    /// Skills defined in files: .loom/skills/NAME/SKILL.md and
+    /// ~/.config/loom/skills/NAME/SKILL.md (docs/agents.md).
+    Skills(DefinitionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DefinitionsArgs {
+    #[command(subcommand)]
+    pub command: DefinitionsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DefinitionsCommand {
+    /// Shows each one, and what is wrong with a file that did not load
+    /// (its line and key); exits 1 when one did not.
+    List {
+        /// The workspace whose .loom/ to read (default: the current directory).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -22,6 +22,7 @@ mod audit;
 mod chat;
 mod cli;
 mod config;
+mod definitions;
 mod follow;
 mod lines;
 mod mcp;
@@ -100,6 +101,8 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(*args).await,
             Command::Worker(args) => worker::worker(*args).await,
             Command::Trust(args) => trust::trust(args.path.as_deref()).await.map_err(Failure::Usage),
+            Command::Agents(args) => definitions::run(loom::tools::definitions::Kind::Agent, args).await,
+            Command::Skills(args) => definitions::run(loom::tools::definitions::Kind::Skill, args).await,
             Command::Mcp(args) => {
                 until_signal(async move {
                     match args.command {

@@ -246,8 +246,7 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
     let path = path.unwrap_or(Path::new("loom.toml"));
     let real = crate::config::resolved_dir(path);
     let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
-    let file: FileConfig =
-        toml::from_str(&text).map_err(|err| anyhow!("{}: {}", real.display(), err.message().trim()))?;
+    let file = loom_config::parse(&text).map_err(|err| anyhow!("{}: {err}", real.display()))?;
     let digest = sha256_hex(text.as_bytes());
     record(&real, &digest)?;
     audit(Trusted {

@@ -1,8 +1,7 @@
 //! `Agent` and its builder: the library's front door.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -20,7 +19,7 @@ use crate::llm::Llm;
 use crate::machine;
 use crate::memory::MemoryConfig;
 use crate::metrics::Pricing;
-use crate::permission::{PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
+use crate::permission::{GrantsBySession, PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 pub use crate::recovery::ResumeError;
 use crate::retrieval::Retriever;
@@ -633,7 +632,7 @@ pub struct Agent {
     nobody_to_ask: Option<Arc<str>>,
     workspace: Arc<Path>,
     /// "Always" grants per session id.
-    sessions: Arc<Mutex<HashMap<String, SessionGrants>>>,
+    sessions: Arc<GrantsBySession>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -681,8 +680,7 @@ impl Agent {
 
     /// The "always" grants of a session, shared by its runs.
     fn session_grants(&self, session_id: &str) -> SessionGrants {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        sessions.entry(session_id.to_string()).or_default().clone()
+        self.sessions.of(session_id)
     }
 
     /// Starts a run on the current tokio runtime and returns its handle.

@@ -32,9 +32,31 @@ pub fn install() -> Option<PrometheusHandle> {
                 .ok()?;
             describe();
             start_at_zero();
+            keep_up(handle.clone());
             Some(handle)
         })
         .clone()
+}
+
+/// How often histogram samples are folded into their buckets when no one
+/// scrapes `/metrics` (what the exporter's own `install` would do).
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Folds the histograms' samples into their buckets every few seconds, on
+/// a thread of its own. The recorder keeps every sample it is given until
+/// a render or an upkeep drains it: a gateway nobody scrapes would
+/// otherwise grow by every store write, model call and tool call it ever
+/// timed.
+fn keep_up(handle: PrometheusHandle) {
+    let started = std::thread::Builder::new()
+        .name("loom-metrics-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            handle.run_upkeep();
+        });
+    if let Err(err) = started {
+        tracing::warn!(error = %err, "cannot start the metrics upkeep thread: histograms grow until /metrics is read");
+    }
 }
 
 fn describe() {

@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+pub mod definitions;
 pub mod files;
 pub mod jail;
 pub mod mcp;

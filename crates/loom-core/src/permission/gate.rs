@@ -31,7 +31,7 @@ pub enum AskOutcome {
 /// Grants of "always" that last for a session.
 pub type SessionGrants = Arc<Mutex<HashSet<String>>>;
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

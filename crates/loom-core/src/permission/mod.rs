@@ -3,8 +3,10 @@
 
 mod gate;
 mod policy;
+mod sessions;
 
 pub use crate::control::PermissionDecision;
 pub use gate::{AskOutcome, SessionGrants};
 pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
 pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};
+pub(crate) use sessions::GrantsBySession;
