@@ -89,3 +89,27 @@ pub(crate) fn pricing(spec: &str, file: &FileConfig) -> Option<Pricing> {
             output_per_mtok: price.output_per_mtok,
         })
 }
+
+/// Models named by agents defined in files (docs/agents.md), made as
+/// `--model` makes them: the same `[provider]`, base URL and `[prices]`.
+#[derive(Debug)]
+pub(crate) struct ConfiguredModels {
+    pub file: Arc<FileConfig>,
+    pub base_url: Option<String>,
+}
+
+impl loom::ModelSource for ConfiguredModels {
+    fn model(&self, spec: &str) -> Result<loom::SourcedModel, String> {
+        // A script is a file path: a project's agent file must not point
+        // the model at a file of its choosing (its text would come back in
+        // the parse error).
+        if spec.starts_with("scripted:") {
+            return Err("a scripted model cannot be named in an agent file".to_string());
+        }
+        let llm = model(spec, self.base_url.as_deref(), &self.file, None).map_err(|err| format!("{err:#}"))?;
+        Ok(loom::SourcedModel {
+            llm,
+            pricing: pricing(spec, &self.file),
+        })
+    }
+}

@@ -223,7 +223,9 @@ pub(crate) async fn configure_agent(
     }
 
     let mut tools = file_tools();
-    tools.push(Arc::new(loom::tools::Task));
+    tools.push(Arc::new(loom::tools::Task::with_agents(
+        agents_from_files(&workspace).await,
+    )));
     if let Some(bash) = bash_tool(file, &workspace)? {
         tools.push(Arc::new(bash));
     }
@@ -289,6 +291,10 @@ pub(crate) async fn configure_agent(
     if let Some(pricing) = provider::pricing(&model, file) {
         builder = builder.pricing(pricing);
     }
+    builder = builder.model_source(Arc::new(provider::ConfiguredModels {
+        file: Arc::new(file.clone()),
+        base_url: args.common.base_url.clone(),
+    }));
     if let Some(secs) = file.permission_timeout_secs {
         builder = builder.permission_timeout(seconds(secs));
     }
@@ -344,6 +350,25 @@ pub(crate) async fn configure_agent(
 }
 
 /// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
+/// The agents defined in the workspace's `.loom/agents/` and the user's
+/// (docs/agents.md), for the `task` tool; a file that does not load is a
+/// warning (`loom agents list` says more) and is left out.
+async fn agents_from_files(workspace: &Path) -> Vec<loom::tools::definitions::AgentDefinition> {
+    let places = crate::definitions::places(workspace);
+    let found = tokio::task::spawn_blocking(move || loom::tools::definitions::discover(&places))
+        .await
+        .ok();
+    let Some(found) = found else { return Vec::new() };
+    for problem in found
+        .problems
+        .iter()
+        .filter(|problem| problem.kind == loom::tools::definitions::Kind::Agent)
+    {
+        tracing::warn!("agent file left out: {}", crate::text::shown(&problem.to_string()));
+    }
+    found.agents.into_iter().map(|found| found.definition).collect()
+}
+
 fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom::tools::Bash>> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
     // This binary applies Landlock inside the sandbox's namespaces — unless

@@ -139,3 +139,132 @@ fn skills_are_listed_and_a_clean_listing_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("no skills"));
 }
+
+/// A parent on one model hands work to the agent `reviewer`, defined in
+/// the workspace with its own model, tools and instructions: the request
+/// the child's model gets shows all three, and the parent reads the
+/// child's answer.
+#[test]
+fn the_task_tool_runs_an_agent_defined_in_a_file() {
+    use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write(
+        &ws.join(".loom/agents/reviewer.md"),
+        "---\nname: reviewer\ndescription: Reviews a file for bugs.\ntools: [read_file, grep]\n\
+         model: openai:child-model\nmax_steps: 3\n---\nYou are a strict reviewer. Cite file and line.\n",
+    );
+    write(&ws.join("main.rs"), "fn main() {}\n");
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "task",
+            r#"{"description": "review", "prompt": "Review main.rs.", "agent": "reviewer"}"#,
+        )])),
+        Reply::Sse(openai_text("main.rs:1 is fine.", 8)),
+        Reply::Sse(openai_text("The reviewer found nothing.", 8)),
+    ]);
+    let output = common::loom_in(ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--model", "openai:parent-model", "--base-url"])
+        .arg(format!("{}/v1", server.url()))
+        .arg("review the code")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "The reviewer found nothing."
+    );
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    // The parent's request offers the agent by name and description.
+    let parent = &requests[0].body;
+    assert_eq!(parent["model"], "parent-model");
+    let task = parent["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|tool| tool["function"]["name"] == "task")
+        .unwrap();
+    let description = task["function"]["description"].as_str().unwrap();
+    assert!(
+        description.contains("- reviewer: Reviews a file for bugs."),
+        "{description}"
+    );
+    // The child: the agent's model, its tools only, its instructions.
+    let child = &requests[1].body;
+    assert_eq!(child["model"], "child-model");
+    let mut tools: Vec<&str> = child["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|tool| tool["function"]["name"].as_str().unwrap())
+        .collect();
+    tools.sort_unstable();
+    assert_eq!(tools, ["grep", "read_file"]);
+    let texts = common::message_texts(child);
+    assert!(
+        texts[0].contains("You are a strict reviewer. Cite file and line."),
+        "{texts:?}"
+    );
+    assert_eq!(texts.last().unwrap(), "Review main.rs.");
+    // The parent reads the child's answer as the call's result.
+    let last = common::message_texts(&requests[2].body);
+    assert!(last.iter().any(|text| text.contains("main.rs:1 is fine.")), "{last:?}");
+}
+
+/// A call naming an agent that does not exist, or a tool the agent may not
+/// use, is refused with the agents listed; no child starts.
+#[test]
+fn an_unknown_agent_or_a_tool_outside_the_agent_is_refused() {
+    use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write(
+        &ws.join(".loom/agents/reviewer.md"),
+        "---\nname: reviewer\ndescription: Reviews.\ntools: [read_file]\n---\nReview.\n",
+    );
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "task",
+            r#"{"description": "x", "prompt": "Go.", "agent": "writer"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "call_2",
+            "task",
+            r#"{"description": "x", "prompt": "Go.", "agent": "reviewer", "tools": ["bash"]}"#,
+        )])),
+        Reply::Sse(openai_text("Gave up.", 8)),
+    ]);
+    let output = common::loom_in(ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--model", "openai:m", "--base-url"])
+        .arg(format!("{}/v1", server.url()))
+        .arg("go")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3, "no child made a request");
+    let second = common::message_texts(&requests[1].body).join("\n");
+    assert!(
+        second.contains("there is no agent \"writer\"; the agents are: reviewer"),
+        "{second}"
+    );
+    let third = common::message_texts(&requests[2].body).join("\n");
+    assert!(
+        third.contains("the agent reviewer may not use bash; its tools are: read_file"),
+        "{third}"
+    );
+}

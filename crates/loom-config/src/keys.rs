@@ -8,7 +8,7 @@ use serde::Deserialize;
 /// The keys of loom.toml. Keys the contract defines for later features are
 /// accepted so one file serves every version; unknown keys are an error so
 /// typos do not pass silently.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub model: Option<String>,
@@ -58,7 +58,7 @@ pub struct FileConfig {
 }
 
 /// `[cluster]` (docs/cluster.md).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// `redis://HOST:PORT/DB`: runs are recorded there.
@@ -86,7 +86,7 @@ impl FileConfig {
 }
 
 /// `[mcp]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
     #[serde(default)]
@@ -94,14 +94,14 @@ pub struct McpConfig {
 }
 
 /// `[tools]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsConfig {
     pub bash: Option<BashConfig>,
 }
 
 /// `[tools.bash]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BashConfig {
     /// `false` leaves the tool out.
@@ -125,7 +125,7 @@ pub struct BashConfig {
 /// `[feedback]`: guidance for the next request (`enabled`) and the
 /// recursion monitor (`monitor` and its thresholds). Counts are read as
 /// signed numbers so that a negative one gets a clear message.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackConfig {
     pub enabled: Option<bool>,
@@ -138,7 +138,7 @@ pub struct FeedbackConfig {
 }
 
 /// `[retrieval]`: a folder of documents searched with the user's request.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalConfig {
     /// The folder, relative to the config file.
@@ -148,7 +148,7 @@ pub struct RetrievalConfig {
 }
 
 /// `[provider]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     pub base_url: Option<String>,
@@ -186,7 +186,7 @@ pub struct PriceConfig {
 }
 
 /// `[scheduler]`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     pub max_concurrency: Option<usize>,

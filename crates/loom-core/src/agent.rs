@@ -58,6 +58,7 @@ says what to fix; fix it and try again. Use paths relative to the workspace root
 /// Builds an [`Agent`].
 pub struct AgentBuilder {
     llm: Option<Arc<dyn Llm>>,
+    models: Option<Arc<dyn crate::model_source::ModelSource>>,
     tools: Vec<Arc<dyn DynTool>>,
     tool_sources: Vec<Arc<dyn crate::tool_source::ToolSource>>,
     hooks: Vec<Arc<dyn ToolHook>>,
@@ -93,6 +94,7 @@ impl Default for AgentBuilder {
     fn default() -> Self {
         Self {
             llm: None,
+            models: None,
             tools: Vec::new(),
             tool_sources: Vec::new(),
             hooks: Vec::new(),
@@ -247,6 +249,14 @@ impl AgentBuilder {
     /// How tokens are counted (default: tiktoken, chosen by the model's name).
     pub fn token_counter(mut self, counter: Arc<dyn TokenCounter>) -> Self {
         self.counter = Some(counter);
+        self
+    }
+
+    /// Where models named by sub-agents defined in files come from
+    /// (docs/agents.md). Without it, a sub-agent with a model of its own
+    /// is refused.
+    pub fn model_source(mut self, models: Arc<dyn crate::model_source::ModelSource>) -> Self {
+        self.models = Some(models);
         self
     }
 
@@ -492,6 +502,7 @@ impl AgentBuilder {
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
+                models: self.models,
                 tools: Arc::new(crate::tool_source::ToolSet::new(pipeline, self.tool_sources)),
                 sub_agents: self.sub_agents,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
@@ -808,6 +819,7 @@ impl Agent {
             children: tokio_util::task::TaskTracker::new(),
             step_deadline: None,
             principal: None,
+            instructions: None,
         };
         (
             driver,

@@ -24,6 +24,22 @@ pub struct ChildRequest {
     pub tools: Option<Vec<String>>,
     /// The child's step limit (default 10; never more than the parent has left).
     pub max_steps: Option<u32>,
+    /// The agent defined in a file that the child is, when the call named one.
+    pub agent: Option<ChildAgent>,
+}
+
+/// A sub-agent defined in a file (docs/agents.md), as a child gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildAgent {
+    /// Its name.
+    pub name: String,
+    /// Its instructions: added to the child's system prompt.
+    pub instructions: String,
+    /// Its model, when not the parent's.
+    pub model: Option<String>,
+    /// With no `tools` in the request: every tool of the parent's (but
+    /// `task` at the nesting limit) rather than its read-only ones.
+    pub all_tools: bool,
 }
 
 /// How a sub-agent ended.
@@ -77,6 +93,9 @@ pub enum DelegateError {
     /// The parent stopped before the child could start.
     #[error("cancelled before the sub-agent started")]
     Cancelled,
+    /// The child's own model cannot be made.
+    #[error("{0}")]
+    Model(String),
     /// The parent has no steps, tokens or money left for a child.
     #[error("{0}")]
     NothingLeft(String),

@@ -3,9 +3,15 @@
 //! and what is left of this run's budgets. Its answer (or how it stopped)
 //! is the result. Several `task` calls of one turn run in parallel.
 
-use loom_core::{ChildEnd, ChildReport, ChildRequest, RunMetrics, Tool, ToolContext, ToolError, ToolOutput};
+use std::sync::Arc;
+
+use loom_core::{
+    ChildAgent, ChildEnd, ChildReport, ChildRequest, RunMetrics, Tool, ToolContext, ToolError, ToolOutput,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use crate::definitions::AgentDefinition;
 
 /// The longest answer passed back whole; a longer one keeps its head and
 /// tail (the pipeline's output limit still applies on top).
@@ -26,11 +32,104 @@ pub struct TaskArgs {
     #[serde(default)]
     #[schemars(range(min = 1, max = 100))]
     pub max_steps: Option<u32>,
+    /// One of the agents this tool's description lists: the sub-agent
+    /// gets its instructions, tools and model.
+    #[serde(default)]
+    pub agent: Option<String>,
 }
 
+/// What the tool says of itself with no agents defined.
+const DESCRIPTION: &str =
+    "Hand a self-contained part of the work to a sub-agent; returns its answer and how it ended. \
+                           It sees only `prompt`. Calls in one answer run in parallel.";
+
 /// Starts a sub-agent and returns its answer.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Task;
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// Agents defined in files, by name (docs/agents.md).
+    agents: Arc<[AgentDefinition]>,
+    /// The description, with the agents listed.
+    description: Arc<str>,
+}
+
+impl Default for Task {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Task {
+    /// The tool with no agents defined.
+    pub fn new() -> Self {
+        Self::with_agents(Vec::new())
+    }
+
+    /// The tool offering `agents` by name; its description lists each
+    /// one's name and description so the model can choose.
+    pub fn with_agents(agents: Vec<AgentDefinition>) -> Self {
+        let mut description = DESCRIPTION.to_string();
+        if !agents.is_empty() {
+            description
+                .push_str("\n\nAgents you can name in `agent` (each with its own instructions, tools and model):");
+            for agent in &agents {
+                description.push_str(&format!("\n- {}: {}", agent.name, agent.description));
+            }
+        }
+        Self {
+            agents: agents.into(),
+            description: description.into(),
+        }
+    }
+
+    /// What a call asks for, with its agent's settings: the call's
+    /// `tools` must be among the agent's; its `max_steps` overrides the
+    /// agent's.
+    fn request(&self, args: TaskArgs, call_id: String) -> Result<ChildRequest, ToolError> {
+        let Some(name) = args.agent else {
+            return Ok(ChildRequest {
+                call_id,
+                description: args.description,
+                prompt: args.prompt,
+                tools: args.tools,
+                max_steps: args.max_steps,
+                agent: None,
+            });
+        };
+        let Some(agent) = self.agents.iter().find(|agent| agent.name == name) else {
+            let known: Vec<&str> = self.agents.iter().map(|agent| agent.name.as_str()).collect();
+            return Err(ToolError::InvalidArguments(if known.is_empty() {
+                format!("there is no agent {name:?}: no agents are defined; leave out `agent`")
+            } else {
+                format!("there is no agent {name:?}; the agents are: {}", known.join(", "))
+            }));
+        };
+        let tools = match (args.tools, &agent.tools) {
+            (Some(asked), Some(own)) => {
+                if let Some(outside) = asked.iter().find(|tool| !own.contains(tool)) {
+                    return Err(ToolError::InvalidArguments(format!(
+                        "the agent {name} may not use {outside}; its tools are: {}",
+                        own.join(", ")
+                    )));
+                }
+                Some(asked)
+            }
+            (asked, own) => asked.or_else(|| own.clone()),
+        };
+        Ok(ChildRequest {
+            call_id,
+            description: args.description,
+            prompt: args.prompt,
+            max_steps: args.max_steps.or(agent.max_steps),
+            agent: Some(ChildAgent {
+                name: agent.name.clone(),
+                instructions: agent.instructions.clone(),
+                model: agent.model.clone(),
+                all_tools: tools.is_none(),
+            }),
+            tools,
+        })
+    }
+}
 
 impl Tool for Task {
     type Args = TaskArgs;
@@ -40,8 +139,7 @@ impl Tool for Task {
     }
 
     fn description(&self) -> &str {
-        "Hand a self-contained part of the work to a sub-agent; returns its answer and how it ended. \
-         It sees only `prompt`. Calls in one answer run in parallel."
+        &self.description
     }
 
     fn concurrency_safe(&self) -> bool {
@@ -70,18 +168,13 @@ impl Tool for Task {
                 "sub-agents cannot be started here (the nesting limit is reached)".into(),
             ));
         };
-        let request = ChildRequest {
-            call_id: ctx.call_id.clone(),
-            description: args.description.clone(),
-            prompt: args.prompt,
-            tools: args.tools,
-            max_steps: args.max_steps,
-        };
+        let description = args.description.clone();
+        let request = self.request(args, ctx.call_id.clone())?;
         let report = sub_agents
             .run_child(request, ctx.cancel.clone())
             .await
             .map_err(|err| ToolError::Failed(format!("the sub-agent could not start: {err}")))?;
-        let text = describe(&args.description, &report);
+        let text = describe(&description, &report);
         match report.end {
             ChildEnd::Completed => Ok(text.into()),
             _ => Err(ToolError::Failed(text)),

@@ -58,7 +58,7 @@ async fn run(script: Vec<ScriptTurn>, max_running: usize) -> Duration {
     let policy = PermissionPolicy::new(Decision::Allow);
     let agent = Agent::builder()
         .model(ScriptedModel::new(script).check_history(false))
-        .tool(Task)
+        .tool(Task::new())
         .tool(NoopTool::serial())
         .permissions(policy)
         .max_steps(1000)

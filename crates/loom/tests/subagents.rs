@@ -26,7 +26,7 @@ fn agent(model: &Arc<ScriptedModel>, dir: &std::path::Path) -> loom::AgentBuilde
     policy.add_rule("list_dir", Decision::Allow).unwrap();
     Agent::builder()
         .model_arc(model.clone())
-        .tool(Task)
+        .tool(Task::new())
         .tool(ListDir)
         .tool(WriteFile)
         .permissions(policy)

@@ -15,7 +15,7 @@ fn registry() -> &'static ToolRegistry {
     REGISTRY.get_or_init(|| {
         let mut tools = loom_tools::file_tools();
         tools.push(Arc::new(loom_tools::Bash::new(loom_tools::BashSettings::default())) as Arc<dyn DynTool>);
-        tools.push(Arc::new(loom_tools::Task) as Arc<dyn DynTool>);
+        tools.push(Arc::new(loom_tools::Task::new()) as Arc<dyn DynTool>);
         let mut registry = ToolRegistry::new();
         for tool in tools {
             // The built-in schemas compile (a unit test of each tool says so).

@@ -102,9 +102,10 @@ impl Driver {
 }
 
 impl Children {
-    /// The child's tools: the requested ones (each the parent's), or the
-    /// parent's read-only ones; never `task` at the nesting limit.
-    fn tools_for(&self, requested: Option<&[String]>) -> Result<crate::tool::ToolRegistry, DelegateError> {
+    /// The child's tools: the requested ones (each the parent's), or
+    /// (`all`, for an agent defined without a list) all the parent's, or
+    /// the parent's read-only ones; never `task` at the nesting limit.
+    fn tools_for(&self, requested: Option<&[String]>, all: bool) -> Result<crate::tool::ToolRegistry, DelegateError> {
         let registry = self.tools.registry();
         let child_depth = self.depth + 1;
         let nested_allowed = child_depth < self.engine.sub_agents.max_depth;
@@ -132,15 +133,21 @@ impl Children {
                 let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
                 Ok(registry.subset(|tool| wanted.contains(tool.spec.name.as_str())))
             }
+            None if all => Ok(registry.subset(|tool| nested_allowed || tool.spec.name != TASK_TOOL)),
             None => Ok(registry.subset(|tool| tool.tool.read_only() && tool.spec.name != TASK_TOOL)),
         }
     }
 
     /// What can refuse a child, checked before anything is started or
-    /// taken over: its tools, and whether the parent has steps and budget
-    /// left. Returns the child's tools and budget.
-    fn preflight(&self, request: &ChildRequest) -> Result<(crate::tool::ToolRegistry, Budget), DelegateError> {
-        let registry = self.tools_for(request.tools.as_deref())?;
+    /// taken over: its tools, its model, and whether the parent has steps
+    /// and budget left. Returns the child's tools, budget and engine.
+    fn preflight(&self, request: &ChildRequest) -> Result<Preflight, DelegateError> {
+        let all_tools = request.agent.as_ref().is_some_and(|agent| agent.all_tools);
+        let registry = self.tools_for(request.tools.as_deref(), all_tools)?;
+        let engine = match request.agent.as_ref().and_then(|agent| agent.model.as_deref()) {
+            Some(spec) => self.engine_with_model(spec)?,
+            None => self.engine.clone(),
+        };
         if self.steps_left == 0 {
             return Err(DelegateError::NothingLeft(
                 "this run has no steps left for a sub-agent".to_string(),
@@ -152,7 +159,30 @@ impl Children {
                 "this run's budget is used up: no sub-agent can start".to_string(),
             ));
         }
-        Ok((registry, remaining))
+        Ok(Preflight {
+            registry,
+            remaining,
+            engine,
+        })
+    }
+
+    /// The engine with the model `spec` names, from the agent's model source.
+    fn engine_with_model(&self, spec: &str) -> Result<Arc<Engine>, DelegateError> {
+        if spec == self.engine.llm.model_name() {
+            return Ok(self.engine.clone());
+        }
+        let Some(models) = &self.engine.models else {
+            return Err(DelegateError::Model(format!(
+                "the sub-agent's model {spec} cannot be made here: this agent has no model source"
+            )));
+        };
+        let sourced = models
+            .model(spec)
+            .map_err(|err| DelegateError::Model(format!("the sub-agent's model {spec}: {err}")))?;
+        let mut engine = Engine::clone(&self.engine);
+        engine.llm = sourced.llm;
+        engine.pricing = sourced.pricing;
+        Ok(Arc::new(engine))
     }
 
     /// The child's driver, ready to run: a new child (`last_seq` 0) or one
@@ -161,7 +191,11 @@ impl Children {
     fn child_driver(
         &self,
         request: &ChildRequest,
-        (registry, remaining): (crate::tool::ToolRegistry, Budget),
+        Preflight {
+            registry,
+            remaining,
+            engine,
+        }: Preflight,
         cancel: CancellationToken,
         run_id: String,
         last_seq: u64,
@@ -224,7 +258,7 @@ impl Children {
             ..self.gate.clone()
         };
         let driver = Driver {
-            engine: self.engine.clone(),
+            engine,
             tools: Arc::new(self.tools.with_tools(registry)),
             child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
             budget: self.budget.child(remaining),
@@ -248,9 +282,21 @@ impl Children {
             budget_warned: Vec::new(),
             step_deadline: None,
             principal: self.principal.clone(),
+            instructions: request
+                .agent
+                .as_ref()
+                .map(|agent| Arc::from(agent.instructions.as_str())),
         };
         (driver, inherited)
     }
+}
+
+/// What [`Children::preflight`] found a child may have.
+struct Preflight {
+    registry: crate::tool::ToolRegistry,
+    remaining: Budget,
+    /// The parent's engine, or a copy with the child's own model.
+    engine: Arc<Engine>,
 }
 
 /// The limits a child got from what its parent had left rather than from

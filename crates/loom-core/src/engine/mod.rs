@@ -39,6 +39,8 @@ pub(crate) use event_log::EventLog;
 #[derive(Clone)]
 pub(crate) struct Engine {
     pub llm: Arc<dyn Llm>,
+    /// Other models by name, for sub-agents defined with their own.
+    pub models: Option<Arc<dyn crate::model_source::ModelSource>>,
     /// The agent's tools (fixed and from sources); a sub-agent's run gets
     /// a subset.
     pub tools: Arc<crate::tool_source::ToolSet>,
@@ -126,6 +128,9 @@ pub(crate) struct Driver {
     pub step_deadline: Option<crate::context::Deadline>,
     /// Who the run belongs to (a server token's name); its sub-agents too.
     pub principal: Option<String>,
+    /// A sub-agent defined in a file: its instructions, added to the
+    /// system prompt (docs/agents.md).
+    pub instructions: Option<Arc<str>>,
 }
 
 /// What the driver works out once and reuses.

@@ -141,6 +141,14 @@ impl Driver {
             Priority::Critical,
             false,
         ));
+        if let Some(instructions) = &self.instructions {
+            assembler.add(ContextComponent::new(
+                "agent_instructions",
+                format!("# Your role\n\n{}", instructions.trim()),
+                Priority::Critical,
+                false,
+            ));
+        }
 
         let dirs = settings.instruction_dirs.clone();
         let instructions = tokio::task::spawn_blocking(move || load_project_instructions(&dirs))
