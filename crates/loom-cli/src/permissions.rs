@@ -11,7 +11,14 @@ use crate::cli::AgentArgs;
 /// Tools allowed unless a rule says otherwise: those that only read, and
 /// `task`, which only delegates (every call its sub-agent makes is checked
 /// by the same rules).
-const ALLOWED_BY_DEFAULT: &[&str] = &["read_file", "list_dir", "glob", "grep", loom::delegate::TASK_TOOL];
+const ALLOWED_BY_DEFAULT: &[&str] = &[
+    "read_file",
+    "list_dir",
+    "glob",
+    "grep",
+    "skill",
+    loom::delegate::TASK_TOOL,
+];
 
 /// The policy: read-only tools and `task` allowed, everything else asks (in
 /// `loom serve`: is denied); then the `[permissions]` of loom.toml; then

@@ -223,9 +223,14 @@ pub(crate) async fn configure_agent(
     }
 
     let mut tools = file_tools();
+    let defined = defined_in_files(&workspace).await;
     tools.push(Arc::new(loom::tools::Task::with_agents(
-        agents_from_files(&workspace).await,
+        defined.agents.into_iter().map(|found| found.definition).collect(),
     )));
+    let skills = (!defined.skills.is_empty()).then(|| loom::tools::Skill::new(defined.skills));
+    if let Some(skill) = &skills {
+        tools.push(Arc::new(skill.clone()));
+    }
     if let Some(bash) = bash_tool(file, &workspace)? {
         tools.push(Arc::new(bash));
     }
@@ -245,6 +250,11 @@ pub(crate) async fn configure_agent(
     if let Some(clients) = &mcp {
         permissions::ask_for_mcp_tools(&mut policy, clients, file.permissions.as_ref())?;
     }
+    // The skills' names and descriptions go in the system prompt only
+    // when the run has the tool that loads them.
+    let skills_section = skills
+        .filter(|_| tools.iter().any(|tool| tool.name() == "skill"))
+        .and_then(|skill| skill.system_section());
     let mut builder = Agent::builder()
         .model_arc(llm)
         .tools(tools)
@@ -290,6 +300,9 @@ pub(crate) async fn configure_agent(
     }
     if let Some(pricing) = provider::pricing(&model, file) {
         builder = builder.pricing(pricing);
+    }
+    if let Some(section) = skills_section {
+        builder = builder.system_section("skills", section);
     }
     builder = builder.model_source(Arc::new(provider::ConfiguredModels {
         file: Arc::new(file.clone()),
@@ -349,26 +362,22 @@ pub(crate) async fn configure_agent(
     Ok(builder.build()?)
 }
 
-/// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
-/// The agents defined in the workspace's `.loom/agents/` and the user's
-/// (docs/agents.md), for the `task` tool; a file that does not load is a
-/// warning (`loom agents list` says more) and is left out.
-async fn agents_from_files(workspace: &Path) -> Vec<loom::tools::definitions::AgentDefinition> {
+/// The agents and skills defined in the workspace's `.loom/` and the
+/// user's config folder (docs/agents.md), for the `task` and `skill`
+/// tools; a file that does not load is a warning (`loom agents list` and
+/// `loom skills list` say more) and is left out.
+async fn defined_in_files(workspace: &Path) -> loom::tools::definitions::Definitions {
     let places = crate::definitions::places(workspace);
     let found = tokio::task::spawn_blocking(move || loom::tools::definitions::discover(&places))
         .await
-        .ok();
-    let Some(found) = found else { return Vec::new() };
-    for problem in found
-        .problems
-        .iter()
-        .filter(|problem| problem.kind == loom::tools::definitions::Kind::Agent)
-    {
-        tracing::warn!("agent file left out: {}", crate::text::shown(&problem.to_string()));
+        .unwrap_or_else(|_| loom::tools::definitions::discover(&[]));
+    for problem in &found.problems {
+        tracing::warn!("definition left out: {}", crate::text::shown(&problem.to_string()));
     }
-    found.agents.into_iter().map(|found| found.definition).collect()
+    found
 }
 
+/// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
 fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom::tools::Bash>> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
     // This binary applies Landlock inside the sandbox's namespaces — unless

@@ -268,3 +268,64 @@ fn an_unknown_agent_or_a_tool_outside_the_agent_is_refused() {
         "{third}"
     );
 }
+
+/// Only a skill's name and description are in the system prompt; the model
+/// loads its body with the `skill` tool, and a user's skill's files with
+/// `file`, never a file beside its folder.
+#[test]
+fn a_skill_is_listed_in_the_system_prompt_and_loaded_by_the_skill_tool() {
+    use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let config_home = dir.path().join("xdg");
+    write(
+        &ws.join(".loom/skills/pdf-forms/SKILL.md"),
+        "---\nname: pdf-forms\ndescription: Fills PDF forms.\n---\nFIRST run scripts/fill.py on the form.\n",
+    );
+    let user_skill = config_home.join("loom/skills/release");
+    write(
+        &user_skill.join("SKILL.md"),
+        "---\nname: release\ndescription: Cuts a release.\n---\nFollow checklist.md.\n",
+    );
+    write(&user_skill.join("checklist.md"), "1. Tag it.\n");
+    write(&config_home.join("loom/secret.txt"), "TOKEN-SHOULD-NOT-LEAK\n");
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[
+            ("call_1", "skill", r#"{"name": "pdf-forms"}"#),
+            ("call_2", "skill", r#"{"name": "release", "file": "checklist.md"}"#),
+            ("call_3", "skill", r#"{"name": "release", "file": "../secret.txt"}"#),
+        ])),
+        Reply::Sse(openai_text("Done.", 8)),
+    ]);
+    let output = common::loom_in(&ws)
+        .env("XDG_CONFIG_HOME", &config_home)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--model", "openai:m", "--base-url"])
+        .arg(format!("{}/v1", server.url()))
+        .arg("fill the form")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let requests = server.requests();
+    let system = &common::message_texts(&requests[0].body)[0];
+    assert!(system.contains("- pdf-forms: Fills PDF forms."), "{system}");
+    assert!(system.contains("- release: Cuts a release."), "{system}");
+    assert!(
+        !system.contains("FIRST run scripts/fill.py"),
+        "the body waits to be loaded: {system}"
+    );
+    let results = common::message_texts(&requests[1].body).join("\n");
+    assert!(results.contains("FIRST run scripts/fill.py on the form."), "{results}");
+    assert!(
+        results.contains(".loom/skills/pdf-forms/ in the workspace"),
+        "{results}"
+    );
+    assert!(results.contains("1. Tag it."), "{results}");
+    assert!(!results.contains("TOKEN-SHOULD-NOT-LEAK"), "{results}");
+    assert!(
+        results.contains("cannot read ../secret.txt of the skill release"),
+        "{results}"
+    );
+}

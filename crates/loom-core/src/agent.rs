@@ -82,6 +82,7 @@ pub struct AgentBuilder {
     retrieval_limit: usize,
     project_instructions: bool,
     instruction_dirs: Vec<PathBuf>,
+    sections: Vec<(String, String)>,
     system_budget: Option<usize>,
     store: Option<Arc<dyn Store>>,
     owner: Option<String>,
@@ -118,6 +119,7 @@ impl Default for AgentBuilder {
             retrieval_limit: 5,
             project_instructions: true,
             instruction_dirs: Vec::new(),
+            sections: Vec::new(),
             system_budget: None,
             store: None,
             owner: None,
@@ -345,6 +347,15 @@ impl AgentBuilder {
         self
     }
 
+    /// Adds a section to every run's system prompt, after the base prompt
+    /// and before project instructions (the `loom` command lists the
+    /// skills this way). Cut first, with them, when the prompt's budget is
+    /// short.
+    pub fn system_section(mut self, name: impl Into<String>, text: impl Into<String>) -> Self {
+        self.sections.push((name.into(), text.into()));
+        self
+    }
+
     /// Replaces the default system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = Some(prompt.into());
@@ -528,6 +539,7 @@ impl AgentBuilder {
                     summarizer: self.summarizer,
                     retriever: self.retriever,
                     retrieval_limit: self.retrieval_limit,
+                    sections: self.sections,
                     instruction_dirs: if self.project_instructions {
                         let mut dirs = self.instruction_dirs;
                         dirs.push(workspace.clone());

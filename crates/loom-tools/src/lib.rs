@@ -15,6 +15,7 @@ pub mod jail;
 pub mod mcp;
 pub mod retrieval;
 pub mod shell;
+pub mod skill;
 pub mod task;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ pub use jail::{Jail, OpenError, PathError, WriteMode};
 pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;
 pub use shell::{landlock_helper_main, Bash, BashSettings, SandboxMode};
+pub use skill::Skill;
 pub use task::Task;
 
 /// Every file tool, ready for `AgentBuilder::tools`.

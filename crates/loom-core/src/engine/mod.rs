@@ -92,6 +92,8 @@ pub(crate) struct ContextSettings {
     pub summarizer: Option<Arc<dyn Llm>>,
     pub retriever: Option<Arc<dyn Retriever>>,
     pub retrieval_limit: usize,
+    /// Sections added after the base prompt: (name, text).
+    pub sections: Vec<(String, String)>,
     /// Directories searched for LOOM.md / AGENTS.md.
     pub instruction_dirs: Vec<std::path::PathBuf>,
     /// Token budget of the assembled system prompt.

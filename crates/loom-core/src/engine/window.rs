@@ -150,6 +150,10 @@ impl Driver {
             ));
         }
 
+        for (name, text) in &settings.sections {
+            assembler.add(ContextComponent::new(name, text.clone(), Priority::High, true));
+        }
+
         let dirs = settings.instruction_dirs.clone();
         let instructions = tokio::task::spawn_blocking(move || load_project_instructions(&dirs))
             .await

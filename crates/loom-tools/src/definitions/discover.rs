@@ -25,6 +25,12 @@ pub struct Place {
 }
 
 impl Place {
+    /// Whether this is a workspace's place (its files are the file tools'
+    /// to read) rather than the user's.
+    pub fn is_workspace(&self) -> bool {
+        !self.prefix.as_os_str().is_empty()
+    }
+
     /// The workspace's own: `.loom/agents`, `.loom/skills`.
     pub fn workspace(workspace: &Path) -> Self {
         Self {
@@ -49,6 +55,8 @@ pub struct Found<T> {
     pub definition: T,
     /// The file.
     pub path: PathBuf,
+    /// The place it was found in.
+    pub place: Place,
 }
 
 /// What a file defines.
@@ -107,7 +115,11 @@ pub fn discover(places: &[Place]) -> Definitions {
             name.ends_with(".md").then(|| PathBuf::from(name))
         }) {
             match AgentDefinition::parse(&text) {
-                Ok(definition) => agents.push(Found { definition, path }),
+                Ok(definition) => agents.push(Found {
+                    definition,
+                    path,
+                    place: place.clone(),
+                }),
                 Err(error) => definitions.problems.push(Problem {
                     kind: Kind::Agent,
                     path,
@@ -126,7 +138,11 @@ pub fn discover(places: &[Place]) -> Definitions {
                 .map(|name| name.to_string_lossy().into_owned())
                 .unwrap_or_default();
             match SkillDefinition::parse(&text, &folder) {
-                Ok(definition) => skills.push(Found { definition, path }),
+                Ok(definition) => skills.push(Found {
+                    definition,
+                    path,
+                    place: place.clone(),
+                }),
                 Err(error) => definitions.problems.push(Problem {
                     kind: Kind::Skill,
                     path,
