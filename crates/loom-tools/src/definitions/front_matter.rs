@@ -78,12 +78,17 @@ fn located(err: &serde_yaml::Error, yaml: &str) -> DefinitionError {
     let message = err.to_string();
     // serde_yaml appends " at line L column C"; the line is given apart.
     let message = message.split(" at line ").next().unwrap_or(&message).trim().to_string();
-    let line_in_yaml = err.location().map(|location| location.line());
+    // Counted from the error's byte offset in newlines, not from the YAML
+    // parser's line, which also counts a lone carriage return.
+    let line_in_yaml = err.location().map(|location| {
+        let before = yaml.get(..location.index().min(yaml.len())).unwrap_or(yaml);
+        before.matches('\n').count() + 1
+    });
     // A missing key is named in the message (its location is the mapping's
     // start); any other error's key is the one written on its line.
     let key = named_in(&message).or_else(|| {
         line_in_yaml
-            .and_then(|n| yaml.lines().nth(n.saturating_sub(1)))
+            .and_then(|n| yaml.split('\n').nth(n.saturating_sub(1)))
             .and_then(|written| written.split_once(':'))
             .map(|(key, _)| key.trim().trim_start_matches("- ").trim().to_string())
             .filter(|key| !key.is_empty())
@@ -148,6 +153,12 @@ mod tests {
         let err = read::<Fields>("---\nname: a\ncount: many\n---\n").unwrap_err();
         assert_eq!(err.line, Some(3), "{err}");
         assert_eq!(err.key.as_deref(), Some("count"), "{err}");
+    }
+
+    #[test]
+    fn a_lone_carriage_return_does_not_move_the_line() {
+        let err = read::<Fields>("---\n\r\r\rname: a\ncount: x\n---\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
     }
 
     #[test]
