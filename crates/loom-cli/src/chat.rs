@@ -25,7 +25,8 @@ const HELP: &str = "Type a task and press Enter. Commands: /new starts a new con
 Ctrl-C cancels the answer in progress.";
 
 pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
-    let agent = build_agent(&args.agent, &args.place, None)
+    let mut mode = args.agent.mode;
+    let mut agent = build_agent(&args.agent, &args.place, None)
         .await
         .map_err(Failure::Usage)?;
     let session_id = match (&args.session, args.continue_last) {
@@ -81,7 +82,22 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             command if command.starts_with('/') => {
                 say!("loom: unknown command {command}; /help lists them")
             }
-            task => one_task(&agent, &mut session, task, &mut input, &args).await?,
+            task => {
+                let outcome = one_task(&agent, &mut session, task, &mut input, &args).await?;
+                let planned = mode == loom::Mode::Plan && outcome.status == RunStatus::Done;
+                if planned && approve_plan(&mut input, &args).await {
+                    // The plan is carried out by the session's next task,
+                    // and the chat goes on in the default mode.
+                    let mut carrying = args.agent.clone();
+                    carrying.mode = loom::Mode::Default;
+                    agent = build_agent(&carrying, &args.place, None)
+                        .await
+                        .map_err(Failure::Usage)?;
+                    mode = loom::Mode::Default;
+                    say!("loom: carrying out the plan; the chat goes on in the default mode");
+                    one_task(&agent, &mut session, crate::run::PLAN_APPROVED, &mut input, &args).await?;
+                }
+            }
         }
     }
     if agent.store().is_some() {
@@ -167,6 +183,24 @@ impl Session {
     }
 }
 
+/// Whether the person approves the plan just shown (`--yes` does).
+async fn approve_plan(input: &mut Input, args: &ChatArgs) -> bool {
+    if args.agent.yes {
+        say!("loom: --yes: carrying out the plan");
+        return true;
+    }
+    say_partial!("loom: carry out this plan? [y/N]: ");
+    let approved = input
+        .lines
+        .recv()
+        .await
+        .is_some_and(|line| matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
+    if !approved {
+        say!("loom: not carried out; say what to change, or approve a later plan");
+    }
+    approved
+}
+
 /// Runs one task of the conversation to its end.
 async fn one_task(
     agent: &Agent,
@@ -174,7 +208,7 @@ async fn one_task(
     task: &str,
     input: &mut Input,
     args: &ChatArgs,
-) -> Result<(), Failure> {
+) -> Result<RunOutcome, Failure> {
     let with_store = agent.store().is_some();
     // A new task moves on from an interrupted one (it stays resumable with
     // `loom runs resume`).
@@ -188,9 +222,9 @@ async fn one_task(
     });
     let outcome = follow(handle, input, args).await?;
     if !with_store {
-        session.history = loom::history::without_system_prompt(outcome.messages);
+        session.history = loom::history::without_system_prompt(outcome.messages.clone());
     }
-    Ok(())
+    Ok(outcome)
 }
 
 /// Continues the session's interrupted task (`/resume`).

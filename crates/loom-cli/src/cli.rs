@@ -305,7 +305,7 @@ pub(crate) struct PlaceArgs {
 
 /// How every command configures its agents alike: the model, the step and
 /// time limits, permissions, the configuration file.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct CommonAgentArgs {
     /// The model as PROVIDER:MODEL: openai:MODEL, anthropic:MODEL or scripted:PATH.
     #[arg(long, env = "LOOM_MODEL")]
@@ -342,7 +342,7 @@ pub(crate) struct CommonAgentArgs {
 
 /// How a run on the terminal is configured: the common settings, and what
 /// only a person at a terminal asks for.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct AgentArgs {
     #[command(flatten)]
     pub common: CommonAgentArgs,
@@ -362,6 +362,14 @@ pub(crate) struct AgentArgs {
     /// Approve every permission request without asking.
     #[arg(long, short = 'y')]
     pub yes: bool,
+
+    /// How much the run may do without asking (docs/cli.md): default;
+    /// plan (only tools that read; the answer is a plan you approve before
+    /// anything changes); accept-edits (write_file and edit_file without
+    /// asking); bypass (every tool without asking). Rules that match still
+    /// decide: a deny is never overridden.
+    #[arg(long, value_name = "MODE", default_value = "default")]
+    pub mode: loom::Mode,
 
     /// Show guidance, compression and retrieval as they happen, and a run summary with suggestions at the end.
     #[arg(long, short = 'v')]

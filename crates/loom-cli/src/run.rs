@@ -54,7 +54,63 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         session_id: args.session.clone(),
         ..loom::RunRequest::default()
     });
-    follow(handle, args.json, &args.agent).await
+    let session_id = handle.controller().session_id().to_string();
+    let mut lines = Lines::default();
+    let (code, outcome) = follow_to_end(handle, args.json, &args.agent, &mut lines).await?;
+    let plan = outcome.filter(|outcome| args.agent.mode == loom::Mode::Plan && outcome.status == RunStatus::Done);
+    let Some(plan) = plan else {
+        return Ok(code);
+    };
+    if !approve_plan(&args.agent, &session_id, &mut lines).await {
+        return Ok(code);
+    }
+    // The plan is carried out by the session's next run, in the default
+    // mode: the same conversation, every tool the flags allow.
+    let mut carrying = args.agent.clone();
+    carrying.mode = loom::Mode::Default;
+    let agent = build_agent(&carrying, &args.place, None)
+        .await
+        .map_err(Failure::Usage)?;
+    let handle = agent.run(loom::RunRequest {
+        prompt: PLAN_APPROVED.to_string(),
+        session_id: Some(session_id),
+        // Without a store the next run cannot load the conversation itself.
+        history: agent
+            .store()
+            .is_none()
+            .then(|| loom::history::without_system_prompt(plan.messages)),
+        ..loom::RunRequest::default()
+    });
+    Ok(follow_to_end(handle, args.json, &carrying, &mut lines).await?.0)
+}
+
+/// The next run's task once a plan is approved.
+pub(crate) const PLAN_APPROVED: &str = "The plan is approved. Carry it out now.";
+
+/// Whether the person approves the plan just shown: `--yes` does; at a
+/// terminal they are asked; otherwise nobody can, and the plan waits.
+async fn approve_plan(args: &AgentArgs, session_id: &str, lines: &mut Lines) -> bool {
+    let later = format!(
+        "carry it out later with `loom run --session {session_id} \"The plan is approved. Carry it out now.\"`"
+    );
+    if args.yes {
+        say!("loom: --yes: carrying out the plan");
+        return true;
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        say!("loom: the plan waits for approval (no terminal to ask on; --yes approves); {later}");
+        return false;
+    }
+    say_partial!("loom: carry out this plan? [y/N]: ");
+    lines.start();
+    let approved = lines
+        .recv()
+        .await
+        .is_some_and(|line| matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
+    if !approved {
+        say!("loom: the plan was not carried out; {later}");
+    }
+    approved
 }
 
 /// Why a run being followed was stopped from here.
@@ -70,7 +126,18 @@ enum Stopped {
 /// asked on the terminal — and returns its exit code. Ctrl-C cancels the
 /// run; SIGTERM, SIGHUP or a closed stdout interrupt it (it stays
 /// resumable, recorded `INTERRUPTED`); a second signal quits at once.
-pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
+pub(crate) async fn follow(handle: RunHandle, json: bool, agent: &AgentArgs) -> Result<ExitCode, Failure> {
+    Ok(follow_to_end(handle, json, agent, &mut Lines::default()).await?.0)
+}
+
+/// [`follow`], with the stdin reader the caller keeps and the run's
+/// outcome (none when a second signal quit at once).
+async fn follow_to_end(
+    mut handle: RunHandle,
+    json: bool,
+    agent: &AgentArgs,
+    lines: &mut Lines,
+) -> Result<(ExitCode, Option<RunOutcome>), Failure> {
     let renderer: Box<dyn Renderer> = if json {
         Box::new(JsonLines)
     } else {
@@ -79,13 +146,12 @@ pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs)
     let mut shown = Shown::new(renderer, Questions::new(agent.yes));
     let controller = handle.controller();
     let mut signals = Signals::listen().context("cannot listen for signals")?;
-    let mut lines = Lines::default();
     let mut stopped: Option<Stopped> = None;
     loop {
         tokio::select! {
             event = handle.next_event() => {
                 let Some(event) = event else { break };
-                if let Some(err) = shown.event(&controller, &event, &mut lines) {
+                if let Some(err) = shown.event(&controller, &event, lines) {
                     // Nobody can read any more (a closed pipe, a terminal
                     // gone, a full disk): stop, resumably, and write
                     // nothing more on stdout.
@@ -100,7 +166,7 @@ pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs)
             signal = signals.recv() => {
                 if stopped.is_some() {
                     say!("loom: {} again; quitting now", signal.name());
-                    return Ok(ExitCode::from(signal.exit_code()));
+                    return Ok((ExitCode::from(signal.exit_code()), None));
                 }
                 stopped = Some(Stopped::By(signal));
                 match signal {
@@ -139,7 +205,7 @@ pub(crate) async fn follow(mut handle: RunHandle, json: bool, agent: &AgentArgs)
         }
         _ => exit_code(&outcome),
     };
-    Ok(ExitCode::from(code))
+    Ok((ExitCode::from(code), Some(outcome)))
 }
 
 pub(crate) fn exit_code(outcome: &RunOutcome) -> u8 {
@@ -234,7 +300,17 @@ pub(crate) async fn configure_agent(
     if let Some(bash) = bash_tool(file, &workspace)? {
         tools.push(Arc::new(bash));
     }
-    let mcp = crate::mcp::clients(file, &workspace).await?;
+    let mode = args.mode;
+    if mode == loom::Mode::Plan {
+        // Plan mode: only what reads (and `task`, whose children get a
+        // subset of these); no shell, no MCP servers.
+        tools.retain(|tool| tool.read_only() || tool.name() == loom::delegate::TASK_TOOL);
+    }
+    let mcp = if mode == loom::Mode::Plan {
+        None
+    } else {
+        crate::mcp::clients(file, &workspace).await?
+    };
     let mcp_names = mcp.as_ref().map(|clients| clients.tool_names()).unwrap_or_default();
     let wanted = server.as_ref().and_then(|s| s.tools.clone());
     if let Some(wanted) = &wanted {
@@ -247,8 +323,12 @@ pub(crate) async fn configure_agent(
         tools.retain(|tool| wanted.iter().any(|name| name == tool.name()));
     }
     let mut policy = permissions::policy(args, file.permissions.as_ref(), server.is_some())?;
-    if let Some(clients) = &mcp {
+    if let Some(clients) = mcp.as_ref().filter(|_| mode != loom::Mode::Bypass) {
         permissions::ask_for_mcp_tools(&mut policy, clients, file.permissions.as_ref())?;
+    }
+    policy.set_mode(mode);
+    if mode == loom::Mode::Bypass {
+        say!("loom: warning: --mode bypass: every tool call runs without asking, the shell included; only rules that match (--deny, --ask, [permissions]) still hold");
     }
     // The skills' names and descriptions go in the system prompt only
     // when the run has the tool that loads them.
@@ -303,6 +383,9 @@ pub(crate) async fn configure_agent(
     }
     if let Some(section) = skills_section {
         builder = builder.system_section("skills", section);
+    }
+    if mode == loom::Mode::Plan {
+        builder = builder.system_section("plan_mode", PLAN_MODE);
     }
     builder = builder.model_source(Arc::new(provider::ConfiguredModels {
         file: Arc::new(file.clone()),
@@ -361,6 +444,12 @@ pub(crate) async fn configure_agent(
     }
     Ok(builder.build()?)
 }
+
+/// What a run in plan mode is told (docs/cli.md, "Permission modes").
+const PLAN_MODE: &str =
+    "# Plan mode\n\nYou are in plan mode: investigate with the tools you have, which only read, and change nothing. \
+Answer with a plan: the steps you would take, the files you would change and how, and what you are unsure of. \
+A person reviews the plan; only once they approve it is it carried out.";
 
 /// The agents and skills defined in the workspace's `.loom/` and the
 /// user's config folder (docs/agents.md), for the `task` and `skill`

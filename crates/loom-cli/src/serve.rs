@@ -221,6 +221,7 @@ pub(crate) fn served(common: crate::cli::CommonAgentArgs) -> AgentArgs {
         max_cost: None,
         yes: false,
         verbose: false,
+        mode: loom::Mode::Default,
     }
 }
 

@@ -48,6 +48,11 @@ impl RunController {
         self.ctx.run_id()
     }
 
+    /// The run's session: the next run of the conversation names it.
+    pub fn session_id(&self) -> &str {
+        self.ctx.session_id()
+    }
+
     /// Cancels the run. Cancelling twice, or after the end, is harmless.
     pub fn cancel(&self, reason: impl Into<String>) {
         self.ctx.stop(StopCause::Cancelled(reason.into()));

@@ -79,7 +79,7 @@ pub use message::{Message, ToolCall};
 pub use metrics::{Pricing, RunMetrics, ToolStats};
 pub use model_source::{ModelSource, SourcedModel};
 pub use outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
-pub use permission::{Decision, PermissionPolicy, PolicyError};
+pub use permission::{Decision, Mode, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};

@@ -2,11 +2,13 @@
 //! that asks a person through the run's events and `RunHandle`.
 
 mod gate;
+mod mode;
 mod policy;
 mod sessions;
 
 pub use crate::control::PermissionDecision;
 pub use gate::{AskOutcome, SessionGrants};
 pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
+pub use mode::{Mode, UnknownMode, FILE_WRITING_TOOLS};
 pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};
 pub(crate) use sessions::GrantsBySession;

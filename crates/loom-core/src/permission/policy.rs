@@ -252,6 +252,7 @@ pub struct PermissionPolicy {
     overrides: Vec<Rule>,
     rules: Vec<Rule>,
     default: Decision,
+    mode: super::Mode,
 }
 
 impl Default for PermissionPolicy {
@@ -268,7 +269,19 @@ impl PermissionPolicy {
             overrides: Vec::new(),
             rules: Vec::new(),
             default,
+            mode: super::Mode::Default,
         }
+    }
+
+    /// Sets the permission mode: what it allows replaces the default's
+    /// decision for those tools; every rule still decides first.
+    pub fn set_mode(&mut self, mode: super::Mode) {
+        self.mode = mode;
+    }
+
+    /// The permission mode.
+    pub fn mode(&self) -> super::Mode {
+        self.mode
     }
 
     /// Changes the default.
@@ -314,8 +327,13 @@ impl PermissionPolicy {
                 };
             }
         }
+        let decision = if self.mode.allows_by_default(tool) {
+            Decision::Allow
+        } else {
+            self.default
+        };
         Verdict {
-            decision: self.default,
+            decision,
             rule: None,
             rule_has_arguments: false,
         }
@@ -326,6 +344,56 @@ impl PermissionPolicy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_mode_changes_only_what_the_default_decides() {
+        let workspace = Path::new("/ws");
+        let mut policy = PermissionPolicy::new(Decision::Ask)
+            .rule("edit_file(path=secret/**)", Decision::Deny)
+            .unwrap()
+            .rule("bash(command=rm *)", Decision::Ask)
+            .unwrap()
+            .rule("*(path=*.pem)", Decision::Deny)
+            .unwrap();
+        let write = |path: &str| json!({"path": path, "content": "x"});
+        policy.set_mode(super::super::Mode::AcceptEdits);
+        assert_eq!(
+            policy.evaluate("write_file", &write("a.txt"), workspace).decision,
+            Decision::Allow
+        );
+        assert_eq!(
+            policy.evaluate("edit_file", &write("secret/a"), workspace).decision,
+            Decision::Deny
+        );
+        assert_eq!(
+            policy.evaluate("write_file", &write("key.pem"), workspace).decision,
+            Decision::Deny
+        );
+        assert_eq!(
+            policy.evaluate("bash", &json!({"command": "ls"}), workspace).decision,
+            Decision::Ask
+        );
+        policy.set_mode(super::super::Mode::Bypass);
+        assert_eq!(
+            policy.evaluate("bash", &json!({"command": "ls"}), workspace).decision,
+            Decision::Allow
+        );
+        assert_eq!(
+            policy
+                .evaluate("bash", &json!({"command": "rm -rf x"}), workspace)
+                .decision,
+            Decision::Ask
+        );
+        assert_eq!(
+            policy.evaluate("write_file", &write("key.pem"), workspace).decision,
+            Decision::Deny
+        );
+        policy.set_mode(super::super::Mode::Plan);
+        assert_eq!(
+            policy.evaluate("write_file", &write("a.txt"), workspace).decision,
+            Decision::Ask
+        );
+    }
 
     fn policy() -> PermissionPolicy {
         PermissionPolicy::new(Decision::Ask)
