@@ -243,6 +243,8 @@ pub(crate) struct ServerAgent {
     pub model: Option<String>,
     /// Only these tools.
     pub tools: Option<Vec<String>>,
+    /// The permission mode the client asked for (one the server allows).
+    pub mode: loom::Mode,
     /// The gateway's store.
     pub store: Option<std::sync::Arc<dyn loom::Store>>,
 }
@@ -300,7 +302,7 @@ pub(crate) async fn configure_agent(
     if let Some(bash) = bash_tool(file, &workspace)? {
         tools.push(Arc::new(bash));
     }
-    let mode = args.mode;
+    let mode = server.as_ref().map_or(args.mode, |server| server.mode);
     if mode == loom::Mode::Plan {
         // Plan mode: only what reads (and `task`, whose children get a
         // subset of these); no shell, no MCP servers.
@@ -327,7 +329,7 @@ pub(crate) async fn configure_agent(
         permissions::ask_for_mcp_tools(&mut policy, clients, file.permissions.as_ref())?;
     }
     policy.set_mode(mode);
-    if mode == loom::Mode::Bypass {
+    if mode == loom::Mode::Bypass && server.is_none() {
         say!("loom: warning: --mode bypass: every tool call runs without asking, the shell included; only rules that match (--deny, --ask, [permissions]) still hold");
     }
     // The skills' names and descriptions go in the system prompt only

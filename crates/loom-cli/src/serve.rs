@@ -31,6 +31,7 @@ impl AgentFactory for ConfiguredAgents {
         let server = ServerAgent {
             model: spec.model,
             tools: spec.tools,
+            mode: spec.mode,
             store: spec.store,
         };
         configure_agent(&self.args, &self.place, None, &self.loaded, Some(server))
@@ -168,6 +169,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         .build(AgentSpec {
             model: None,
             tools: None,
+            mode: loom::Mode::Default,
             store: store.clone(),
         })
         .await

@@ -120,6 +120,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         .build(AgentSpec {
             model: None,
             tools: None,
+            mode: loom::Mode::Default,
             store: Some(store.clone()),
         })
         .await

@@ -1149,3 +1149,78 @@ async fn a_frame_that_breaks_the_websocket_protocol_closes_with_its_status_code(
     assert_eq!(client.frame().await.unwrap()["error"]["code"], "PARSE_ERROR");
     client.ok("run.list", json!({})).await;
 }
+
+/// `mode` over both transports: `accept-edits` lets a served run write
+/// where the gateway would deny; `plan` offers no tool that writes;
+/// `bypass` is refused unless `allowed_modes` lists it, and what the list
+/// leaves out is refused alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_asks_for_a_mode_that_the_server_allows() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=1 tool=write_file", "mode": "accept-edits"}),
+            )
+            .await,
+    );
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "success", "{result}");
+    client.until(&run, "lifecycle.end").await;
+    assert!(gateway.dir.join("out_1.txt").exists());
+
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=1 tool=write_file", "mode": "plan"}),
+            )
+            .await,
+    );
+    let result = client.until(&run, "tool.result").await;
+    assert_ne!(result["payload"]["status"], "success", "{result}");
+    assert!(
+        result["payload"]["content"].as_str().unwrap().contains("write_file"),
+        "{result}"
+    );
+    client.until(&run, "lifecycle.end").await;
+
+    let refused = client
+        .error("agent.run", json!({"prompt": "x", "mode": "bypass"}))
+        .await;
+    assert_eq!(refused, "FORBIDDEN");
+    let response = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "x", "mode": "bypass"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mode 'bypass' is not allowed"),
+        "{body}"
+    );
+    let unknown = client.error("agent.run", json!({"prompt": "x", "mode": "yolo"})).await;
+    assert_eq!(unknown, "INVALID_PARAMS");
+
+    let (_other_dir, _other_model, other) = self::gateway("allowed_modes = [\"default\", \"bypass\"]", &[]);
+    let mut client = other.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=1 tool=write_file", "mode": "bypass"}),
+            )
+            .await,
+    );
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "success", "{result}");
+    let refused = client.error("agent.run", json!({"prompt": "x", "mode": "plan"})).await;
+    assert_eq!(refused, "FORBIDDEN");
+}

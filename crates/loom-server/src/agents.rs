@@ -15,6 +15,8 @@ pub struct AgentSpec {
     pub model: Option<String>,
     /// Only these tools (`None`: all of them).
     pub tools: Option<Vec<String>>,
+    /// The permission mode.
+    pub mode: loom_core::Mode,
     /// The store the agent must record its runs in (the gateway's).
     pub store: Option<Arc<dyn Store>>,
 }
@@ -30,9 +32,9 @@ pub trait AgentFactory: Send + Sync {
     async fn build(&self, spec: AgentSpec) -> Result<Agent, String>;
 }
 
-type Key = (Option<String>, Option<Vec<String>>);
+type Key = (Option<String>, Option<Vec<String>>, loom_core::Mode);
 
-/// The agents built so far, one per model and tool set.
+/// The agents built so far, one per model, tool set and mode.
 pub(crate) struct Agents {
     factory: Arc<dyn AgentFactory>,
     store: Option<Arc<dyn Store>>,
@@ -52,14 +54,19 @@ impl Agents {
         self.factory.default_model()
     }
 
-    pub(crate) async fn get(&self, model: Option<&str>, tools: Option<&[String]>) -> Result<Agent, String> {
+    pub(crate) async fn get(
+        &self,
+        model: Option<&str>,
+        tools: Option<&[String]>,
+        mode: loom_core::Mode,
+    ) -> Result<Agent, String> {
         let tools = tools.map(|tools| {
             let mut tools = tools.to_vec();
             tools.sort();
             tools.dedup();
             tools
         });
-        let key: Key = (model.map(str::to_string), tools.clone());
+        let key: Key = (model.map(str::to_string), tools.clone(), mode);
         if let Some(agent) = self.lock().get(&key) {
             return Ok(agent.clone());
         }
@@ -68,6 +75,7 @@ impl Agents {
             .build(AgentSpec {
                 model: key.0.clone(),
                 tools,
+                mode,
                 store: self.store.clone(),
             })
             .await?;

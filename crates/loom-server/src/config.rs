@@ -37,6 +37,9 @@ pub struct ServerSettings {
     /// Models a client may name in `model`, besides the default one.
     #[serde(default)]
     pub models: Vec<String>,
+    /// Permission modes a client may ask for in `mode` (default:
+    /// `default`, `plan`, `accept-edits`; `bypass` only when listed).
+    pub allowed_modes: Option<Vec<String>>,
     /// Finished runs kept in memory when there is no store (default 1000).
     pub keep_finished_runs: Option<usize>,
     /// Origins besides `http://` + the request's Host that the web page
@@ -125,6 +128,8 @@ pub struct ServerConfig {
     pub max_steps_limit: u32,
     /// Models a client may name.
     pub models: Vec<String>,
+    /// Permission modes a client may ask for.
+    pub allowed_modes: Vec<loom_core::Mode>,
     /// Finished runs kept in memory without a store.
     pub keep_finished_runs: usize,
     /// Signs the web page's session cookies. Kept across restarts (the
@@ -147,6 +152,14 @@ pub struct ServerConfig {
     pub max_connections: usize,
 }
 
+/// The modes a gateway allows unless `allowed_modes` says otherwise:
+/// `bypass` is left out (a client would run every tool without a person).
+pub const DEFAULT_MODES: &[loom_core::Mode] = &[
+    loom_core::Mode::Default,
+    loom_core::Mode::Plan,
+    loom_core::Mode::AcceptEdits,
+];
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -161,6 +174,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_steps_limit: 100,
             models: Vec::new(),
+            allowed_modes: DEFAULT_MODES.to_vec(),
             keep_finished_runs: 1000,
             session_key: None,
             session_revocations: None,
@@ -259,6 +273,16 @@ impl ServerConfig {
                 .map_or(defaults.shutdown_grace, Duration::from_secs),
             max_steps_limit: settings.max_steps_limit.unwrap_or(defaults.max_steps_limit),
             models: settings.models.clone(),
+            allowed_modes: match &settings.allowed_modes {
+                Some(names) => names
+                    .iter()
+                    .map(|name| {
+                        name.parse()
+                            .map_err(|err| ConfigError::Invalid(format!("allowed_modes: {err}")))
+                    })
+                    .collect::<Result<_, _>>()?,
+                None => defaults.allowed_modes,
+            },
             keep_finished_runs: settings.keep_finished_runs.unwrap_or(defaults.keep_finished_runs),
             session_key: None,
             session_revocations: None,

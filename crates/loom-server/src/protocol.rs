@@ -44,6 +44,10 @@ pub struct StartRun {
     /// Only these of the server's tools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// The permission mode (docs/server.md, "Permission modes"): one the
+    /// server's `allowed_modes` lists (default: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<loom_core::Mode>,
     /// The same key with the same payload returns the same run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,

@@ -69,7 +69,7 @@ fn audited(caller: &Caller, request: &Request) -> Option<Audited> {
         Request::Run(params) => (
             "agent.run",
             None,
-            json!({ "sessionId": params.session_id, "model": params.model }),
+            json!({ "sessionId": params.session_id, "model": params.model, "mode": params.mode }),
         ),
         Request::Cancel(params) => ("agent.cancel", Some(params.run_id.clone()), serde_json::Value::Null),
         Request::Steer(params) => ("agent.steer", Some(params.run_id.clone()), serde_json::Value::Null),

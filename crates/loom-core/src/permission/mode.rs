@@ -19,7 +19,9 @@ use std::str::FromStr;
 pub const FILE_WRITING_TOOLS: &[&str] = &["write_file", "edit_file"];
 
 /// A permission mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// The policy as configured.

@@ -38,7 +38,14 @@ impl Service {
     /// names none, or names the default) and its tools.
     pub(super) async fn agent_for(&self, params: &StartRun) -> Result<Agent, String> {
         let model = params.model.clone().filter(|m| *m != self.inner.agents.default_model());
-        self.inner.agents.get(model.as_deref(), params.tools.as_deref()).await
+        self.inner
+            .agents
+            .get(
+                model.as_deref(),
+                params.tools.as_deref(),
+                params.mode.unwrap_or_default(),
+            )
+            .await
     }
 
     /// `agent.run`.
@@ -449,6 +456,19 @@ impl Service {
                 return Err(ApiError::new(
                     Code::InvalidParams,
                     format!("model '{model}' is not offered by this server"),
+                ));
+            }
+        }
+        if let Some(mode) = params.mode {
+            let allowed = &self.inner.config.allowed_modes;
+            if !allowed.contains(&mode) {
+                let names: Vec<&str> = allowed.iter().map(|mode| mode.as_str()).collect();
+                return Err(ApiError::new(
+                    Code::Forbidden,
+                    format!(
+                        "mode '{mode}' is not allowed by this server (it allows: {})",
+                        names.join(", ")
+                    ),
                 ));
             }
         }

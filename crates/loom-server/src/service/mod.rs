@@ -260,6 +260,7 @@ pub(super) mod testing {
     pub(crate) fn start(prompt: &str) -> StartRun {
         StartRun {
             prompt: prompt.into(),
+            mode: None,
             session_id: None,
             model: None,
             max_steps: None,

@@ -183,26 +183,26 @@ impl Service {
         let model = (record.model != self.inner.agents.default_model()
             && self.inner.config.models.contains(&record.model))
         .then(|| record.model.clone());
-        // The tools its request was given, no more: a restart must not widen
-        // what a client allowed its run.
+        // The tools and the mode its request was given, no more: a restart
+        // must not widen what a client allowed its run.
         let request = store
             .run_request(&record.run_id)
             .await
             .map_err(|err| NotTaken::NotNow(err.to_string()))?;
-        let tools = match request {
+        let (tools, mode) = match request {
             Some(request) => {
                 let params: StartRun = serde_json::from_str(&request)
                     .map_err(|err| NotTaken::Never(format!("its stored request is unreadable: {err}")))?;
-                params.tools
+                (params.tools, params.mode.unwrap_or_default())
             }
-            None => None,
+            None => (None, loom_core::Mode::Default),
         };
         // A tool it was given that this server lacks now (an MCP server
         // down, a tool turned off): not now; it stays interrupted.
         let agent = self
             .inner
             .agents
-            .get(model.as_deref(), tools.as_deref())
+            .get(model.as_deref(), tools.as_deref(), mode)
             .await
             .map_err(NotTaken::NotNow)?;
         // Its controls exist from now on, showing the asks it left open:

@@ -18,16 +18,17 @@ pub(crate) enum NotStarted {
     NotNow(String),
 }
 
-/// The agent for a run of `params`: its model (none for the default)
-/// and its tools, recording in `store`.
+/// The agent for a run of `params`: its model (none for the default),
+/// its tools and its mode, recording in `store`.
 async fn agent_for(
     agents: &Agents,
     model: Option<&str>,
     tools: Option<&[String]>,
+    mode: loom_core::Mode,
     store: Arc<dyn Store>,
 ) -> Result<Agent, NotStarted> {
     let model = model.filter(|model| *model != agents.default_model());
-    let agent = agents.get(model, tools).await.map_err(NotStarted::NotNow)?;
+    let agent = agents.get(model, tools, mode).await.map_err(NotStarted::NotNow)?;
     Ok(agent.with_store(store))
 }
 
@@ -49,7 +50,14 @@ pub(crate) async fn start(
         Claim::Start { request, .. } => {
             let params: StartRun = serde_json::from_str(request)
                 .map_err(|err| NotStarted::Never(format!("its stored request is unreadable: {err}")))?;
-            let agent = agent_for(agents, params.model.as_deref(), params.tools.as_deref(), store).await?;
+            let agent = agent_for(
+                agents,
+                params.model.as_deref(),
+                params.tools.as_deref(),
+                params.mode.unwrap_or_default(),
+                store,
+            )
+            .await?;
             Ok(agent.run(RunRequest {
                 prompt: params.prompt,
                 run_id: Some(record.run_id),
@@ -61,20 +69,20 @@ pub(crate) async fn start(
             }))
         }
         Claim::Resume { .. } => {
-            // The tools its request was given, no more.
-            let tools = match records
+            // The tools and the mode its request was given, no more.
+            let (tools, mode) = match records
                 .run_request(run_id)
                 .await
                 .map_err(|err| NotStarted::NotNow(err.to_string()))?
             {
                 Some(request) => {
-                    serde_json::from_str::<StartRun>(&request)
-                        .map_err(|err| NotStarted::Never(format!("its stored request is unreadable: {err}")))?
-                        .tools
+                    let params = serde_json::from_str::<StartRun>(&request)
+                        .map_err(|err| NotStarted::Never(format!("its stored request is unreadable: {err}")))?;
+                    (params.tools, params.mode.unwrap_or_default())
                 }
-                None => None,
+                None => (None, loom_core::Mode::Default),
             };
-            let agent = agent_for(agents, Some(&record.model), tools.as_deref(), store).await?;
+            let agent = agent_for(agents, Some(&record.model), tools.as_deref(), mode, store).await?;
             agent
                 .resume(run_id)
                 .await
