@@ -1224,3 +1224,42 @@ async fn a_run_asks_for_a_mode_that_the_server_allows() {
     let refused = client.error("agent.run", json!({"prompt": "x", "mode": "plan"})).await;
     assert_eq!(refused, "FORBIDDEN");
 }
+
+/// The mode is stored with the run: a run in `accept-edits` stopped by
+/// SIGTERM and taken back by the next gateway still writes without asking
+/// (the gateway itself would deny `write_file`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_taken_back_after_a_restart_keeps_its_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(dir.path(), &model.url(), "");
+    let mut gateway = Gateway::start(dir.path(), &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "write steps=3 tool=write_file delay_ms=400", "mode": "accept-edits"}),
+            )
+            .await,
+    );
+    client.until(&run, "step.completed").await;
+    assert!(gateway.terminate().success());
+    drop(gateway);
+
+    let gateway = Gateway::start(dir.path(), &[]);
+    let mut log = gateway.ws(ALICE).await;
+    log.ok("run.subscribe", json!({"runId": run})).await;
+    let end = log.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE", "{end}");
+    let statuses: Vec<&str> = log
+        .events
+        .iter()
+        .filter(|e| e["event"] == "tool.result")
+        .filter_map(|e| e["payload"]["status"].as_str())
+        .collect();
+    assert!(!statuses.contains(&"denied"), "{statuses:?}");
+    for step in 1..=3 {
+        assert!(dir.path().join(format!("out_{step}.txt")).exists(), "write {step}");
+    }
+}
