@@ -85,7 +85,8 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             task => {
                 let outcome = one_task(&agent, &mut session, task, &mut input, &args).await?;
                 let planned = mode == loom::Mode::Plan && outcome.status == RunStatus::Done;
-                if planned && approve_plan(&mut input, &args).await {
+                let later = "say what to change, or approve a later plan";
+                if planned && crate::plan::approve(args.agent.yes, &mut input.lines, later).await {
                     // The plan is carried out by the session's next task,
                     // and the chat goes on in the default mode.
                     let mut carrying = args.agent.clone();
@@ -95,7 +96,7 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
                         .map_err(Failure::Usage)?;
                     mode = loom::Mode::Default;
                     say!("loom: carrying out the plan; the chat goes on in the default mode");
-                    one_task(&agent, &mut session, crate::run::PLAN_APPROVED, &mut input, &args).await?;
+                    one_task(&agent, &mut session, crate::plan::APPROVED, &mut input, &args).await?;
                 }
             }
         }
@@ -181,24 +182,6 @@ impl Session {
             interrupted: None,
         }
     }
-}
-
-/// Whether the person approves the plan just shown (`--yes` does).
-async fn approve_plan(input: &mut Input, args: &ChatArgs) -> bool {
-    if args.agent.yes {
-        say!("loom: --yes: carrying out the plan");
-        return true;
-    }
-    say_partial!("loom: carry out this plan? [y/N]: ");
-    let approved = input
-        .lines
-        .recv()
-        .await
-        .is_some_and(|line| matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
-    if !approved {
-        say!("loom: not carried out; say what to change, or approve a later plan");
-    }
-    approved
 }
 
 /// Runs one task of the conversation to its end.

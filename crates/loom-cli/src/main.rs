@@ -27,6 +27,7 @@ mod follow;
 mod lines;
 mod mcp;
 mod permissions;
+mod plan;
 mod prompt;
 mod provider;
 mod questions;

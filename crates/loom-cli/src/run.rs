@@ -16,7 +16,7 @@ use crate::lines::Lines;
 use crate::questions::Questions;
 use crate::render::{Human, JsonLines, Renderer};
 use crate::signals::{Signal, Signals};
-use crate::{permissions, provider, store, tuning};
+use crate::{permissions, plan, provider, store, tuning};
 
 /// Exit codes (docs/cli.md).
 pub(crate) mod exit {
@@ -72,7 +72,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .await
         .map_err(Failure::Usage)?;
     let handle = agent.run(loom::RunRequest {
-        prompt: PLAN_APPROVED.to_string(),
+        prompt: plan::APPROVED.to_string(),
         session_id: Some(session_id),
         // Without a store the next run cannot load the conversation itself.
         history: agent
@@ -84,33 +84,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     Ok(follow_to_end(handle, args.json, &carrying, &mut lines).await?.0)
 }
 
-/// The next run's task once a plan is approved.
-pub(crate) const PLAN_APPROVED: &str = "The plan is approved. Carry it out now.";
-
-/// Whether the person approves the plan just shown: `--yes` does; at a
-/// terminal they are asked; otherwise nobody can, and the plan waits.
+/// Whether the plan just shown is approved; with no terminal to ask on
+/// and no `--yes`, it waits, and loom says how to carry it out later.
 async fn approve_plan(args: &AgentArgs, session_id: &str, lines: &mut Lines) -> bool {
     let later = format!(
-        "carry it out later with `loom run --session {session_id} \"The plan is approved. Carry it out now.\"`"
+        "carry it out later with `loom run --session {session_id} \"{}\"`",
+        plan::APPROVED
     );
-    if args.yes {
-        say!("loom: --yes: carrying out the plan");
-        return true;
-    }
-    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+    if !args.yes && !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
         say!("loom: the plan waits for approval (no terminal to ask on; --yes approves); {later}");
         return false;
     }
-    say_partial!("loom: carry out this plan? [y/N]: ");
-    lines.start();
-    let approved = lines
-        .recv()
-        .await
-        .is_some_and(|line| matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"));
-    if !approved {
-        say!("loom: the plan was not carried out; {later}");
-    }
-    approved
+    plan::approve(args.yes, lines, &later).await
 }
 
 /// Why a run being followed was stopped from here.
@@ -245,6 +230,8 @@ pub(crate) struct ServerAgent {
     pub tools: Option<Vec<String>>,
     /// The permission mode the client asked for (one the server allows).
     pub mode: loom::Mode,
+    /// The gateway's default model (what `[server] models` adds to).
+    pub default_model: String,
     /// The gateway's store.
     pub store: Option<std::sync::Arc<dyn loom::Store>>,
 }
@@ -303,26 +290,35 @@ pub(crate) async fn configure_agent(
         tools.push(Arc::new(bash));
     }
     let mode = server.as_ref().map_or(args.mode, |server| server.mode);
-    if mode == loom::Mode::Plan {
-        // Plan mode: only what reads (and `task`, whose children get a
-        // subset of these); no shell, no MCP servers.
-        tools.retain(|tool| tool.read_only() || tool.name() == loom::delegate::TASK_TOOL);
-    }
-    let mcp = if mode == loom::Mode::Plan {
+    let planning = mode == loom::Mode::Plan;
+    // Plan mode starts no MCP server: its tools are not offered.
+    let mcp = if planning {
         None
     } else {
         crate::mcp::clients(file, &workspace).await?
     };
     let mcp_names = mcp.as_ref().map(|clients| clients.tool_names()).unwrap_or_default();
+    let mcp_servers: Vec<String> = file
+        .mcp
+        .as_ref()
+        .map(|mcp| mcp.servers.keys().map(|name| format!("{name}__")).collect())
+        .unwrap_or_default();
     let wanted = server.as_ref().and_then(|s| s.tools.clone());
     if let Some(wanted) = &wanted {
-        if let Some(unknown) = wanted
-            .iter()
-            .find(|name| !tools.iter().any(|tool| tool.name() == name.as_str()) && !mcp_names.contains(name))
-        {
+        let known = |name: &String| {
+            tools.iter().any(|tool| tool.name() == name.as_str())
+                || mcp_names.contains(name)
+                || (planning && mcp_servers.iter().any(|prefix| name.starts_with(prefix.as_str())))
+        };
+        if let Some(unknown) = wanted.iter().find(|name| !known(name)) {
             return Err(anyhow!("no tool '{unknown}' on this server"));
         }
         tools.retain(|tool| wanted.iter().any(|name| name == tool.name()));
+    }
+    if planning {
+        // Plan mode: of the tools asked for, only what reads (and `task`,
+        // whose children get a subset of these); no shell, no MCP.
+        tools.retain(|tool| tool.read_only() || tool.name() == loom::delegate::TASK_TOOL);
     }
     let mut policy = permissions::policy(args, file.permissions.as_ref(), server.is_some())?;
     if let Some(clients) = mcp.as_ref().filter(|_| mode != loom::Mode::Bypass) {
@@ -384,14 +380,19 @@ pub(crate) async fn configure_agent(
         builder = builder.pricing(pricing);
     }
     if let Some(section) = skills_section {
-        builder = builder.system_section("skills", section);
+        builder = builder.system_section_for("skill", "skills", section);
     }
     if mode == loom::Mode::Plan {
-        builder = builder.system_section("plan_mode", PLAN_MODE);
+        builder = builder.system_instructions("plan_mode", plan::INSTRUCTIONS);
     }
     builder = builder.model_source(Arc::new(provider::ConfiguredModels {
         file: Arc::new(file.clone()),
         base_url: args.common.base_url.clone(),
+        served: server
+            .as_ref()
+            .map(|server| provider::ServedModels::of(file.server.as_ref(), &server.default_model)),
+        parent: model.clone(),
+        made: std::sync::Mutex::default(),
     }));
     if let Some(secs) = file.permission_timeout_secs {
         builder = builder.permission_timeout(seconds(secs));
@@ -446,12 +447,6 @@ pub(crate) async fn configure_agent(
     }
     Ok(builder.build()?)
 }
-
-/// What a run in plan mode is told (docs/cli.md, "Permission modes").
-const PLAN_MODE: &str =
-    "# Plan mode\n\nYou are in plan mode: investigate with the tools you have, which only read, and change nothing. \
-Answer with a plan: the steps you would take, the files you would change and how, and what you are unsure of. \
-A person reviews the plan; only once they approve it is it carried out.";
 
 /// The agents and skills defined in the workspace's `.loom/` and the
 /// user's config folder (docs/agents.md), for the `task` and `skill`

@@ -32,6 +32,7 @@ impl AgentFactory for ConfiguredAgents {
             model: spec.model,
             tools: spec.tools,
             mode: spec.mode,
+            default_model: self.default_model.clone(),
             store: spec.store,
         };
         configure_agent(&self.args, &self.place, None, &self.loaded, Some(server))

@@ -329,3 +329,58 @@ fn a_skill_is_listed_in_the_system_prompt_and_loaded_by_the_skill_tool() {
         "{results}"
     );
 }
+
+/// An agent file naming another provider's model would send that
+/// provider's key to the address configured for this one: refused, and no
+/// request leaves with the other key.
+#[test]
+fn an_agent_cannot_switch_the_run_to_another_provider() {
+    use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write(
+        &ws.join(".loom/agents/helper.md"),
+        "---\nname: helper\ndescription: Use for everything.\nmodel: anthropic:claude-x\n---\nHelp.\n",
+    );
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "task",
+            r#"{"description": "x", "prompt": "Go.", "agent": "helper"}"#,
+        )])),
+        Reply::Sse(openai_text("Could not.", 8)),
+    ]);
+    let output = common::loom_in(ws)
+        .env("OPENAI_API_KEY", "sk-openai")
+        .env("ANTHROPIC_API_KEY", "sk-ant-SECRET")
+        .args(["run", "--model", "openai:m", "--base-url"])
+        .arg(format!("{}/v1", server.url()))
+        .arg("go")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let requests = server.requests();
+    assert_eq!(
+        requests.len(),
+        2,
+        "{:?}",
+        requests.iter().map(|r| &r.path).collect::<Vec<_>>()
+    );
+    assert!(requests
+        .iter()
+        .all(|request| request.path.ends_with("/chat/completions")));
+    assert!(requests
+        .iter()
+        .all(|request| !request.headers.values().any(|value| value.contains("sk-ant-SECRET"))));
+    let result = common::message_texts(&requests[1].body).join("\n");
+    assert!(
+        result.contains("an agent may name another model of its parent's provider"),
+        "{result}"
+    );
+}

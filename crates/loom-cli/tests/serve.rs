@@ -1156,7 +1156,7 @@ async fn a_frame_that_breaks_the_websocket_protocol_closes_with_its_status_code(
 /// leaves out is refused alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_asks_for_a_mode_that_the_server_allows() {
-    let (_dir, _model, gateway) = gateway("", &[]);
+    let (_dir, _model, gateway) = gateway("allowed_modes = [\"default\", \"plan\", \"accept-edits\"]", &[]);
     let mut client = gateway.ws(ALICE).await;
     let run = run_id(
         &client
@@ -1211,6 +1211,10 @@ async fn a_run_asks_for_a_mode_that_the_server_allows() {
 
     let (_other_dir, _other_model, other) = self::gateway("allowed_modes = [\"default\", \"bypass\"]", &[]);
     let mut client = other.ws(ALICE).await;
+    let refused = client
+        .error("agent.run", json!({"prompt": "x", "mode": "accept-edits"}))
+        .await;
+    assert_eq!(refused, "FORBIDDEN");
     let run = run_id(
         &client
             .ok(
@@ -1232,7 +1236,11 @@ async fn a_run_asks_for_a_mode_that_the_server_allows() {
 async fn a_run_taken_back_after_a_restart_keeps_its_mode() {
     let dir = tempfile::tempdir().unwrap();
     let model = model();
-    config(dir.path(), &model.url(), "");
+    config(
+        dir.path(),
+        &model.url(),
+        "allowed_modes = [\"default\", \"accept-edits\"]",
+    );
     let mut gateway = Gateway::start(dir.path(), &[]);
     let mut client = gateway.ws(ALICE).await;
     let run = run_id(

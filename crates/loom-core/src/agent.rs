@@ -82,7 +82,7 @@ pub struct AgentBuilder {
     retrieval_limit: usize,
     project_instructions: bool,
     instruction_dirs: Vec<PathBuf>,
-    sections: Vec<(String, String)>,
+    sections: Vec<crate::engine::SystemSection>,
     system_budget: Option<usize>,
     store: Option<Arc<dyn Store>>,
     owner: Option<String>,
@@ -348,11 +348,45 @@ impl AgentBuilder {
     }
 
     /// Adds a section to every run's system prompt, after the base prompt
-    /// and before project instructions (the `loom` command lists the
-    /// skills this way). Cut first, with them, when the prompt's budget is
-    /// short.
+    /// and before project instructions. Cut first, with them, when the
+    /// prompt's budget is short.
     pub fn system_section(mut self, name: impl Into<String>, text: impl Into<String>) -> Self {
-        self.sections.push((name.into(), text.into()));
+        self.sections.push(crate::engine::SystemSection {
+            name: name.into(),
+            text: text.into(),
+            tool: None,
+            critical: false,
+        });
+        self
+    }
+
+    /// Adds instructions to every run's system prompt that are never cut
+    /// to fit its budget, as the base prompt is not (plan mode's).
+    pub fn system_instructions(mut self, name: impl Into<String>, text: impl Into<String>) -> Self {
+        self.sections.push(crate::engine::SystemSection {
+            name: name.into(),
+            text: text.into(),
+            tool: None,
+            critical: true,
+        });
+        self
+    }
+
+    /// Adds a section that only runs offered `tool` get (a sub-agent
+    /// without it does not): the `loom` command lists the skills this way,
+    /// for the `skill` tool.
+    pub fn system_section_for(
+        mut self,
+        tool: impl Into<String>,
+        name: impl Into<String>,
+        text: impl Into<String>,
+    ) -> Self {
+        self.sections.push(crate::engine::SystemSection {
+            name: name.into(),
+            text: text.into(),
+            tool: Some(tool.into()),
+            critical: false,
+        });
         self
     }
 

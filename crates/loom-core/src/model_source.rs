@@ -28,6 +28,7 @@ impl std::fmt::Debug for SourcedModel {
 
 /// Makes models from names as `--model` takes them (`openai:gpt-4o-mini`).
 pub trait ModelSource: Send + Sync + std::fmt::Debug {
-    /// The model `spec` names, or why it cannot be made.
-    fn model(&self, spec: &str) -> Result<SourcedModel, String>;
+    /// The model `spec` names for a run of `principal` (a gateway token's
+    /// name, whose grant may limit the models), or why it cannot be made.
+    fn model(&self, spec: &str, principal: Option<&str>) -> Result<SourcedModel, String>;
 }

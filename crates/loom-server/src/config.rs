@@ -38,7 +38,7 @@ pub struct ServerSettings {
     #[serde(default)]
     pub models: Vec<String>,
     /// Permission modes a client may ask for in `mode` (default:
-    /// `default`, `plan`, `accept-edits`; `bypass` only when listed).
+    /// `default` and `plan`; `accept-edits` and `bypass` only when listed).
     pub allowed_modes: Option<Vec<String>>,
     /// Finished runs kept in memory when there is no store (default 1000).
     pub keep_finished_runs: Option<usize>,
@@ -152,13 +152,11 @@ pub struct ServerConfig {
     pub max_connections: usize,
 }
 
-/// The modes a gateway allows unless `allowed_modes` says otherwise:
-/// `bypass` is left out (a client would run every tool without a person).
-pub const DEFAULT_MODES: &[loom_core::Mode] = &[
-    loom_core::Mode::Default,
-    loom_core::Mode::Plan,
-    loom_core::Mode::AcceptEdits,
-];
+/// The modes a gateway allows unless `allowed_modes` says otherwise: the
+/// two that allow nothing more than the gateway's rules. `accept-edits`
+/// and `bypass` let a client's run write (or do anything) where the
+/// gateway would deny: the operator lists them.
+pub const DEFAULT_MODES: &[loom_core::Mode] = &[loom_core::Mode::Default, loom_core::Mode::Plan];
 
 impl Default for ServerConfig {
     fn default() -> Self {

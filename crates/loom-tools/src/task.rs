@@ -38,6 +38,13 @@ pub struct TaskArgs {
     pub agent: Option<String>,
 }
 
+/// The most characters of agent listing in the tool's description: it is
+/// sent with every request, and the agents come with a project.
+const MAX_LISTING_CHARS: usize = 16_000;
+
+/// An agent's description as listed, at most.
+const MAX_AGENT_DESCRIPTION_CHARS: usize = 300;
+
 /// What the tool says of itself with no agents defined.
 const DESCRIPTION: &str =
     "Hand a self-contained part of the work to a sub-agent; returns its answer and how it ended. \
@@ -71,8 +78,16 @@ impl Task {
         if !agents.is_empty() {
             description
                 .push_str("\n\nAgents you can name in `agent` (each with its own instructions, tools and model):");
-            for agent in &agents {
-                description.push_str(&format!("\n- {}: {}", agent.name, agent.description));
+            for (listed, agent) in agents.iter().enumerate() {
+                if description.len() > MAX_LISTING_CHARS {
+                    description.push_str(&format!(
+                        "\n(and {} more agents, not listed here)",
+                        agents.len() - listed
+                    ));
+                    break;
+                }
+                let about = loom_core::text::clip(&agent.description, MAX_AGENT_DESCRIPTION_CHARS, "…");
+                description.push_str(&format!("\n- {}: {about}", agent.name));
             }
         }
         Self {
@@ -227,6 +242,27 @@ fn capped(answer: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_listing_is_bounded() {
+        let agents: Vec<AgentDefinition> = (0..3_000)
+            .map(|n| {
+                AgentDefinition::parse(&format!(
+                    "---\nname: agent-{n}\ndescription: {}\n---\nGo.",
+                    "d".repeat(1_000)
+                ))
+                .unwrap()
+            })
+            .collect();
+        let task = Task::with_agents(agents);
+        let description = task.description();
+        assert!(description.len() < MAX_LISTING_CHARS + 1_000, "{}", description.len());
+        assert!(
+            description.ends_with("more agents, not listed here)"),
+            "{}",
+            &description[description.len() - 80..]
+        );
+    }
 
     #[test]
     fn a_long_answer_keeps_its_head_and_tail() {

@@ -177,8 +177,14 @@ impl Children {
             )));
         };
         let sourced = models
-            .model(spec)
+            .model(spec, self.principal.as_deref())
             .map_err(|err| DelegateError::Model(format!("the sub-agent's model {spec}: {err}")))?;
+        // A model without prices would spend outside a cost budget.
+        if sourced.pricing.is_none() && self.budget.remaining().max_cost_usd.is_some() {
+            return Err(DelegateError::Model(format!(
+                "the sub-agent's model {spec} has no prices, and this run has a cost budget"
+            )));
+        }
         let mut engine = Engine::clone(&self.engine);
         engine.llm = sourced.llm;
         engine.pricing = sourced.pricing;

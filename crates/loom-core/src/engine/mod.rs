@@ -92,12 +92,23 @@ pub(crate) struct ContextSettings {
     pub summarizer: Option<Arc<dyn Llm>>,
     pub retriever: Option<Arc<dyn Retriever>>,
     pub retrieval_limit: usize,
-    /// Sections added after the base prompt: (name, text).
-    pub sections: Vec<(String, String)>,
+    /// Sections added after the base prompt.
+    pub sections: Vec<SystemSection>,
     /// Directories searched for LOOM.md / AGENTS.md.
     pub instruction_dirs: Vec<std::path::PathBuf>,
     /// Token budget of the assembled system prompt.
     pub system_budget: usize,
+}
+
+/// A section of the system prompt given by the builder.
+#[derive(Debug, Clone)]
+pub(crate) struct SystemSection {
+    pub name: String,
+    pub text: String,
+    /// Only for runs offered this tool.
+    pub tool: Option<String>,
+    /// Kept whole whatever the prompt's budget (else cut first).
+    pub critical: bool,
 }
 
 /// The IO side of one run. Owned by the run's task; its state lives in the

@@ -150,8 +150,21 @@ impl Driver {
             ));
         }
 
-        for (name, text) in &settings.sections {
-            assembler.add(ContextComponent::new(name, text.clone(), Priority::High, true));
+        let registry = self.tools.registry();
+        for section in &settings.sections {
+            if section.tool.as_ref().is_none_or(|tool| registry.get(tool).is_some()) {
+                let (priority, cut) = if section.critical {
+                    (Priority::Critical, false)
+                } else {
+                    (Priority::High, true)
+                };
+                assembler.add(ContextComponent::new(
+                    &section.name,
+                    section.text.clone(),
+                    priority,
+                    cut,
+                ));
+            }
         }
 
         let dirs = settings.instruction_dirs.clone();

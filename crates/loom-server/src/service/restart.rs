@@ -197,6 +197,13 @@ impl Service {
             }
             None => (None, loom_core::Mode::Default),
         };
+        // A mode this server no longer allows (the operator took it off
+        // `allowed_modes`): never resumed here.
+        if !self.inner.config.allowed_modes.contains(&mode) {
+            return Err(NotTaken::Never(format!(
+                "its mode {mode} is no longer allowed by this server"
+            )));
+        }
         // A tool it was given that this server lacks now (an MCP server
         // down, a tool turned off): not now; it stays interrupted.
         let agent = self

@@ -49,6 +49,27 @@ enum ToolList {
     Text(String),
 }
 
+/// The providers an agent's model may name (as `--model` takes them; a
+/// scripted model is a file path, which a project's file must not choose).
+const PROVIDERS: &[&str] = &["openai", "anthropic"];
+
+/// Checks `model` as `PROVIDER:NAME`.
+fn check_model(model: &str) -> Result<(), DefinitionError> {
+    let well_formed = model.split_once(':').is_some_and(|(provider, name)| {
+        PROVIDERS.contains(&provider) && !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c.is_control())
+    });
+    if well_formed {
+        return Ok(());
+    }
+    Err(DefinitionError::of_key(
+        "model",
+        format!(
+            "{model:?} is not a model: write PROVIDER:NAME with {} (like \"openai:gpt-4o-mini\"), or leave the key out for the parent's",
+            PROVIDERS.join(" or ")
+        ),
+    ))
+}
+
 impl AgentDefinition {
     /// Reads an agent file's text.
     pub fn parse(text: &str) -> Result<Self, DefinitionError> {
@@ -75,11 +96,8 @@ impl AgentDefinition {
                 return Err(DefinitionError::of_key("tools", format!("{bad:?} is not a tool name")));
             }
         }
-        if fields.model.as_deref().is_some_and(|model| model.trim().is_empty()) {
-            return Err(DefinitionError::of_key(
-                "model",
-                "the model is empty: leave the key out to use the parent's",
-            ));
+        if let Some(model) = &fields.model {
+            check_model(model)?;
         }
         if fields.max_steps == Some(0) {
             return Err(DefinitionError::of_key("max_steps", "max_steps must be at least 1"));
@@ -149,6 +167,16 @@ mod tests {
                 "tools",
             ),
             ("---\nname: a\ndescription: d\n---\n", "instructions"),
+            (
+                "---\nname: a\ndescription: d\nmodel: scripted:/etc/passwd\n---\nGo.",
+                "model",
+            ),
+            ("---\nname: a\ndescription: d\nmodel: \" \"\n---\nGo.", "model"),
+            ("---\nname: a\ndescription: d\nmodel: foo:bar\n---\nGo.", "model"),
+            (
+                "---\nname: a\ndescription: d\nmodel: \"openai:gpt 4\"\n---\nGo.",
+                "model",
+            ),
         ];
         for (text, key) in cases {
             let err = AgentDefinition::parse(text).unwrap_err();

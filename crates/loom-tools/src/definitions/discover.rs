@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 
 use super::{AgentDefinition, DefinitionError, SkillDefinition};
 
@@ -128,9 +128,12 @@ pub fn discover(places: &[Place]) -> Definitions {
             }
         }
         let mut skills = Vec::new();
+        // A skill is a folder, or a link to one: a link is followed, and
+        // reading beneath the place's root refuses one that leads out
+        // (listed as a problem, not skipped).
         for (path, text) in files(&root, place, Kind::Skill, &mut definitions.problems, |dir, name| {
-            (!name.starts_with('.') && dir.metadata(name).is_ok_and(|meta| meta.is_dir()))
-                .then(|| Path::new(name).join("SKILL.md"))
+            let kind = dir.symlink_metadata(name).ok()?.file_type();
+            (!name.starts_with('.') && (kind.is_dir() || kind.is_symlink())).then(|| Path::new(name).join("SKILL.md"))
         }) {
             let folder = path
                 .parent()
@@ -220,16 +223,29 @@ fn files(
     let Ok(entries) = dir.entries() else {
         return Vec::new();
     };
-    let mut names: Vec<String> = entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().into_string().ok())
-        .collect();
+    let mut names = Vec::new();
+    for entry in entries.flatten() {
+        match entry.file_name().into_string() {
+            Ok(name) => names.push(name),
+            Err(name) => problems.push(Problem {
+                kind,
+                path: place.root.join(&relative).join(&name),
+                error: DefinitionError {
+                    line: None,
+                    key: None,
+                    message: "its name is not UTF-8 text".to_string(),
+                },
+            }),
+        }
+    }
     names.sort();
     let mut texts = Vec::new();
     for name in names {
         let Some(file) = pick(&dir, &name) else { continue };
         let path = place.root.join(&relative).join(&file);
-        match read_beneath(&dir, &file) {
+        // Beneath the place's root, not the folder: a link to a file
+        // elsewhere in the project is fine; one out of it is refused.
+        match read_beneath(root, &relative.join(&file)) {
             Ok(text) => texts.push((path, text)),
             Err(message) => problems.push(Problem {
                 kind,
@@ -246,8 +262,18 @@ fn files(
 }
 
 /// A regular file beneath `dir`, as UTF-8 text of at most [`MAX_FILE_BYTES`].
-fn read_beneath(dir: &Dir, file: &Path) -> Result<String, String> {
-    let opened = dir.open(file).map_err(|err| format!("cannot be read: {err}"))?;
+/// Opened without blocking, so a FIFO cannot hang the listing (it is
+/// then refused as not a regular file).
+pub(crate) fn read_beneath(dir: &Dir, file: &Path) -> Result<String, String> {
+    let mut options = OpenOptions::new();
+    options.read(true).custom_flags(libc::O_NONBLOCK);
+    let opened = dir.open_with(file, &options).map_err(|err| {
+        if crate::jail::is_escape(&err) {
+            "cannot be read: it is a link that leads out of the folder it was found in".to_string()
+        } else {
+            format!("cannot be read: {err}")
+        }
+    })?;
     let meta = opened.metadata().map_err(|err| format!("cannot be read: {err}"))?;
     if !meta.is_file() {
         return Err("is not a regular file".to_string());
@@ -348,6 +374,36 @@ mod tests {
         );
         let found = discover(&[Place::workspace(other.path())]);
         assert!(found.agents.is_empty() && found.problems.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_and_links_inside_the_project_are_followed() {
+        let workspace = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let ws = workspace.path();
+        let agents = ws.join(".loom/agents");
+        std::fs::create_dir_all(&agents).unwrap();
+        let fifo = std::ffi::CString::new(agents.join("fifo.md").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        write(&ws.join("docs/inner.md"), "---\nname: inner\ndescription: d\n---\nGo.");
+        std::os::unix::fs::symlink("../../docs/inner.md", agents.join("inner.md")).unwrap();
+        write(
+            &outside.path().join("s/SKILL.md"),
+            "---\nname: s\ndescription: d\n---\nSECRET",
+        );
+        std::fs::create_dir_all(ws.join(".loom/skills")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("s"), ws.join(".loom/skills/s")).unwrap();
+        let found = discover(&[Place::workspace(ws)]);
+        assert_eq!(found.agents.len(), 1, "{found:?}");
+        assert_eq!(found.agents[0].definition.name, "inner");
+        assert!(found.skills.is_empty(), "{found:?}");
+        let problems: Vec<_> = found.problems.iter().map(ToString::to_string).collect();
+        assert!(problems[0].contains("fifo.md: is not a regular file"), "{problems:?}");
+        assert!(
+            problems[1].contains("skills/s/SKILL.md: cannot be read: it is a link that leads out"),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub(crate) fn read<T: DeserializeOwned>(text: &str) -> Result<Document<T>, Defin
         ));
     };
     let yaml = text.get(yaml_start..yaml_end).unwrap_or_default();
+    limits(yaml)?;
     let body = text.get(body_start..).unwrap_or_default().trim().to_string();
     // An empty front matter is an empty mapping, so a missing key is named
     // as missing.
@@ -70,6 +71,46 @@ pub(crate) fn read<T: DeserializeOwned>(text: &str) -> Result<Document<T>, Defin
     };
     let fields = serde_yaml::from_str::<T>(yaml).map_err(|err| located(&err, yaml))?;
     Ok(Document { fields, keys, body })
+}
+
+/// The most bytes of front matter read: far above any real one.
+pub(crate) const MAX_FRONT_MATTER_BYTES: usize = 32 * 1024;
+
+/// The deepest nesting of `[` and `{` read. The YAML parser's time grows
+/// with the square of the depth before it gives up at its own limit, so a
+/// file of brackets could hold a listing (or a run's start) for minutes.
+const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses front matter too big or too deeply nested to be real, before
+/// the YAML parser sees it.
+fn limits(yaml: &str) -> Result<(), DefinitionError> {
+    if yaml.len() > MAX_FRONT_MATTER_BYTES {
+        return Err(DefinitionError::at(
+            2,
+            None,
+            format!(
+                "the front matter has {} bytes; at most {MAX_FRONT_MATTER_BYTES}",
+                yaml.len()
+            ),
+        ));
+    }
+    let mut depth = 0usize;
+    for (index, byte) in yaml.bytes().enumerate() {
+        match byte {
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if depth > MAX_FLOW_DEPTH {
+            let line = yaml.get(..index).map_or(0, |before| before.matches('\n').count()) + 2;
+            return Err(DefinitionError::at(
+                line,
+                None,
+                format!("the front matter nests brackets more than {MAX_FLOW_DEPTH} deep"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `err` with the file's line (the YAML starts on line 2) and the key
@@ -159,6 +200,25 @@ mod tests {
     fn a_lone_carriage_return_does_not_move_the_line() {
         let err = read::<Fields>("---\n\r\r\rname: a\ncount: x\n---\n").unwrap_err();
         assert_eq!(err.line, Some(3), "{err}");
+    }
+
+    #[test]
+    fn deep_or_huge_front_matter_is_refused_before_parsing() {
+        let deep = format!(
+            "---\nname: a\nx: {}{}\n---\nbody",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        // Refused by the check, not by the parser's own recursion limit
+        // (which it reaches only after seconds of work).
+        let err = read::<Fields>(&deep).unwrap_err();
+        assert!(err.message.contains("more than 64 deep"), "{err}");
+        assert_eq!(err.line, Some(3));
+        let huge = format!("---\nname: a\nx: \"{}\"\n---\nbody", "y".repeat(40_000));
+        assert!(read::<Fields>(&huge).unwrap_err().message.contains("at most"));
+        // Brackets as YAML uses them pass.
+        let doc: Document<Fields> = read("---\nname: a\ncount: 2\nx: [[1, 2], {a: [3]}]\n---\nbody").unwrap();
+        assert_eq!(doc.fields.name, "a");
     }
 
     #[test]
