@@ -165,10 +165,7 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
         Reply::Sse(openai_text("main.rs:1 is fine.", 8)),
         Reply::Sse(openai_text("The reviewer found nothing.", 8)),
     ]);
-    let output = common::loom_in(ws)
-        .env("OPENAI_API_KEY", "sk-test")
-        .args(["run", "--model", "openai:parent-model", "--base-url"])
-        .arg(format!("{}/v1", server.url()))
+    let output = common::run_against(ws, &server.url(), "openai:parent-model")
         .arg("review the code")
         .output()
         .unwrap();
@@ -242,10 +239,7 @@ fn an_unknown_agent_or_a_tool_outside_the_agent_is_refused() {
         )])),
         Reply::Sse(openai_text("Gave up.", 8)),
     ]);
-    let output = common::loom_in(ws)
-        .env("OPENAI_API_KEY", "sk-test")
-        .args(["run", "--model", "openai:m", "--base-url"])
-        .arg(format!("{}/v1", server.url()))
+    let output = common::run_against(ws, &server.url(), "openai:m")
         .arg("go")
         .output()
         .unwrap();
@@ -298,11 +292,8 @@ fn a_skill_is_listed_in_the_system_prompt_and_loaded_by_the_skill_tool() {
         ])),
         Reply::Sse(openai_text("Done.", 8)),
     ]);
-    let output = common::loom_in(&ws)
+    let output = common::run_against(&ws, &server.url(), "openai:m")
         .env("XDG_CONFIG_HOME", &config_home)
-        .env("OPENAI_API_KEY", "sk-test")
-        .args(["run", "--model", "openai:m", "--base-url"])
-        .arg(format!("{}/v1", server.url()))
         .arg("fill the form")
         .output()
         .unwrap();
@@ -351,11 +342,8 @@ fn an_agent_cannot_switch_the_run_to_another_provider() {
         )])),
         Reply::Sse(openai_text("Could not.", 8)),
     ]);
-    let output = common::loom_in(ws)
-        .env("OPENAI_API_KEY", "sk-openai")
+    let output = common::run_against(ws, &server.url(), "openai:m")
         .env("ANTHROPIC_API_KEY", "sk-ant-SECRET")
-        .args(["run", "--model", "openai:m", "--base-url"])
-        .arg(format!("{}/v1", server.url()))
         .arg("go")
         .output()
         .unwrap();

@@ -7,19 +7,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
 
-/// `loom run --mode MODE` in `dir` against `server`, no terminal on stdin.
+/// `loom run` in `dir` against `server`, with `extra` flags, no terminal on stdin.
 fn run(dir: &Path, server: &FakeServer, extra: &[&str], prompt: &str) -> Output {
-    common::loom_in(dir)
-        .env("OPENAI_API_KEY", "sk-test")
-        .args(["run", "--model", "openai:m", "--base-url"])
-        .arg(format!("{}/v1", server.url()))
+    common::run_against(dir, &server.url(), "openai:m")
         .args(extra)
         .arg(prompt)
-        .stdin(Stdio::null())
         .output()
         .unwrap()
 }

@@ -184,3 +184,15 @@ pub(crate) mod gateway;
 pub(crate) fn trust(dir: &Path) {
     succeeded(loom_in(dir).args(["trust", "loom.toml"]));
 }
+
+/// `loom run --model MODEL --base-url URL/v1` in `dir`, against a fake
+/// OpenAI-compatible server at `url`, with a key and no terminal on
+/// stdin; the caller adds flags and the task.
+pub(crate) fn run_against(dir: &Path, url: &str, model: &str) -> Command {
+    let mut cmd = loom_in(dir);
+    cmd.env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--model", model, "--base-url"])
+        .arg(format!("{url}/v1"))
+        .stdin(Stdio::null());
+    cmd
+}
