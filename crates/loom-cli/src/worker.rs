@@ -102,6 +102,22 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
+    // The gateways' modes: a run in one they no longer allow is not run.
+    let allowed_modes = match loaded
+        .file
+        .server
+        .as_ref()
+        .and_then(|server| server.allowed_modes.as_ref())
+    {
+        Some(names) => names
+            .iter()
+            .map(|name| {
+                name.parse()
+                    .map_err(|err| Failure::Usage(anyhow!("[server] allowed_modes: {err}")))
+            })
+            .collect::<Result<Vec<loom::Mode>, Failure>>()?,
+        None => WorkerConfig::default().allowed_modes,
+    };
     let agent_args = served(args.agent);
     let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
     let workspace = workspace_of(&args.place)?;
@@ -142,6 +158,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         park_after,
         keep_finished,
         per_principal,
+        allowed_modes,
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();

@@ -270,3 +270,43 @@ fn a_chat_killed_mid_task_resumes_its_task_after_a_restart() {
     assert_eq!(runs.len(), 1, "the task was resumed, not started again");
     assert_eq!(runs[0]["status"], "DONE");
 }
+
+/// `loom chat --mode plan`: the answer is a plan, approved on the terminal,
+/// carried out by the next task in the default mode (which asks before
+/// writing); a plan not approved leaves the chat in plan mode.
+#[test]
+fn a_plan_approved_on_the_terminal_is_carried_out_and_the_chat_goes_on_in_the_default_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("plan.json"),
+        r#"[
+          {"content": "PLAN-ONE: write plan.txt."},
+          {"content": "PLAN-TWO: write it after all."},
+          {"tool_calls": [{"name": "write_file", "arguments": {"path": "plan.txt", "content": "P"}}]},
+          {"content": "Carried out."}
+        ]"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let mut chat = Terminal::start_with(dir.path(), "plan.json", "--mode plan");
+    chat.expect("loom chat — session ");
+    chat.type_text("Plan it\n");
+    chat.expect("PLAN-ONE: write plan.txt.");
+    chat.expect("carry out this plan? [y/N]: ");
+    chat.type_text("n\n");
+    chat.expect("the plan was not carried out");
+    chat.type_text("Plan again\n");
+    chat.expect("PLAN-TWO: write it after all.");
+    chat.expect("carry out this plan? [y/N]: ");
+    chat.type_text("y\n");
+    chat.expect("carrying out the plan; the chat goes on in the default mode");
+    chat.expect("allow write_file(content=P, path=plan.txt)?");
+    chat.type_text("y\n");
+    chat.expect("Carried out.");
+    chat.type_text("/exit\n");
+    let (code, screen) = chat.finish();
+    assert_eq!(code, Some(0), "{screen}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("ws/plan.txt")).unwrap(), "P");
+    let runs = self::runs(dir.path());
+    assert_eq!(runs.len(), 3, "two plans and the run that carried one out");
+}

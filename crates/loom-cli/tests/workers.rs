@@ -957,3 +957,31 @@ fn a_worker_refuses_what_it_cannot_keep() {
     );
     refused(cluster, &[], "cannot use the Redis at redis://127.0.0.1:1/0");
 }
+
+/// Workers read `[server] allowed_modes` from their own file: a run the
+/// gateway accepted in a mode the workers' file no longer allows is closed
+/// cancelled with the reason, not executed; a run in an allowed mode runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_does_not_execute_a_run_in_a_mode_its_file_no_longer_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, _model, gateway) =
+        cluster_configured(dir.path(), "allowed_modes = [\"default\", \"accept-edits\"]", "");
+    // The operator takes accept-edits off; the gateway has not restarted yet.
+    let path = dir.path().join("loom.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace(", \"accept-edits\"", "")).unwrap();
+    let _worker = WorkerProcess::start(dir.path(), 2);
+    let refused = post(
+        &gateway,
+        "/v1/runs",
+        json!({"prompt": "write steps=1 tool=write_file", "mode": "accept-edits"}),
+    )
+    .await;
+    let refused = refused["runId"].as_str().unwrap().to_string();
+    let view = ended(&gateway, &refused, Duration::from_secs(30), String::new).await;
+    assert_eq!(view["status"], "CANCELED", "{view}");
+    assert!(!dir.path().join("out_1.txt").exists());
+    let fine = start(&gateway, "steps=1").await;
+    let view = ended(&gateway, &fine, Duration::from_secs(30), String::new).await;
+    assert_eq!(view["status"], "DONE", "{view}");
+}

@@ -39,7 +39,17 @@ pub(crate) async fn start(
     claim: &Claim,
     store: Arc<dyn Store>,
     records: &dyn Store,
+    allowed_modes: &[loom_core::Mode],
 ) -> Result<RunHandle, NotStarted> {
+    // A mode the cluster no longer allows (taken off `allowed_modes` since
+    // the run was accepted): never executed.
+    let allowed = |mode: loom_core::Mode| {
+        if allowed_modes.contains(&mode) {
+            Ok(())
+        } else {
+            Err(NotStarted::Never(format!("its mode {mode} is no longer allowed")))
+        }
+    };
     let run_id = &claim.lease().run_id;
     let record = records
         .load_run(run_id)
@@ -50,6 +60,7 @@ pub(crate) async fn start(
         Claim::Start { request, .. } => {
             let params: StartRun = serde_json::from_str(request)
                 .map_err(|err| NotStarted::Never(format!("its stored request is unreadable: {err}")))?;
+            allowed(params.mode.unwrap_or_default())?;
             let agent = agent_for(
                 agents,
                 params.model.as_deref(),
@@ -82,6 +93,7 @@ pub(crate) async fn start(
                 }
                 None => (None, loom_core::Mode::Default),
             };
+            allowed(mode)?;
             let agent = agent_for(agents, Some(&record.model), tools.as_deref(), mode, store).await?;
             agent
                 .resume(run_id)

@@ -79,6 +79,9 @@ pub struct WorkerConfig {
     /// Runs that ended longer ago than this are removed from the store
     /// (`None`: kept for ever).
     pub keep_finished: Option<Duration>,
+    /// The permission modes the cluster's gateways allow (`[server]
+    /// allowed_modes`): a run in any other is not executed.
+    pub allowed_modes: Vec<loom_core::Mode>,
 }
 
 impl Default for WorkerConfig {
@@ -92,6 +95,7 @@ impl Default for WorkerConfig {
             owner: loom_core::owner::this_process(),
             keep_finished: Some(Duration::from_secs(30 * 24 * 60 * 60)),
             per_principal: 0,
+            allowed_modes: crate::config::DEFAULT_MODES.to_vec(),
         }
     }
 }
@@ -347,7 +351,13 @@ impl Worker {
     /// Starts the claimed run, within `START_PATIENCE`; a run that failed
     /// to start `MAX_FAILED_STARTS` times (on any worker) never will.
     async fn start(&self, claim: &Claim, store: Arc<dyn Store>) -> Result<loom_core::RunHandle, execution::NotStarted> {
-        let starting = execution::start(&self.agents, claim, store, self.store.as_ref());
+        let starting = execution::start(
+            &self.agents,
+            claim,
+            store,
+            self.store.as_ref(),
+            &self.config.allowed_modes,
+        );
         let why = match tokio::time::timeout(START_PATIENCE, starting).await {
             Ok(Err(execution::NotStarted::NotNow(why))) => why,
             Ok(started) => return started,
