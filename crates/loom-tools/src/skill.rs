@@ -8,7 +8,6 @@
 //! user's skill lives outside the workspace, so `file` reads them here,
 //! beneath the skill's own folder (cap-std: a link out of it is refused).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,7 +16,7 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::definitions::{Found, SkillDefinition, MAX_FILE_BYTES};
+use crate::definitions::{Found, SkillDefinition};
 
 /// Files of a skill listed with its instructions, at most.
 const MAX_LISTED: usize = 100;
@@ -192,23 +191,8 @@ fn read_file_of(found: &Found<SkillDefinition>, file: &str) -> Result<String, To
         ))
     };
     let folder = folder_of(found).map_err(|err| refused(err.to_string()))?;
-    let opened = folder.open(file).map_err(|err| refused(err.to_string()))?;
-    let meta = opened.metadata().map_err(|err| refused(err.to_string()))?;
-    if !meta.is_file() {
-        return Err(refused("not a regular file".into()));
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(refused(format!(
-            "it has {} bytes; at most {MAX_FILE_BYTES} are read",
-            meta.len()
-        )));
-    }
-    let mut bytes = Vec::new();
-    opened
-        .take(MAX_FILE_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|err| refused(err.to_string()))?;
-    String::from_utf8(bytes).map_err(|_| refused("not UTF-8 text".into()))
+    // As a definition file is read: no FIFO waited on, no link out.
+    crate::definitions::read_beneath(&folder, Path::new(file)).map_err(refused)
 }
 
 #[cfg(test)]
@@ -271,7 +255,10 @@ mod tests {
             .unwrap()
             .content;
         assert_eq!(script, "print('filled')\n");
-        for outside in ["../../loom.toml", "/etc/passwd", "config.toml"] {
+        let fifo = std::ffi::CString::new(skill.join("pipe.txt").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        for outside in ["../../loom.toml", "/etc/passwd", "config.toml", "pipe.txt"] {
             let err = tool
                 .call(
                     SkillArgs {

@@ -279,10 +279,7 @@ pub(crate) fn read_beneath(dir: &Dir, file: &Path) -> Result<String, String> {
         return Err("is not a regular file".to_string());
     }
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "is {} bytes; a definition may have at most {MAX_FILE_BYTES}",
-            meta.len()
-        ));
+        return Err(format!("is {} bytes; at most {MAX_FILE_BYTES} are read", meta.len()));
     }
     let mut bytes = Vec::new();
     opened

@@ -20,6 +20,7 @@ mod name;
 mod skill;
 
 pub use agent::AgentDefinition;
+pub(crate) use discover::read_beneath;
 pub use discover::{discover, Definitions, Found, Kind, Place, Problem, MAX_FILE_BYTES};
 pub use skill::SkillDefinition;
 
