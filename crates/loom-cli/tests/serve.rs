@@ -564,25 +564,30 @@ async fn metrics_change_as_runs_finish() {
     );
 }
 
+/// Starts `payload` on a gateway in `dir` (its loom.toml written, `args`
+/// on its command line), waits for the run's first completed step, then
+/// stops the gateway with SIGTERM: the run, and the last seq its client saw.
+async fn stopped_after_a_step(dir: &std::path::Path, args: &[&str], payload: Value) -> (String, u64) {
+    let mut gateway = Gateway::start(dir, args);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(&client.ok("agent.run", payload).await);
+    client.until(&run, "step.completed").await;
+    let seen = client.seqs(&run).last().copied().unwrap();
+    assert!(gateway.terminate().success());
+    (run, seen)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_run_then_restart_resumes_it_without_repeating_a_side_effect() {
     let dir = tempfile::tempdir().unwrap();
     let model = model();
     config(dir.path(), &model.url(), "");
-    let mut gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
-    let mut client = gateway.ws(ALICE).await;
-    let run = run_id(
-        &client
-            .ok(
-                "agent.run",
-                json!({"prompt": "write steps=3 tool=write_file delay_ms=400"}),
-            )
-            .await,
-    );
-    client.until(&run, "step.completed").await;
-    let seen = client.seqs(&run).last().copied().unwrap();
-    assert!(gateway.terminate().success());
-    drop(gateway);
+    let (run, seen) = stopped_after_a_step(
+        dir.path(),
+        &["--allow", "write_file"],
+        json!({"prompt": "write steps=3 tool=write_file delay_ms=400"}),
+    )
+    .await;
 
     let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
     let mut client = gateway.ws(ALICE).await;
@@ -1241,19 +1246,12 @@ async fn a_run_taken_back_after_a_restart_keeps_its_mode() {
         &model.url(),
         "allowed_modes = [\"default\", \"accept-edits\"]",
     );
-    let mut gateway = Gateway::start(dir.path(), &[]);
-    let mut client = gateway.ws(ALICE).await;
-    let run = run_id(
-        &client
-            .ok(
-                "agent.run",
-                json!({"prompt": "write steps=3 tool=write_file delay_ms=400", "mode": "accept-edits"}),
-            )
-            .await,
-    );
-    client.until(&run, "step.completed").await;
-    assert!(gateway.terminate().success());
-    drop(gateway);
+    let (run, _) = stopped_after_a_step(
+        dir.path(),
+        &[],
+        json!({"prompt": "write steps=3 tool=write_file delay_ms=400", "mode": "accept-edits"}),
+    )
+    .await;
 
     let gateway = Gateway::start(dir.path(), &[]);
     let mut log = gateway.ws(ALICE).await;
