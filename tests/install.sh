@@ -11,6 +11,10 @@ bash "$here/mcp/install.sh" "$@"
 if ! command -v bwrap >/dev/null; then
   apt-get update -qq && apt-get install -y -qq bubblewrap
 fi
+# The hook tests' scripts read their JSON input with jq, as users' hooks do.
+if ! command -v jq >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq jq
+fi
 if ! command -v redis-server >/dev/null; then
   apt-get update -qq && apt-get install -y -qq redis-server
 fi

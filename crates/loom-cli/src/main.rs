@@ -24,6 +24,7 @@ mod cli;
 mod config;
 mod definitions;
 mod follow;
+mod hooks;
 mod lines;
 mod mcp;
 mod permissions;

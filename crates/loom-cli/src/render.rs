@@ -105,6 +105,38 @@ impl Renderer for Human {
                 self.end_line()?;
                 say!("loom: warning [{code}]: {message}");
             }
+            EventKind::HookResult {
+                hook_event: point,
+                hook,
+                decision,
+                reason,
+                arguments_rewritten,
+                context,
+                ..
+            } => {
+                // A hook that decided something is worth a line; one that
+                // failed has its warning.
+                let mut what: Vec<String> = decision.iter().map(|decision| decision.to_string()).collect();
+                if *arguments_rewritten {
+                    what.push("rewrote the arguments".to_string());
+                }
+                if context.is_some() {
+                    what.push("added context".to_string());
+                }
+                if !what.is_empty() || self.verbose {
+                    self.end_line()?;
+                    let why = reason
+                        .as_deref()
+                        .map(|r| format!(": {}", clip(r, 120)))
+                        .unwrap_or_default();
+                    let what = if what.is_empty() {
+                        "no opinion".to_string()
+                    } else {
+                        what.join(", ")
+                    };
+                    say!("  · {point} hook `{}` {what}{why}", clip(hook, 60));
+                }
+            }
             _ => {}
         }
         Ok(())

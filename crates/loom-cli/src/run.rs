@@ -286,9 +286,12 @@ pub(crate) async fn configure_agent(
     if let Some(skill) = &skills {
         tools.push(Arc::new(skill.clone()));
     }
-    if let Some(bash) = bash_tool(file, &workspace)? {
-        tools.push(Arc::new(bash));
+    let (shell, bash_enabled) = bash_settings(file, &workspace)?;
+    if bash_enabled {
+        tools.push(Arc::new(loom::tools::Bash::new(shell.clone())));
     }
+    // Hooks run as the shell's commands do, whether or not the model has it.
+    let hooks = crate::hooks::command_hooks(file, shell)?;
     let mode = server.as_ref().map_or(args.mode, |server| server.mode);
     let planning = mode == loom::Mode::Plan;
     // Plan mode starts no MCP server: its tools are not offered.
@@ -375,6 +378,12 @@ pub(crate) async fn configure_agent(
             Some(names) => clients.only(names),
             None => clients,
         });
+    }
+    if let Some(hooks) = hooks {
+        builder = builder.lifecycle_hooks(Arc::new(hooks));
+    }
+    if let Some(times) = file.max_stop_refusals {
+        builder = builder.max_stop_refusals(times);
     }
     if let Some(pricing) = provider::pricing(&model, file) {
         builder = builder.pricing(pricing);
@@ -463,8 +472,9 @@ async fn defined_in_files(workspace: &Path) -> loom::tools::definitions::Definit
     found
 }
 
-/// The `bash` tool as `[tools.bash]` sets it up, unless it is turned off.
-fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom::tools::Bash>> {
+/// How `[tools.bash]` says commands run (the `bash` tool's and hooks'), and
+/// whether the model gets the `bash` tool.
+fn bash_settings(file: &config::FileConfig, workspace: &Path) -> Result<(loom::tools::BashSettings, bool)> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
     // This binary applies Landlock inside the sandbox's namespaces — unless
     // it lies in the workspace (`cargo run` there), where a command could
@@ -473,14 +483,12 @@ fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom:
         .ok()
         .filter(|exe| !workspace.canonicalize().is_ok_and(|root| exe.starts_with(root)));
     let Some(config) = config else {
-        return Ok(Some(loom::tools::Bash::new(loom::tools::BashSettings {
+        let settings = loom::tools::BashSettings {
             landlock_helper: helper,
             ..Default::default()
-        })));
+        };
+        return Ok((settings, true));
     };
-    if config.enabled == Some(false) {
-        return Ok(None);
-    }
     let mut settings = loom::tools::BashSettings {
         landlock_helper: helper,
         require_namespaces: config.require_namespaces.unwrap_or(false),
@@ -499,7 +507,7 @@ fn bash_tool(file: &config::FileConfig, workspace: &Path) -> Result<Option<loom:
         settings.default_timeout = Duration::from_secs(secs.max(1)).min(settings.max_timeout);
     }
     settings.env = config.env.clone();
-    Ok(Some(loom::tools::Bash::new(settings)))
+    Ok((settings, config.enabled != Some(false)))
 }
 
 /// 0 means no limit.

@@ -50,6 +50,13 @@ pub(crate) fn risky_settings(file: &FileConfig, dir: &Path) -> Vec<String> {
             risky.push("[tools.bash] env sets the commands' environment".to_string());
         }
     }
+    for hook in &file.hooks {
+        risky.push(format!(
+            "[[hooks]] runs `{}` at {}",
+            crate::text::shown(&hook.command),
+            hook.event
+        ));
+    }
     for (rule, decision) in file.permissions.iter().flatten() {
         if decision != "allow" {
             continue;

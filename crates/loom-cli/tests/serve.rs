@@ -1269,3 +1269,79 @@ async fn a_run_taken_back_after_a_restart_keeps_its_mode() {
         assert!(dir.path().join(format!("out_{step}.txt")).exists(), "write {step}");
     }
 }
+
+/// The gateway's own `[[hooks]]` run for its runs: a `pre_tool_use` hook
+/// denies a command and the client sees which hook decided; a
+/// `sub_agent_stop` hook sends a sub-agent back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateways_hooks_decide_and_clients_see_each_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    let hooks = dir.path().join(".loom/hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    std::fs::write(
+        hooks.join("guard.sh"),
+        "grep -q 'rm -rf' && { echo 'no rm -rf on this server' >&2; exit 2; }\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        hooks.join("child-stop.sh"),
+        "jq -c 'if .stop_hook_active then {} else {decision: \"block\", reason: \"check your work\"} end'\n",
+    )
+    .unwrap();
+    config(
+        dir.path(),
+        &model.url(),
+        r#"
+[[hooks]]
+event = "pre_tool_use"
+matcher = "bash"
+command = "bash .loom/hooks/guard.sh"
+
+[[hooks]]
+event = "sub_agent_stop"
+command = "bash .loom/hooks/child-stop.sh"
+"#,
+    );
+    let gateway = Gateway::start(dir.path(), &[]);
+    let mut client = gateway.ws(ALICE).await;
+
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "go steps=1 tool=bash bash=rm+-rf+data"}))
+            .await,
+    );
+    let hook = client.until(&run, "hook.result").await;
+    assert_eq!(hook["payload"]["hookEvent"], "pre_tool_use", "{hook}");
+    assert_eq!(hook["payload"]["decision"], "deny", "{hook}");
+    assert_eq!(hook["payload"]["reason"], "no rm -rf on this server", "{hook}");
+    let result = client.until(&run, "tool.result").await;
+    assert_eq!(result["payload"]["status"], "denied", "{result}");
+    assert_eq!(result["payload"]["decidedBy"], "hook", "{result}");
+    client.until(&run, "lifecycle.end").await;
+
+    let requests_before = model.request_count();
+    let run = run_id(
+        &client
+            .ok(
+                "agent.run",
+                json!({"prompt": "delegate steps=1 tool=task child=steps:0"}),
+            )
+            .await,
+    );
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE", "{end}");
+    // The parent's two calls, the child's answer twice (sent back once).
+    assert_eq!(model.request_count() - requests_before, 4);
+    // The sub-agent's events join its parent's stream.
+    let child_stops: Vec<&Value> = client
+        .events
+        .iter()
+        .filter(|e| e["event"] == "hook.result" && e["payload"]["hookEvent"] == "sub_agent_stop")
+        .collect();
+    assert_eq!(child_stops.len(), 2, "asked at both of the child's endings");
+    assert_eq!(child_stops[0]["payload"]["decision"], "deny");
+    assert_eq!(child_stops[0]["payload"]["reason"], "check your work");
+    assert_eq!(child_stops[0]["payload"]["depth"], 1, "{}", child_stops[0]);
+    assert_eq!(child_stops[1]["payload"]["decision"], Value::Null);
+}

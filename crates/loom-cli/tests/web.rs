@@ -92,9 +92,14 @@ struct Page {
 }
 
 async fn page(args: &[&str]) -> Page {
+    page_configured(args, "").await
+}
+
+/// A page on a gateway whose loom.toml also holds `extra`.
+async fn page_configured(args: &[&str], extra: &str) -> Page {
     let dir = tempfile::tempdir().unwrap();
     let model = PromptModel::start(PromptModelOptions::default());
-    config(dir.path(), &model.url(), "");
+    config(dir.path(), &model.url(), extra);
     let gateway = Gateway::start(dir.path(), args);
     let driver = driver();
     let profile = tempfile::tempdir().unwrap();
@@ -285,6 +290,38 @@ async fn sign_in_start_a_run_from_the_form_and_watch_its_tree_grow() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(page.count("#run-table tbody tr").await, 0);
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
+}
+
+/// A hook's decision shows under the call it decided, with who decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turn_tree_shows_what_each_hook_decided() {
+    let page = page_configured(
+        &["--allow", "write_file"],
+        r#"
+[[hooks]]
+event = "pre_tool_use"
+matcher = "write_file"
+command = '''echo '{"decision": "deny", "reason": "no writes from the page today"}' '''
+"#,
+    )
+    .await;
+    page.sign_in(ALICE).await;
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;")
+        .await;
+    page.start_run("write it steps=1 tool=write_file").await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    let call = page.text("#tree .call.denied").await;
+    assert!(call.contains("decided by hook"), "{call}");
+    let hook = page.text("#tree .call.denied .hook").await;
+    assert!(hook.starts_with("pre_tool_use hook echo"), "{hook}");
+    assert!(hook.ends_with(": deny — no writes from the page today"), "{hook}");
+    assert!(!page.gateway.dir.join("out_1.txt").exists());
     assert_eq!(page.console_errors().await, Vec::<String>::new());
     page.client.clone().close().await.unwrap();
 }

@@ -55,6 +55,26 @@ pub struct FileConfig {
     pub server: Option<loom_server::ServerSettings>,
     /// `[cluster]`: the Redis that processes on several machines share.
     pub cluster: Option<ClusterConfig>,
+    /// `[[hooks]]`: commands run at points of a run (docs/extending.md).
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
+    /// How many times `stop` hooks may send a run back for another turn (default 1).
+    pub max_stop_refusals: Option<u32>,
+}
+
+/// One `[[hooks]]` entry (docs/extending.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// `session_start`, `user_prompt_submit`, `pre_tool_use`,
+    /// `post_tool_use`, `stop` or `sub_agent_stop`.
+    pub event: String,
+    /// For tool events: a regular expression the whole tool name must match.
+    pub matcher: Option<String>,
+    /// Run with `bash -c` in the workspace.
+    pub command: String,
+    /// Seconds before the hook is stopped (default 30).
+    pub timeout_secs: Option<u64>,
 }
 
 /// `[cluster]` (docs/cluster.md).

@@ -13,7 +13,7 @@ use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, EventLog,
 use crate::event::EventEmitter;
 use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
-use crate::hooks::{PermissionHook, ToolHook};
+use crate::hooks::{LifecycleHooks, ToolHook};
 use crate::live_state::{LiveState, RunStream};
 use crate::llm::Llm;
 use crate::machine;
@@ -62,6 +62,8 @@ pub struct AgentBuilder {
     tools: Vec<Arc<dyn DynTool>>,
     tool_sources: Vec<Arc<dyn crate::tool_source::ToolSource>>,
     hooks: Vec<Arc<dyn ToolHook>>,
+    lifecycle_hooks: Option<Arc<dyn LifecycleHooks>>,
+    stop_refusals: u32,
     policy: PermissionPolicy,
     permission_timeout: Option<Duration>,
     nobody_to_ask: Option<Arc<str>>,
@@ -99,6 +101,8 @@ impl Default for AgentBuilder {
             tools: Vec::new(),
             tool_sources: Vec::new(),
             hooks: Vec::new(),
+            lifecycle_hooks: None,
+            stop_refusals: 1,
             policy: PermissionPolicy::default(),
             permission_timeout: Some(Duration::from_secs(300)),
             nobody_to_ask: None,
@@ -189,6 +193,21 @@ impl AgentBuilder {
     /// the order they are added, before the permission policy.
     pub fn hook(mut self, hook: impl ToolHook) -> Self {
         self.hooks.push(Arc::new(hook));
+        self
+    }
+
+    /// Hooks asked at the six points of every run (docs/extending.md):
+    /// its start, its prompt, before and after each tool call, and before
+    /// it (or a sub-agent) ends with an answer.
+    pub fn lifecycle_hooks(mut self, hooks: Arc<dyn LifecycleHooks>) -> Self {
+        self.lifecycle_hooks = Some(hooks);
+        self
+    }
+
+    /// How many times `stop` (and `sub_agent_stop`) hooks may send a run
+    /// back for another turn instead of letting it end (default 1).
+    pub fn max_stop_refusals(mut self, times: u32) -> Self {
+        self.stop_refusals = times;
         self
     }
 
@@ -536,14 +555,16 @@ impl AgentBuilder {
         for tool in self.tools {
             registry.register(tool)?;
         }
-        let mut hooks = self.hooks;
-        hooks.push(Arc::new(PermissionHook::new(self.policy)));
-        let pipeline = Arc::new(ToolPipeline::new(
-            Arc::new(registry),
-            hooks,
-            self.pipeline,
-            self.redactor.unwrap_or_else(Redactor::from_env),
-        ));
+        let pipeline = Arc::new(
+            ToolPipeline::new(
+                Arc::new(registry),
+                self.hooks,
+                self.policy,
+                self.pipeline,
+                self.redactor.unwrap_or_else(Redactor::from_env),
+            )
+            .with_lifecycle_hooks(self.lifecycle_hooks.clone()),
+        );
         Ok(Agent {
             engine: Arc::new(Engine {
                 llm,
@@ -552,6 +573,8 @@ impl AgentBuilder {
                 sub_agents: self.sub_agents,
                 system_prompt: self.system_prompt.unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string()),
                 pricing: self.pricing,
+                lifecycle_hooks: self.lifecycle_hooks,
+                stop_refusals: self.stop_refusals,
                 store: self.store,
                 owner: self.owner.unwrap_or_else(crate::owner::this_process),
                 machine: machine::Settings {
@@ -858,6 +881,7 @@ impl Agent {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
+            stop_refusals: 0,
             tools: self.engine.tools.current(),
             child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
             budget,

@@ -48,6 +48,8 @@ wire_enum! {
         LlmInvalidRequest = "LLM_INVALID_REQUEST",
         /// The run used up its token or cost budget.
         BudgetExhausted = "BUDGET_EXHAUSTED",
+        /// A `user_prompt_submit` hook blocked the prompt.
+        PromptBlocked = "PROMPT_BLOCKED",
     }
 }
 
@@ -64,6 +66,9 @@ wire_enum! {
         Interrupted = "INTERRUPTED",
         /// A token or cost budget is 80 % used.
         BudgetLow = "BUDGET_LOW",
+        /// A hook failed, timed out or answered garbage; the run went on
+        /// as if it had not run.
+        HookFailed = "HOOK_FAILED",
     }
 }
 

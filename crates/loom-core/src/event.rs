@@ -240,6 +240,10 @@ pub enum EventKind {
         duration_ms: u64,
         /// Microseconds per pipeline stage.
         stages: StageTimings,
+        /// Who let the call run or refused it; absent for a call refused
+        /// before it was authorized (unknown tool, invalid arguments).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        decided_by: Option<crate::tool_result::Authority>,
     },
     /// A streaming tool (the shell) produced output while its call runs.
     /// Whole lines where possible, secrets redacted; the result still
@@ -273,6 +277,31 @@ pub enum EventKind {
         decision: crate::control::PermissionDecision,
         /// Why, when it was not a person's answer.
         reason: Option<Unanswered>,
+    },
+    /// A hook ran ([`crate::hooks::HookEvent`]): what it decided, or why it
+    /// failed (a failed hook also gets a `HOOK_FAILED` warning).
+    "hook.result" => HookResult {
+        /// The point it ran at (`pre_tool_use`, …); not `event`, which
+        /// names the event itself in WebSocket frames and SSE.
+        hook_event: crate::hooks::HookEvent,
+        /// The hook (its command).
+        hook: String,
+        /// The call it was asked about (tool events).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// `allow`, `deny` or `ask`; `null` when it had no opinion or failed.
+        decision: Option<crate::hooks::HookVerdict>,
+        /// Its reason.
+        reason: Option<String>,
+        /// True when it replaced the call's arguments.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        arguments_rewritten: bool,
+        /// Text it added for the model.
+        context: Option<String>,
+        /// Why it failed; the run went on as if it had not run.
+        error: Option<String>,
+        /// How long it ran.
+        duration_ms: u64,
     },
     /// All calls of the turn are done.
     "tool_calls.complete" => ToolCallsComplete {
@@ -371,6 +400,7 @@ impl EventKind {
             content: result.content.clone(),
             duration_ms: result.metadata.duration_ms,
             stages: result.metadata.stages,
+            decided_by: result.metadata.decided_by,
         }
     }
 }

@@ -69,7 +69,10 @@ pub use event::{CallSummary, Event, EventKind, Phase};
 pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
 pub use handle::{ControlError, RunController, RunHandle};
 pub use history::{validate_history, HistoryError};
-pub use hooks::{HookCall, HookDecision, PermissionHook, ToolHook};
+pub use hooks::{
+    HookAnswer, HookCall, HookDecision, HookEvent, HookInput, HookReport, HookRun, HookScope, HookVerdict,
+    LifecycleHooks, ToolHook,
+};
 pub use lease::{Claim, EventTail, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Tailed};
 pub use live_state::{LiveState, PendingAsk};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
@@ -92,7 +95,7 @@ pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{
     DynTool, OutputReceiver, OutputSink, OutputStream, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry,
 };
-pub use tool_result::{ErrorKind, StageTimings, ToolResult, ToolStatus};
+pub use tool_result::{Authority, ErrorKind, StageTimings, ToolResult, ToolStatus};
 pub use tool_source::ToolSource;
 pub use turn_state::TurnState;
 

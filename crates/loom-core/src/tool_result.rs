@@ -158,6 +158,31 @@ pub struct ToolResultMetadata {
     /// Machine-readable reason for a non-success status (e.g. `unknown_tool`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_kind: Option<ErrorKind>,
+    /// Who let the call run or refused it (`None` for a call settled before
+    /// it was authorized: an unknown tool, invalid arguments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<Authority>,
+}
+
+crate::wire::wire_enum! {
+    /// Who decided whether a call runs (`decidedBy` in `tool.result`), in
+    /// the order of docs/extending.md: a hook, an explicit rule, the
+    /// permission mode, the policy's default, a person, or a person's
+    /// earlier "always" for the session.
+    pub enum Authority {
+        /// A hook (a configured command or a library `ToolHook`).
+        Hook = "hook",
+        /// An explicit `allow` or `deny` rule (an `ask` rule leads to a person).
+        Rule = "rule",
+        /// The permission mode (`accept-edits`, `bypass`, `plan`).
+        Mode = "mode",
+        /// The policy's default decision.
+        Default = "default",
+        /// A person's answer to this call.
+        Person = "person",
+        /// A person's "always" earlier in the session.
+        Session = "session",
+    }
 }
 
 /// The result of one tool call.

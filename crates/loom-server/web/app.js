@@ -272,7 +272,7 @@ function openRun(runId) {
 
 const EVENT_NAMES = ['lifecycle.start', 'iteration.start', 'phase.start', 'phase.end', 'retrieval.start',
   'retrieval.complete', 'context.warning', 'compression.applied', 'llm.start', 'llm.delta', 'llm.finish',
-  'tool_calls.start', 'permission.request', 'permission.resolved', 'tool.output', 'tool.result',
+  'tool_calls.start', 'permission.request', 'permission.resolved', 'hook.result', 'tool.output', 'tool.result',
   'tool_calls.complete', 'guidance.injected', 'warning', 'recursion', 'step.completed', 'max_iterations.reached',
   'execution.cancelled', 'agent.finish', 'error', 'lifecycle.end', 'steer.applied', 'run.paused', 'run.resumed'];
 
@@ -322,7 +322,7 @@ function onEvent(event) {
     turn.toolsStart = ts;
     for (const call of event.calls) {
       turn.calls.push({ callId: call.callId, name: call.name, args: call.args, status: 'running', content: '',
-                        output: '', durationMs: null, stages: null, children: [] });
+                        output: '', durationMs: null, stages: null, decidedBy: null, hooks: [], children: [] });
     }
   } else if (type === 'tool_calls.complete') {
     const turn = turnOf(run, event);
@@ -333,7 +333,8 @@ function onEvent(event) {
   } else if (type === 'tool.result') {
     const call = findCall(run, event.callId);
     if (call) {
-      Object.assign(call, { status: event.status, content: event.content, durationMs: event.durationMs, stages: event.stages });
+      Object.assign(call, { status: event.status, content: event.content, durationMs: event.durationMs, stages: event.stages,
+                            decidedBy: event.decidedBy ?? null });
       const child = childNamed(call);
       if (child) {
         // The result names its sub-agent: that link wins over a guess.
@@ -350,6 +351,11 @@ function onEvent(event) {
     const ask = run.asks.get(event.requestId);
     if (ask) turnOf(run, event).waitMs += ts - ask.since;
     run.asks.delete(event.requestId);
+  } else if (type === 'hook.result') {
+    // A tool call's hooks go under the call; the run's own (its start, its end) under the turn.
+    const line = hookLine(event);
+    const call = event.callId ? findCall(run, event.callId) : null;
+    if (call) call.hooks.push(line); else turnOf(run, event).notes.push(line);
   } else if (type === 'compression.applied') {
     turnOf(run, event).notes.push(`history compressed (${event.method}): ${event.messagesBefore} → ${event.messagesAfter} messages, ${event.tokensBefore} → ${event.tokensAfter} tokens`);
   } else if (type === 'guidance.injected') {
@@ -365,6 +371,14 @@ function onEvent(event) {
     if (run.runId === streamRunId) closeStream();
   }
   queueRender();
+}
+
+/** One hook's run in words: where, which, what it decided or why it failed. */
+function hookLine(event) {
+  const what = [event.decision, event.argumentsRewritten ? 'rewrote the arguments' : null,
+    event.context ? `added: ${event.context}` : null].filter(Boolean).join(', ');
+  const outcome = event.error ? `failed: ${event.error}` : (what || 'no opinion') + (event.reason ? ` — ${event.reason}` : '');
+  return `${event.hookEvent} hook ${event.hook}: ${outcome}`;
 }
 
 function findCall(run, callId) {
@@ -457,10 +471,12 @@ function runTree(run) {
 
 function callBox(call) {
   const stages = call.stages ? Object.entries(call.stages).map(([k, v]) => `${k.replace(/Us$/, '')} ${v} µs`).join(', ') : '';
+  const decided = call.decidedBy ? ` · decided by ${call.decidedBy}` : '';
   const meta = el('div', 'meta', undefined, el('span', 'st', call.status), el('span', '',
-    ` · ${call.durationMs != null ? seconds(call.durationMs) : '…'}${stages ? ' · ' + stages : ''}`));
+    ` · ${call.durationMs != null ? seconds(call.durationMs) : '…'}${decided}${stages ? ' · ' + stages : ''}`));
   const box = el('div', `call ${call.status}`, undefined, el('strong', '', call.name), meta,
     el('pre', 'args', JSON.stringify(call.args, null, 2)));
+  for (const hook of call.hooks) box.append(el('div', 'note hook', hook));
   if (call.output) box.append(el('pre', 'output', call.output));
   if (call.content) box.append(el('pre', 'result', call.content));
   for (const childId of call.children) {

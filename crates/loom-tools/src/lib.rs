@@ -11,6 +11,7 @@
 
 pub mod definitions;
 pub mod files;
+pub mod hooks;
 pub mod jail;
 pub mod mcp;
 pub mod retrieval;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use loom_core::DynTool;
 
 pub use files::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile};
+pub use hooks::{CommandHooks, HookCommand, HookConfigError};
 pub use jail::{Jail, OpenError, PathError, WriteMode};
 pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;

@@ -19,7 +19,7 @@ use loom::{
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use support::*;
 
 fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
@@ -313,13 +313,30 @@ async fn hooks_deny_rewrite_allow_and_rewrite_results() {
         .model_arc(model)
         .tool(echo.clone())
         .hook(Guard)
-        // The policy denies echo, but a hook's Allow comes first.
-        .permissions(policy(&[("echo", Decision::Deny)], Decision::Allow))
+        // The policy's default denies echo, but a hook's Allow comes first.
+        .permissions(policy(&[], Decision::Deny))
         .build()
         .unwrap();
     let (events, _) = agent.run("go").collect().await;
     assert_contract(&events);
     let results = tool_results(&events);
+    let decided: Vec<Value> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolResult { decided_by, .. } => Some(serde_json::to_value(decided_by).unwrap()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            json!("hook"),
+            json!("default"),
+            Value::Null,
+            json!("hook"),
+            json!("default")
+        ]
+    );
     assert_eq!(results[0].1, "denied");
     assert!(results[0].2.contains("the guard refused"));
     assert_eq!(
@@ -330,8 +347,27 @@ async fn hooks_deny_rewrite_allow_and_rewrite_results() {
     assert_eq!(results[2].1, "error", "a rewrite is validated again");
     assert_eq!(results[3].1, "success");
     assert_eq!(results[3].2, "[checked] trusted");
-    assert_eq!(results[4].1, "denied", "the policy is the last hook");
+    assert_eq!(results[4].1, "denied", "the policy decides after the hooks");
     assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A hook's Allow skips asking, never an explicit deny rule.
+#[tokio::test]
+async fn a_hooks_allow_does_not_beat_an_explicit_deny_rule() {
+    let model = scripted(vec![calls(&[("echo", json!({"text": "trusted"}))]), answer("ok")]);
+    let echo = Echo::default();
+    let agent = Agent::builder()
+        .model_arc(model)
+        .tool(echo.clone())
+        .hook(Guard)
+        .permissions(policy(&[("echo", Decision::Deny)], Decision::Allow))
+        .build()
+        .unwrap();
+    let (events, _) = agent.run("go").collect().await;
+    let results = tool_results(&events);
+    assert_eq!(results[0].1, "denied");
+    assert!(results[0].2.contains("the rule 'echo' forbids"), "{}", results[0].2);
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

@@ -192,7 +192,19 @@ impl Driver {
                 },
                 Next::CallModel(call) => within(&ctx, &deadlines, self.call_model(machine, call)).await,
                 Next::RunTools(calls) => within(&ctx, &deadlines, self.run_tools(machine, calls)).await,
-                Next::EndTurn => machine.end_turn(self.turn_end(false)),
+                Next::EndTurn => {
+                    let mut end = self.turn_end(false);
+                    // A person's message gets its turn anyway; otherwise the
+                    // stop hooks may refuse the ending once more.
+                    if end.steering.is_empty() {
+                        let answer = machine.pending_answer().map(str::to_string);
+                        if let Some(answer) = answer {
+                            let turn = machine.ids().clone();
+                            end.steering.extend(self.stop_hooks(&turn, &answer).await);
+                        }
+                    }
+                    machine.end_turn(end);
+                }
                 Next::Finish(answer) => return Ending::Answer(answer),
                 Next::Stop(reason) => return Ending::Stopped(reason),
             }
@@ -304,11 +316,23 @@ impl Driver {
     }
 
     async fn start_history(&mut self, machine: &mut TurnMachine, history: Vec<Message>, prompt: String) {
+        let turn = machine.ids().clone();
+        let context = match self.prompt_hooks(&turn, &prompt, history.is_empty()).await {
+            Ok(context) => context,
+            Err(blocked) => return machine.fail_to_start(blocked),
+        };
         let system = self.system_prompt(machine, &prompt).await;
         self.caches.remember_call_ids(&history);
         let memory = machine.memory_mut();
         memory.push(Message::system(system));
         memory.extend(history);
+        // What hooks add travels with the prompt: one user message, which
+        // every provider takes.
+        let prompt = if context.is_empty() {
+            prompt
+        } else {
+            format!("{prompt}\n\n<hook-context>\n{}\n</hook-context>", context.join("\n"))
+        };
         memory.push(Message::user(prompt));
     }
 

@@ -9,6 +9,7 @@ mod controls;
 mod driver;
 pub(crate) mod event_log;
 mod model_call;
+mod run_hooks;
 mod tools;
 mod window;
 
@@ -49,6 +50,10 @@ pub(crate) struct Engine {
     pub system_prompt: String,
     pub pricing: Option<Pricing>,
     pub context: ContextSettings,
+    /// Asked at a run's start, prompt and end (tool calls: the pipeline).
+    pub lifecycle_hooks: Option<Arc<dyn crate::hooks::LifecycleHooks>>,
+    /// How many times stop hooks may send a run back.
+    pub stop_refusals: u32,
     /// Where runs are made durable, if anywhere.
     pub store: Option<Arc<dyn Store>>,
     /// Who runs them (recorded with each run).
@@ -144,6 +149,8 @@ pub(crate) struct Driver {
     /// A sub-agent defined in a file: its instructions, added to the
     /// system prompt (docs/agents.md).
     pub instructions: Option<Arc<str>>,
+    /// How many times stop hooks sent this run back for another turn.
+    pub stop_refusals: u32,
 }
 
 /// What the driver works out once and reuses.

@@ -371,6 +371,15 @@ impl TurnMachine {
         &self.ids
     }
 
+    /// The answer the run is about to end with, while the driver reads the
+    /// steering ([`Next::EndTurn`]).
+    pub(crate) fn pending_answer(&self) -> Option<&str> {
+        match &self.state.phase {
+            TurnPhase::Answered(content) => Some(content),
+            _ => None,
+        }
+    }
+
     /// The state and the history, once the run is over.
     pub(crate) fn into_parts(self) -> (RunState, Memory) {
         (self.state, self.memory)

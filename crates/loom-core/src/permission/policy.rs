@@ -76,7 +76,29 @@ pub enum PolicyError {
 #[derive(Debug, Clone)]
 struct ArgPattern {
     key: String,
-    matcher: GlobMatcher,
+    /// `*` stops at `/`, on the value as a normalized path: what an
+    /// `allow` rule lets through is no more than it says.
+    strict: GlobMatcher,
+    /// `*` crosses `/`, on the value as written or as a path: a `deny` or
+    /// `ask` rule on a command (`bash(command=rm *)`) also holds for
+    /// `rm -rf /home/me`.
+    generous: GlobMatcher,
+}
+
+impl ArgPattern {
+    fn matches(&self, value: &Value, workspace: &Path, decision: Decision) -> bool {
+        let normalized = comparable(value, workspace);
+        match decision {
+            Decision::Allow => self.strict.is_match(&normalized),
+            Decision::Ask | Decision::Deny => {
+                let raw = match value {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                self.generous.is_match(&raw) || self.generous.is_match(&normalized)
+            }
+        }
+    }
 }
 
 /// One rule: a tool pattern, optional argument patterns, and a decision.
@@ -90,8 +112,12 @@ pub struct Rule {
 }
 
 fn glob(text: &str, rule: &str) -> Result<GlobMatcher, PolicyError> {
+    glob_with(text, rule, true)
+}
+
+fn glob_with(text: &str, rule: &str, literal_separator: bool) -> Result<GlobMatcher, PolicyError> {
     GlobBuilder::new(text)
-        .literal_separator(true)
+        .literal_separator(literal_separator)
         .build()
         .map(|g| g.compile_matcher())
         .map_err(|err| PolicyError::BadRule {
@@ -129,7 +155,8 @@ impl Rule {
             }
             args.push(ArgPattern {
                 key: key.to_string(),
-                matcher: glob(value, pattern)?,
+                strict: glob(value, pattern)?,
+                generous: glob_with(value, pattern, false)?,
             });
         }
         if inner.is_some() && args.is_empty() {
@@ -163,8 +190,7 @@ impl Rule {
         self.tool.is_match(tool)
             && self.args.iter().all(|pattern| {
                 args.get(&pattern.key)
-                    .map(|value| pattern.matcher.is_match(comparable(value, workspace)))
-                    .unwrap_or(false)
+                    .is_some_and(|value| pattern.matches(value, workspace, self.decision))
             })
     }
 
@@ -244,6 +270,9 @@ pub struct Verdict {
     pub rule: Option<String>,
     /// Whether that rule constrains arguments.
     pub rule_has_arguments: bool,
+    /// True when the mode decided (no rule matched and the mode allows the
+    /// tool by default).
+    pub by_mode: bool,
 }
 
 /// A set of rules with a default.
@@ -324,18 +353,16 @@ impl PermissionPolicy {
                     decision: rule.decision,
                     rule: Some(rule.pattern.clone()),
                     rule_has_arguments: rule.has_arguments(),
+                    by_mode: false,
                 };
             }
         }
-        let decision = if self.mode.allows_by_default(tool) {
-            Decision::Allow
-        } else {
-            self.default
-        };
+        let by_mode = self.mode.allows_by_default(tool);
         Verdict {
-            decision,
+            decision: if by_mode { Decision::Allow } else { self.default },
             rule: None,
             rule_has_arguments: false,
+            by_mode,
         }
     }
 }
@@ -344,6 +371,37 @@ impl PermissionPolicy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn deny_and_ask_rules_on_commands_match_across_slashes_but_allow_rules_do_not() {
+        let workspace = Path::new("/ws");
+        let policy = PermissionPolicy::new(Decision::Ask)
+            .rule("bash(command=rm *)", Decision::Deny)
+            .unwrap()
+            .rule("bash(command=curl *)", Decision::Ask)
+            .unwrap()
+            .rule("bash(command=ls *)", Decision::Allow)
+            .unwrap()
+            .rule("write_file(path=docs/*)", Decision::Allow)
+            .unwrap();
+        let bash = |command: &str| {
+            policy
+                .evaluate("bash", &json!({ "command": command }), workspace)
+                .decision
+        };
+        assert_eq!(bash("rm -rf /home/me"), Decision::Deny);
+        assert_eq!(bash("rm -rf ../../x"), Decision::Deny);
+        assert_eq!(bash("curl https://example.com/a"), Decision::Ask);
+        assert_eq!(bash("ls src"), Decision::Allow);
+        assert_eq!(bash("ls /etc"), Decision::Ask, "an allow rule's `*` stops at `/`");
+        let write = |path: &str| {
+            policy
+                .evaluate("write_file", &json!({ "path": path }), workspace)
+                .decision
+        };
+        assert_eq!(write("docs/a.md"), Decision::Allow);
+        assert_eq!(write("docs/deep/a.md"), Decision::Ask);
+    }
 
     #[test]
     fn a_mode_changes_only_what_the_default_decides() {

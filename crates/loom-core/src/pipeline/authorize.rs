@@ -1,60 +1,208 @@
-//! Stage 3: hooks and the permission policy decide; `ask` waits for a person.
+//! Stage 3: whether a call runs — the one place it is decided.
+//!
+//! The order (docs/extending.md, "Who decides"):
+//!
+//! 1. `pre_tool_use` lifecycle hooks (the binary's command hooks), in
+//!    order: they may rewrite the arguments (validated again) and decide
+//!    allow, deny or ask; the first deny ends the hooks.
+//! 2. Library [`ToolHook`](crate::hooks::ToolHook)s, in registration order,
+//!    unless a lifecycle hook decided: the same choices.
+//! 3. The permission policy on the final arguments. An explicit `deny`
+//!    rule refuses the call whatever a hook or the mode said.
+//! 4. A hook's decision, if one decided; otherwise the policy's: a rule,
+//!    else the mode, else the default.
+//! 5. `ask` goes to a person, unless the session already has their
+//!    "always" for it.
+//!
+//! The call's `tool.result` says which of them decided (`decidedBy`).
 
 use serde_json::Value;
 
-use crate::hooks::{HookCall, HookDecision};
+use crate::hooks::{HookCall, HookDecision, HookEvent, HookInput, HookScope, HookVerdict};
 use crate::message::ToolCall;
-use crate::permission::{AskOutcome, AskRequest};
+use crate::permission::{AskOutcome, AskRequest, Decision, Verdict};
 use crate::tool::RegisteredTool;
-use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
+use crate::tool_result::{Authority, ErrorKind, ToolResult, ToolStatus};
 
 use super::stages::validate;
 use super::{BatchEnv, ToolPipeline};
 
-/// The arguments to run with, or the result that settles the call.
+/// What the hooks decided, if any did.
+enum HookChoice {
+    Allow,
+    Deny(String),
+    Ask { grant_key: String, reason: Option<String> },
+}
+
+/// The arguments to run with and who let the call run, or the result that
+/// settles the call.
 pub(crate) async fn authorize(
     pipeline: &ToolPipeline,
     call: &ToolCall,
     tool: &RegisteredTool,
     mut args: Value,
     env: &BatchEnv<'_>,
-) -> Result<Value, ToolResult> {
+) -> Result<(Value, Authority), ToolResult> {
+    let mut choice = lifecycle_hooks(pipeline, call, tool, &mut args, env).await?;
+    if choice.is_none() {
+        choice = tool_hooks(pipeline, call, tool, &mut args, env).await?;
+    }
+    let verdict = pipeline.policy.evaluate(&call.name, &args, env.workspace);
+    if verdict.decision == Decision::Deny && verdict.rule.is_some() {
+        return Err(denied(call, policy_refusal(call, &verdict), Authority::Rule));
+    }
+    match choice {
+        Some(HookChoice::Allow) => Ok((args, Authority::Hook)),
+        Some(HookChoice::Deny(reason)) => Err(denied(call, reason, Authority::Hook)),
+        Some(HookChoice::Ask { grant_key, reason }) => ask(call, args, grant_key, reason, env).await,
+        None => {
+            let authority = match (&verdict.rule, verdict.by_mode) {
+                (Some(_), _) => Authority::Rule,
+                (None, true) => Authority::Mode,
+                (None, false) => Authority::Default,
+            };
+            match verdict.decision {
+                Decision::Allow => Ok((args, authority)),
+                Decision::Deny => Err(denied(call, policy_refusal(call, &verdict), authority)),
+                Decision::Ask => {
+                    // "always" grants the rule that asked when it constrains
+                    // arguments, otherwise the whole tool.
+                    let grant_key = match (&verdict.rule, verdict.rule_has_arguments) {
+                        (Some(rule), true) => format!("rule:{rule}"),
+                        _ => format!("tool:{}", call.name),
+                    };
+                    ask(call, args, grant_key, verdict.rule, env).await
+                }
+            }
+        }
+    }
+}
+
+/// Step 1: the `pre_tool_use` lifecycle hooks.
+async fn lifecycle_hooks(
+    pipeline: &ToolPipeline,
+    call: &ToolCall,
+    tool: &RegisteredTool,
+    args: &mut Value,
+    env: &BatchEnv<'_>,
+) -> Result<Option<HookChoice>, ToolResult> {
+    let Some(hooks) = pipeline
+        .lifecycle
+        .as_ref()
+        .filter(|hooks| hooks.wants(HookEvent::PreToolUse, Some(&call.name)))
+    else {
+        return Ok(None);
+    };
+    let mut input = HookInput::new(
+        HookEvent::PreToolUse,
+        env.ctx.run_id(),
+        env.ctx.session_id(),
+        env.workspace,
+        env.ctx.depth(),
+    );
+    input.tool_name = Some(call.name.clone());
+    input.tool_call_id = Some(call.id.clone());
+    input.tool_input = Some(args.clone());
+    let scope = HookScope {
+        cancel: env.ctx.cancel_token(),
+        protected: env.protected,
+        read_only: env.read_only,
+    };
+    let run = hooks.run(&input, scope).await;
+    crate::hooks::report(
+        env.events,
+        env.turn,
+        HookEvent::PreToolUse,
+        Some(&call.id),
+        &run.reports,
+    );
+    if let Some(rewritten) = run.answer.arguments {
+        *args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
+    }
+    let reason = run.answer.reason;
+    Ok(run.answer.verdict.map(|verdict| match verdict {
+        HookVerdict::Allow => HookChoice::Allow,
+        HookVerdict::Deny => HookChoice::Deny(match reason {
+            Some(reason) => format!("A hook refused this call of '{}': {reason}", call.name),
+            None => format!("A hook refused this call of '{}'.", call.name),
+        }),
+        HookVerdict::Ask => HookChoice::Ask {
+            grant_key: format!("hook:{}", call.name),
+            reason,
+        },
+    }))
+}
+
+/// Step 2: the library's `ToolHook`s.
+async fn tool_hooks(
+    pipeline: &ToolPipeline,
+    call: &ToolCall,
+    tool: &RegisteredTool,
+    args: &mut Value,
+    env: &BatchEnv<'_>,
+) -> Result<Option<HookChoice>, ToolResult> {
     for hook in &pipeline.hooks {
         let view = HookCall {
             call,
-            args: &args,
+            args,
             run_id: env.ctx.run_id(),
             workspace: env.workspace,
         };
         match hook.before_tool(view).await {
             HookDecision::Continue => {}
-            HookDecision::Allow => return Ok(args),
-            HookDecision::Deny(reason) => return Err(denied(call, reason)),
+            HookDecision::Allow => return Ok(Some(HookChoice::Allow)),
+            HookDecision::Deny(reason) => return Ok(Some(HookChoice::Deny(reason))),
             HookDecision::Rewrite(rewritten) => {
-                args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
+                *args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
             }
-            HookDecision::Ask { grant_key, reason } => {
-                if env.gate.is_granted(&grant_key) {
-                    return Ok(args);
-                }
-                let request = AskRequest {
-                    call_id: &call.id,
-                    tool: &call.name,
-                    args: &args,
-                    grant_key,
-                    reason,
-                };
-                return match env.gate.ask(request, env.events, env.turn, env.ctx).await {
-                    AskOutcome::Allowed => Ok(args),
-                    AskOutcome::Denied(reason) => Err(denied(call, reason)),
-                    AskOutcome::Cancelled => Err(ToolPipeline::cancelled(call)),
-                };
-            }
+            HookDecision::Ask { grant_key, reason } => return Ok(Some(HookChoice::Ask { grant_key, reason })),
         }
     }
-    Ok(args)
+    Ok(None)
 }
 
-fn denied(call: &ToolCall, reason: String) -> ToolResult {
-    ToolResult::new(&call.id, &call.name, ToolStatus::Denied, reason).with_error_kind(ErrorKind::Denied)
+/// Step 5: a person decides, unless the session already said "always".
+async fn ask(
+    call: &ToolCall,
+    args: Value,
+    grant_key: String,
+    reason: Option<String>,
+    env: &BatchEnv<'_>,
+) -> Result<(Value, Authority), ToolResult> {
+    if env.gate.is_granted(&grant_key) {
+        return Ok((args, Authority::Session));
+    }
+    let request = AskRequest {
+        call_id: &call.id,
+        tool: &call.name,
+        args: &args,
+        grant_key,
+        reason,
+    };
+    match env.gate.ask(request, env.events, env.turn, env.ctx).await {
+        AskOutcome::Allowed => Ok((args, Authority::Person)),
+        AskOutcome::Denied(reason) => Err(denied(call, reason, Authority::Person)),
+        AskOutcome::Cancelled => Err(ToolPipeline::cancelled(call)),
+    }
+}
+
+/// What the model reads when the policy refuses a call.
+fn policy_refusal(call: &ToolCall, verdict: &Verdict) -> String {
+    match &verdict.rule {
+        Some(rule) => format!(
+            "Permission denied: the rule '{rule}' forbids this call of '{}'. Do not retry it; find another way or tell the user what you need.",
+            call.name
+        ),
+        None => format!(
+            "Permission denied: '{}' is not allowed in this session. Do not retry it; find another way or tell the user what you need.",
+            call.name
+        ),
+    }
+}
+
+fn denied(call: &ToolCall, reason: String, by: Authority) -> ToolResult {
+    let mut result =
+        ToolResult::new(&call.id, &call.name, ToolStatus::Denied, reason).with_error_kind(ErrorKind::Denied);
+    result.metadata.decided_by = Some(by);
+    result
 }

@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use crate::context::{RunContext, StopCause};
 use crate::event::{EventEmitter, EventKind, TurnIds};
-use crate::hooks::ToolHook;
+use crate::hooks::{HookEvent, HookInput, LifecycleHooks, ToolHook};
 use crate::message::ToolCall;
-use crate::permission::PermissionGate;
+use crate::permission::{PermissionGate, PermissionPolicy};
 use crate::tool::{RegisteredTool, ToolRegistry};
-use crate::tool_result::{ErrorKind, StageTimings, ToolResult, ToolStatus};
+use crate::tool_result::{Authority, ErrorKind, StageTimings, ToolResult, ToolStatus};
 
 pub use redact::{is_secret_name, Redactor, REDACTED};
 
@@ -71,8 +71,12 @@ impl PipelineConfig {
 /// Runs tool calls through the pipeline stages.
 pub struct ToolPipeline {
     registry: Arc<ToolRegistry>,
-    /// User hooks first, the permission hook last.
+    /// Library hooks, in registration order.
     hooks: Vec<Arc<dyn ToolHook>>,
+    /// Decides after the hooks (see `authorize`).
+    policy: PermissionPolicy,
+    /// Asked before (`pre_tool_use`) and after (`post_tool_use`) each call.
+    lifecycle: Option<Arc<dyn LifecycleHooks>>,
     config: PipelineConfig,
     redactor: Redactor,
 }
@@ -82,6 +86,7 @@ impl std::fmt::Debug for ToolPipeline {
         f.debug_struct("ToolPipeline")
             .field("tools", &self.registry.len())
             .field("hooks", &self.hooks.len())
+            .field("lifecycle_hooks", &self.lifecycle.is_some())
             .field("config", &self.config)
             .finish()
     }
@@ -114,6 +119,8 @@ pub(crate) enum Prepared<'a> {
         stages: StageTimings,
         /// Time spent in the first four stages (a person's answer included).
         prepared_in: Duration,
+        /// Who let it run.
+        decided_by: Authority,
     },
     /// Settled without running (unknown tool, invalid arguments, denied, cancelled).
     Settled {
@@ -138,24 +145,36 @@ impl ToolPipeline {
         Self {
             registry: Arc::new(registry),
             hooks: self.hooks.clone(),
+            policy: self.policy.clone(),
+            lifecycle: self.lifecycle.clone(),
             config: self.config.clone(),
             redactor: self.redactor.clone(),
         }
     }
 
-    /// A pipeline over `registry` with `hooks` (the permission hook last).
+    /// A pipeline over `registry`: `hooks` decide in order, then `policy`
+    /// (see docs/extending.md for the whole order).
     pub fn new(
         registry: Arc<ToolRegistry>,
         hooks: Vec<Arc<dyn ToolHook>>,
+        policy: PermissionPolicy,
         config: PipelineConfig,
         redactor: Redactor,
     ) -> Self {
         Self {
             registry,
             hooks,
+            policy,
+            lifecycle: None,
             config,
             redactor,
         }
+    }
+
+    /// The same pipeline asking `hooks` before and after each call.
+    pub fn with_lifecycle_hooks(mut self, hooks: Option<Arc<dyn LifecycleHooks>>) -> Self {
+        self.lifecycle = hooks;
+        self
     }
 
     /// The registry the pipeline runs.
@@ -222,8 +241,8 @@ impl ToolPipeline {
         let t = Instant::now();
         let authorized = authorize::authorize(self, call, tool, args, env).await;
         stages.authorize_us = micros(t);
-        let args = match authorized {
-            Ok(args) => args,
+        let (args, decided_by) = match authorized {
+            Ok(allowed) => allowed,
             Err(result) => return settled(result, stages),
         };
 
@@ -237,10 +256,12 @@ impl ToolPipeline {
             args,
             stages,
             prepared_in: started.elapsed(),
+            decided_by,
         }
     }
 
-    /// Stage 6: hooks, redaction, truncation, timing; then the event.
+    /// Stage 6 for a call that did not run: hooks, redaction, truncation,
+    /// timing; then the event.
     async fn finish(
         &self,
         call: &ToolCall,
@@ -249,27 +270,45 @@ impl ToolPipeline {
         started: Instant,
         env: &BatchEnv<'_>,
     ) -> ToolResult {
-        let result = self.settle(call, result, stages, started, env).await;
+        let result = self
+            .settle(
+                call,
+                result,
+                Settling {
+                    stages,
+                    started,
+                    ran: false,
+                },
+                env,
+            )
+            .await;
         Self::tell(&result, env);
         result
     }
 
     /// Stage 6 without the event: the result as the model and the journal
-    /// get it.
+    /// get it. `post_tool_use` hooks see only calls that ran.
     async fn settle(
         &self,
         call: &ToolCall,
         mut result: ToolResult,
-        mut stages: StageTimings,
-        started: Instant,
+        settling: Settling,
         env: &BatchEnv<'_>,
     ) -> ToolResult {
+        let Settling {
+            mut stages,
+            started,
+            ran,
+        } = settling;
         let t = Instant::now();
         if result.status == ToolStatus::Cancelled {
             mark_deadline(&mut result, env.ctx);
         }
         for hook in &self.hooks {
             result = hook.after_tool(call, result).await;
+        }
+        if ran {
+            self.post_tool_use(call, &mut result, env).await;
         }
         if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&result.content) {
             result.content = clean;
@@ -281,6 +320,55 @@ impl ToolPipeline {
         result.metadata.stages = stages;
         result.metadata.duration_ms = started.elapsed().as_millis() as u64;
         result
+    }
+
+    /// Asks the `post_tool_use` hooks about a call that ran; what they add
+    /// follows the result, for the model.
+    async fn post_tool_use(&self, call: &ToolCall, result: &mut ToolResult, env: &BatchEnv<'_>) {
+        let Some(hooks) = self
+            .lifecycle
+            .as_ref()
+            .filter(|hooks| hooks.wants(HookEvent::PostToolUse, Some(&call.name)))
+        else {
+            return;
+        };
+        let mut input = HookInput::new(
+            HookEvent::PostToolUse,
+            env.ctx.run_id(),
+            env.ctx.session_id(),
+            env.workspace,
+            env.ctx.depth(),
+        );
+        input.tool_name = Some(call.name.clone());
+        input.tool_call_id = Some(call.id.clone());
+        input.tool_input = Some(call.arguments.clone());
+        input.tool_result = Some(self.redactor.redact(&result.content).into_owned());
+        input.tool_status = Some(result.status);
+        let scope = crate::hooks::HookScope {
+            cancel: env.ctx.cancel_token(),
+            protected: env.protected,
+            read_only: env.read_only,
+        };
+        let run = hooks.run(&input, scope).await;
+        crate::hooks::report(
+            env.events,
+            env.turn,
+            HookEvent::PostToolUse,
+            Some(&call.id),
+            &run.reports,
+        );
+        let added: Vec<String> = [
+            run.answer
+                .reason
+                .map(|reason| format!("A hook objected to this result: {reason}")),
+            run.answer.context,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !added.is_empty() {
+            result.content = format!("{}\n\n[from a hook]\n{}", result.content, added.join("\n"));
+        }
     }
 
     /// The call's `tool.result` event.
@@ -306,6 +394,15 @@ fn mark_deadline(result: &mut ToolResult, ctx: &RunContext) {
     result.status = ToolStatus::Timeout;
     result.content = format!("The tool call was stopped because {limit} passed.");
     result.metadata.error_kind = Some(ErrorKind::Timeout);
+}
+
+/// What stage 6 needs besides the result.
+pub(crate) struct Settling {
+    pub stages: StageTimings,
+    /// When the call's clock started.
+    pub started: Instant,
+    /// Whether the tool ran (its result is its own, not a refusal).
+    pub ran: bool,
 }
 
 fn micros(since: Instant) -> u64 {

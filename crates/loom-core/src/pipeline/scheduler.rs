@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use crate::tool_result::ToolResult;
 
 use super::execute::execute;
-use super::{call_clock, micros, BatchEnv, Prepared, ToolPipeline};
+use super::{call_clock, micros, BatchEnv, Prepared, Settling, ToolPipeline};
 
 pub(crate) async fn run(pipeline: &ToolPipeline, prepared: Vec<Prepared<'_>>, env: &BatchEnv<'_>) -> Vec<ToolResult> {
     let permits = Semaphore::new(pipeline.config.max_concurrency.max(1));
@@ -57,6 +57,7 @@ async fn run_group(
                 args,
                 mut stages,
                 prepared_in,
+                decided_by,
             } => {
                 // The semaphore is never closed, so acquiring cannot fail.
                 let _permit = permits.acquire().await.ok();
@@ -64,7 +65,8 @@ async fn run_group(
                 // Stopped meanwhile: the call never starts, and is not
                 // journaled, so a resumed run knows it never ran.
                 if env.ctx.is_cancelled() {
-                    let result = ToolPipeline::cancelled(call);
+                    let mut result = ToolPipeline::cancelled(call);
+                    result.metadata.decided_by = Some(decided_by);
                     return pipeline.finish(call, result, stages, started, env).await;
                 }
                 // A call with side effects is journaled before it runs, so a
@@ -77,6 +79,8 @@ async fn run_group(
                             crate::tool_result::ErrorKind::Journal,
                             format!("Error: the call was not run because it could not be recorded first ({err})."),
                         );
+                        let mut refused = refused;
+                        refused.metadata.decided_by = Some(decided_by);
                         return pipeline.finish(call, refused, stages, started, env).await;
                     }
                 }
@@ -91,7 +95,14 @@ async fn run_group(
                 )
                 .await;
                 stages.execute_us = micros(t);
-                let result = pipeline.settle(call, result, stages, started, env).await;
+                let mut result = result;
+                result.metadata.decided_by = Some(decided_by);
+                let settling = Settling {
+                    stages,
+                    started,
+                    ran: true,
+                };
+                let result = pipeline.settle(call, result, settling, env).await;
                 // A resumable call cut short by an interrupt keeps only its
                 // intent: the resumed run makes it again, and the tool
                 // continues its work (`task` resumes its sub-agent).

@@ -165,6 +165,7 @@ impl Tool for Bash {
             &ctx.workspace,
             &env,
             prepared.confinement.as_ref(),
+            false,
         )
         .map_err(|err| ToolError::Failed(format!("could not start bash: {err}")))?;
         let finished = supervise(&mut child, group, &ctx, limit, self.settings.max_output_bytes).await;
@@ -173,6 +174,74 @@ impl Tool for Bash {
         tokio::task::spawn_blocking(move || drop(tmp));
         report(finished, &note)
     }
+}
+
+/// How a command given input ended, and what it printed ([`run_with_input`]).
+#[derive(Debug)]
+pub(crate) struct CommandRun {
+    /// Its exit code; `None` when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// It passed its time limit and its group was stopped.
+    pub timed_out: bool,
+    /// It was stopped because the run was cancelled.
+    pub cancelled: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes of stdout beyond what was kept.
+    pub stdout_dropped: u64,
+}
+
+/// Runs `command` as `bash` runs a model's command — the same environment
+/// rules, namespaces and sandbox, process group and time limit — with
+/// `input` on its stdin (for a hook: docs/extending.md).
+pub(crate) async fn run_with_input(
+    settings: &BashSettings,
+    command: &str,
+    input: Vec<u8>,
+    ctx: &ToolContext,
+    limit: Duration,
+    cap: usize,
+) -> Result<CommandRun, String> {
+    let owned = settings.clone();
+    let (workspace, protected, read_only) = (ctx.workspace.clone(), ctx.protected.clone(), ctx.read_only.clone());
+    let prepared = tokio::task::spawn_blocking(move || prepare(&owned, &workspace, &protected, &read_only))
+        .await
+        .map_err(|err| format!("could not prepare the command: {err}"))?
+        .map_err(|err| err.to_string())?;
+    let env = env::command_env(&settings.env, prepared.tmp.path(), &ctx.workspace);
+    let (mut child, group) = process::spawn(
+        &prepared.launcher,
+        command,
+        &ctx.workspace,
+        &env,
+        prepared.confinement.as_ref(),
+        true,
+    )
+    .map_err(|err| format!("could not start bash: {err}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A command that never reads its input must not hold the call:
+        // the write gives up when the pipe closes, and never outlives it.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(&input).await;
+        });
+    }
+    let finished = supervise(&mut child, group, ctx, limit, cap).await;
+    let Prepared { tmp, .. } = prepared;
+    tokio::task::spawn_blocking(move || drop(tmp));
+    let (exit_code, timed_out, cancelled) = match finished.ending {
+        Ending::Exited(status) => (status.code(), false, false),
+        Ending::TimedOut(_) => (None, true, false),
+        Ending::Cancelled => (None, false, true),
+    };
+    Ok(CommandRun {
+        exit_code,
+        timed_out,
+        cancelled,
+        stdout: finished.stdout.render(),
+        stderr: finished.stderr.render(),
+        stdout_dropped: finished.stdout.dropped(),
+    })
 }
 
 struct Prepared {

@@ -16,16 +16,17 @@ use super::sandbox::Confinement;
 /// How long a group gets between SIGTERM and SIGKILL.
 pub(crate) const KILL_GRACE: Duration = Duration::from_secs(2);
 
-/// Starts `bash -c command` in `dir` with exactly `env`, stdin closed,
-/// stdout and stderr piped, as the leader of a new session; through
-/// `launcher` (bwrap and its arguments) when it is not empty; confined by
-/// `confinement` when given.
+/// Starts `bash -c command` in `dir` with exactly `env`, stdin closed (or
+/// piped, with `stdin`), stdout and stderr piped, as the leader of a new
+/// session; through `launcher` (bwrap and its arguments) when it is not
+/// empty; confined by `confinement` when given.
 pub(crate) fn spawn(
     launcher: &[OsString],
     command: &str,
     dir: &Path,
     env: &[(String, String)],
     confinement: Option<&Confinement>,
+    stdin: bool,
 ) -> std::io::Result<(Child, ProcessGroup)> {
     let mut cmd = match launcher.split_first() {
         Some((program, args)) => {
@@ -40,7 +41,7 @@ pub(crate) fn spawn(
         .current_dir(dir)
         .env_clear()
         .envs(env.iter().map(|(name, value)| (name, value)))
-        .stdin(Stdio::null())
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let ruleset = confinement.map(Confinement::raw_fd);
