@@ -18,7 +18,7 @@
 
 use serde_json::Value;
 
-use crate::hooks::{HookCall, HookDecision, HookEvent, HookInput, HookScope, HookVerdict};
+use crate::hooks::{HookCall, HookDecision, HookEvent, HookVerdict};
 use crate::message::ToolCall;
 use crate::permission::{AskOutcome, AskRequest, Decision, Verdict};
 use crate::tool::RegisteredTool;
@@ -86,36 +86,12 @@ async fn lifecycle_hooks(
     args: &mut Value,
     env: &BatchEnv<'_>,
 ) -> Result<Option<HookChoice>, ToolResult> {
-    let Some(hooks) = pipeline
-        .lifecycle
-        .as_ref()
-        .filter(|hooks| hooks.wants(HookEvent::PreToolUse, Some(&call.name)))
+    let Some(run) = pipeline
+        .tool_event_hooks(HookEvent::PreToolUse, call, args, None, env)
+        .await
     else {
         return Ok(None);
     };
-    let mut input = HookInput::new(
-        HookEvent::PreToolUse,
-        env.ctx.run_id(),
-        env.ctx.session_id(),
-        env.workspace,
-        env.ctx.depth(),
-    );
-    input.tool_name = Some(call.name.clone());
-    input.tool_call_id = Some(call.id.clone());
-    input.tool_input = Some(args.clone());
-    let scope = HookScope {
-        cancel: env.ctx.cancel_token(),
-        protected: env.protected,
-        read_only: env.read_only,
-    };
-    let run = hooks.run(&input, scope).await;
-    crate::hooks::report(
-        env.events,
-        env.turn,
-        HookEvent::PreToolUse,
-        Some(&call.id),
-        &run.reports,
-    );
     if let Some(rewritten) = run.answer.arguments {
         *args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
     }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::context::{RunContext, StopCause};
 use crate::event::{EventEmitter, EventKind, TurnIds};
-use crate::hooks::{HookEvent, HookInput, LifecycleHooks, ToolHook};
+use crate::hooks::{HookEvent, HookInput, HookRun, HookScope, LifecycleHooks, ToolHook};
 use crate::message::ToolCall;
 use crate::permission::{PermissionGate, PermissionPolicy};
 use crate::tool::{RegisteredTool, ToolRegistry};
@@ -325,38 +325,12 @@ impl ToolPipeline {
     /// Asks the `post_tool_use` hooks about a call that ran; what they add
     /// follows the result, for the model.
     async fn post_tool_use(&self, call: &ToolCall, result: &mut ToolResult, env: &BatchEnv<'_>) {
-        let Some(hooks) = self
-            .lifecycle
-            .as_ref()
-            .filter(|hooks| hooks.wants(HookEvent::PostToolUse, Some(&call.name)))
+        let Some(run) = self
+            .tool_event_hooks(HookEvent::PostToolUse, call, &call.arguments, Some(result), env)
+            .await
         else {
             return;
         };
-        let mut input = HookInput::new(
-            HookEvent::PostToolUse,
-            env.ctx.run_id(),
-            env.ctx.session_id(),
-            env.workspace,
-            env.ctx.depth(),
-        );
-        input.tool_name = Some(call.name.clone());
-        input.tool_call_id = Some(call.id.clone());
-        input.tool_input = Some(call.arguments.clone());
-        input.tool_result = Some(self.redactor.redact(&result.content).into_owned());
-        input.tool_status = Some(result.status);
-        let scope = crate::hooks::HookScope {
-            cancel: env.ctx.cancel_token(),
-            protected: env.protected,
-            read_only: env.read_only,
-        };
-        let run = hooks.run(&input, scope).await;
-        crate::hooks::report(
-            env.events,
-            env.turn,
-            HookEvent::PostToolUse,
-            Some(&call.id),
-            &run.reports,
-        );
         let added: Vec<String> = [
             run.answer
                 .reason
@@ -369,6 +343,40 @@ impl ToolPipeline {
         if !added.is_empty() {
             result.content = format!("{}\n\n[from a hook]\n{}", result.content, added.join("\n"));
         }
+    }
+
+    /// Runs the lifecycle hooks of a tool event about `call` (with `args`,
+    /// and after the call its `result`, redacted) and reports them; `None`
+    /// when no hook wants this call.
+    pub(crate) async fn tool_event_hooks(
+        &self,
+        event: HookEvent,
+        call: &ToolCall,
+        args: &serde_json::Value,
+        result: Option<&ToolResult>,
+        env: &BatchEnv<'_>,
+    ) -> Option<HookRun> {
+        let hooks = self
+            .lifecycle
+            .as_ref()
+            .filter(|hooks| hooks.wants(event, Some(&call.name)))?;
+        let ctx = env.ctx;
+        let mut input = HookInput::new(event, ctx.run_id(), ctx.session_id(), env.workspace, ctx.depth());
+        input.tool_name = Some(call.name.clone());
+        input.tool_call_id = Some(call.id.clone());
+        input.tool_input = Some(args.clone());
+        if let Some(result) = result {
+            input.tool_result = Some(self.redactor.redact(&result.content).into_owned());
+            input.tool_status = Some(result.status);
+        }
+        let scope = HookScope {
+            cancel: ctx.cancel_token(),
+            protected: env.protected,
+            read_only: env.read_only,
+        };
+        let run = hooks.run(&input, scope).await;
+        crate::hooks::report(env.events, env.turn, event, Some(&call.id), &run.reports);
+        Some(run)
     }
 
     /// The call's `tool.result` event.
