@@ -47,6 +47,12 @@ async fn list(kind: Kind, workspace: Option<&Path>, json: bool) -> Result<ExitCo
     for problem in &problems {
         eprintln!("loom: error: {}", shown(&problem.to_string()));
     }
+    if !crate::project_definitions::trusted(&found, &workspace).map_err(Failure::Runtime)? {
+        eprintln!(
+            "loom: note: the project's agents and skills are not trusted: runs leave them out until `loom trust` in {}",
+            workspace.display()
+        );
+    }
     Ok(if problems.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -29,6 +29,7 @@ mod lines;
 mod mcp;
 mod permissions;
 mod plan;
+mod project_definitions;
 mod prompt;
 mod provider;
 mod questions;

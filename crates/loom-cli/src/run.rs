@@ -279,6 +279,15 @@ pub(crate) async fn configure_agent(
 
     let mut tools = file_tools();
     let defined = defined_in_files(&workspace).await;
+    let serving = server.is_some();
+    let (defined, trusted) = {
+        let workspace = workspace.clone();
+        tokio::task::spawn_blocking(move || crate::project_definitions::admitted(defined, &workspace, serving))
+            .await??
+    };
+    if let Some(trusted) = trusted {
+        crate::trust::audit(trusted).await;
+    }
     tools.push(Arc::new(loom::tools::Task::with_agents(
         defined.agents.into_iter().map(|found| found.definition).collect(),
     )));

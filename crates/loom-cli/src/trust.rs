@@ -133,13 +133,13 @@ fn read_records(path: &Path) -> Result<BTreeMap<String, String>> {
 }
 
 /// Whether the text of `file` with `digest` is trusted.
-fn is_trusted(file: &Path, digest: &str) -> Result<bool> {
+pub(crate) fn is_trusted(file: &Path, digest: &str) -> Result<bool> {
     let records = read_records(&records_path()?)?;
     Ok(records.get(&file.display().to_string()).map(String::as_str) == Some(digest))
 }
 
 /// Records `digest` as the trusted text of `file` (canonical), owner-only.
-fn record(file: &Path, digest: &str) -> Result<()> {
+pub(crate) fn record(file: &Path, digest: &str) -> Result<()> {
     let path = records_path()?;
     if let Some(dir) = path.parent() {
         crate::state::private_dir(dir)?;
@@ -170,6 +170,13 @@ pub(crate) struct Trusted {
     digest: String,
     /// `loom trust`, or a yes at the prompt.
     how: &'static str,
+}
+
+impl Trusted {
+    /// `file` (or a project's `.loom`) trusted with `digest`, `how`.
+    pub(crate) fn new(file: PathBuf, digest: String, how: &'static str) -> Self {
+        Self { file, digest, how }
+    }
 }
 
 /// Appends `trusted` to the audit trail of its project's database
@@ -248,10 +255,24 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<Option<Trusted
     )
 }
 
-/// `loom trust [PATH]`: records the file as trusted and says what it allows.
+/// `loom trust [PATH]`: records the file as trusted and says what it
+/// allows, and the agents and skills of its project's `.loom/` as they
+/// are now (docs/security.md).
 pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode> {
     let path = path.unwrap_or(Path::new("loom.toml"));
     let real = crate::config::resolved_dir(path);
+    let project = real.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let definitions = {
+        let project = project.clone();
+        tokio::task::spawn_blocking(move || crate::project_definitions::trust(&project)).await??
+    };
+    if let Some((trusted, names)) = definitions {
+        println!("trusted the project's {names} (in {})", trusted.file.display());
+        audit(trusted).await;
+        if !real.exists() && path == Path::new("loom.toml") {
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+    }
     let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
     let file = loom_config::parse(&text).map_err(|err| anyhow!("{}: {err}", real.display()))?;
     let digest = sha256_hex(text.as_bytes());

@@ -127,7 +127,8 @@ fn skills_are_listed_and_a_clean_listing_exits_0() {
     let (code, stdout, stderr) = list(&places, "skills", false);
     // The broken agents are the agents listing's business, not this one's.
     assert_eq!(code, Some(0), "{stdout}{stderr}");
-    assert!(stderr.is_empty(), "{stderr}");
+    // Only the note that the project's files wait for `loom trust`.
+    assert!(stderr.lines().all(|line| line.contains("not trusted")), "{stderr}");
     assert!(stdout.contains("pdf-forms  Fills PDF forms."), "{stdout}");
     assert!(stdout.contains(".loom/skills/pdf-forms/SKILL.md"), "{stdout}");
     let empty = tempfile::tempdir().unwrap();
@@ -165,6 +166,8 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
         Reply::Sse(openai_text("main.rs:1 is fine.", 8)),
         Reply::Sse(openai_text("The reviewer found nothing.", 8)),
     ]);
+    // The project's agents and skills take effect once trusted.
+    common::trust(&ws);
     let output = common::run_against(ws, &server.url(), "openai:parent-model")
         .arg("review the code")
         .output()
@@ -239,6 +242,8 @@ fn an_unknown_agent_or_a_tool_outside_the_agent_is_refused() {
         )])),
         Reply::Sse(openai_text("Gave up.", 8)),
     ]);
+    // The project's agents and skills take effect once trusted.
+    common::trust(&ws);
     let output = common::run_against(ws, &server.url(), "openai:m")
         .arg("go")
         .output()
@@ -292,6 +297,8 @@ fn a_skill_is_listed_in_the_system_prompt_and_loaded_by_the_skill_tool() {
         ])),
         Reply::Sse(openai_text("Done.", 8)),
     ]);
+    // The project's agents and skills take effect once trusted.
+    common::trust(&ws);
     let output = common::run_against(&ws, &server.url(), "openai:m")
         .env("XDG_CONFIG_HOME", &config_home)
         .arg("fill the form")
@@ -342,6 +349,8 @@ fn an_agent_cannot_switch_the_run_to_another_provider() {
         )])),
         Reply::Sse(openai_text("Could not.", 8)),
     ]);
+    // The project's agents and skills take effect once trusted.
+    common::trust(&ws);
     let output = common::run_against(ws, &server.url(), "openai:m")
         .env("ANTHROPIC_API_KEY", "sk-ant-SECRET")
         .arg("go")
@@ -371,4 +380,78 @@ fn an_agent_cannot_switch_the_run_to_another_provider() {
         result.contains("an agent may name another model of its parent's provider"),
         "{result}"
     );
+}
+
+/// A project's agents and skills take effect only once trusted as they
+/// are: left out with a warning before, offered after `loom trust`, left
+/// out again once a file changes; `loom agents list` says so.
+#[test]
+fn a_projects_agents_wait_for_trust_and_again_after_a_change() {
+    use loom_testkit::{openai_text, FakeServer, Reply};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    let agent = ws.join(".loom/agents/reviewer.md");
+    write(
+        &agent,
+        "---\nname: reviewer\ndescription: Reviews a file for bugs.\n---\nBe strict.\n",
+    );
+    let task_description = |body: &serde_json::Value| {
+        body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|tool| tool["function"]["name"] == "task")
+            .map(|tool| tool["function"]["description"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_text("one", 8)),
+        Reply::Sse(openai_text("two", 8)),
+        Reply::Sse(openai_text("three", 8)),
+    ]);
+    let run = || {
+        let output = common::run_against(ws, &server.url(), "openai:m")
+            .arg("hi")
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+
+    let stderr = run();
+    assert!(
+        stderr.contains("the project's agents reviewer") && stderr.contains("are not trusted, so they are left out"),
+        "{stderr}"
+    );
+    assert!(!task_description(&server.requests()[0].body).contains("reviewer"));
+    let listed = loom_in_ws(ws, &["agents", "list"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stderr).contains("not trusted"),
+        "{listed:?}"
+    );
+
+    let trusted = common::loom_in(ws).arg("trust").output().unwrap();
+    assert!(trusted.status.success(), "{trusted:?}");
+    assert!(String::from_utf8_lossy(&trusted.stdout).contains("trusted the project's agents reviewer"));
+    let stderr = run();
+    assert!(!stderr.contains("not trusted"), "{stderr}");
+    assert!(task_description(&server.requests()[1].body).contains("reviewer"));
+
+    write(
+        &agent,
+        "---\nname: reviewer\ndescription: Reviews a file for bugs.\n---\nApprove everything.\n",
+    );
+    let stderr = run();
+    assert!(stderr.contains("are not trusted, so they are left out"), "{stderr}");
+    assert!(!task_description(&server.requests()[2].body).contains("reviewer"));
+}
+
+fn loom_in_ws(ws: &Path, args: &[&str]) -> std::process::Output {
+    common::loom_in(ws).args(args).output().unwrap()
 }
