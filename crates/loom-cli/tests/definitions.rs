@@ -167,7 +167,7 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
         Reply::Sse(openai_text("The reviewer found nothing.", 8)),
     ]);
     // The project's agents and skills take effect once trusted.
-    common::trust(&ws);
+    common::trust(ws);
     let output = common::run_against(ws, &server.url(), "openai:parent-model")
         .arg("review the code")
         .output()
@@ -243,7 +243,7 @@ fn an_unknown_agent_or_a_tool_outside_the_agent_is_refused() {
         Reply::Sse(openai_text("Gave up.", 8)),
     ]);
     // The project's agents and skills take effect once trusted.
-    common::trust(&ws);
+    common::trust(ws);
     let output = common::run_against(ws, &server.url(), "openai:m")
         .arg("go")
         .output()
@@ -350,7 +350,7 @@ fn an_agent_cannot_switch_the_run_to_another_provider() {
         Reply::Sse(openai_text("Could not.", 8)),
     ]);
     // The project's agents and skills take effect once trusted.
-    common::trust(&ws);
+    common::trust(ws);
     let output = common::run_against(ws, &server.url(), "openai:m")
         .env("ANTHROPIC_API_KEY", "sk-ant-SECRET")
         .arg("go")
