@@ -8,9 +8,9 @@ use loom::HookEvent;
 
 use crate::config::FileConfig;
 
-/// The hooks `file` configures, run as `shell` runs commands; `None`
-/// when it has none.
-pub(crate) fn command_hooks(file: &FileConfig, shell: BashSettings) -> Result<Option<CommandHooks>> {
+/// The hooks `file` (named `source` in errors) configures, run as `shell`
+/// runs commands; `None` when it has none.
+pub(crate) fn command_hooks(file: &FileConfig, source: &str, shell: BashSettings) -> Result<Option<CommandHooks>> {
     if file.hooks.is_empty() {
         return Ok(None);
     }
@@ -22,7 +22,7 @@ pub(crate) fn command_hooks(file: &FileConfig, shell: BashSettings) -> Result<Op
             let event = HookEvent::parse(&hook.event).ok_or_else(|| {
                 let known: Vec<&str> = HookEvent::ALL.iter().map(|event| event.as_str()).collect();
                 anyhow!(
-                    "loom.toml [[hooks]] #{}: event {:?} is none of {}",
+                    "{source} [[hooks]] #{}: event {:?} is none of {}",
                     index + 1,
                     hook.event,
                     known.join(", ")
@@ -38,10 +38,10 @@ pub(crate) fn command_hooks(file: &FileConfig, shell: BashSettings) -> Result<Op
             };
             // Checked one by one, so the error names the entry.
             CommandHooks::new(vec![command.clone()], shell.clone())
-                .map_err(|err| anyhow!("loom.toml [[hooks]] #{}: {err}", index + 1))?;
+                .map_err(|err| anyhow!("{source} [[hooks]] #{}: {err}", index + 1))?;
             Ok(command)
         })
         .collect::<Result<Vec<_>>>()?;
-    let hooks = CommandHooks::new(commands, shell).map_err(|err| anyhow!("loom.toml [[hooks]]: {err}"))?;
+    let hooks = CommandHooks::new(commands, shell).map_err(|err| anyhow!("{source} [[hooks]]: {err}"))?;
     Ok(Some(hooks))
 }

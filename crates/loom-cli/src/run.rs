@@ -300,7 +300,11 @@ pub(crate) async fn configure_agent(
         tools.push(Arc::new(loom::tools::Bash::new(shell.clone())));
     }
     // Hooks run as the shell's commands do, whether or not the model has it.
-    let hooks = crate::hooks::command_hooks(file, shell)?;
+    let source = loaded
+        .path
+        .as_ref()
+        .map_or_else(|| "loom.toml".to_string(), |path| path.display().to_string());
+    let hooks = crate::hooks::command_hooks(file, &source, shell)?;
     let mode = server.as_ref().map_or(args.mode, |server| server.mode);
     let planning = mode == loom::Mode::Plan;
     // Plan mode starts no MCP server: its tools are not offered.
@@ -375,10 +379,14 @@ pub(crate) async fn configure_agent(
         };
     }
     if let Some(dir) = config::user_config_dir() {
-        // Made if missing (when its parent exists), so that `bash` gets an
-        // empty mount there instead of a place to plant a config file.
-        if dir.parent().is_some_and(Path::is_dir) {
-            let _ = crate::state::private_dir(&dir);
+        // Made if missing (with `~/.config` when only that is missing), so
+        // that `bash` gets an empty mount there instead of a place to plant
+        // a config file; and pinned with its parents (a mount point cannot
+        // be renamed aside).
+        if let Some(parent) = dir.parent() {
+            if parent.parent().is_some_and(Path::is_dir) && std::fs::create_dir_all(parent).is_ok() {
+                let _ = crate::state::private_dir(&dir);
+            }
         }
         builder = builder.protect(dir);
     }

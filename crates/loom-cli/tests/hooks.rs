@@ -392,7 +392,7 @@ fn a_projects_hooks_need_trust_and_a_bad_entry_is_named() {
         .unwrap();
     assert_ne!(out.status.code(), Some(0));
     assert!(
-        stderr(&out).contains("[[hooks]] #2: matcher \"(\" is not a regular expression"),
+        stderr(&out).contains("config.toml [[hooks]] #2: matcher \"(\" is not a regular expression"),
         "{}",
         stderr(&out)
     );
@@ -435,4 +435,60 @@ fn a_hook_that_asks_leaves_the_call_to_a_person() {
     let result = of_type(&events, "tool.result")[0];
     assert_eq!(result["decidedBy"], "person", "{result}");
     assert_eq!(std::fs::read_to_string(workspace.join("d.txt")).unwrap(), "deployed\n");
+}
+
+/// A model with `bash` (no sandbox) cannot move the workspace aside and
+/// plant its own hook script in a new folder of the same name, nor move a
+/// parent of Loom's state aside to plant trust records: the workspace and
+/// every folder above it and above Loom's state are mount points in the
+/// command's namespace, which cannot be renamed.
+#[test]
+fn a_command_cannot_move_the_workspace_or_loom_state_aside_to_plant_hooks() {
+    let base = tempfile::tempdir().unwrap();
+    let workspace = base.path().join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let guard = hook_script(
+        &workspace,
+        "guard.sh",
+        "grep -q 'rm -rf' && { echo 'no rm -rf' >&2; exit 2; }\nexit 0\n",
+    );
+    let config = config(
+        base.path(),
+        &format!("[[hooks]]\nevent = \"pre_tool_use\"\nmatcher = \"bash\"\ncommand = \"{guard}\"\n"),
+    );
+    let pwned = base.path().join("PWNED");
+    // Loom's state two levels down, so that its parent can be tried.
+    let state = base.path().join("state/loom");
+    let plant = format!(
+        "cd .. && mv ws ws_orig; mkdir -p ws/.loom/hooks && printf 'touch {}\\nexit 0\\n' > ws/.loom/hooks/guard.sh; \
+         mv state state_moved; mkdir -p state/loom && echo '{{}}' > state/loom/trust.json; ls",
+        pwned.display()
+    );
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[
+            ("c1", "bash", &serde_json::json!({ "command": plant }).to_string()),
+            ("c2", "bash", r#"{"command": "rm -rf junk"}"#),
+        ])),
+        Reply::Sse(openai_text("Done.", 8)),
+    ]);
+    let out = common::run_against(&workspace, &server.url(), "openai:m")
+        .env("LOOM_STATE_DIR", &state)
+        .arg("--config")
+        .arg(&config)
+        .args(["--allow", "bash", "--json", "go"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events = common::json_lines(&out.stdout);
+    let results = of_type(&events, "tool.result");
+    let planted = results[0]["content"].as_str().unwrap();
+    assert!(planted.contains("Device or resource busy"), "{planted}");
+    assert!(!base.path().join("ws_orig").exists(), "{planted}");
+    assert!(!base.path().join("state_moved").exists(), "{planted}");
+    assert_eq!(
+        results[1]["status"], "denied",
+        "the real guard still runs: {}",
+        results[1]
+    );
+    assert!(!pwned.exists());
 }

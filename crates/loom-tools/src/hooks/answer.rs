@@ -60,7 +60,7 @@ pub(crate) fn read(run: &CommandRun, event: HookEvent, timeout_secs: u64) -> Ans
     }
     if run.timed_out {
         return Answer::failed(format!(
-            "did not finish within {timeout_secs} s; it and every process it started were stopped"
+            "did not finish within {timeout_secs} s; it was stopped with its process group"
         ));
     }
     match run.exit_code {
@@ -86,14 +86,16 @@ fn read_printed(run: &CommandRun, event: HookEvent) -> Answer {
     if run.stdout_dropped > 0 {
         return Answer::failed(format!(
             "printed more than the {} bytes a hook's answer may have",
-            run.stdout.len()
+            super::MAX_ANSWER_BYTES
         ));
     }
     let text = run.stdout.trim();
     if text.is_empty() {
         return Answer::default();
     }
-    let printed: Printed = match serde_json::from_str::<Value>(text) {
+    // Strict: a key given twice (`{"decision": "deny", "decision":
+    // "allow"}`) is no answer, not the last of them.
+    let printed: Printed = match loom_core::json_strict::parse_strict(text) {
         Ok(value @ Value::Object(_)) => match serde_json::from_value(value) {
             Ok(printed) => printed,
             Err(err) => return Answer::failed(format!("printed JSON with a field of the wrong type: {err}")),
@@ -106,19 +108,22 @@ fn read_printed(run: &CommandRun, event: HookEvent) -> Answer {
         }
     };
     let specific = printed.hook_specific_output.unwrap_or_default();
-    let decision = printed.decision.or(specific.permission_decision);
-    let verdict = match decision.as_deref() {
-        None => None,
-        Some("allow" | "approve") => Some(HookVerdict::Allow),
-        Some("deny" | "block") => Some(HookVerdict::Deny),
-        Some("ask") => Some(HookVerdict::Ask),
-        Some(other) => {
-            return Answer::failed(format!(
-                "printed the decision {:?}, which is none of allow, deny, ask",
-                bounded_to(other, 100)
-            ))
-        }
-    };
+    // Both names may be given: the stricter decision counts.
+    let mut verdict = None;
+    for decision in [printed.decision, specific.permission_decision].into_iter().flatten() {
+        let read = match decision.as_str() {
+            "allow" | "approve" => HookVerdict::Allow,
+            "deny" | "block" => HookVerdict::Deny,
+            "ask" => HookVerdict::Ask,
+            other => {
+                return Answer::failed(format!(
+                    "printed the decision {:?}, which is none of allow, deny, ask",
+                    bounded_to(other, 100)
+                ))
+            }
+        };
+        verdict = super::stricter(verdict, Some(read));
+    }
     // Only a call can be allowed or asked about; elsewhere only a refusal means anything.
     let verdict = match (event, verdict) {
         (HookEvent::PreToolUse, verdict) => verdict,
@@ -211,6 +216,27 @@ mod tests {
         let answer = read(&exited(0, &claude.to_string(), ""), HookEvent::PreToolUse, 30);
         assert_eq!(answer.verdict, Some(HookVerdict::Deny));
         assert_eq!(answer.reason.as_deref(), Some("no"));
+    }
+
+    #[test]
+    fn conflicting_decisions_count_as_the_stricter_and_a_repeated_key_as_garbage() {
+        let both = r#"{"decision": "allow", "hookSpecificOutput": {"permissionDecision": "deny"}}"#;
+        assert_eq!(
+            read(&exited(0, both, ""), HookEvent::PreToolUse, 30).verdict,
+            Some(HookVerdict::Deny)
+        );
+        let ask = r#"{"decision": "allow", "hookSpecificOutput": {"permissionDecision": "ask"}}"#;
+        assert_eq!(
+            read(&exited(0, ask, ""), HookEvent::PreToolUse, 30).verdict,
+            Some(HookVerdict::Ask)
+        );
+        let twice = read(
+            &exited(0, r#"{"decision": "deny", "decision": "allow"}"#, ""),
+            HookEvent::PreToolUse,
+            30,
+        );
+        assert_eq!(twice.verdict, None);
+        assert!(twice.error.is_some_and(|error| error.contains("not a JSON object")));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use regex::Regex;
 use crate::shell::{run_with_input, BashSettings};
 
 /// The most of a hook's stdout that is read: an answer is small.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// How long a hook may run when its entry gives no `timeout_secs`.
 pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -171,6 +171,15 @@ fn weight(verdict: Option<HookVerdict>) -> u8 {
         Some(HookVerdict::Allow) => 1,
         Some(HookVerdict::Ask) => 2,
         Some(HookVerdict::Deny) => 3,
+    }
+}
+
+/// The stricter of two decisions.
+fn stricter(a: Option<HookVerdict>, b: Option<HookVerdict>) -> Option<HookVerdict> {
+    if weight(b) > weight(a) {
+        b
+    } else {
+        a
     }
 }
 

@@ -159,6 +159,15 @@ impl View<'_> {
         } else {
             // Everything as Loom sees it, with a /proc of its own.
             args.extend(["--share-net", "--dev-bind", "/", "/", "--proc", "/proc"]);
+            // The workspace, Loom's state and its configuration, and every
+            // folder above them, each made a mount point: a mount point
+            // cannot be renamed, so a command cannot move the workspace or
+            // a parent of Loom's state aside and plant a new one in its
+            // place (which the next hook, trust check or `loom` would read).
+            // Their contents stay as writable as they were.
+            for dir in pinned(self.workspace, self.protected, self.read_only) {
+                args.bind("--bind", &dir, &dir);
+            }
         }
         // Only what is in the command's view needs covering; a mount on a
         // path outside it would create directories in read-only places.
@@ -195,6 +204,22 @@ impl View<'_> {
         args.push("--");
         args.0
     }
+}
+
+/// The existing directories to pin as mount points ([`View::bwrap_args`]):
+/// the workspace, and every folder above it and above each of `protected`
+/// and `read_only` (not `/`, which is one already), outermost first.
+fn pinned(workspace: &Path, protected: &[PathBuf], read_only: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = workspace.ancestors().map(Path::to_path_buf).collect();
+    for path in protected.iter().chain(read_only) {
+        dirs.extend(path.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    dirs.retain(|dir| {
+        dir.is_absolute() && dir.parent().is_some() && std::fs::symlink_metadata(dir).is_ok_and(|meta| meta.is_dir())
+    });
+    dirs.sort();
+    dirs.dedup();
+    sorted(&dirs)
 }
 
 /// Parents before what is under them, so an inner mount is not covered by
@@ -294,5 +319,14 @@ mod tests {
         let args = joined(&view.bwrap_args(Path::new("bwrap"), None));
         assert!(args.contains("--share-net --dev-bind / / --proc /proc"), "{args}");
         assert!(args.contains(&format!("--tmpfs {}", state.display())), "{args}");
+        // The workspace and every folder above it and above the state are
+        // mount points (they cannot be renamed aside), before the state's
+        // cover is mounted.
+        let pin = |path: &Path| format!("--bind {0} {0} ", path.display());
+        for dir in dir.path().ancestors().filter(|dir| dir.parent().is_some()) {
+            assert!(args.contains(&pin(dir)), "{} in {args}", dir.display());
+        }
+        assert!(!args.contains("--bind / /"), "{args}");
+        assert!(args.find(&pin(dir.path())) < args.find(&format!("--tmpfs {}", state.display())));
     }
 }
