@@ -47,7 +47,14 @@ async fn list(kind: Kind, workspace: Option<&Path>, json: bool) -> Result<ExitCo
     for problem in &problems {
         eprintln!("loom: error: {}", shown(&problem.to_string()));
     }
-    if !crate::project_definitions::trusted(&found, &workspace).map_err(Failure::Runtime)? {
+    let trusted = {
+        let (found, workspace) = (found.clone(), workspace.clone());
+        tokio::task::spawn_blocking(move || crate::project_definitions::trusted(&found, &workspace))
+            .await
+            .map_err(|err| Failure::Runtime(err.into()))?
+            .map_err(Failure::Runtime)?
+    };
+    if !trusted {
         eprintln!(
             "loom: note: the project's agents and skills are not trusted: runs leave them out until `loom trust` in {}",
             workspace.display()

@@ -24,15 +24,20 @@ fn key(workspace: &Path) -> PathBuf {
         .join(".loom")
 }
 
-/// SHA-256 of what the project's definitions say — each file's place and
-/// every field that takes effect — or `None` when the project defines none.
+/// SHA-256 of what the project's definitions say — each file's path in the
+/// project (however the workspace was named) and every field that takes
+/// effect — or `None` when the project defines none.
 pub(crate) fn digest(found: &Definitions) -> Option<String> {
     let mut text = String::new();
     for agent in found.agents.iter().filter(|agent| agent.place.is_workspace()) {
         let d = &agent.definition;
         text.push_str(&format!(
             "agent\0{}\0{}\0{}\0{:?}\0{:?}\0{:?}\0{}\0\0",
-            agent.path.display(),
+            agent
+                .path
+                .strip_prefix(&agent.place.root)
+                .unwrap_or(&agent.path)
+                .display(),
             d.name,
             d.description,
             d.tools,
@@ -45,7 +50,11 @@ pub(crate) fn digest(found: &Definitions) -> Option<String> {
         let d = &skill.definition;
         text.push_str(&format!(
             "skill\0{}\0{}\0{}\0{}\0\0",
-            skill.path.display(),
+            skill
+                .path
+                .strip_prefix(&skill.place.root)
+                .unwrap_or(&skill.path)
+                .display(),
             d.name,
             d.description,
             d.body

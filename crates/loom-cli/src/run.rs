@@ -379,12 +379,14 @@ pub(crate) async fn configure_agent(
         };
     }
     if let Some(dir) = config::user_config_dir() {
-        // Made if missing (with `~/.config` when only that is missing), so
-        // that `bash` gets an empty mount there instead of a place to plant
-        // a config file; and pinned with its parents (a mount point cannot
-        // be renamed aside).
+        // Made if missing (when its parent exists, or is the default
+        // `~/.config` of an existing home), so that `bash` gets an empty
+        // mount there instead of a place to plant a config file; and
+        // pinned with its parents (a mount point cannot be renamed aside).
         if let Some(parent) = dir.parent() {
-            if parent.parent().is_some_and(Path::is_dir) && std::fs::create_dir_all(parent).is_ok() {
+            let default_base = std::env::var_os("XDG_CONFIG_HOME").is_none_or(|v| v.is_empty());
+            let makeable = parent.is_dir() || (default_base && parent.parent().is_some_and(Path::is_dir));
+            if makeable && std::fs::create_dir_all(parent).is_ok() {
                 let _ = crate::state::private_dir(&dir);
             }
         }

@@ -409,6 +409,7 @@ fn a_projects_agents_wait_for_trust_and_again_after_a_change() {
         Reply::Sse(openai_text("one", 8)),
         Reply::Sse(openai_text("two", 8)),
         Reply::Sse(openai_text("three", 8)),
+        Reply::Sse(openai_text("four", 8)),
     ]);
     let run = || {
         let output = common::run_against(ws, &server.url(), "openai:m")
@@ -439,9 +440,21 @@ fn a_projects_agents_wait_for_trust_and_again_after_a_change() {
     let trusted = common::loom_in(ws).arg("trust").output().unwrap();
     assert!(trusted.status.success(), "{trusted:?}");
     assert!(String::from_utf8_lossy(&trusted.stdout).contains("trusted the project's agents reviewer"));
+    // However the workspace is named.
+    let output = common::run_against(ws, &server.url(), "openai:m")
+        .args(["--workspace", ".", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("not trusted"),
+        "{output:?}"
+    );
+    assert!(task_description(&server.requests()[1].body).contains("reviewer"));
+
     let stderr = run();
     assert!(!stderr.contains("not trusted"), "{stderr}");
-    assert!(task_description(&server.requests()[1].body).contains("reviewer"));
+    assert!(task_description(&server.requests()[2].body).contains("reviewer"));
 
     write(
         &agent,
@@ -449,7 +462,7 @@ fn a_projects_agents_wait_for_trust_and_again_after_a_change() {
     );
     let stderr = run();
     assert!(stderr.contains("are not trusted, so they are left out"), "{stderr}");
-    assert!(!task_description(&server.requests()[2].body).contains("reviewer"));
+    assert!(!task_description(&server.requests()[3].body).contains("reviewer"));
 }
 
 fn loom_in_ws(ws: &Path, args: &[&str]) -> std::process::Output {

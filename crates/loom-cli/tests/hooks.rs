@@ -88,6 +88,11 @@ command = "{guard}"
 event = "pre_tool_use"
 matcher = "write_file|edit_file"
 command = "{redirect}"
+
+[[hooks]]
+event = "post_tool_use"
+matcher = "write_file"
+command = "jq -c '{{context: (\"wrote \" + .tool_input.path)}}'"
 "#
         ),
     );
@@ -119,6 +124,8 @@ command = "{redirect}"
         second.contains("A hook refused this call of 'bash': rm -rf is not allowed in this project"),
         "{second}"
     );
+    // post_tool_use hooks see the arguments the call ran with.
+    assert!(second.contains("wrote scratch/notes.txt"), "{second}");
 
     // The events say which hook decided what, and who decided each call.
     let hooks = of_type(&events, "hook.result");
@@ -491,4 +498,50 @@ fn a_command_cannot_move_the_workspace_or_loom_state_aside_to_plant_hooks() {
         results[1]
     );
     assert!(!pwned.exists());
+}
+
+/// A run interrupted (SIGTERM) while its stop hook runs is not ended with
+/// the answer the hook never judged: it stays resumable.
+#[test]
+fn an_interrupt_during_a_stop_hook_does_not_end_the_run_with_its_answer() {
+    let base = tempfile::tempdir().unwrap();
+    let workspace = base.path().join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let started = base.path().join("hook-started");
+    let slow = hook_script(
+        &workspace,
+        "slow.sh",
+        &format!("touch {}\nsleep 20\n", started.display()),
+    );
+    let config = config(
+        base.path(),
+        &format!("[[hooks]]\nevent = \"stop\"\ncommand = \"{slow}\"\n"),
+    );
+    let server = FakeServer::start(vec![Reply::Sse(openai_text("All done.", 8))]);
+    let child = common::run_against(&workspace, &server.url(), "openai:m")
+        .arg("--config")
+        .arg(&config)
+        .args(["--json", "finish"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !started.exists() {
+        assert!(std::time::Instant::now() < deadline, "the stop hook never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    let events = common::json_lines(&out.stdout);
+    assert!(of_type(&events, "lifecycle.end").is_empty(), "{events:?}");
+    assert!(of_type(&events, "agent.finish").is_empty(), "{events:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "warning", "{last}");
+    assert_eq!(last["code"], "INTERRUPTED", "{last}");
 }

@@ -174,7 +174,7 @@ crate::wire::wire_enum! {
         Hook = "hook",
         /// An explicit `allow` or `deny` rule (an `ask` rule leads to a person).
         Rule = "rule",
-        /// The permission mode (`accept-edits`, `bypass`, `plan`).
+        /// The permission mode (`accept-edits`, `bypass`).
         Mode = "mode",
         /// The policy's default decision.
         Default = "default",

@@ -200,7 +200,16 @@ impl Driver {
                         let answer = machine.pending_answer().map(str::to_string);
                         if let Some(answer) = answer {
                             let turn = machine.ids().clone();
-                            end.steering.extend(self.stop_hooks(&turn, &answer).await);
+                            let refusal = self.stop_hooks(&turn, &answer).await;
+                            // Stopped while they ran (a cancel, an interrupt):
+                            // not an ending they judged.
+                            if let Some(reason) = self.stop_reason() {
+                                machine.stop(reason);
+                                continue;
+                            }
+                            end.steering.extend(refusal);
+                            // A message a person sent while they ran.
+                            end.steering.extend(self.controls.take_steering());
                         }
                     }
                     machine.end_turn(end);

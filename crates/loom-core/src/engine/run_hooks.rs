@@ -61,7 +61,13 @@ impl Driver {
         }
         let mut input = self.hook_input(HookEvent::UserPromptSubmit);
         input.prompt = Some(prompt.to_string());
-        if let Some(run) = self.ask_hooks(turn, input).await {
+        let asked = self.ask_hooks(turn, input).await;
+        // Stopped while they ran (a cancel, an interrupt): the prompt was
+        // not judged, so it goes no further.
+        if let Some(reason) = self.stop_reason() {
+            return Err(reason);
+        }
+        if let Some(run) = asked {
             if run.answer.verdict == Some(HookVerdict::Deny) {
                 let why = run.answer.reason.unwrap_or_else(|| "no reason given".to_string());
                 return Err(StopReason::error(

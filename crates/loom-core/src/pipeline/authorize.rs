@@ -18,6 +18,8 @@
 
 use serde_json::Value;
 
+use crate::codes::WarningCode;
+use crate::event::EventKind;
 use crate::hooks::{HookCall, HookDecision, HookEvent, HookVerdict};
 use crate::message::ToolCall;
 use crate::permission::{AskOutcome, AskRequest, Decision, Verdict};
@@ -93,7 +95,22 @@ async fn lifecycle_hooks(
         return Ok(None);
     };
     if let Some(rewritten) = run.answer.arguments {
-        *args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
+        match validate(call, tool, &rewritten) {
+            Ok(valid) => *args = valid,
+            // A hook's mistake, not the model's: the call goes on as the
+            // model made it, and the hook is reported as failed.
+            Err(rejection) => env.events.emit(
+                env.turn,
+                EventKind::Warning {
+                    code: WarningCode::HookFailed,
+                    message: format!(
+                        "a pre_tool_use hook rewrote the arguments of '{}' into ones the tool refuses, so they were not used: {}",
+                        call.name,
+                        rejection.into_result(call).content
+                    ),
+                },
+            ),
+        }
     }
     let reason = run.answer.reason;
     Ok(run.answer.verdict.map(|verdict| match verdict {
@@ -102,8 +119,9 @@ async fn lifecycle_hooks(
             Some(reason) => format!("A hook refused this call of '{}': {reason}", call.name),
             None => format!("A hook refused this call of '{}'.", call.name),
         }),
+        // "always" covers this tool when the hook asks for the same reason.
         HookVerdict::Ask => HookChoice::Ask {
-            grant_key: format!("hook:{}", call.name),
+            grant_key: format!("hook:{}:{}", call.name, reason.as_deref().unwrap_or_default()),
             reason,
         },
     }))

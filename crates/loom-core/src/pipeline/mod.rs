@@ -12,6 +12,7 @@
 
 mod authorize;
 mod execute;
+mod hooks;
 mod redact;
 mod scheduler;
 mod stages;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::context::{RunContext, StopCause};
 use crate::event::{EventEmitter, EventKind, TurnIds};
-use crate::hooks::{HookEvent, HookInput, HookRun, HookScope, LifecycleHooks, ToolHook};
+use crate::hooks::{LifecycleHooks, ToolHook};
 use crate::message::ToolCall;
 use crate::permission::{PermissionGate, PermissionPolicy};
 use crate::tool::{RegisteredTool, ToolRegistry};
@@ -248,7 +249,9 @@ impl ToolPipeline {
 
         // Check cancel: nothing starts once the run is cancelled.
         if env.ctx.is_cancelled() {
-            return settled(Self::cancelled(call), stages);
+            let mut result = Self::cancelled(call);
+            result.metadata.decided_by = Some(decided_by);
+            return settled(result, stages);
         }
         Prepared::Ready {
             call,
@@ -277,7 +280,7 @@ impl ToolPipeline {
                 Settling {
                     stages,
                     started,
-                    ran: false,
+                    ran_with: None,
                 },
                 env,
             )
@@ -298,7 +301,7 @@ impl ToolPipeline {
         let Settling {
             mut stages,
             started,
-            ran,
+            ran_with,
         } = settling;
         let t = Instant::now();
         if result.status == ToolStatus::Cancelled {
@@ -307,8 +310,8 @@ impl ToolPipeline {
         for hook in &self.hooks {
             result = hook.after_tool(call, result).await;
         }
-        if ran {
-            self.post_tool_use(call, &mut result, env).await;
+        if let Some(args) = ran_with {
+            self.post_tool_use(call, &args, &mut result, env).await;
         }
         if let std::borrow::Cow::Owned(clean) = self.redactor.redact(&result.content) {
             result.content = clean;
@@ -320,63 +323,6 @@ impl ToolPipeline {
         result.metadata.stages = stages;
         result.metadata.duration_ms = started.elapsed().as_millis() as u64;
         result
-    }
-
-    /// Asks the `post_tool_use` hooks about a call that ran; what they add
-    /// follows the result, for the model.
-    async fn post_tool_use(&self, call: &ToolCall, result: &mut ToolResult, env: &BatchEnv<'_>) {
-        let Some(run) = self
-            .tool_event_hooks(HookEvent::PostToolUse, call, &call.arguments, Some(result), env)
-            .await
-        else {
-            return;
-        };
-        let added: Vec<String> = [
-            run.answer
-                .reason
-                .map(|reason| format!("A hook objected to this result: {reason}")),
-            run.answer.context,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if !added.is_empty() {
-            result.content = format!("{}\n\n[from a hook]\n{}", result.content, added.join("\n"));
-        }
-    }
-
-    /// Runs the lifecycle hooks of a tool event about `call` (with `args`,
-    /// and after the call its `result`, redacted) and reports them; `None`
-    /// when no hook wants this call.
-    pub(crate) async fn tool_event_hooks(
-        &self,
-        event: HookEvent,
-        call: &ToolCall,
-        args: &serde_json::Value,
-        result: Option<&ToolResult>,
-        env: &BatchEnv<'_>,
-    ) -> Option<HookRun> {
-        let hooks = self
-            .lifecycle
-            .as_ref()
-            .filter(|hooks| hooks.wants(event, Some(&call.name)))?;
-        let ctx = env.ctx;
-        let mut input = HookInput::new(event, ctx.run_id(), ctx.session_id(), env.workspace, ctx.depth());
-        input.tool_name = Some(call.name.clone());
-        input.tool_call_id = Some(call.id.clone());
-        input.tool_input = Some(args.clone());
-        if let Some(result) = result {
-            input.tool_result = Some(self.redactor.redact(&result.content).into_owned());
-            input.tool_status = Some(result.status);
-        }
-        let scope = HookScope {
-            cancel: ctx.cancel_token(),
-            protected: env.protected,
-            read_only: env.read_only,
-        };
-        let run = hooks.run(&input, scope).await;
-        crate::hooks::report(env.events, env.turn, event, Some(&call.id), &run.reports);
-        Some(run)
     }
 
     /// The call's `tool.result` event.
@@ -409,8 +355,9 @@ pub(crate) struct Settling {
     pub stages: StageTimings,
     /// When the call's clock started.
     pub started: Instant,
-    /// Whether the tool ran (its result is its own, not a refusal).
-    pub ran: bool,
+    /// The arguments the tool ran with, when it ran (its result is its
+    /// own, not a refusal).
+    pub ran_with: Option<serde_json::Value>,
 }
 
 fn micros(since: Instant) -> u64 {

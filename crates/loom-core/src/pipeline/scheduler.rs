@@ -85,6 +85,7 @@ async fn run_group(
                     }
                 }
                 let t = Instant::now();
+                let ran_with = args.clone();
                 let result = execute(
                     call,
                     tool,
@@ -100,7 +101,7 @@ async fn run_group(
                 let settling = Settling {
                     stages,
                     started,
-                    ran: true,
+                    ran_with: Some(ran_with),
                 };
                 let result = pipeline.settle(call, result, settling, env).await;
                 // A resumable call cut short by an interrupt keeps only its

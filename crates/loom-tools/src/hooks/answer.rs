@@ -65,6 +65,8 @@ pub(crate) fn read(run: &CommandRun, event: HookEvent, timeout_secs: u64) -> Ans
     }
     match run.exit_code {
         Some(0) => read_printed(run, event),
+        // A session's start cannot be refused: its exit 2 is no answer.
+        Some(2) if event == HookEvent::SessionStart => Answer::default(),
         Some(2) => {
             let reason = bounded(run.stderr.trim());
             Answer {
@@ -279,5 +281,9 @@ mod tests {
         let block = exited(0, r#"{"decision": "block", "reason": "tests fail"}"#, "");
         assert_eq!(read(&block, HookEvent::Stop, 30).verdict, Some(HookVerdict::Deny));
         assert_eq!(read(&block, HookEvent::SessionStart, 30).verdict, None);
+        assert_eq!(
+            read(&exited(2, "", "no"), HookEvent::SessionStart, 30),
+            Answer::default()
+        );
     }
 }

@@ -165,8 +165,9 @@ impl View<'_> {
             // a parent of Loom's state aside and plant a new one in its
             // place (which the next hook, trust check or `loom` would read).
             // Their contents stay as writable as they were.
+            // `--dev-bind`, as `/` is: `--bind` would remount them nodev.
             for dir in pinned(self.workspace, self.protected, self.read_only) {
-                args.bind("--bind", &dir, &dir);
+                args.bind("--dev-bind", &dir, &dir);
             }
         }
         // Only what is in the command's view needs covering; a mount on a
@@ -214,8 +215,15 @@ fn pinned(workspace: &Path, protected: &[PathBuf], read_only: &[PathBuf]) -> Vec
     for path in protected.iter().chain(read_only) {
         dirs.extend(path.ancestors().skip(1).map(Path::to_path_buf));
     }
+    // Nothing under the kernel's own file systems: `/proc` is the
+    // command's own (a pin from outside would bring Loom's back), and
+    // `/sys` and `/dev` are no place for Loom's files.
+    let kernel = ["/proc", "/sys", "/dev"];
     dirs.retain(|dir| {
-        dir.is_absolute() && dir.parent().is_some() && std::fs::symlink_metadata(dir).is_ok_and(|meta| meta.is_dir())
+        dir.is_absolute()
+            && dir.parent().is_some()
+            && !kernel.iter().any(|root| dir.starts_with(root))
+            && std::fs::symlink_metadata(dir).is_ok_and(|meta| meta.is_dir())
     });
     dirs.sort();
     dirs.dedup();
@@ -322,11 +330,21 @@ mod tests {
         // The workspace and every folder above it and above the state are
         // mount points (they cannot be renamed aside), before the state's
         // cover is mounted.
-        let pin = |path: &Path| format!("--bind {0} {0} ", path.display());
+        let pin = |path: &Path| format!("--dev-bind {0} {0} ", path.display());
         for dir in dir.path().ancestors().filter(|dir| dir.parent().is_some()) {
             assert!(args.contains(&pin(dir)), "{} in {args}", dir.display());
         }
-        assert!(!args.contains("--bind / /"), "{args}");
-        assert!(args.find(&pin(dir.path())) < args.find(&format!("--tmpfs {}", state.display())));
+        assert!(!args.contains("--dev-bind / / --dev-bind / /"), "{args}");
+        let cover = args.find(&format!("--tmpfs {}", state.display()));
+        assert!(cover.is_some() && args.find(&pin(dir.path())) < cover, "{args}");
+        // Never under /proc, /sys or /dev (a `--config <(…)` is under /proc).
+        let odd = View {
+            protected: &[PathBuf::from("/proc/self/fd"), PathBuf::from("/dev/shm/x.db")],
+            ..view
+        };
+        let args = joined(&odd.bwrap_args(Path::new("bwrap"), None));
+        for dir in ["/proc", "/proc/self", "/dev", "/dev/shm"] {
+            assert!(!args.contains(&format!("--dev-bind {dir} {dir}")), "{args}");
+        }
     }
 }
