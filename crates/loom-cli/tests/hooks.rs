@@ -508,10 +508,12 @@ fn an_interrupt_during_a_stop_hook_does_not_end_the_run_with_its_answer() {
     let workspace = base.path().join("ws");
     std::fs::create_dir_all(&workspace).unwrap();
     let started = base.path().join("hook-started");
+    // The first time it hangs (and is cut short); asked again, it lets
+    // the run end.
     let slow = hook_script(
         &workspace,
         "slow.sh",
-        &format!("touch {}\nsleep 20\n", started.display()),
+        &format!("[ -e {0} ] && exit 0\ntouch {0}\nsleep 20\n", started.display()),
     );
     let config = config(
         base.path(),
@@ -544,4 +546,24 @@ fn an_interrupt_during_a_stop_hook_does_not_end_the_run_with_its_answer() {
     let last = events.last().unwrap();
     assert_eq!(last["type"], "warning", "{last}");
     assert_eq!(last["code"], "INTERRUPTED", "{last}");
+
+    // Resumed, the saved answer is judged by the stop hook before the run
+    // ends with it.
+    let run_id = events[0]["runId"].as_str().unwrap();
+    let out = common::loom_in(&workspace)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["runs", "resume", run_id, "--config"])
+        .arg(&config)
+        .args(["--base-url", &format!("{}/v1", server.url()), "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let events = common::json_lines(&out.stdout);
+    let stops = of_type(&events, "hook.result");
+    assert_eq!(stops.len(), 1, "{events:?}");
+    assert_eq!(stops[0]["error"], Value::Null, "{}", stops[0]);
+    let end = of_type(&events, "lifecycle.end")[0];
+    assert_eq!(end["status"], "DONE");
+    assert_eq!(end["content"], "All done.");
+    assert_eq!(server.requests().len(), 1, "the saved answer was not asked for again");
 }

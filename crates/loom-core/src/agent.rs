@@ -881,7 +881,6 @@ impl Agent {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
-            stop_refusals: 0,
             tools: self.engine.tools.current(),
             child_slots: Arc::new(tokio::sync::Semaphore::new(self.engine.sub_agents.max_running)),
             budget,

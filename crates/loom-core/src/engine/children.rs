@@ -286,7 +286,6 @@ impl Children {
             gate,
             caches: Caches::default(),
             budget_warned: Vec::new(),
-            stop_refusals: 0,
             step_deadline: None,
             principal: self.principal.clone(),
             instructions: request

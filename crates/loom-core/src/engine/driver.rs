@@ -199,8 +199,7 @@ impl Driver {
                     if end.steering.is_empty() {
                         let answer = machine.pending_answer().map(str::to_string);
                         if let Some(answer) = answer {
-                            let turn = machine.ids().clone();
-                            let refusal = self.stop_hooks(&turn, &answer).await;
+                            let refusal = self.stop_hooks(machine, &answer).await;
                             // Stopped while they ran (a cancel, an interrupt):
                             // not an ending they judged.
                             if let Some(reason) = self.stop_reason() {

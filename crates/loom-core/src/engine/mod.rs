@@ -149,8 +149,6 @@ pub(crate) struct Driver {
     /// A sub-agent defined in a file: its instructions, added to the
     /// system prompt (docs/agents.md).
     pub instructions: Option<Arc<str>>,
-    /// How many times stop hooks sent this run back for another turn.
-    pub stop_refusals: u32,
 }
 
 /// What the driver works out once and reuses.

@@ -5,6 +5,7 @@
 use crate::codes::ErrorCode;
 use crate::event::TurnIds;
 use crate::hooks::{HookEvent, HookInput, HookRun, HookScope, HookVerdict};
+use crate::machine::TurnMachine;
 use crate::outcome::StopReason;
 
 use super::Driver;
@@ -83,7 +84,8 @@ impl Driver {
     /// `stop` (`sub_agent_stop` for a sub-agent) before the run ends with
     /// `answer`: the message that sends it back for another turn, when a
     /// hook refuses the ending and the run may still be sent back.
-    pub(super) async fn stop_hooks(&mut self, turn: &TurnIds, answer: &str) -> Option<String> {
+    pub(super) async fn stop_hooks(&self, machine: &mut TurnMachine, answer: &str) -> Option<String> {
+        let turn = &machine.ids().clone();
         let event = if self.parent.is_some() {
             HookEvent::SubAgentStop
         } else {
@@ -91,12 +93,12 @@ impl Driver {
         };
         let mut input = self.hook_input(event);
         input.answer = Some(answer.to_string());
-        input.stop_hook_active = Some(self.stop_refusals > 0);
+        input.stop_hook_active = Some(machine.stop_refusals() > 0);
         let run = self.ask_hooks(turn, input).await?;
-        if run.answer.verdict != Some(HookVerdict::Deny) || self.stop_refusals >= self.engine.stop_refusals {
+        if run.answer.verdict != Some(HookVerdict::Deny) || machine.stop_refusals() >= self.engine.stop_refusals {
             return None;
         }
-        self.stop_refusals += 1;
+        machine.count_stop_refusal();
         let why = run.answer.reason.unwrap_or_else(|| "it gave no reason".to_string());
         Some(format!(
             "Do not finish yet: a {event} hook refused to let the run end with this answer. Its reason: {why}"

@@ -123,7 +123,8 @@ impl TurnMachine {
     /// Re-enters a stored run where it stopped. The history decides where
     /// the turn stands: calls without results are run (or settled from the
     /// journal) and announced again for whoever follows the resumed run; a
-    /// saved answer ends the run; otherwise the next turn begins.
+    /// saved answer is where the turn ends ([`Next::EndTurn`]); otherwise
+    /// the next turn begins.
     pub(crate) fn resume(state: RunState, memory: Memory, settings: Settings) -> Self {
         let mut machine = Self::new(state, memory, settings);
         let dangling = crate::history::dangling_calls(machine.memory.messages());
@@ -132,12 +133,14 @@ impl TurnMachine {
             TurnPhase::Tools
         } else {
             match machine.memory.messages().last() {
-                // The answer was saved; only the end was not recorded.
+                // The answer was saved but the run did not end with it (the
+                // end was not recorded, or the run was stopped while its
+                // stop hooks judged it): it ends as any answer does, the
+                // stop hooks asked (again).
                 Some(Message::Assistant { content, tool_calls })
                     if tool_calls.is_empty() && !content.trim().is_empty() =>
                 {
-                    machine.save_due = true;
-                    TurnPhase::Ended(Ending::Answer(content.clone()))
+                    TurnPhase::Answered(content.clone())
                 }
                 _ => TurnPhase::Boundary,
             }
@@ -369,6 +372,16 @@ impl TurnMachine {
     /// Ids of the current turn.
     pub(crate) fn ids(&self) -> &TurnIds {
         &self.ids
+    }
+
+    /// How many times stop hooks sent the run back.
+    pub(crate) fn stop_refusals(&self) -> u32 {
+        self.state.stop_refusals
+    }
+
+    /// Counts one more time stop hooks sent the run back.
+    pub(crate) fn count_stop_refusal(&mut self) {
+        self.state.stop_refusals += 1;
     }
 
     /// The answer the run is about to end with, while the driver reads the

@@ -36,6 +36,10 @@ pub struct RunState {
     pub(crate) context_warned: bool,
     /// The user's request (task handlers are chosen by it).
     pub(crate) task: String,
+    /// How many times stop hooks sent the run back (bounded by
+    /// `max_stop_refusals`; kept, so a resumed run does not start over).
+    #[serde(default)]
+    pub(crate) stop_refusals: u32,
     #[serde(skip)]
     pub(crate) metrics: RunMetrics,
 }
@@ -148,6 +152,7 @@ impl RunState {
             compacted: false,
             context_warned: false,
             task: task.into(),
+            stop_refusals: 0,
             metrics: RunMetrics::default(),
         }
     }
