@@ -1,0 +1,23 @@
+//! Workspace snapshots: the state of a workspace's files after each turn
+//! of a run, so that a person can return to it or branch from it (rewind
+//! and fork; not yet wired into runs — its cost is measured in
+//! bench/README.md, "Snapshots").
+//!
+//! A snapshot is a [`Manifest`] — each file's path, content hash, size and
+//! mode — stored as the [`Delta`] from the snapshot before it, with the
+//! contents kept once per hash ([`store`]). A [`Scanner`] makes the next
+//! manifest by looking only at what changed since the last one (a file
+//! whose size, modification time, inode and mode are the same is not read
+//! again), so a turn costs in proportion to what it changed.
+
+#![warn(missing_docs)]
+
+pub mod manifest;
+pub mod restore;
+pub mod scan;
+pub mod store;
+
+pub use manifest::{Delta, Entry, Manifest};
+pub use restore::{apply, changed_outside, Plan, RestoreError};
+pub use scan::{Filter, ScanError, Scanned, Scanner};
+pub use store::{SnapshotStore, SqliteSnapshots, StoreError};

@@ -1,0 +1,211 @@
+//! Bringing a workspace back to a snapshot: what would change
+//! ([`Plan`], for a dry run and for the refusal when a file changed
+//! outside Loom), and the change itself — every path opened beneath a
+//! handle of the workspace (no link leads out), each file written to a
+//! temporary name and renamed over the old one, `.loom/` never touched.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use cap_std::fs::{Dir, Permissions};
+
+use crate::manifest::{Entry, Manifest};
+use crate::store::{SnapshotStore, StoreError};
+
+/// What restoring a snapshot changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Files written (created, changed back, or given their mode back).
+    pub write: Vec<String>,
+    /// Files removed (created after the snapshot).
+    pub remove: Vec<String>,
+}
+
+impl Plan {
+    /// What turns the workspace `now` into `target`.
+    pub fn between(now: &Manifest, target: &Manifest) -> Self {
+        let delta = now.delta(target);
+        Self {
+            write: delta.changed.into_keys().collect(),
+            remove: delta.removed.into_iter().collect(),
+        }
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.write.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// The files of `plan` that are not as Loom last saw them (`last`): a
+/// person (or another program) changed them since, and a restore would
+/// lose their change.
+pub fn changed_outside(plan: &Plan, now: &Manifest, last: &Manifest) -> Vec<String> {
+    plan.write
+        .iter()
+        .chain(&plan.remove)
+        .filter(|path| now.0.get(*path) != last.0.get(*path))
+        .cloned()
+        .collect()
+}
+
+/// A restore that failed part way (the files before `path` are restored).
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// A file could not be written or removed.
+    #[error("cannot restore {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store lacks a content the snapshot needs, or failed.
+    #[error("cannot restore {path}: {reason}")]
+    Content {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Carries out `plan` in the workspace at `root`, toward `target`, with
+/// contents from `store`.
+pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotStore) -> Result<(), RestoreError> {
+    let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(|source| RestoreError::File {
+        path: ".".to_string(),
+        source,
+    })?;
+    for path in &plan.write {
+        if is_loom_state(path) {
+            continue;
+        }
+        let Some(entry) = target.0.get(path) else {
+            continue;
+        };
+        let content = store.content(&entry.hash)?.ok_or_else(|| RestoreError::Content {
+            path: path.clone(),
+            reason: "its content is not in the snapshot store".to_string(),
+        })?;
+        write(&dir, path, entry, &content).map_err(|source| RestoreError::File {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    for path in &plan.remove {
+        if is_loom_state(path) {
+            continue;
+        }
+        match dir.remove_file(path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(RestoreError::File {
+                    path: path.clone(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_loom_state(path: &str) -> bool {
+    path == ".loom" || path.starts_with(".loom/")
+}
+
+/// One file, atomically: written beside itself under a temporary name,
+/// then renamed over it.
+fn write(dir: &Dir, path: &str, entry: &Entry, content: &[u8]) -> std::io::Result<()> {
+    let target = Path::new(path);
+    if let Some(parent) = target.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        dir.create_dir_all(parent)?;
+    }
+    let name = target
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temporary = target.with_file_name(format!(".{name}.loom-restore-{}", std::process::id()));
+    let _ = dir.remove_file(&temporary);
+    if entry.link {
+        let original = String::from_utf8_lossy(content).into_owned();
+        dir.symlink_contents(original, &temporary)?;
+    } else {
+        dir.write(&temporary, content)?;
+        dir.set_permissions(
+            &temporary,
+            Permissions::from_std(std::fs::Permissions::from_mode(entry.mode)),
+        )?;
+    }
+    dir.rename(&temporary, dir, target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::{Filter, Scanner};
+    use crate::store::SqliteSnapshots;
+
+    #[test]
+    fn a_workspace_goes_back_to_a_snapshot_byte_for_byte_and_mode_for_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("src")).unwrap();
+        std::fs::write(ws.join("src/main.rs"), "fn main() {}\n").unwrap();
+        std::fs::write(ws.join("run.sh"), "echo hi\n").unwrap();
+        std::fs::set_permissions(ws.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
+        let mut scanner = Scanner::new(&ws, Filter::default());
+        let before = scanner.scan().unwrap();
+        store.record("r", 0, &before.delta, &before.contents).unwrap();
+
+        // A turn: an edit, a deletion, a new file, a mode change, a link.
+        std::fs::write(ws.join("src/main.rs"), "fn main() { panic!() }\n").unwrap();
+        std::fs::remove_file(ws.join("run.sh")).unwrap();
+        std::fs::write(ws.join("new.txt"), "new").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.join("src/link")).unwrap();
+        std::fs::create_dir_all(ws.join(".loom")).unwrap();
+        std::fs::write(ws.join(".loom/keep"), "x").unwrap();
+        scanner.scan().unwrap();
+        let now = scanner.manifest();
+
+        let target = store.manifest_at("r", 0).unwrap().unwrap();
+        let plan = Plan::between(&now, &target);
+        assert_eq!(plan.write, ["run.sh", "src/main.rs"]);
+        assert_eq!(plan.remove, ["new.txt", "src/link"]);
+        apply(&ws, &plan, &target, &store).unwrap();
+        let mut check = Scanner::new(&ws, Filter::default());
+        check.scan().unwrap();
+        assert_eq!(check.manifest(), target);
+        assert_eq!(
+            std::fs::read_to_string(ws.join("src/main.rs")).unwrap(),
+            "fn main() {}\n"
+        );
+        assert_eq!(
+            std::fs::metadata(ws.join("run.sh")).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert!(ws.join(".loom/keep").exists(), ".loom is never touched");
+        assert!(Plan::between(&target, &target).is_empty());
+    }
+
+    #[test]
+    fn a_file_changed_since_loom_last_saw_it_is_named() {
+        let entry = |hash: &str| Entry {
+            hash: hash.to_string(),
+            size: 1,
+            mode: 0o644,
+            link: false,
+        };
+        let last = Manifest([("a".to_string(), entry("2")), ("b".to_string(), entry("2"))].into());
+        let now = Manifest([("a".to_string(), entry("3")), ("b".to_string(), entry("2"))].into());
+        let target = Manifest([("a".to_string(), entry("1")), ("b".to_string(), entry("1"))].into());
+        let plan = Plan::between(&now, &target);
+        assert_eq!(changed_outside(&plan, &now, &last), ["a"]);
+    }
+}
