@@ -81,6 +81,24 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
         path: ".".to_string(),
         source,
     })?;
+    // Removals first, and the folders they leave empty: a path that is a
+    // folder now and a file in the snapshot (or the other way round) is
+    // free before it is written.
+    for path in &plan.remove {
+        if is_loom_state(path) {
+            continue;
+        }
+        match dir.remove_file(path) {
+            Ok(()) => prune_empty_parents(&dir, Path::new(path)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(RestoreError::File {
+                    path: path.clone(),
+                    source,
+                })
+            }
+        }
+    }
     for path in &plan.write {
         if is_loom_state(path) {
             continue;
@@ -97,22 +115,20 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
             source,
         })?;
     }
-    for path in &plan.remove {
-        if is_loom_state(path) {
-            continue;
-        }
-        match dir.remove_file(path) {
-            Ok(()) => {}
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(RestoreError::File {
-                    path: path.clone(),
-                    source,
-                })
-            }
-        }
-    }
     Ok(())
+}
+
+/// Removes the folders above `path` that are empty now, up to the
+/// workspace (folders are not in snapshots: one a restore emptied goes, as
+/// in git).
+fn prune_empty_parents(dir: &Dir, path: &Path) {
+    let mut parent = path.parent();
+    while let Some(folder) = parent.filter(|folder| !folder.as_os_str().is_empty()) {
+        if dir.remove_dir(folder).is_err() {
+            break;
+        }
+        parent = folder.parent();
+    }
 }
 
 fn is_loom_state(path: &str) -> bool {
@@ -192,6 +208,34 @@ mod tests {
         );
         assert!(ws.join(".loom/keep").exists(), ".loom is never touched");
         assert!(Plan::between(&target, &target).is_empty());
+    }
+
+    #[test]
+    fn a_folder_where_the_snapshot_had_a_file_and_a_file_where_it_had_a_folder_are_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("x")).unwrap();
+        std::fs::write(ws.join("x/inner"), "inner").unwrap();
+        std::fs::write(ws.join("y"), "file y").unwrap();
+        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
+        let mut scanner = Scanner::new(&ws, Filter::default());
+        let before = scanner.scan().unwrap();
+        store.record("r", 0, &before.delta, &before.contents).unwrap();
+        let target = scanner.manifest();
+
+        // `x` becomes a file, `y` a folder.
+        std::fs::remove_dir_all(ws.join("x")).unwrap();
+        std::fs::write(ws.join("x"), "file x").unwrap();
+        std::fs::remove_file(ws.join("y")).unwrap();
+        std::fs::create_dir_all(ws.join("y/deep")).unwrap();
+        std::fs::write(ws.join("y/deep/z"), "z").unwrap();
+        scanner.scan().unwrap();
+        let plan = Plan::between(&scanner.manifest(), &target);
+        apply(&ws, &plan, &target, &store).unwrap();
+        let mut check = Scanner::new(&ws, Filter::default());
+        check.scan().unwrap();
+        assert_eq!(check.manifest(), target);
+        assert_eq!(std::fs::read_to_string(ws.join("y")).unwrap(), "file y");
     }
 
     #[test]
