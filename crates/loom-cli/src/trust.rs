@@ -262,19 +262,34 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
     let path = path.unwrap_or(Path::new("loom.toml"));
     let real = crate::config::resolved_dir(path);
     let project = real.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // A loom.toml that does not parse is refused before anything is trusted.
+    let text = match std::fs::read_to_string(&real) {
+        Ok(text) => Some(text),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound && path == Path::new("loom.toml") => None,
+        Err(err) => return Err(err).with_context(|| format!("cannot read {}", real.display())),
+    };
+    let file = match &text {
+        Some(text) => Some(loom_config::parse(text).map_err(|err| anyhow!("{}: {err}", real.display()))?),
+        None => None,
+    };
     let definitions = {
         let project = project.clone();
         tokio::task::spawn_blocking(move || crate::project_definitions::trust(&project)).await??
     };
+    let found_definitions = definitions.is_some();
     if let Some((trusted, names)) = definitions {
         println!("trusted the project's {names} (in {})", trusted.file.display());
         audit(trusted).await;
-        if !real.exists() && path == Path::new("loom.toml") {
+    }
+    let (Some(text), Some(file)) = (text, file) else {
+        if found_definitions {
             return Ok(std::process::ExitCode::SUCCESS);
         }
-    }
-    let text = std::fs::read_to_string(&real).with_context(|| format!("cannot read {}", real.display()))?;
-    let file = loom_config::parse(&text).map_err(|err| anyhow!("{}: {err}", real.display()))?;
+        bail!(
+            "cannot read {}: no such file, and no agents or skills in .loom/ beside it",
+            real.display()
+        );
+    };
     let digest = sha256_hex(text.as_bytes());
     record(&real, &digest)?;
     audit(Trusted {

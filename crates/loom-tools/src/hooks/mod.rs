@@ -197,6 +197,10 @@ impl LifecycleHooks for CommandHooks {
             if !hook.applies(input.event, input.tool_name.as_deref()) {
                 continue;
             }
+            // A cancelled run starts no hook: it would only be killed.
+            if scope.cancel.is_cancelled() {
+                break;
+            }
             let started = Instant::now();
             let answer = self.run_one(hook, &input, scope).await;
             let rewrote = answer.arguments.is_some();
@@ -219,7 +223,7 @@ impl LifecycleHooks for CommandHooks {
                 error: answer.error,
                 duration_ms: started.elapsed().as_millis() as u64,
             });
-            if answer.verdict == Some(HookVerdict::Deny) || scope.cancel.is_cancelled() {
+            if answer.verdict == Some(HookVerdict::Deny) {
                 break;
             }
         }
