@@ -74,6 +74,7 @@ impl AgentDefinition {
     /// Reads an agent file's text.
     pub fn parse(text: &str) -> Result<Self, DefinitionError> {
         let document = front_matter::read::<Fields>(text)?;
+        let ignored = document.unknown_keys(KEYS);
         let fields = document.fields;
         name::check(&fields.name)?;
         name::check_description(&fields.description)?;
@@ -115,11 +116,7 @@ impl AgentDefinition {
             model: fields.model,
             max_steps: fields.max_steps,
             instructions: document.body,
-            ignored: document
-                .keys
-                .into_iter()
-                .filter(|key| !KEYS.contains(&key.as_str()))
-                .collect(),
+            ignored,
         })
     }
 }

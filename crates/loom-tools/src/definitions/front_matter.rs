@@ -17,6 +17,18 @@ pub(crate) struct Document<T> {
     pub(crate) body: String,
 }
 
+impl<T> Document<T> {
+    /// The front matter's keys that are none of `known` (kept, not an
+    /// error: other tools' files have keys of their own).
+    pub(crate) fn unknown_keys(&self, known: &[&str]) -> Vec<String> {
+        self.keys
+            .iter()
+            .filter(|key| !known.contains(&key.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
 /// Reads `text`: `---`, YAML, `---`, then the body.
 pub(crate) fn read<T: DeserializeOwned>(text: &str) -> Result<Document<T>, DefinitionError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);

@@ -41,6 +41,7 @@ impl SkillDefinition {
     /// in, which the format requires to be the skill's name.
     pub fn parse(text: &str, folder: &str) -> Result<Self, DefinitionError> {
         let document = front_matter::read::<Fields>(text)?;
+        let ignored = document.unknown_keys(KEYS);
         let fields = document.fields;
         name::check(&fields.name)?;
         if fields.name != folder {
@@ -60,11 +61,7 @@ impl SkillDefinition {
             name: fields.name,
             description: fields.description.trim().to_string(),
             body: document.body,
-            ignored: document
-                .keys
-                .into_iter()
-                .filter(|key| !KEYS.contains(&key.as_str()))
-                .collect(),
+            ignored,
         })
     }
 }

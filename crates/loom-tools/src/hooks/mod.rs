@@ -210,7 +210,8 @@ impl LifecycleHooks for CommandHooks {
                 run.answer.arguments = Some(arguments.clone());
             }
             contexts.extend(answer.context.clone());
-            if weight(answer.verdict) > weight(run.answer.verdict) {
+            // The stricter decision wins, with its own reason.
+            if stricter(run.answer.verdict, answer.verdict) != run.answer.verdict {
                 run.answer.verdict = answer.verdict;
                 run.answer.reason.clone_from(&answer.reason);
             }
