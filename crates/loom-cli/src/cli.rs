@@ -244,6 +244,48 @@ pub(crate) enum RunsCommand {
         /// The run id.
         id: String,
     },
+    /// Take a run that is not executing back to a step: its workspace as the step left it, and its session's conversation as of the step (docs/rewind.md).
+    Rewind {
+        /// The run id.
+        id: String,
+        /// The step: 0 is before any tool ran, N after the tools of step N (as `step.completed` counts).
+        #[arg(long, value_name = "N")]
+        step: u32,
+        /// Only the workspace's files.
+        #[arg(long, conflicts_with_all = ["conversation", "both"])]
+        files: bool,
+        /// Only the conversation the session continues from.
+        #[arg(long, conflicts_with = "both")]
+        conversation: bool,
+        /// Both (the default).
+        #[arg(long)]
+        both: bool,
+        /// Only list what would change.
+        #[arg(long)]
+        dry_run: bool,
+        /// Restore files that were changed outside Loom since it last recorded them, losing that change.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Start a new session from a step of a run that is not executing: its conversation as of the step, the workspace restored to it (in place, or into a copy).
+    Fork {
+        /// The run id.
+        id: String,
+        /// The step to fork from (as `loom runs rewind` counts).
+        #[arg(long, value_name = "N")]
+        step: u32,
+        /// Run this prompt in the new session at once (else the session waits for `loom chat --session`).
+        #[arg(long, value_name = "TEXT")]
+        prompt: Option<String>,
+        /// Restore the workspace into this new or empty folder instead, leaving the original as it is; the new session works there.
+        #[arg(long, value_name = "DIR")]
+        into: Option<PathBuf>,
+        /// Restore files in place that were changed outside Loom since it last recorded them.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        agent: Box<AgentArgs>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -470,6 +470,10 @@ pub(crate) async fn configure_agent(
             .await?
         }
     };
+    let snapshots = crate::snapshots::open(file.snapshots.as_ref(), store.as_deref(), &workspace).await?;
+    if let Some(snapshots) = snapshots {
+        builder = builder.snapshots(snapshots);
+    }
     if let Some(store) = store {
         builder = builder.store(store);
     }

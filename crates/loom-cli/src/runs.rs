@@ -12,7 +12,7 @@ use crate::run::Failure;
 use crate::text::clip;
 
 pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
-    if !matches!(args.command, RunsCommand::Resume { .. }) {
+    if !matches!(args.command, RunsCommand::Resume { .. } | RunsCommand::Fork { .. }) {
         // These only print: a closed stdout (`loom runs list | head -1`)
         // ends them quietly, as it ends any Unix tool, instead of a panic.
         restore_sigpipe();
@@ -66,6 +66,42 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
             return crate::recorded_runs::resume(store, recorded_in, args.workspace, &id, &agent, args.json).await
         }
         RunsCommand::Cancel { id } => return crate::recorded_runs::cancel(store, &id, args.json).await,
+        RunsCommand::Rewind {
+            id,
+            step,
+            files,
+            conversation,
+            both: _,
+            dry_run,
+            force,
+        } => {
+            let request = loom::rewind::RewindRequest {
+                run_id: id,
+                step,
+                files: !conversation,
+                conversation: !files,
+                dry_run,
+                force,
+            };
+            return crate::rewind::rewind(store, &recorded_in, &request, args.json).await;
+        }
+        RunsCommand::Fork {
+            id,
+            step,
+            prompt,
+            into,
+            force,
+            agent,
+        } => {
+            let request = loom::rewind::ForkRequest {
+                run_id: id,
+                step,
+                into,
+                force,
+                files: true,
+            };
+            return crate::rewind::fork(store, recorded_in, request, prompt, &agent, args.json).await;
+        }
         RunsCommand::List { limit, session } => {
             let runs = match session {
                 Some(session) => {

@@ -60,6 +60,25 @@ pub struct FileConfig {
     pub hooks: Vec<HookConfig>,
     /// How many times `stop` hooks may send a run back for another turn (default 1).
     pub max_stop_refusals: Option<u32>,
+    /// `[snapshots]`: the workspace recorded per step for rewind and fork.
+    pub snapshots: Option<SnapshotsConfig>,
+}
+
+/// `[snapshots]` (docs/rewind.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsConfig {
+    /// `false`: runs record no snapshots (and cannot rewind files).
+    pub enabled: Option<bool>,
+    /// Only files matching one of these globs (default: every file
+    /// `.gitignore` does not leave out).
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Never files matching one of these globs.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// Files larger than this are left out, and reported (default 2 MiB).
+    pub max_file_bytes: Option<u64>,
 }
 
 /// One `[[hooks]]` entry (docs/extending.md).

@@ -11,6 +11,6 @@ mod parse;
 
 pub use keys::{
     BashConfig, ClusterConfig, FeedbackConfig, FileConfig, McpConfig, PriceConfig, ProviderConfig, RetrievalConfig,
-    SchedulerConfig, ToolsConfig,
+    SchedulerConfig, SnapshotsConfig, ToolsConfig,
 };
 pub use parse::{parse, ParseError};

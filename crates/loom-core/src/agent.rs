@@ -64,6 +64,7 @@ pub struct AgentBuilder {
     hooks: Vec<Arc<dyn ToolHook>>,
     lifecycle_hooks: Option<Arc<dyn LifecycleHooks>>,
     stop_refusals: u32,
+    snapshots: Option<Arc<dyn crate::snapshots::WorkspaceSnapshots>>,
     policy: PermissionPolicy,
     permission_timeout: Option<Duration>,
     nobody_to_ask: Option<Arc<str>>,
@@ -103,6 +104,7 @@ impl Default for AgentBuilder {
             hooks: Vec::new(),
             lifecycle_hooks: None,
             stop_refusals: 1,
+            snapshots: None,
             policy: PermissionPolicy::default(),
             permission_timeout: Some(Duration::from_secs(300)),
             nobody_to_ask: None,
@@ -208,6 +210,15 @@ impl AgentBuilder {
     /// back for another turn instead of letting it end (default 1).
     pub fn max_stop_refusals(mut self, times: u32) -> Self {
         self.stop_refusals = times;
+        self
+    }
+
+    /// Records the workspace before a top-level run's first tool call and
+    /// after each of its steps, so runs can be rewound and forked
+    /// ([`crate::rewind`], docs/rewind.md). The snapshots' files join
+    /// Loom's protected state.
+    pub fn snapshots(mut self, snapshots: Arc<dyn crate::snapshots::WorkspaceSnapshots>) -> Self {
+        self.snapshots = Some(snapshots);
         self
     }
 
@@ -545,7 +556,9 @@ impl AgentBuilder {
                 source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
-        let protected = protected_paths(&workspace, self.store.as_deref(), &self.protected);
+        let mut more_protected = self.protected.clone();
+        more_protected.extend(self.snapshots.iter().flat_map(|snapshots| snapshots.files()));
+        let protected = protected_paths(&workspace, self.store.as_deref(), &more_protected);
         // A workspace's `.loom/` holds project configuration: readable,
         // never changed by a tool.
         let read_only: Arc<[PathBuf]> = std::iter::once(workspace.join(".loom"))
@@ -575,6 +588,7 @@ impl AgentBuilder {
                 pricing: self.pricing,
                 lifecycle_hooks: self.lifecycle_hooks,
                 stop_refusals: self.stop_refusals,
+                snapshots: self.snapshots,
                 store: self.store,
                 owner: self.owner.unwrap_or_else(crate::owner::this_process),
                 machine: machine::Settings {
@@ -683,6 +697,9 @@ pub struct RunRequest {
     /// the name of the token that started it, and shows a token only its
     /// own runs).
     pub principal: Option<String>,
+    /// The run this one was forked from (with `history` as of its step),
+    /// told in `lifecycle.start` ([`crate::rewind::fork`]).
+    pub forked_from: Option<crate::event::ForkLink>,
 }
 
 impl From<&str> for RunRequest {
@@ -742,6 +759,12 @@ impl Agent {
     }
 
     /// Where runs are recorded, if anywhere.
+    /// Where the agent's runs record their workspace, if they do.
+    pub fn snapshots(&self) -> Option<&Arc<dyn crate::snapshots::WorkspaceSnapshots>> {
+        self.engine.snapshots.as_ref()
+    }
+
+    /// The agent's store, if it has one.
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.engine.store.as_ref()
     }
@@ -775,6 +798,7 @@ impl Agent {
             prompt: request.prompt,
             history: request.history,
             principal: request.principal,
+            forked_from: request.forked_from,
         }))
     }
 

@@ -69,6 +69,9 @@ wire_enum! {
         /// A hook failed, timed out or answered garbage; the run went on
         /// as if it had not run.
         HookFailed = "HOOK_FAILED",
+        /// The workspace could not be recorded after a step: that step
+        /// cannot be rewound to; the run goes on.
+        SnapshotFailed = "SNAPSHOT_FAILED",
     }
 }
 

@@ -110,6 +110,17 @@ pub struct CallSummary {
     pub args: Value,
 }
 
+/// Where a run came from when it was forked from another, or continues a
+/// rewound one (`forkedFrom` in `lifecycle.start`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkLink {
+    /// The run it came from.
+    pub run_id: String,
+    /// The step of that run its conversation (and workspace) starts from.
+    pub step: u32,
+}
+
 event_kinds! {
 /// The name and fields of an event. `type` on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -127,6 +138,10 @@ pub enum EventKind {
         /// events continue the stored `seq`.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         resumed: bool,
+        /// The run it was forked from, or the rewound run it continues
+        /// (docs/rewind.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forked_from: Option<ForkLink>,
     },
     /// The retriever is asked for context.
     "retrieval.start" => RetrievalStart {
@@ -326,6 +341,42 @@ pub enum EventKind {
         max_steps: u32,
         /// Seconds since the run began.
         elapsed_seconds: f64,
+    },
+    /// The workspace was recorded (a top-level run: before its first tool
+    /// call as step 0, after each step as that step), so it can be rewound
+    /// to; the files the step changed since the snapshot before.
+    "snapshot.recorded" => SnapshotRecorded {
+        /// The step recorded.
+        step: u32,
+        /// Files created or changed.
+        changed: Vec<String>,
+        /// Files removed.
+        removed: Vec<String>,
+        /// Files left out for their size (`[snapshots] max_file_bytes`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        skipped: Vec<crate::snapshots::SkippedFile>,
+    },
+    /// The run was rewound after it ended (docs/rewind.md): its workspace
+    /// restored to a step, its session continued from that step, or both.
+    "run.rewound" => RunRewound {
+        /// The step rewound to.
+        to_step: u32,
+        /// The files written or removed to restore it (empty when only the
+        /// conversation was rewound).
+        files: Vec<String>,
+        /// The run the session continues from, holding the conversation as
+        /// of that step (`null` when only the files were rewound).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        continued_by: Option<String>,
+    },
+    /// A new session was forked from this run at a step.
+    "run.forked" => RunForked {
+        /// The step forked from.
+        step: u32,
+        /// The new run.
+        fork_run_id: String,
+        /// Its session.
+        fork_session_id: String,
     },
     /// The turn limit was hit; a final call without tools follows.
     "max_iterations.reached" => MaxIterationsReached {

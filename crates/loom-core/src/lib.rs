@@ -45,6 +45,8 @@ pub mod pipeline;
 pub mod recovery;
 pub mod resume;
 pub mod retrieval;
+pub mod rewind;
+pub mod snapshots;
 pub mod status;
 pub mod store;
 pub mod text;
@@ -65,7 +67,7 @@ pub use context::{Deadline, Limits, PersonWait, RunContext, StopCause};
 pub use control::{Control, PermissionDecision};
 pub use delegate::{ChildAgent, ChildEnd, ChildReport, ChildRequest, DelegateError, SubAgents};
 pub use engine::SubAgentSettings;
-pub use event::{CallSummary, Event, EventKind, Phase};
+pub use event::{CallSummary, Event, EventKind, ForkLink, Phase};
 pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
 pub use handle::{ControlError, RunController, RunHandle};
 pub use history::{validate_history, HistoryError};
@@ -86,6 +88,7 @@ pub use permission::{Decision, Mode, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
+pub use snapshots::{RestorePlan, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{
     Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot,

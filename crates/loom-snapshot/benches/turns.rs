@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use loom_snapshot::{Filter, Scanner, SnapshotStore, SqliteSnapshots};
+use loom_snapshot::{Filter, Snapshots};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -31,18 +31,16 @@ fn main() {
         std::fs::write(folder.join(format!("f{i}.txt")), format!("file {i}\n").repeat(40)).unwrap();
     }
     let db = dir.path().join("snapshots.db");
-    let mut store = SqliteSnapshots::open(&db).unwrap();
-    let mut scanner = Scanner::new(&ws, Filter::default());
+    // As a run records them: step 0, then one point per step.
+    let store = Snapshots::open(&ws, &db, Filter::default()).unwrap();
     let started = Instant::now();
-    let first = scanner.scan().unwrap();
-    store.record("run", 0, &first.delta, &first.contents).unwrap();
+    store.record_now("run", 0).unwrap();
     println!(
         "first snapshot: {files} files, {:.1} ms, database {:.1} MB",
         started.elapsed().as_secs_f64() * 1e3,
         store.bytes_used().unwrap() as f64 / 1e6
     );
     let mut times = Vec::new();
-    let mut scans = Vec::new();
     let mut overheads = Vec::new();
     for turn in 1..=turns {
         let mut changed_bytes = 0u64;
@@ -55,22 +53,17 @@ fn main() {
         }
         let before = store.bytes_used().unwrap();
         let started = Instant::now();
-        let scanned = scanner.scan().unwrap();
-        scans.push(started.elapsed().as_secs_f64() * 1e3);
-        store
-            .record("run", turn as u32, &scanned.delta, &scanned.contents)
-            .unwrap();
+        let files = store.record_now("run", turn as u32).unwrap();
+        assert_eq!(files.changed.len(), changed);
         times.push(started.elapsed().as_secs_f64() * 1e3);
         overheads.push(store.bytes_used().unwrap() as i64 - before as i64 - changed_bytes as i64);
     }
     times.sort_by(f64::total_cmp);
-    scans.sort_by(f64::total_cmp);
     overheads.sort_unstable();
     println!(
-        "per turn ({turns} turns, {changed} files changed each): median {:.2} ms, worst {:.2} ms (of which the scan: median {:.2} ms)",
+        "per turn ({turns} turns, {changed} files changed each): median {:.2} ms, worst {:.2} ms",
         times[times.len() / 2],
-        times[times.len() - 1],
-        scans[scans.len() / 2]
+        times[times.len() - 1]
     );
     println!(
         "storage per turn beyond the changed bytes: median {} bytes, worst {} bytes",

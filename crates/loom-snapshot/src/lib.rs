@@ -1,7 +1,8 @@
-//! Workspace snapshots: the state of a workspace's files after each turn
+//! Workspace snapshots: the state of a workspace's files after each step
 //! of a run, so that a person can return to it or branch from it (rewind
-//! and fork; not yet wired into runs — its cost is measured in
-//! bench/README.md, "Snapshots").
+//! and fork, docs/rewind.md; its cost is measured in bench/README.md,
+//! "Snapshots per turn"). [`Snapshots`] is the engine's
+//! [`loom_core::WorkspaceSnapshots`] for one workspace.
 //!
 //! A snapshot is a [`Manifest`] — each file's path, content hash, size and
 //! mode — stored as the [`Delta`] from the snapshot before it, with the
@@ -16,8 +17,10 @@ pub mod manifest;
 pub mod restore;
 pub mod scan;
 pub mod store;
+pub mod workspace;
 
 pub use manifest::{Delta, Entry, Manifest};
 pub use restore::{apply, changed_outside, Plan, RestoreError};
 pub use scan::{Filter, ScanError, Scanned, Scanner};
-pub use store::{SnapshotStore, SqliteSnapshots, StoreError};
+pub use store::{Point, SnapshotStore, SqliteSnapshots, StoreError};
+pub use workspace::Snapshots;

@@ -178,7 +178,7 @@ mod tests {
         let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
         let mut scanner = Scanner::new(&ws, Filter::default());
         let before = scanner.scan().unwrap();
-        store.record("r", 0, &before.delta, &before.contents).unwrap();
+        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
 
         // A turn: an edit, a deletion, a new file, a mode change, a link.
         std::fs::write(ws.join("src/main.rs"), "fn main() { panic!() }\n").unwrap();
@@ -220,7 +220,7 @@ mod tests {
         let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
         let mut scanner = Scanner::new(&ws, Filter::default());
         let before = scanner.scan().unwrap();
-        store.record("r", 0, &before.delta, &before.contents).unwrap();
+        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
         let target = scanner.manifest();
 
         // `x` becomes a file, `y` a folder.

@@ -20,21 +20,46 @@ pub enum StoreError {
     Damaged(#[from] serde_json::Error),
 }
 
+/// A recorded snapshot: a step of a run.
+pub type Point = (String, u32);
+
 /// Where snapshots are kept.
 pub trait SnapshotStore {
-    /// Records the snapshot after `step` of `run`: its delta from the one
-    /// before, with the contents it needs that are not kept yet.
-    fn record(&mut self, run: &str, step: u32, delta: &Delta, contents: &[(String, Vec<u8>)])
-        -> Result<(), StoreError>;
+    /// Records the snapshot after `step` of `run` as its delta from the
+    /// snapshot `base` (`None`: from an empty workspace), with the contents
+    /// it needs that are not kept yet.
+    fn record(
+        &mut self,
+        run: &str,
+        step: u32,
+        base: Option<&Point>,
+        delta: &Delta,
+        contents: &[(String, Vec<u8>)],
+    ) -> Result<(), StoreError>;
 
-    /// The manifest after `step` of `run` (the deltas up to it, replayed),
-    /// or `None` when that step was not recorded.
+    /// The manifest after `step` of `run` (the deltas of its chain of
+    /// bases, replayed), or `None` when that step was not recorded.
     fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError>;
+
+    /// The delta `step` of `run` was recorded as, and its base.
+    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError>;
+
+    /// The steps of `run` recorded, in order.
+    fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError>;
 
     /// The content with `hash`.
     fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// Forgets `run`'s snapshots, and every content no other run needs.
+    /// The latest snapshot of the workspace known as `workspace`: its files
+    /// as Loom last recorded (or restored) them.
+    fn head(&self, workspace: &str) -> Result<Option<Point>, StoreError>;
+
+    /// Makes `point` the latest snapshot of `workspace`.
+    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError>;
+
+    /// Forgets `run`'s snapshots, and every content no other run needs;
+    /// snapshots of other runs recorded from one of them are recorded
+    /// again from what that one was based on, so they stay whole.
     fn forget(&mut self, run: &str) -> Result<(), StoreError>;
 }
 
@@ -52,13 +77,17 @@ impl SqliteSnapshots {
         db.execute_batch(
             "PRAGMA journal_mode = WAL;
              CREATE TABLE IF NOT EXISTS snapshot_contents (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
-             CREATE TABLE IF NOT EXISTS snapshot_steps (
-                 run_id TEXT NOT NULL, step INTEGER NOT NULL, delta TEXT NOT NULL,
+             CREATE TABLE IF NOT EXISTS snapshot_points (
+                 run_id TEXT NOT NULL, step INTEGER NOT NULL,
+                 base_run TEXT, base_step INTEGER, delta TEXT NOT NULL,
                  PRIMARY KEY (run_id, step)) WITHOUT ROWID;
+             CREATE INDEX IF NOT EXISTS snapshot_points_base ON snapshot_points (base_run);
              CREATE TABLE IF NOT EXISTS snapshot_uses (
                  run_id TEXT NOT NULL, hash TEXT NOT NULL,
                  PRIMARY KEY (run_id, hash)) WITHOUT ROWID;
-             CREATE INDEX IF NOT EXISTS snapshot_uses_hash ON snapshot_uses (hash);",
+             CREATE INDEX IF NOT EXISTS snapshot_uses_hash ON snapshot_uses (hash);
+             CREATE TABLE IF NOT EXISTS snapshot_heads (
+                 workspace TEXT PRIMARY KEY, run_id TEXT NOT NULL, step INTEGER NOT NULL) WITHOUT ROWID;",
         )?;
         Ok(Self { db })
     }
@@ -73,6 +102,20 @@ impl SqliteSnapshots {
         };
         Ok((pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?)
     }
+
+    fn row(&self, run: &str, step: u32) -> Result<Option<(String, Option<Point>)>, StoreError> {
+        Ok(self
+            .db
+            .prepare_cached("SELECT delta, base_run, base_step FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
+            .query_row(params![run, step], |row| {
+                let base = match (row.get::<_, Option<String>>(1)?, row.get::<_, Option<u32>>(2)?) {
+                    (Some(run), Some(step)) => Some((run, step)),
+                    _ => None,
+                };
+                Ok((row.get::<_, String>(0)?, base))
+            })
+            .optional()?)
+    }
 }
 
 impl SnapshotStore for SqliteSnapshots {
@@ -80,6 +123,7 @@ impl SnapshotStore for SqliteSnapshots {
         &mut self,
         run: &str,
         step: u32,
+        base: Option<&Point>,
         delta: &Delta,
         contents: &[(String, Vec<u8>)],
     ) -> Result<(), StoreError> {
@@ -98,35 +142,55 @@ impl SnapshotStore for SqliteSnapshots {
             }
         }
         tx.execute(
-            "INSERT OR REPLACE INTO snapshot_steps (run_id, step, delta) VALUES (?1, ?2, ?3)",
-            params![run, step, text],
+            "INSERT OR REPLACE INTO snapshot_points (run_id, step, base_run, base_step, delta) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run, step, base.map(|b| b.0.as_str()), base.map(|b| b.1), text],
         )?;
         tx.commit()?;
         Ok(())
     }
 
     fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError> {
-        let recorded: Option<u32> = self
+        // The chain of bases back to an empty workspace, then replayed
+        // forwards. A chain is never longer than the rows (no cycles even
+        // in a damaged table).
+        let mut chain = Vec::new();
+        let mut point = Some((run.to_string(), step));
+        let limit: i64 = self
             .db
-            .query_row(
-                "SELECT step FROM snapshot_steps WHERE run_id = ?1 AND step = ?2",
-                params![run, step],
-                |row| row.get(0),
-            )
-            .optional()?;
-        if recorded.is_none() {
-            return Ok(None);
+            .query_row("SELECT COUNT(*) FROM snapshot_points", [], |row| row.get(0))?;
+        while let Some((run, step)) = point {
+            let Some((delta, base)) = self.row(&run, step)? else {
+                if chain.is_empty() {
+                    return Ok(None);
+                }
+                break;
+            };
+            chain.push(delta);
+            if chain.len() as i64 > limit {
+                break;
+            }
+            point = base;
         }
-        let mut query = self
-            .db
-            .prepare_cached("SELECT delta FROM snapshot_steps WHERE run_id = ?1 AND step <= ?2 ORDER BY step")?;
         let mut manifest = Manifest::default();
-        let rows = query.query_map(params![run, step], |row| row.get::<_, String>(0))?;
-        for text in rows {
-            let delta: Delta = serde_json::from_str(&text?)?;
-            manifest.apply(&delta);
+        for text in chain.iter().rev() {
+            manifest.apply(&serde_json::from_str(text)?);
         }
         Ok(Some(manifest))
+    }
+
+    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError> {
+        match self.row(run, step)? {
+            Some((text, base)) => Ok(Some((serde_json::from_str(&text)?, base))),
+            None => Ok(None),
+        }
+    }
+
+    fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError> {
+        let mut query = self
+            .db
+            .prepare_cached("SELECT step FROM snapshot_points WHERE run_id = ?1 ORDER BY step")?;
+        let steps = query.query_map(params![run], |row| row.get(0))?;
+        Ok(steps.collect::<Result<_, _>>()?)
     }
 
     fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -140,10 +204,74 @@ impl SnapshotStore for SqliteSnapshots {
             .optional()?)
     }
 
+    fn head(&self, workspace: &str) -> Result<Option<Point>, StoreError> {
+        let head: Option<Point> = self
+            .db
+            .query_row(
+                "SELECT h.run_id, h.step FROM snapshot_heads h JOIN snapshot_points p
+                   ON p.run_id = h.run_id AND p.step = h.step WHERE h.workspace = ?1",
+                params![workspace],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()?;
+        Ok(head)
+    }
+
+    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError> {
+        self.db.execute(
+            "INSERT OR REPLACE INTO snapshot_heads (workspace, run_id, step) VALUES (?1, ?2, ?3)",
+            params![workspace, point.0, point.1],
+        )?;
+        Ok(())
+    }
+
     fn forget(&mut self, run: &str) -> Result<(), StoreError> {
+        // Other runs' points based on this run's: recorded again from the
+        // first point outside this run in their chain.
+        let dependents: Vec<Point> = {
+            let mut query = self
+                .db
+                .prepare("SELECT run_id, step FROM snapshot_points WHERE base_run = ?1 AND run_id <> ?1")?;
+            let rows = query.query_map(params![run], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut rebased = Vec::new();
+        for (other, step) in dependents {
+            let Some(manifest) = self.manifest_at(&other, step)? else {
+                continue;
+            };
+            let mut base = self.delta_of(&other, step)?.and_then(|(_, base)| base);
+            while let Some((base_run, base_step)) = base.clone().filter(|(base_run, _)| base_run == run) {
+                base = self.delta_of(&base_run, base_step)?.and_then(|(_, base)| base);
+            }
+            let from = match &base {
+                Some((base_run, base_step)) => self.manifest_at(base_run, *base_step)?.unwrap_or_default(),
+                None => Manifest::default(),
+            };
+            rebased.push((other, step, base, from.delta(&manifest)));
+        }
         let tx = self.db.transaction()?;
-        tx.execute("DELETE FROM snapshot_steps WHERE run_id = ?1", params![run])?;
+        for (other, step, base, delta) in &rebased {
+            tx.execute(
+                "UPDATE snapshot_points SET base_run = ?3, base_step = ?4, delta = ?5 WHERE run_id = ?1 AND step = ?2",
+                params![
+                    other,
+                    step,
+                    base.as_ref().map(|b| b.0.as_str()),
+                    base.as_ref().map(|b| b.1),
+                    serde_json::to_string(delta)?
+                ],
+            )?;
+            for entry in delta.changed.values() {
+                tx.execute(
+                    "INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)",
+                    params![other, entry.hash],
+                )?;
+            }
+        }
+        tx.execute("DELETE FROM snapshot_points WHERE run_id = ?1", params![run])?;
         tx.execute("DELETE FROM snapshot_uses WHERE run_id = ?1", params![run])?;
+        tx.execute("DELETE FROM snapshot_heads WHERE run_id = ?1", params![run])?;
         tx.execute(
             "DELETE FROM snapshot_contents WHERE hash NOT IN (SELECT hash FROM snapshot_uses)",
             [],
@@ -169,7 +297,10 @@ mod tests {
         std::fs::write(ws.join("b"), "same").unwrap();
         let mut record = |store: &mut SqliteSnapshots, step: u32| {
             let scanned = scanner.scan().unwrap();
-            store.record("r1", step, &scanned.delta, &scanned.contents).unwrap();
+            let base = step.checked_sub(1).map(|before| ("r1".to_string(), before));
+            store
+                .record("r1", step, base.as_ref(), &scanned.delta, &scanned.contents)
+                .unwrap();
             scanner.manifest()
         };
         let zero = record(&mut store, 0);
@@ -188,5 +319,39 @@ mod tests {
         assert_eq!(store.content(hash).unwrap().as_deref(), Some(&b"same"[..]));
         store.forget("r1").unwrap();
         assert_eq!(store.content(hash).unwrap(), None);
+    }
+
+    #[test]
+    fn forgetting_a_run_keeps_whole_the_runs_recorded_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
+        let mut scanner = Scanner::new(&ws, Filter::default());
+        std::fs::write(ws.join("a"), "first").unwrap();
+        std::fs::write(ws.join("b"), "kept").unwrap();
+        let scanned = scanner.scan().unwrap();
+        store.record("r1", 0, None, &scanned.delta, &scanned.contents).unwrap();
+        std::fs::write(ws.join("a"), "second").unwrap();
+        let scanned = scanner.scan().unwrap();
+        let base = ("r1".to_string(), 0);
+        store
+            .record("r2", 0, Some(&base), &scanned.delta, &scanned.contents)
+            .unwrap();
+        store.set_head("ws", &("r2".to_string(), 0)).unwrap();
+        let before = store.manifest_at("r2", 0).unwrap().unwrap();
+        assert_eq!(before.0.len(), 2);
+        store.forget("r1").unwrap();
+        assert_eq!(store.manifest_at("r2", 0).unwrap(), Some(before.clone()));
+        assert_eq!(store.head("ws").unwrap(), Some(("r2".to_string(), 0)));
+        let kept = &before.0["b"].hash;
+        assert_eq!(
+            store.content(kept).unwrap().as_deref(),
+            Some(&b"kept"[..]),
+            "r2 needs it still"
+        );
+        store.forget("r2").unwrap();
+        assert_eq!(store.content(kept).unwrap(), None);
+        assert_eq!(store.head("ws").unwrap(), None);
     }
 }

@@ -34,6 +34,13 @@ pub mod stores {
     pub use loom_store::*;
 }
 
+/// Workspace snapshots for rewind and fork (docs/rewind.md):
+/// [`workspace::Snapshots`](loom_snapshot::Snapshots), given to
+/// [`AgentBuilder::snapshots`].
+pub mod workspace {
+    pub use loom_snapshot::*;
+}
+
 /// Built-in tools.
 pub mod tools {
     pub use loom_tools::*;

@@ -335,6 +335,7 @@ impl SubAgents for Children {
                     prompt: request.prompt.clone(),
                     history: Some(Vec::new()),
                     principal: self.principal.clone(),
+                    forked_from: None,
                 },
                 0,
             ),

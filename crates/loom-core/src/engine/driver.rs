@@ -28,6 +28,8 @@ pub(crate) enum Start {
         history: Option<Vec<Message>>,
         /// Who the run belongs to (a server's token name), as recorded.
         principal: Option<String>,
+        /// The run it was forked from, told in `lifecycle.start`.
+        forked_from: Option<crate::event::ForkLink>,
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
@@ -55,7 +57,8 @@ impl Driver {
                 prompt,
                 history,
                 principal,
-            } => self.begin(prompt, history, principal).await,
+                forked_from,
+            } => self.begin(prompt, history, principal, forked_from).await,
             Start::Resumed(snapshot) => self.reenter(*snapshot).await,
         };
         let ending = self.run(&mut machine).await;
@@ -63,7 +66,13 @@ impl Driver {
     }
 
     /// A new run: its record, its history, its first turn.
-    async fn begin(&mut self, prompt: String, history: Option<Vec<Message>>, principal: Option<String>) -> TurnMachine {
+    async fn begin(
+        &mut self,
+        prompt: String,
+        history: Option<Vec<Message>>,
+        principal: Option<String>,
+        forked_from: Option<crate::event::ForkLink>,
+    ) -> TurnMachine {
         self.principal.clone_from(&principal);
         let max_steps = self.ctx.limits().max_steps;
         let first = match &self.parent {
@@ -71,7 +80,7 @@ impl Driver {
             None => TurnState::initial(max_steps),
         };
         let state = RunState::new(first, prompt.clone());
-        self.emit_start(&state, &prompt, false);
+        self.emit_start(&state, &prompt, false, forked_from);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {
             Ok(history) => self.open_record(&prompt, principal).await.map(|()| history),
@@ -128,7 +137,7 @@ impl Driver {
         self.principal.clone_from(&run.principal);
         let state = state.with_metrics(run.metrics);
         self.log.open();
-        self.emit_start(&state, &run.prompt, true);
+        self.emit_start(&state, &run.prompt, true, None);
         if !journal.is_empty() {
             self.caches.logged_results = self.logged_results().await;
         }
@@ -295,7 +304,7 @@ impl Driver {
         }
     }
 
-    fn emit_start(&self, state: &RunState, prompt: &str, resumed: bool) {
+    fn emit_start(&self, state: &RunState, prompt: &str, resumed: bool, forked_from: Option<crate::event::ForkLink>) {
         self.events.emit(
             &TurnIds::of(state.turn()),
             EventKind::LifecycleStart {
@@ -303,6 +312,7 @@ impl Driver {
                 model: self.engine.llm.model_name().to_string(),
                 max_steps: self.ctx.limits().max_steps,
                 resumed,
+                forked_from,
             },
         );
     }
@@ -334,6 +344,7 @@ impl Driver {
         let memory = machine.memory_mut();
         memory.push(Message::system(system));
         memory.extend(history);
+        machine.mark_conversation_start();
         // What hooks add travels with the prompt: one user message, which
         // every provider takes.
         let prompt = if context.is_empty() {
@@ -341,7 +352,7 @@ impl Driver {
         } else {
             format!("{prompt}\n\n<hook-context>\n{}\n</hook-context>", context.join("\n"))
         };
-        memory.push(Message::user(prompt));
+        machine.memory_mut().push(Message::user(prompt));
     }
 
     /// Records the run, already `RUNNING`: one write, so no crash can

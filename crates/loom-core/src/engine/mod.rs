@@ -10,6 +10,7 @@ mod driver;
 pub(crate) mod event_log;
 mod model_call;
 mod run_hooks;
+mod snapshots;
 mod tools;
 mod window;
 
@@ -54,6 +55,8 @@ pub(crate) struct Engine {
     pub lifecycle_hooks: Option<Arc<dyn crate::hooks::LifecycleHooks>>,
     /// How many times stop hooks may send a run back.
     pub stop_refusals: u32,
+    /// Where top-level runs record their workspace after each step.
+    pub snapshots: Option<Arc<dyn crate::snapshots::WorkspaceSnapshots>>,
     /// Where runs are made durable, if anywhere.
     pub store: Option<Arc<dyn Store>>,
     /// Who runs them (recorded with each run).

@@ -22,6 +22,7 @@ impl Driver {
         // calls, or calls whose result its log told already.
         let journal = std::mem::take(&mut self.caches.journal);
         let logged = std::mem::take(&mut self.caches.logged_results);
+        self.snapshot_before_first_step(machine.state().steps(), &turn).await;
         self.phase(&turn, Phase::Tools, true);
         let results = if journal.is_empty() {
             self.pipeline(machine, &calls, &turn).await
@@ -39,6 +40,9 @@ impl Driver {
             self.fold_children_usage(machine);
         }
         let end = self.turn_end(true);
+        if end.stop.is_none() {
+            self.snapshot_after_step(machine.state().steps() + 1, &turn).await;
+        }
         machine.tools_returned(&calls, results, end);
     }
 

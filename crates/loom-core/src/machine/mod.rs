@@ -264,6 +264,9 @@ impl TurnMachine {
         }
         self.memory.extend(tool_messages);
         self.state.steps += 1;
+        self.state
+            .conversation_at
+            .insert(self.state.steps, self.memory.messages().len());
         let (counter, max) = (self.state.turn.turn_counter(), self.state.turn.max_iterations());
         self.note(EventKind::StepCompleted {
             step: self.state.steps,
@@ -342,6 +345,14 @@ impl TurnMachine {
     /// The history was compressed during this turn.
     pub(crate) fn compressed(&mut self) {
         self.state.compacted = true;
+        // The steps' places in the history are gone with it.
+        self.state.conversation_at.clear();
+    }
+
+    /// The run's prompt is about to join the history: what the history
+    /// holds now is the conversation as of step 0.
+    pub(crate) fn mark_conversation_start(&mut self) {
+        self.state.conversation_at.insert(0, self.memory.messages().len());
     }
 
     /// The state.

@@ -40,6 +40,12 @@ pub struct RunState {
     /// `max_stop_refusals`; kept, so a resumed run does not start over).
     #[serde(default)]
     pub(crate) stop_refusals: u32,
+    /// How long the history was (system prompt included) as of each step:
+    /// step 0 before the run's prompt, step N after its tool results —
+    /// what a rewind or a fork keeps of the conversation. Cleared when the
+    /// history is compressed, as those lengths then mean nothing.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub(crate) conversation_at: std::collections::BTreeMap<u32, usize>,
     #[serde(skip)]
     pub(crate) metrics: RunMetrics,
 }
@@ -153,6 +159,7 @@ impl RunState {
             context_warned: false,
             task: task.into(),
             stop_refusals: 0,
+            conversation_at: std::collections::BTreeMap::new(),
             metrics: RunMetrics::default(),
         }
     }
@@ -200,6 +207,14 @@ impl RunState {
     /// Steps completed (turns whose tool calls ran).
     pub fn steps(&self) -> u32 {
         self.steps
+    }
+
+    /// How many messages of the stored history (its system prompt
+    /// included) make the conversation as of `step`: step 0 ends before
+    /// the run's prompt, step N after the tool results of step N. `None`
+    /// when the history was compressed since (or the step is unknown).
+    pub fn conversation_at(&self, step: u32) -> Option<usize> {
+        self.conversation_at.get(&step).copied()
     }
 
     /// Whether tools are still offered.

@@ -323,6 +323,7 @@ impl Service {
             history,
             max_steps: params.max_steps,
             principal: Some(principal.name().to_string()),
+            forked_from: None,
         };
         let (done, _) = watch::channel(None);
         LiveRun {

@@ -77,6 +77,7 @@ pub(crate) async fn start(
                 history: params.session_id.is_none().then(Vec::new),
                 max_steps: params.max_steps,
                 principal: record.principal,
+                forked_from: None,
             }))
         }
         Claim::Resume { .. } => {

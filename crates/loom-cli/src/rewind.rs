@@ -1,0 +1,211 @@
+//! `loom runs rewind | fork`: back to a step of a recorded run, or a new
+//! session from it (docs/rewind.md). The work is the library's
+//! (`loom::rewind`); this finds the run's workspace and its snapshots,
+//! prints what was done, and for a fork with a prompt runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use loom::rewind::{ForkRequest, RewindError, RewindReport, RewindRequest};
+use loom::{RestorePlan, Store, StoreError, WorkspaceSnapshots};
+
+use crate::cli::{AgentArgs, PlaceArgs};
+use crate::recorded_runs::RecordedIn;
+use crate::run::{build_agent, follow, Failure};
+
+/// The snapshots of the workspace `run_id` worked in, beside the SQLite
+/// database it is recorded in (`None` for Redis: not kept there yet).
+async fn run_snapshots(
+    store: &dyn Store,
+    recorded_in: &RecordedIn,
+    run_id: &str,
+) -> Result<(Option<Arc<dyn WorkspaceSnapshots>>, Option<PathBuf>), Failure> {
+    let record = store.load_run(run_id).await.map_err(usage_if_unknown)?.run;
+    let workspace = record.workspace.map(PathBuf::from).filter(|dir| dir.is_dir());
+    let RecordedIn::Sqlite(_) = recorded_in else {
+        return Ok((None, workspace));
+    };
+    let Some(dir) = &workspace else {
+        return Ok((None, None));
+    };
+    // Only `[snapshots]` is read from loom.toml: which files a snapshot
+    // holds, so this scan sees the workspace as the runs' scans did.
+    let config = crate::config::load(None).ok().and_then(|loaded| loaded.file.snapshots);
+    let snapshots = crate::snapshots::open(config.as_ref(), Some(store), dir)
+        .await
+        .map_err(Failure::Runtime)?;
+    Ok((snapshots.map(|s| s as Arc<dyn WorkspaceSnapshots>), workspace))
+}
+
+/// `loom runs rewind`.
+pub(crate) async fn rewind(
+    store: &dyn Store,
+    recorded_in: &RecordedIn,
+    request: &RewindRequest,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let (snapshots, _) = run_snapshots(store, recorded_in, &request.run_id).await?;
+    let report = loom::rewind::rewind(store, snapshots.as_deref(), request)
+        .await
+        .map_err(refused)?;
+    if json {
+        println!("{}", report_json(&report, request.dry_run));
+    } else {
+        print_report(&request.run_id, &report, request.dry_run);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `loom runs fork`.
+pub(crate) async fn fork(
+    store: &dyn Store,
+    recorded_in: RecordedIn,
+    mut request: ForkRequest,
+    prompt: Option<String>,
+    agent_args: &AgentArgs,
+    json: bool,
+) -> Result<ExitCode, Failure> {
+    let (snapshots, workspace) = run_snapshots(store, &recorded_in, &request.run_id).await?;
+    request.files = snapshots.is_some();
+    if request.into.is_some() && snapshots.is_none() {
+        return Err(Failure::Usage(anyhow!(
+            "run {} has no workspace snapshots here, so there is nothing to copy into {}",
+            request.run_id,
+            request
+                .into
+                .as_deref()
+                .map(Path::display)
+                .map(|d| d.to_string())
+                .unwrap_or_default()
+        )));
+    }
+    let fork = loom::rewind::fork(store, snapshots.as_deref(), &request)
+        .await
+        .map_err(refused)?;
+    let works_in = request.into.clone().or(workspace);
+    let Some(prompt) = prompt else {
+        fork.seed(store)
+            .await
+            .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "runId": fork.run_id,
+                    "sessionId": fork.session_id,
+                    "forkedFrom": fork.link,
+                    "workspace": works_in,
+                    "write": fork.plan.write,
+                    "remove": fork.plan.remove,
+                })
+            );
+        } else {
+            say_plan(false, &fork.plan);
+            let place = works_in
+                .map(|dir| format!(" --workspace {}", dir.display()))
+                .unwrap_or_default();
+            println!(
+                "forked run {} at step {} into session {}: continue it with `loom chat --session {}{place}`",
+                fork.link.run_id, fork.link.step, fork.session_id, fork.session_id
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let (db, redis) = match recorded_in {
+        RecordedIn::Sqlite(db) => (Some(db), None),
+        RecordedIn::Redis(url) => (None, Some(url)),
+    };
+    let place = PlaceArgs {
+        workspace: works_in,
+        db,
+        redis,
+    };
+    let record = store.load_run(&fork.link.run_id).await.map_err(usage_if_unknown)?.run;
+    let agent = build_agent(agent_args, &place, Some(&record.model))
+        .await
+        .map_err(Failure::Usage)?;
+    if !json {
+        say_plan(false, &fork.plan);
+        say!(
+            "loom: forked run {} at step {}: run {} in session {}",
+            fork.link.run_id,
+            fork.link.step,
+            fork.run_id,
+            fork.session_id
+        );
+    }
+    follow(agent.run(fork.run_request(prompt)), json, agent_args).await
+}
+
+/// A refusal is the person's to act on (exit 2); a failure is not.
+fn refused(err: RewindError) -> Failure {
+    match err {
+        RewindError::Store(err) => usage_if_unknown(err),
+        RewindError::Snapshot(err) => Failure::Runtime(anyhow!("{err}")),
+        other => Failure::Usage(anyhow!("{other}")),
+    }
+}
+
+fn usage_if_unknown(err: StoreError) -> Failure {
+    match err {
+        StoreError::NotFound(_) => Failure::Usage(anyhow!("{err}")),
+        other => Failure::Runtime(anyhow!("{other}")),
+    }
+}
+
+fn report_json(report: &RewindReport, dry_run: bool) -> serde_json::Value {
+    serde_json::json!({
+        "toStep": report.to_step,
+        "dryRun": dry_run,
+        "write": report.plan.write,
+        "remove": report.plan.remove,
+        "changedOutside": report.plan.changed_outside,
+        "continuedBy": report.continued_by,
+        "messages": report.messages,
+        "event": report.event,
+    })
+}
+
+fn print_report(run_id: &str, report: &RewindReport, dry_run: bool) {
+    if dry_run {
+        say_plan(true, &report.plan);
+        if !report.plan.changed_outside.is_empty() {
+            println!(
+                "changed outside Loom (a rewind needs --force): {}",
+                report.plan.changed_outside.join(", ")
+            );
+        }
+        println!("dry run: nothing was changed");
+        return;
+    }
+    say_plan(false, &report.plan);
+    match &report.continued_by {
+        Some(continuation) => println!(
+            "rewound run {run_id} to step {}: the session continues from the conversation as of that step (run {continuation})",
+            report.to_step
+        ),
+        None => println!("rewound the files of run {run_id} to step {}", report.to_step),
+    }
+}
+
+/// One line per file: `restored: PATH`, `removed: PATH` (or, dry, `would
+/// restore` / `would remove`).
+fn say_plan(dry_run: bool, plan: &RestorePlan) {
+    let (write, remove) = if dry_run {
+        ("would restore", "would remove")
+    } else {
+        ("restored", "removed")
+    };
+    if plan.write.is_empty() && plan.remove.is_empty() {
+        println!("no file changes");
+        return;
+    }
+    for path in &plan.write {
+        println!("{write}: {path}");
+    }
+    for path in &plan.remove {
+        println!("{remove}: {path}");
+    }
+}

@@ -1,0 +1,343 @@
+//! Rewind and fork through the binary (docs/rewind.md): a three-step run
+//! against the fake OpenAI server — `write_file`, `edit_file`, and `bash`
+//! creating, deleting and changing a file's mode — then the workspace
+//! compared byte for byte and mode for mode with the state after step 1,
+//! and the next run's request body read for the conversation it was sent.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Stdio;
+
+use common::{json_lines, loom_in};
+use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
+use serde_json::Value;
+
+/// Every file beneath `root`: its content and mode.
+fn tree(root: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                files.insert(
+                    name,
+                    (std::fs::read(&path).unwrap(), meta.permissions().mode() & 0o7777),
+                );
+            }
+        }
+    }
+    files
+}
+
+fn file(content: &str, mode: u32) -> (Vec<u8>, u32) {
+    (content.as_bytes().to_vec(), mode)
+}
+
+/// The workspace after step 1 of [`three_steps`].
+fn after_step_one() -> BTreeMap<String, (Vec<u8>, u32)> {
+    BTreeMap::from([
+        ("a.txt".to_string(), file("A1\n", 0o644)),
+        ("keep.txt".to_string(), file("old line\n", 0o644)),
+        ("gone.txt".to_string(), file("bye\n", 0o644)),
+        ("src/lib.rs".to_string(), file("fn f() {}\n", 0o644)),
+    ])
+}
+
+struct Ran {
+    dir: tempfile::TempDir,
+    server: FakeServer,
+    run_id: String,
+    session_id: String,
+}
+
+impl Ran {
+    fn ws(&self) -> std::path::PathBuf {
+        self.dir.path().join("ws")
+    }
+
+    fn loom(&self) -> std::process::Command {
+        let mut cmd = loom_in(&self.ws());
+        cmd.env("OPENAI_API_KEY", "sk-test");
+        cmd
+    }
+
+    /// `loom runs ARGS` in the workspace; its output.
+    fn runs(&self, args: &[&str]) -> std::process::Output {
+        self.loom().arg("runs").args(args).output().unwrap()
+    }
+
+    /// The next run of the session: `loom run --session`, whose request
+    /// body is the server's last.
+    fn next_run(&self, prompt: &str) -> Value {
+        let out = self
+            .loom()
+            .args(["run", "--yes", "--model", "openai:test", "--base-url"])
+            .arg(self.server.url())
+            .args(["--session", &self.session_id, prompt])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        self.server.requests().last().unwrap().body.clone()
+    }
+}
+
+/// A run of three steps: write a.txt; edit keep.txt; with bash create
+/// made.txt, delete gone.txt and make a.txt executable. Then its answer,
+/// and one more answer for a later run.
+fn three_steps() -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(ws.join("keep.txt"), "old line\n").unwrap();
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    std::fs::write(ws.join("src/lib.rs"), "fn f() {}\n").unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "write_file",
+            r#"{"path": "a.txt", "content": "A1\n"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "call_2",
+            "edit_file",
+            r#"{"path": "keep.txt", "old_string": "old line", "new_string": "EDITED line"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "call_3",
+            "bash",
+            r#"{"command": "echo made > made.txt && rm gone.txt && chmod 755 a.txt && mkdir -p out && echo o > out/x"}"#,
+        )])),
+        Reply::Sse(openai_text("All three steps done.", 8)),
+        Reply::Sse(openai_text("Continued after the rewind.", 8)),
+        Reply::Sse(openai_text("A second answer.", 8)),
+    ]);
+    let out = loom_in(&ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--json", "--yes", "--model", "openai:test", "--base-url"])
+        .arg(server.url())
+        .arg("first task")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = json_lines(&out.stdout);
+    let recorded: Vec<u64> = events
+        .iter()
+        .filter(|e| e["type"] == "snapshot.recorded")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(recorded, [0, 1, 2, 3], "step 0 before the first call, then each step");
+    let step3 = events
+        .iter()
+        .find(|e| e["type"] == "snapshot.recorded" && e["step"] == 3)
+        .unwrap();
+    assert_eq!(step3["changed"], serde_json::json!(["a.txt", "made.txt", "out/x"]));
+    assert_eq!(step3["removed"], serde_json::json!(["gone.txt"]));
+    let run_id = events[0]["runId"].as_str().unwrap().to_string();
+    assert_eq!(std::fs::read_to_string(ws.join("keep.txt")).unwrap(), "EDITED line\n");
+    Ran {
+        dir,
+        server,
+        session_id: run_id.clone(),
+        run_id,
+    }
+}
+
+/// The messages a request body sent, texts and calls alike.
+fn texts(body: &Value) -> String {
+    body["messages"].to_string()
+}
+
+#[test]
+fn a_rewind_to_step_one_restores_the_files_and_the_next_chat_turn_sees_the_conversation_up_to_it() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    let before = tree(&ws);
+
+    // A dry run lists and changes nothing.
+    let dry = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--dry-run"]);
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    let listed = String::from_utf8_lossy(&dry.stdout);
+    for line in [
+        "would restore: a.txt",
+        "would restore: gone.txt",
+        "would restore: keep.txt",
+        "would remove: made.txt",
+        "would remove: out/x",
+    ] {
+        assert!(listed.contains(line), "{line} in {listed}");
+    }
+    assert_eq!(tree(&ws), before, "a dry run changes nothing");
+
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(tree(&ws), after_step_one(), "byte for byte and mode for mode");
+    assert!(!ws.join("out").exists(), "a folder the rewind emptied goes");
+    assert_eq!(report["event"]["type"], "run.rewound");
+    assert_eq!(report["event"]["toStep"], 1);
+
+    // The run's log shows the rewind, after its end.
+    let events = json_lines(&ran.runs(&["events", &ran.run_id]).stdout);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run.rewound");
+    assert_eq!(last["continuedBy"], report["continuedBy"]);
+
+    // The next chat turn is sent the conversation as of step 1.
+    let mut chat = ran
+        .loom()
+        .args(["chat", "--yes", "--model", "openai:test", "--base-url"])
+        .arg(ran.server.url())
+        .args(["--session", &ran.session_id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let asked = ran.server.requests().len();
+    let mut input = chat.stdin.take().unwrap();
+    input.write_all(b"what now?\n").unwrap();
+    let started = std::time::Instant::now();
+    while ran.server.requests().len() == asked && started.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    input.write_all(b"/exit\n").unwrap();
+    drop(input);
+    let out = chat.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let body = ran.server.requests().last().unwrap().body.clone();
+    let sent = texts(&body);
+    assert!(sent.contains("first task") && sent.contains("call_1"), "{sent}");
+    assert!(
+        !sent.contains("call_2") && !sent.contains("EDITED"),
+        "step 2 is gone: {sent}"
+    );
+    assert!(!sent.contains("All three steps done"), "{sent}");
+    // Step 1's result, then the new prompt (which this server is sent
+    // inside the tool message that ends the history: docs/context.md).
+    let messages = body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4, "{sent}");
+    let last = messages.last().unwrap();
+    assert_eq!(last["tool_call_id"], "call_1");
+    assert!(last["content"].to_string().contains("what now?"), "{sent}");
+}
+
+#[test]
+fn files_only_and_conversation_only_rewind_one_side() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    let finished = tree(&ws);
+
+    // The conversation only: the files stay as the run left them.
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "0", "--conversation"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&ws), finished);
+    let sent = texts(&ran.next_run("start over"));
+    assert!(
+        !sent.contains("first task"),
+        "step 0 is before the run's prompt: {sent}"
+    );
+
+    // The files only: back to step 1, and the session goes on from where
+    // it was (its last run).
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--files"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&ws), after_step_one());
+    let sent = texts(&ran.next_run("and again"));
+    assert!(sent.contains("start over") && !sent.contains("first task"), "{sent}");
+}
+
+#[test]
+fn a_rewind_refuses_when_a_file_changed_outside_loom_unless_forced() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    std::fs::write(ws.join("keep.txt"), "a person's edit\n").unwrap();
+    let changed = tree(&ws);
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("keep.txt") && said.contains("--force"), "{said}");
+    assert_eq!(tree(&ws), changed, "nothing restored");
+    let events = json_lines(&ran.runs(&["events", &ran.run_id]).stdout);
+    assert_ne!(
+        events.last().unwrap()["type"],
+        "run.rewound",
+        "a refusal is not a rewind"
+    );
+
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--force"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&ws), after_step_one());
+
+    // Unknown steps and runs are refused too.
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no step 9"));
+}
+
+#[test]
+fn a_fork_into_a_copy_leaves_the_original_as_it_was_and_continues_from_step_one() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    let original = tree(&ws);
+    let copy = ran.dir.path().join("copy");
+    let out = ran
+        .loom()
+        .args(["runs", "fork", &ran.run_id, "--step", "1", "--into"])
+        .arg(&copy)
+        .args([
+            "--prompt",
+            "carry on in the copy",
+            "--json",
+            "--yes",
+            "--model",
+            "openai:test",
+            "--base-url",
+        ])
+        .arg(ran.server.url())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&ws), original, "the original workspace is untouched");
+    assert_eq!(tree(&copy), after_step_one(), "the copy is the workspace as of step 1");
+
+    let events = json_lines(&out.stdout);
+    let start = &events[0];
+    assert_eq!(start["type"], "lifecycle.start");
+    assert_eq!(start["forkedFrom"]["runId"], ran.run_id.as_str());
+    assert_eq!(start["forkedFrom"]["step"], 1);
+    let fork_session = start["runId"].as_str().unwrap();
+    assert_ne!(fork_session, ran.session_id);
+    let sent = texts(&ran.server.requests().last().unwrap().body);
+    assert!(
+        sent.contains("first task") && sent.contains("call_1") && !sent.contains("call_2"),
+        "{sent}"
+    );
+    assert!(sent.contains("carry on in the copy"));
+
+    // The original's log links to the fork.
+    let events = json_lines(&ran.runs(&["events", &ran.run_id]).stdout);
+    let forked = events.last().unwrap();
+    assert_eq!(forked["type"], "run.forked");
+    assert_eq!(forked["forkRunId"], fork_session);
+
+    // A copy goes only into a new or empty folder.
+    let out = ran
+        .loom()
+        .args(["runs", "fork", &ran.run_id, "--step", "1", "--into"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}

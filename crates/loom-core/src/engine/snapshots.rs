@@ -1,0 +1,70 @@
+//! The workspace recorded around a top-level run's tool calls: step 0
+//! before its first call, each step after its calls returned — so a
+//! person can rewind to any of them (docs/rewind.md). A snapshot that
+//! fails costs that point, never the run.
+
+use std::sync::Arc;
+
+use crate::event::{EventKind, TurnIds};
+use crate::outcome::WarningCode;
+use crate::snapshots::WorkspaceSnapshots;
+
+use super::Driver;
+
+impl Driver {
+    /// The snapshots a run records: a top-level run's, when the agent
+    /// has them (a sub-agent's changes are in its parent's step).
+    fn recording_snapshots(&self) -> Option<Arc<dyn WorkspaceSnapshots>> {
+        self.engine.snapshots.clone().filter(|_| self.parent.is_none())
+    }
+
+    /// Before the calls of the run's first step: step 0, unless it was
+    /// recorded already (a resumed run, whose files may have changed since).
+    pub(super) async fn snapshot_before_first_step(&self, steps: u32, turn: &TurnIds) {
+        let Some(snapshots) = self.recording_snapshots().filter(|_| steps == 0) else {
+            return;
+        };
+        match snapshots.recorded(self.ctx.run_id(), 0).await {
+            Ok(true) => {}
+            Ok(false) => self.record_snapshot(snapshots.as_ref(), 0, turn).await,
+            Err(err) => self.snapshot_failed(0, &err, turn),
+        }
+    }
+
+    /// After the calls of `step` returned (and only when the step counts:
+    /// a stopped turn's calls are settled again on resume).
+    pub(super) async fn snapshot_after_step(&self, step: u32, turn: &TurnIds) {
+        if let Some(snapshots) = self.recording_snapshots() {
+            self.record_snapshot(snapshots.as_ref(), step, turn).await;
+        }
+    }
+
+    /// Records `step`, then tells it: the event follows the stored snapshot.
+    async fn record_snapshot(&self, snapshots: &dyn WorkspaceSnapshots, step: u32, turn: &TurnIds) {
+        match snapshots.record(self.ctx.run_id(), step).await {
+            Ok(files) => self.events.emit(
+                turn,
+                EventKind::SnapshotRecorded {
+                    step,
+                    changed: files.changed,
+                    removed: files.removed,
+                    skipped: files.skipped,
+                },
+            ),
+            Err(err) => self.snapshot_failed(step, &err, turn),
+        }
+    }
+
+    fn snapshot_failed(&self, step: u32, err: &crate::snapshots::SnapshotError, turn: &TurnIds) {
+        tracing::warn!(run_id = %self.ctx.run_id(), step, error = %err, "cannot record the workspace");
+        self.events.emit(
+            turn,
+            EventKind::Warning {
+                code: WarningCode::SnapshotFailed,
+                message: format!(
+                    "the workspace could not be recorded as step {step}, which cannot be rewound to: {err}"
+                ),
+            },
+        );
+    }
+}
