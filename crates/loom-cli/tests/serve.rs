@@ -1388,3 +1388,127 @@ async fn a_gateway_takes_no_agents_or_skills_from_the_workspace() {
         assert!(!text.contains("planted"), "{text}");
     }
 }
+
+/// Rewind and fork over the wire (docs/rewind.md): `run.rewind` on the
+/// WebSocket (a dry run, then refused for a run that is executing),
+/// `POST /v1/runs/{id}/rewind` restoring the files, `run.fork` with a
+/// prompt whose run continues from the step, and another token refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewind_and_fork_over_websocket_and_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions {
+        keep_bodies: true,
+        ..PromptModelOptions::default()
+    });
+    config(dir.path(), &model.url(), "");
+    let gateway = Gateway::start(dir.path(), &["--allow", "write_file"]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "write steps=2 tool=write_file"}))
+            .await,
+    );
+    let end = client.until(&run, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE", "{end}");
+    let recorded: Vec<u64> = client
+        .events
+        .iter()
+        .filter(|e| e["runId"] == run.as_str() && e["event"] == "snapshot.recorded")
+        .map(|e| e["payload"]["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(recorded, [0, 1, 2]);
+    assert!(dir.path().join("out_2.txt").exists());
+
+    // A dry run says what would change, and changes nothing.
+    let dry = client
+        .ok("run.rewind", json!({"runId": run, "step": 1, "dryRun": true}))
+        .await;
+    assert_eq!(dry["remove"], json!(["out_2.txt"]), "{dry}");
+    assert_eq!(dry["continuedBy"], Value::Null);
+    assert!(dir.path().join("out_2.txt").exists());
+    // Another token does not see the run.
+    let mut bob = gateway.ws(BOB).await;
+    assert_eq!(
+        bob.error("run.rewind", json!({"runId": run, "step": 1})).await,
+        "NOT_FOUND"
+    );
+    // A run that is executing is refused.
+    let busy = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "slow steps=3 delay_ms=400"}))
+            .await,
+    );
+    assert_eq!(
+        client.error("run.rewind", json!({"runId": busy, "step": 0})).await,
+        "INVALID_STATE"
+    );
+    client.until(&busy, "lifecycle.end").await;
+
+    // Over HTTP: the files of step 1, and the session continues from it.
+    let rewound: Value = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/rewind")))
+        .json(&json!({"step": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(rewound["remove"], json!(["out_2.txt"]), "{rewound}");
+    assert!(!dir.path().join("out_2.txt").exists());
+    assert!(dir.path().join("out_1.txt").exists());
+    let continuation = rewound["continuedBy"].as_str().unwrap().to_string();
+    // The run's log shows it.
+    let log = sse_text(
+        http(ALICE)
+            .get(gateway.url(&format!("/v1/runs/{run}/events")))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(log.contains("run.rewound") && log.contains(&continuation), "{log}");
+    // A body naming another run is refused.
+    let refused = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/rewind")))
+        .json(&json!({"runId": "other", "step": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+
+    // A fork with a prompt: a new session whose first request holds the
+    // conversation up to step 1 (one write_file call and its result).
+    let forked = client
+        .ok(
+            "run.fork",
+            json!({"runId": run, "step": 1, "prompt": "carry on steps=0 answer=forked"}),
+        )
+        .await;
+    let started = forked["started"]["runId"]
+        .as_str()
+        .expect(&forked.to_string())
+        .to_string();
+    let end = client.until(&started, "lifecycle.end").await;
+    assert_eq!(end["payload"]["status"], "DONE", "{end}");
+    assert_ne!(forked["sessionId"], Value::Null);
+    // The fork's first request (the fake model then goes by the older
+    // prompt's directives, which this server gets as the last user message).
+    let messages = model
+        .bodies()
+        .iter()
+        .map(|body| body["messages"].to_string())
+        .find(|messages| messages.contains("carry on"))
+        .unwrap();
+    assert!(
+        messages.contains("write steps=2") && messages.contains("carry on"),
+        "{messages}"
+    );
+    assert_eq!(
+        messages.matches("\"write_file\"").count(),
+        1,
+        "step 2's call is not there: {messages}"
+    );
+    let view = client.ok("run.get", json!({"runId": forked["forkRunId"]})).await;
+    assert_eq!(view["sessionId"], forked["sessionId"]);
+}

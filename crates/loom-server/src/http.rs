@@ -208,6 +208,47 @@ pub(crate) async fn steer_run(
     answer(&app, &caller, request, StatusCode::OK).await
 }
 
+/// `POST /v1/runs/{id}/rewind`: `run.rewind`'s fields but `runId`, which
+/// is the path's.
+pub(crate) async fn rewind_run(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiPath(run_id): ApiPath<String>,
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let params = crate::protocol::object_params(with_run_id(body, run_id)?)?;
+    answer(&app, &caller, Request::Rewind(params), StatusCode::OK).await
+}
+
+/// `POST /v1/runs/{id}/fork`: `run.fork`'s fields but `runId`. A prompt's
+/// run is followed at `GET /v1/runs/{started.runId}/events`.
+pub(crate) async fn fork_run(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiPath(run_id): ApiPath<String>,
+    JsonBody(body): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let params = crate::protocol::object_params(with_run_id(body, run_id)?)?;
+    answer(&app, &caller, Request::Fork(params), StatusCode::OK).await
+}
+
+/// A body (an object, or nothing) with the path's run id added.
+fn with_run_id(body: serde_json::Value, run_id: String) -> Result<serde_json::Value, ApiError> {
+    let mut fields = match body {
+        serde_json::Value::Null => serde_json::Map::new(),
+        serde_json::Value::Object(fields) => fields,
+        _ => return Err(ApiError::new(Code::InvalidParams, "the payload must be a JSON object")),
+    };
+    if fields.contains_key("runId") {
+        return Err(ApiError::new(
+            Code::InvalidParams,
+            "the run is the path's: leave runId out of the body",
+        ));
+    }
+    fields.insert("runId".into(), run_id.into());
+    Ok(serde_json::Value::Object(fields))
+}
+
 pub(crate) async fn respond(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -345,7 +386,8 @@ fn sse_stream(
             };
             match next {
                 Next::Event(event) => {
-                    let last = matches!(event.kind, loom_core::EventKind::LifecycleEnd { .. });
+                    let last =
+                        subscription.follows_live() && matches!(event.kind, loom_core::EventKind::LifecycleEnd { .. });
                     let data = serde_json::to_string(&*event).unwrap_or_default();
                     // A sub-agent's event carries no `id:`: the stream's cursor
                     // is the subscribed run's seq (the sub-agent has its own).

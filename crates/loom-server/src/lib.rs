@@ -123,6 +123,8 @@ impl App {
             .route("/v1/runs/{id}/events", get(http::events))
             .route("/v1/runs/{id}/cancel", post(http::cancel_run))
             .route("/v1/runs/{id}/steer", post(http::steer_run))
+            .route("/v1/runs/{id}/rewind", post(http::rewind_run))
+            .route("/v1/runs/{id}/fork", post(http::fork_run))
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
             .route("/v1/audit", get(http::audit))

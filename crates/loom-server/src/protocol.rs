@@ -64,6 +64,94 @@ pub struct RunIdParams {
     pub run_id: String,
 }
 
+/// `run.rewind` (docs/rewind.md).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RewindParams {
+    /// The run; it must not be executing.
+    pub run_id: String,
+    /// The step: 0 is before any tool ran (and before the run's prompt),
+    /// N after the tools of step N.
+    pub step: u32,
+    /// Restore the workspace (default true).
+    #[serde(default = "yes")]
+    pub files: bool,
+    /// Make the session continue from the conversation as of the step
+    /// (default true).
+    #[serde(default = "yes")]
+    pub conversation: bool,
+    /// Only say what would change.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Restore files changed outside Loom since it last recorded them.
+    #[serde(default)]
+    pub force: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `run.fork` (docs/rewind.md).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForkParams {
+    /// The run; it must not be executing.
+    pub run_id: String,
+    /// The step the new session starts from.
+    pub step: u32,
+    /// Start the new session's first run with this prompt (its events then
+    /// follow on the connection); without one the session waits for an
+    /// `agent.run` with its `sessionId`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Restore files changed outside Loom since it last recorded them.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// `run.rewind`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rewound {
+    /// The run.
+    pub run_id: String,
+    /// The step.
+    pub to_step: u32,
+    /// True when nothing was changed.
+    pub dry_run: bool,
+    /// Files written (or that would be).
+    pub write: Vec<String>,
+    /// Files removed (or that would be).
+    pub remove: Vec<String>,
+    /// Files among those changed outside Loom (a rewind without `force`
+    /// is refused when there are any).
+    pub changed_outside: Vec<String>,
+    /// The run the session now continues from.
+    pub continued_by: Option<String>,
+}
+
+/// `run.fork`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Forked {
+    /// The run forked from.
+    pub run_id: String,
+    /// The step.
+    pub step: u32,
+    /// The new session.
+    pub session_id: String,
+    /// Its first run: the one holding the conversation (`forkedFrom`).
+    pub fork_run_id: String,
+    /// Files restored.
+    pub write: Vec<String>,
+    /// Files removed.
+    pub remove: Vec<String>,
+    /// The run the prompt started, if one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<RunAccepted>,
+}
+
 /// `agent.steer`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -252,11 +340,17 @@ pub enum Request {
     /// Stop following a run.
     #[serde(rename = "run.unsubscribe")]
     Unsubscribe(RunIdParams),
+    /// Take a run that is not executing back to a step.
+    #[serde(rename = "run.rewind")]
+    Rewind(RewindParams),
+    /// Start a new session from a step of a run that is not executing.
+    #[serde(rename = "run.fork")]
+    Fork(ForkParams),
 }
 
 impl Request {
     /// Every method's name.
-    pub const METHODS: [&'static str; 9] = [
+    pub const METHODS: [&'static str; 11] = [
         "agent.run",
         "agent.cancel",
         "agent.steer",
@@ -266,6 +360,8 @@ impl Request {
         "run.list",
         "run.subscribe",
         "run.unsubscribe",
+        "run.rewind",
+        "run.fork",
     ];
 
     /// The request `method` with `payload`: `METHOD_NOT_FOUND` for a method
@@ -371,6 +467,10 @@ pub enum Answer {
     Subscribed(Subscribed),
     /// `run.unsubscribe`.
     Unsubscribed(Unsubscribed),
+    /// `run.rewind`.
+    Rewound(Rewound),
+    /// `run.fork`.
+    Forked(Box<Forked>),
 }
 
 /// `"request"`, `"response"`, `"event"`: what a WebSocket frame is.

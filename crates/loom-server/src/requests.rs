@@ -82,6 +82,22 @@ fn audited(caller: &Caller, request: &Request) -> Option<Audited> {
                 "always": params.decision == loom_core::PermissionDecision::Always,
             }),
         ),
+        Request::Rewind(params) => (
+            "run.rewind",
+            Some(params.run_id.clone()),
+            json!({
+                "step": params.step,
+                "files": params.files,
+                "conversation": params.conversation,
+                "dryRun": params.dry_run,
+                "force": params.force,
+            }),
+        ),
+        Request::Fork(params) => (
+            "run.fork",
+            Some(params.run_id.clone()),
+            json!({ "step": params.step, "force": params.force, "prompt": params.prompt.is_some() }),
+        ),
         Request::Asks(_) | Request::Get(_) | Request::List(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
             return None
         }
@@ -134,6 +150,8 @@ async fn dispatch(
             run_id: params.run_id,
             unsubscribed: true,
         }),
+        Request::Rewind(params) => Answer::Rewound(service.rewind(who, params).await?),
+        Request::Fork(params) => Answer::Forked(Box::new(service.fork(who, params).await?)),
     };
     Ok((answer, None))
 }

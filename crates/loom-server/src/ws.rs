@@ -407,6 +407,14 @@ impl Conn {
                 let subscription = service.subscribe(who, &accepted.run_id, 0).await?;
                 Some((accepted.run_id.clone(), subscription))
             }
+            // A fork's prompt: its run's events, as for `agent.run`.
+            (Answer::Forked(forked), _) => match &forked.started {
+                Some(accepted) if !accepted.steered => {
+                    let subscription = service.subscribe(who, &accepted.run_id, 0).await?;
+                    Some((accepted.run_id.clone(), subscription))
+                }
+                _ => None,
+            },
             _ => None,
         };
         Ok((answer, follow))

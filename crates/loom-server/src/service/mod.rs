@@ -41,6 +41,7 @@ mod queries;
 mod rate;
 mod remote;
 mod restart;
+mod rewind;
 mod subscription;
 
 pub use audit::Audited;

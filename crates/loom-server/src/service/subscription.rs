@@ -43,6 +43,13 @@ pub enum Next {
 }
 
 impl Subscription {
+    /// Whether the run was live when subscribed: its `lifecycle.end` is
+    /// the last event to wait for. A stored run's log may go on past it
+    /// (`run.rewound`, `run.forked`): it ends where the log does.
+    pub fn follows_live(&self) -> bool {
+        self.live.is_some()
+    }
+
     /// The next event, or why there is none.
     pub async fn next(&mut self) -> Next {
         loop {

@@ -1,0 +1,142 @@
+//! `run.rewind` and `run.fork` (docs/rewind.md): a run that is not
+//! executing taken back to a step, or a new session started from one. The
+//! work is `loom_core::rewind`'s; this checks who may, finds the
+//! gateway's snapshots and store, and starts a fork's prompt as any run.
+
+use loom_core::rewind::{ForkRequest, RewindError, RewindRequest};
+use loom_core::{Mode, StoreError, WorkspaceSnapshots};
+
+use super::{store_error, Service};
+use crate::auth::Principal;
+use crate::error::{ApiError, Code};
+use crate::protocol::{ForkParams, Forked, RewindParams, Rewound, StartRun};
+
+impl Service {
+    /// `run.rewind`.
+    pub async fn rewind(&self, principal: &Principal, params: RewindParams) -> Result<Rewound, ApiError> {
+        principal.may_change("rewind runs")?;
+        let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        let request = RewindRequest {
+            run_id: params.run_id.clone(),
+            step: params.step,
+            files: params.files,
+            conversation: params.conversation,
+            dry_run: params.dry_run,
+            force: params.force,
+        };
+        let report = loom_core::rewind::rewind(store.as_ref(), snapshots.as_deref(), &request)
+            .await
+            .map_err(refused)?;
+        Ok(Rewound {
+            run_id: params.run_id,
+            to_step: report.to_step,
+            dry_run: params.dry_run,
+            write: report.plan.write,
+            remove: report.plan.remove,
+            changed_outside: report.plan.changed_outside,
+            continued_by: report.continued_by,
+        })
+    }
+
+    /// `run.fork`.
+    pub async fn fork(&self, principal: &Principal, params: ForkParams) -> Result<Forked, ApiError> {
+        principal.may_change("fork runs")?;
+        let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        let request = ForkRequest {
+            run_id: params.run_id.clone(),
+            step: params.step,
+            into: None,
+            force: params.force,
+            files: snapshots.is_some(),
+        };
+        let fork = loom_core::rewind::fork(store.as_ref(), snapshots.as_deref(), &request)
+            .await
+            .map_err(refused)?;
+        // The new session's first run holds the conversation; a prompt is
+        // the session's next run, which continues from it.
+        fork.seed(store.as_ref()).await.map_err(store_error)?;
+        let started = match params.prompt {
+            Some(prompt) => Some(
+                self.start(
+                    principal,
+                    StartRun {
+                        prompt,
+                        session_id: Some(fork.session_id.clone()),
+                        model: None,
+                        max_steps: None,
+                        tools: None,
+                        mode: None,
+                        idempotency_key: None,
+                        on_busy: None,
+                    },
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        Ok(Forked {
+            run_id: params.run_id,
+            step: params.step,
+            session_id: fork.session_id,
+            fork_run_id: fork.run_id,
+            write: fork.plan.write,
+            remove: fork.plan.remove,
+            started,
+        })
+    }
+
+    /// The store and snapshots to rewind `run_id` with, once the
+    /// principal may see it and the gateway executes runs itself.
+    async fn rewindable(
+        &self,
+        principal: &Principal,
+        run_id: &str,
+    ) -> Result<
+        (
+            std::sync::Arc<dyn loom_core::Store>,
+            Option<std::sync::Arc<dyn WorkspaceSnapshots>>,
+        ),
+        ApiError,
+    > {
+        if self.on_workers() {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                "rewind and fork are not available when workers execute the runs (docs/rewind.md)",
+            ));
+        }
+        let Some(store) = self.inner.store.clone() else {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                "this gateway keeps no store: its runs cannot be rewound",
+            ));
+        };
+        let record = match store.load_run(run_id).await {
+            Ok(snapshot) => snapshot.run,
+            Err(StoreError::NotFound(_)) => return Err(ApiError::no_run(run_id)),
+            Err(err) => return Err(store_error(err)),
+        };
+        if !principal.reaches_owner(record.principal.as_deref()) {
+            return Err(ApiError::no_run(run_id));
+        }
+        let agent = self
+            .inner
+            .agents
+            .get(None, None, Mode::Default)
+            .await
+            .map_err(|err| ApiError::internal("cannot build the gateway's agent", err))?;
+        Ok((store, agent.snapshots().cloned()))
+    }
+}
+
+/// A refusal the client can act on, or the store's failure.
+fn refused(err: RewindError) -> ApiError {
+    match err {
+        RewindError::Store(StoreError::NotFound(id)) => ApiError::no_run(&id),
+        RewindError::Store(err) => store_error(err),
+        RewindError::Executing { .. } | RewindError::ChangedOutside { .. } => {
+            ApiError::new(Code::InvalidState, err.to_string())
+        }
+        RewindError::Snapshot(loom_core::SnapshotError::Failed(_)) => ApiError::internal("the rewind failed", err),
+        other => ApiError::new(Code::InvalidParams, other.to_string()),
+    }
+}
