@@ -1,7 +1,8 @@
 //! `loom chat`: an interactive session in the terminal. Each line is a task
 //! in one conversation; answers stream, tool calls show as lines, risky
 //! tools ask first, Ctrl-C cancels the answer in progress but keeps the
-//! session, `/new` starts a new conversation and `/exit` (or Ctrl-D) quits.
+//! session, `/new` starts a new conversation, `/undo` and `/rewind` go back
+//! (`chat_rewind.rs`) and `/exit` (or Ctrl-D) quits.
 //! With a store the session is recorded: `--session ID` (or `--continue`)
 //! continues it after a restart, and `/resume` finishes a task the last
 //! process died in.
@@ -21,7 +22,8 @@ use crate::run::{build_agent, Failure};
 use crate::signals::{Signal, Signals};
 
 const HELP: &str = "Type a task and press Enter. Commands: /new starts a new conversation, \
-/session shows its id, /resume continues a task interrupted by a crash, /exit quits (so does Ctrl-D). \
+/session shows its id, /resume continues a task interrupted by a crash, /undo takes the last task back \
+(its files and the conversation), /rewind goes back to a step you pick, /exit quits (so does Ctrl-D). \
 Ctrl-C cancels the answer in progress.";
 
 pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
@@ -75,6 +77,8 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             "/help" => say!("{HELP}"),
             "/session" => say!("session {}", session.id),
             "/resume" => resume_task(&agent, &mut session, &mut input, &args).await?,
+            "/undo" => crate::chat_rewind::undo(&agent, &session.id).await,
+            "/rewind" => crate::chat_rewind::rewind(&agent, &session.id, &mut input.lines).await,
             "/new" => {
                 session = Session::fresh();
                 say!("loom: new conversation, session {}", session.id);
@@ -271,7 +275,7 @@ async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Re
     Ok(outcome)
 }
 
-fn prompt() {
+pub(crate) fn prompt() {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(b"\n> ").and_then(|()| out.flush());

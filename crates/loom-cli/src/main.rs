@@ -20,6 +20,7 @@ macro_rules! say_partial {
 
 mod audit;
 mod chat;
+mod chat_rewind;
 mod cli;
 mod config;
 mod definitions;

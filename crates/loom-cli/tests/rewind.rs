@@ -341,3 +341,67 @@ fn a_fork_into_a_copy_leaves_the_original_as_it_was_and_continues_from_step_one(
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `/undo` and `/rewind` in `loom chat`: the last task's file goes and
+/// the next task is not told of it; the list shows each task's steps with
+/// their files, and the pick takes the workspace before the first task.
+#[test]
+fn chat_undo_takes_the_last_task_back_and_rewind_goes_to_the_point_picked() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), "mine\n").unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_a",
+            "write_file",
+            r#"{"path": "one.txt", "content": "1"}"#,
+        )])),
+        Reply::Sse(openai_text("Wrote one.", 8)),
+        Reply::Sse(openai_tool_calls(&[(
+            "call_b",
+            "write_file",
+            r#"{"path": "two.txt", "content": "2"}"#,
+        )])),
+        Reply::Sse(openai_text("Wrote two.", 8)),
+        Reply::Sse(openai_text("Third answer.", 8)),
+    ]);
+    let mut chat = loom_in(&ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["chat", "--yes", "--model", "openai:test", "--base-url"])
+        .arg(server.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Lines are taken one at a time: each task ends before the next line.
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"first task\nsecond task\n/undo\nthird task\n/rewind\n1\n/exit\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("back to before «second task»; removed two.txt"), "{said}");
+    let third = &server.requests()[4].body;
+    let sent = texts(third);
+    assert!(sent.contains("first task") && sent.contains("third task"), "{sent}");
+    assert!(
+        !sent.contains("second task") && !sent.contains("call_b"),
+        "undone: {sent}"
+    );
+    assert!(said.contains("1) before «first task»"), "{said}");
+    assert!(said.contains("2) «first task» after step 1: one.txt"), "{said}");
+    assert!(
+        !said.contains("before «second task»\n"),
+        "an undone task is not listed: {said}"
+    );
+    assert!(said.contains("3) before «third task»"), "{said}");
+    assert!(said.contains("back to before «first task»; removed one.txt"), "{said}");
+    assert_eq!(
+        tree(&ws),
+        BTreeMap::from([("notes.txt".to_string(), file("mine\n", 0o644))])
+    );
+}
