@@ -794,3 +794,94 @@ setTimeout(done, 5000);
     .await;
     page.client.clone().close().await.unwrap();
 }
+
+/// Rewind and fork from the page (docs/rewind.md): each step's files under
+/// its turn with a diff on click, the Rewind button restoring step 1, the
+/// Fork button opening the new session's run, and the links both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_each_steps_files_and_rewinds_and_forks_by_clicking() {
+    let page = page(&["--allow", "write_file"]).await;
+    let ws = page._dir.path().to_path_buf();
+    page.sign_in(ALICE).await;
+    page.until("the signed-in page", "return !document.getElementById('app').hidden;")
+        .await;
+    page.start_run("write two files steps=2 tool=write_file").await;
+    page.until(
+        "the end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    let original = page.text("#run-title").await.trim_start_matches("Run ").to_string();
+    page.until(
+        "the steps' files",
+        "return document.querySelectorAll('#tree .files button.file').length === 2;",
+    )
+    .await;
+    assert!(page.text("#tree").await.contains("step 2 changed: out_2.txt"));
+    // A diff on click: the file is new at step 2.
+    page.click("#tree .files button.file[data-path='out_2.txt']").await;
+    page.until("the diff", "return !!document.querySelector('#tree pre.diff .add');")
+        .await;
+    assert_eq!(page.text("#tree pre.diff").await.trim(), "+ step 2");
+    assert!(ws.join("out_2.txt").exists());
+
+    // Rewind to step 1 (the select offers 0, 1 and 2; 2 is chosen).
+    assert_eq!(page.count("#rewind-step option").await, 3);
+    page.client
+        .execute("document.getElementById('rewind-step').value = '1';", vec![])
+        .await
+        .unwrap();
+    page.click("#rewind").await;
+    page.until(
+        "the rewind's note",
+        "return document.getElementById('rewind-result').innerText.includes('rewound to step 1');",
+    )
+    .await;
+    assert!(!ws.join("out_2.txt").exists());
+    assert!(ws.join("out_1.txt").exists());
+    page.until(
+        "the rewind in the run's log",
+        "return document.getElementById('run-links').innerText.includes('rewound to step 1');",
+    )
+    .await;
+
+    // Fork from step 1 with a prompt: the page opens the new run, which
+    // says where it came from; the original links to it.
+    page.client
+        .execute("document.getElementById('rewind-step').value = '1';", vec![])
+        .await
+        .unwrap();
+    let prompt = page.client.find(Locator::Id("fork-prompt")).await.unwrap();
+    prompt.send_keys("on a branch steps=0").await.unwrap();
+    page.click("#fork").await;
+    page.until(
+        "the fork's run",
+        &format!("return !document.getElementById('run-title').innerText.includes({original:?});"),
+    )
+    .await;
+    page.until(
+        "the fork's end",
+        "return document.getElementById('run-status').innerText === 'DONE';",
+    )
+    .await;
+    let forked = page.text("#run-title").await.trim_start_matches("Run ").to_string();
+    // The prompt's run continues the fork's session, whose first run holds
+    // the conversation: that one says where it came from.
+    page.click("#run-table tbody tr:nth-child(2)").await;
+    page.until(
+        "the link back",
+        "return document.getElementById('run-links').innerText.includes('forked from step 1 of run');",
+    )
+    .await;
+    page.click("#run-links button.run-link").await;
+    page.until(
+        "the original again, linking to the fork",
+        "return document.getElementById('run-links').innerText.includes('forked at step 1 into');",
+    )
+    .await;
+    assert!(page.text("#run-title").await.contains(&original));
+    assert_ne!(forked, original);
+    page.screenshot("rewind-fork.png").await;
+    assert_eq!(page.console_errors().await, Vec::<String>::new());
+    page.client.clone().close().await.unwrap();
+}

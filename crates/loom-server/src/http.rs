@@ -232,6 +232,34 @@ pub(crate) async fn fork_run(
     answer(&app, &caller, Request::Fork(params), StatusCode::OK).await
 }
 
+/// `GET /v1/runs/{id}/files?step=N&path=P`: `run.file`.
+pub(crate) async fn snapshot_file(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiPath(run_id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    if let Some(unknown) = query
+        .keys()
+        .find(|name| !["step", "path", "token"].contains(&name.as_str()))
+    {
+        return Err(ApiError::new(
+            Code::InvalidParams,
+            format!("unknown query parameter '{unknown}'"),
+        ));
+    }
+    let step = query
+        .get("step")
+        .and_then(|step| step.trim().parse::<u32>().ok())
+        .ok_or_else(|| ApiError::new(Code::InvalidParams, "step must be a step number"))?;
+    let path = query
+        .get("path")
+        .cloned()
+        .ok_or_else(|| ApiError::new(Code::InvalidParams, "path is missing"))?;
+    let params = crate::protocol::FileParams { run_id, step, path };
+    answer(&app, &caller, Request::File(params), StatusCode::OK).await
+}
+
 /// A body (an object, or nothing) with the path's run id added.
 fn with_run_id(body: serde_json::Value, run_id: String) -> Result<serde_json::Value, ApiError> {
     let mut fields = match body {

@@ -125,6 +125,7 @@ impl App {
             .route("/v1/runs/{id}/steer", post(http::steer_run))
             .route("/v1/runs/{id}/rewind", post(http::rewind_run))
             .route("/v1/runs/{id}/fork", post(http::fork_run))
+            .route("/v1/runs/{id}/files", get(http::snapshot_file))
             .route("/v1/runs/{id}/permissions/{request_id}", post(http::respond))
             .route("/v1/permissions", get(http::list_permissions))
             .route("/v1/audit", get(http::audit))

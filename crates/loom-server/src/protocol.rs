@@ -110,6 +110,36 @@ pub struct ForkParams {
     pub force: bool,
 }
 
+/// `run.file` (docs/rewind.md): one file as a step's snapshot holds it.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileParams {
+    /// The run.
+    pub run_id: String,
+    /// The step.
+    pub step: u32,
+    /// The file's path in the workspace.
+    pub path: String,
+}
+
+/// `run.file`'s answer.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotFile {
+    /// The run.
+    pub run_id: String,
+    /// The step.
+    pub step: u32,
+    /// The path.
+    pub path: String,
+    /// Whether the snapshot holds the file.
+    pub exists: bool,
+    /// Its text (`null` when absent or not UTF-8); at most 256 KiB.
+    pub content: Option<String>,
+    /// True when the text was cut at 256 KiB.
+    pub truncated: bool,
+}
+
 /// `run.rewind`'s answer.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -346,11 +376,14 @@ pub enum Request {
     /// Start a new session from a step of a run that is not executing.
     #[serde(rename = "run.fork")]
     Fork(ForkParams),
+    /// One file as a step's snapshot holds it (for a diff).
+    #[serde(rename = "run.file")]
+    File(FileParams),
 }
 
 impl Request {
     /// Every method's name.
-    pub const METHODS: [&'static str; 11] = [
+    pub const METHODS: [&'static str; 12] = [
         "agent.run",
         "agent.cancel",
         "agent.steer",
@@ -362,6 +395,7 @@ impl Request {
         "run.unsubscribe",
         "run.rewind",
         "run.fork",
+        "run.file",
     ];
 
     /// The request `method` with `payload`: `METHOD_NOT_FOUND` for a method
@@ -471,6 +505,8 @@ pub enum Answer {
     Rewound(Rewound),
     /// `run.fork`.
     Forked(Box<Forked>),
+    /// `run.file`.
+    File(SnapshotFile),
 }
 
 /// `"request"`, `"response"`, `"event"`: what a WebSocket frame is.

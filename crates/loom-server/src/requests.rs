@@ -98,9 +98,12 @@ fn audited(caller: &Caller, request: &Request) -> Option<Audited> {
             Some(params.run_id.clone()),
             json!({ "step": params.step, "force": params.force, "prompt": params.prompt.is_some() }),
         ),
-        Request::Asks(_) | Request::Get(_) | Request::List(_) | Request::Subscribe(_) | Request::Unsubscribe(_) => {
-            return None
-        }
+        Request::Asks(_)
+        | Request::Get(_)
+        | Request::List(_)
+        | Request::Subscribe(_)
+        | Request::Unsubscribe(_)
+        | Request::File(_) => return None,
     };
     let mut audited = Audited::by(action, &caller.principal, caller.address);
     audited.target = target;
@@ -152,6 +155,7 @@ async fn dispatch(
         }),
         Request::Rewind(params) => Answer::Rewound(service.rewind(who, params).await?),
         Request::Fork(params) => Answer::Forked(Box::new(service.fork(who, params).await?)),
+        Request::File(params) => Answer::File(service.snapshot_file(who, params).await?),
     };
     Ok((answer, None))
 }

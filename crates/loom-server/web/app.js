@@ -155,7 +155,8 @@ let renderQueued = false;
 /** An empty run as the events will fill it. */
 function newRun(runId) {
   return { runId, status: 'QUEUED', prompt: '', model: '', turns: [], turnById: new Map(), asks: new Map(),
-           notes: [], seen: new Set(), started: false, content: null, startTs: null, endTs: null };
+           notes: [], seen: new Set(), started: false, content: null, startTs: null, endTs: null,
+           snapshots: new Map(), forkedFrom: null, links: [] };
 }
 
 let streamRunId = null;
@@ -257,6 +258,7 @@ function childNamed(call) {
 
 function openRun(runId) {
   closeStream();
+  $('rewind-result').replaceChildren();
   if (model) model.abort.abort();
   openRunId = runId;
   location.hash = `run=${encodeURIComponent(runId)}`;
@@ -274,7 +276,8 @@ const EVENT_NAMES = ['lifecycle.start', 'iteration.start', 'phase.start', 'phase
   'retrieval.complete', 'context.warning', 'compression.applied', 'llm.start', 'llm.delta', 'llm.finish',
   'tool_calls.start', 'permission.request', 'permission.resolved', 'hook.result', 'tool.output', 'tool.result',
   'tool_calls.complete', 'guidance.injected', 'warning', 'recursion', 'step.completed', 'max_iterations.reached',
-  'execution.cancelled', 'agent.finish', 'error', 'lifecycle.end', 'steer.applied', 'run.paused', 'run.resumed'];
+  'execution.cancelled', 'agent.finish', 'error', 'lifecycle.end', 'steer.applied', 'run.paused', 'run.resumed',
+  'snapshot.recorded', 'run.rewound', 'run.forked'];
 
 function turnOf(run, event) {
   let turn = run.turnById.get(event.turnId);
@@ -306,7 +309,20 @@ function onEvent(event) {
   const type = event.type;
   if (type === 'lifecycle.start') {
     run.prompt = event.prompt; run.model = event.model; run.startTs = ts; run.status = 'RUNNING'; run.started = true;
+    run.forkedFrom = event.forkedFrom || null;
     if (event.parentRunId) linkChild(run, event);
+  } else if (type === 'snapshot.recorded') {
+    // The files each step changed go under the turn whose tools ran.
+    run.snapshots.set(event.step, event);
+    if (event.step > 0) turnOf(run, event).snapshot = event;
+    if (event.skipped && event.skipped.length) {
+      turnOf(run, event).notes.push(`left out of the snapshot for their size: ${event.skipped.map((f) => f.path).join(', ')}`);
+    }
+  } else if (type === 'run.rewound') {
+    run.links.push({ text: `rewound to step ${event.toStep}` + (event.files.length ? ` (${event.files.join(', ')})` : '')
+      + (event.continuedBy ? '; the session continues in' : ''), runId: event.continuedBy || null });
+  } else if (type === 'run.forked') {
+    run.links.push({ text: `forked at step ${event.step} into`, runId: event.forkRunId });
   } else if (type === 'iteration.start') {
     turnOf(run, event).iteration = event.iteration;
   } else if (type === 'llm.start') {
@@ -368,7 +384,13 @@ function onEvent(event) {
     run.status = event.status; run.content = event.content; run.endTs = ts; run.endSeq = event.seq;
     run.asks.clear();
     if (run === model.root) refreshRuns();
-    if (run.runId === streamRunId) closeStream();
+    if (run.runId === streamRunId) {
+      closeStream();
+      // A rewind or a fork of an ended run is told after its end: read
+      // the log to its end once (the events seen already are skipped).
+      const owner = model;
+      readLog(run.runId, owner).catch(() => {});
+    }
   }
   queueRender();
 }
@@ -417,6 +439,8 @@ function render() {
   const live = !root.endTs;
   $('cancel').hidden = !live;
   $('steer-form').hidden = !live;
+  renderLinks(root);
+  renderRewind(root, live);
   renderAsks();
   renderTimeline(root);
   $('tree').replaceChildren(...runTree(root));
@@ -464,6 +488,7 @@ function runTree(run) {
     for (const note of turn.notes) box.append(el('div', 'note', note));
     if (turn.text) box.append(el('div', 'text', turn.text));
     for (const call of turn.calls) box.append(callBox(call));
+    if (turn.snapshot) box.append(stepFiles(run, turn.snapshot));
     nodes.push(box);
   }
   return nodes;
@@ -487,6 +512,128 @@ function callBox(call) {
   }
   return box;
 }
+
+/** Where the run came from, and the rewinds and forks made from it: links both ways. */
+function renderLinks(run) {
+  const lines = [];
+  const link = (runId) => {
+    const button = el('button', 'run-link', runId);
+    button.type = 'button';
+    button.addEventListener('click', () => openRun(runId));
+    return button;
+  };
+  if (run.forkedFrom) {
+    lines.push(el('div', 'links', `forked from step ${run.forkedFrom.step} of run `, link(run.forkedFrom.runId)));
+  }
+  for (const item of run.links) lines.push(el('div', 'links', `${item.text} `, item.runId ? link(item.runId) : null));
+  $('run-links').replaceChildren(...lines);
+}
+
+/** The steps a run that is not executing can be rewound to or forked from. */
+function renderRewind(run, live) {
+  const steps = [...run.snapshots.keys()].sort((a, b) => a - b);
+  $('rewind-form').hidden = live || !run.started || steps.length === 0;
+  const select = $('rewind-step');
+  const wanted = steps.map(String).join(',');
+  if (select.dataset.steps !== wanted) {
+    select.dataset.steps = wanted;
+    select.replaceChildren(...steps.map((step) => {
+      const option = el('option', '', step === 0 ? '0 (before any tool)' : String(step));
+      option.value = String(step);
+      return option;
+    }));
+    if (steps.length) select.value = String(steps[steps.length - 1]);
+  }
+}
+
+/** A step's changed files; a click shows the file's diff from the step before. */
+function stepFiles(run, snapshot) {
+  const box = el('div', 'files', `step ${snapshot.step} changed: `);
+  const diff = el('div', 'diff-box');
+  const files = [...snapshot.changed.map((path) => [path, '']), ...snapshot.removed.map((path) => [path, ' (removed)'])];
+  if (!files.length) box.append(el('span', 'muted', 'no file'));
+  for (const [path, suffix] of files) {
+    const button = el('button', 'file', path + suffix);
+    button.type = 'button';
+    button.dataset.path = path;
+    button.addEventListener('click', () => showDiff(run.runId, snapshot.step, path, diff));
+    box.append(button);
+  }
+  box.append(diff);
+  return box;
+}
+
+async function fileAt(runId, step, path) {
+  const query = `step=${step}&path=${encodeURIComponent(path)}`;
+  return api('GET', `/v1/runs/${encodeURIComponent(runId)}/files?${query}`);
+}
+
+async function showDiff(runId, step, path, into) {
+  try {
+    const [before, after] = await Promise.all([fileAt(runId, step - 1, path), fileAt(runId, step, path)]);
+    const lines = diffLines(before.exists ? before.content ?? '(not text)' : '', after.exists ? after.content ?? '(not text)' : '');
+    const pre = el('pre', 'diff');
+    pre.setAttribute('aria-label', `diff of ${path} at step ${step}`);
+    for (const [mark, line] of lines) pre.append(el('span', mark === '+' ? 'add' : mark === '-' ? 'del' : '', `${mark} ${line}\n`));
+    into.replaceChildren(el('div', 'meta', `${path}: step ${step - 1} → ${step}`), pre);
+  } catch (error) {
+    into.replaceChildren(el('div', 'error', error.message));
+  }
+}
+
+/** A line diff (longest common subsequence; whole texts past 2000 lines each). */
+function diffLines(before, after) {
+  const a = before === '' ? [] : before.replace(/\n$/, '').split('\n');
+  const b = after === '' ? [] : after.replace(/\n$/, '').split('\n');
+  if (a.length > 2000 || b.length > 2000) return [...a.map((l) => ['-', l]), ...b.map((l) => ['+', l])];
+  const common = Array.from({ length: a.length + 1 }, () => new Array(b.length + 1).fill(0));
+  for (let i = a.length - 1; i >= 0; i--) {
+    for (let j = b.length - 1; j >= 0; j--) {
+      common[i][j] = a[i] === b[j] ? common[i + 1][j + 1] + 1 : Math.max(common[i + 1][j], common[i][j + 1]);
+    }
+  }
+  const out = [];
+  let i = 0, j = 0;
+  while (i < a.length || j < b.length) {
+    if (i < a.length && j < b.length && a[i] === b[j]) { out.push([' ', a[i]]); i++; j++; }
+    else if (j < b.length && (i === a.length || common[i][j + 1] >= common[i + 1][j])) { out.push(['+', b[j]]); j++; }
+    else { out.push(['-', a[i]]); i++; }
+  }
+  return out;
+}
+
+async function rewindTo(force) {
+  const runId = openRunId;
+  const step = Number($('rewind-step').value);
+  try {
+    const done = await api('POST', `/v1/runs/${encodeURIComponent(runId)}/rewind`, { step, force });
+    const files = [...done.write, ...done.remove.map((path) => `${path} (removed)`)];
+    openRun(runId);
+    $('rewind-result').replaceChildren(el('div', 'note',
+      `rewound to step ${done.toStep}: ${files.length ? files.join(', ') : 'no file changed'}`));
+  } catch (error) {
+    const again = el('button', '', 'Rewind anyway');
+    again.type = 'button';
+    again.addEventListener('click', () => rewindTo(true));
+    $('rewind-result').replaceChildren(el('div', 'error', error.message), error.status === 409 && !force ? again : null);
+  }
+}
+
+$('rewind').addEventListener('click', () => rewindTo(false));
+
+$('fork').addEventListener('click', async () => {
+  const step = Number($('rewind-step').value);
+  const prompt = $('fork-prompt').value.trim();
+  try {
+    const forked = await api('POST', `/v1/runs/${encodeURIComponent(openRunId)}/fork`,
+      prompt ? { step, prompt } : { step });
+    $('fork-prompt').value = '';
+    openRun(forked.started ? forked.started.runId : forked.forkRunId);
+    refreshRuns();
+  } catch (error) {
+    $('rewind-result').replaceChildren(el('div', 'error', error.message));
+  }
+});
 
 function renderTimeline(run) {
   const rows = [el('div', 'legend', undefined,

@@ -9,7 +9,10 @@ use loom_core::{Mode, StoreError, WorkspaceSnapshots};
 use super::{store_error, Service};
 use crate::auth::Principal;
 use crate::error::{ApiError, Code};
-use crate::protocol::{ForkParams, Forked, RewindParams, Rewound, StartRun};
+use crate::protocol::{FileParams, ForkParams, Forked, RewindParams, Rewound, SnapshotFile, StartRun};
+
+/// The most of a file `run.file` gives.
+const FILE_LIMIT: usize = 256 * 1024;
 
 impl Service {
     /// `run.rewind`.
@@ -82,6 +85,44 @@ impl Service {
             write: fork.plan.write,
             remove: fork.plan.remove,
             started,
+        })
+    }
+
+    /// `run.file`: a file as the snapshot of a step holds it.
+    pub async fn snapshot_file(&self, principal: &Principal, params: FileParams) -> Result<SnapshotFile, ApiError> {
+        let (_, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        let Some(snapshots) = snapshots else {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                "this gateway records no workspace snapshots",
+            ));
+        };
+        let content = snapshots
+            .file_at(&params.run_id, params.step, &params.path)
+            .await
+            .map_err(|err| match err {
+                loom_core::SnapshotError::NotRecorded { .. } => ApiError::new(Code::InvalidParams, err.to_string()),
+                other => ApiError::internal("cannot read the snapshot", other),
+            })?;
+        let exists = content.is_some();
+        let truncated = content.as_ref().is_some_and(|bytes| bytes.len() > FILE_LIMIT);
+        let content = content.and_then(|mut bytes| {
+            if bytes.len() > FILE_LIMIT {
+                bytes.truncate(FILE_LIMIT);
+                // Cut at a character boundary.
+                while !bytes.is_empty() && std::str::from_utf8(&bytes).is_err() && bytes.len() > FILE_LIMIT - 4 {
+                    bytes.pop();
+                }
+            }
+            String::from_utf8(bytes).ok()
+        });
+        Ok(SnapshotFile {
+            run_id: params.run_id,
+            step: params.step,
+            path: params.path,
+            exists,
+            content,
+            truncated,
         })
     }
 
