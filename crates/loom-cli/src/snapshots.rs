@@ -24,7 +24,8 @@ pub(crate) async fn open(
     if config.enabled == Some(false) {
         return Ok(None);
     }
-    let Some(db) = store.and_then(|store| store.files().into_iter().next()) else {
+    let store_files = store.map(Store::files).unwrap_or_default();
+    let Some(db) = store_files.first().cloned() else {
         return Ok(None);
     };
     let filter = Filter::new(
@@ -34,11 +35,51 @@ pub(crate) async fn open(
     )
     .map_err(|err| anyhow!("[snapshots]: {err}"))?;
     let path = beside(&db);
+    // A database kept in the workspace is never in a snapshot, nor
+    // written by a restore.
+    let ours = store_files.iter().cloned().chain(companions(&path));
+    let filter = filter.never(inside(workspace, ours));
     let workspace = workspace.to_path_buf();
-    tokio::task::spawn_blocking(move || shared(&workspace, &path, filter))
+    let watch = config.watch.unwrap_or(true);
+    tokio::task::spawn_blocking(move || shared(&workspace, &path, filter, watch))
         .await
         .map_err(|err| anyhow!("opening the snapshots failed: {err}"))?
         .map(Some)
+}
+
+/// A SQLite file and its companions.
+fn companions(db: &Path) -> Vec<PathBuf> {
+    let name = db
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| db.with_file_name(format!("{name}{suffix}")))
+        .collect()
+}
+
+/// Those of `files` beneath `workspace`, as paths relative to it.
+fn inside(workspace: &Path, files: impl Iterator<Item = PathBuf>) -> Vec<String> {
+    let Ok(root) = workspace.canonicalize() else {
+        return Vec::new();
+    };
+    files
+        .filter_map(|file| {
+            let parent = file
+                .parent()
+                .filter(|dir| !dir.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let dir = parent.canonicalize().ok()?;
+            let relative = dir
+                .join(file.file_name()?)
+                .strip_prefix(&root)
+                .ok()?
+                .to_str()?
+                .to_string();
+            Some(relative)
+        })
+        .collect()
 }
 
 /// `loom-snapshots.db` for `loom.db`.
@@ -50,9 +91,12 @@ fn beside(db: &Path) -> PathBuf {
     db.with_file_name(format!("{stem}-snapshots.db"))
 }
 
+/// The snapshots opened in this process, by workspace and database.
+type Opened = HashMap<(PathBuf, PathBuf), Arc<Snapshots>>;
+
 /// One instance per workspace and database in this process.
-fn shared(workspace: &Path, db: &Path, filter: Filter) -> Result<Arc<Snapshots>> {
-    static OPEN: OnceLock<Mutex<HashMap<(PathBuf, PathBuf), Arc<Snapshots>>>> = OnceLock::new();
+fn shared(workspace: &Path, db: &Path, filter: Filter, watch: bool) -> Result<Arc<Snapshots>> {
+    static OPEN: OnceLock<Mutex<Opened>> = OnceLock::new();
     let key = (workspace.to_path_buf(), db.to_path_buf());
     let mut open = OPEN
         .get_or_init(Default::default)
@@ -64,7 +108,11 @@ fn shared(workspace: &Path, db: &Path, filter: Filter) -> Result<Arc<Snapshots>>
     if !db.exists() {
         crate::state::private_file(db)?;
     }
-    let snapshots = Arc::new(Snapshots::open(workspace, db, filter)?);
+    let mut snapshots = Snapshots::open(workspace, db, filter)?;
+    if !watch {
+        snapshots = snapshots.without_watches();
+    }
+    let snapshots = Arc::new(snapshots);
     open.insert(key, snapshots.clone());
     Ok(snapshots)
 }

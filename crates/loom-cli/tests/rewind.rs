@@ -405,3 +405,82 @@ fn chat_undo_takes_the_last_task_back_and_rewind_goes_to_the_point_picked() {
         BTreeMap::from([("notes.txt".to_string(), file("mine\n", 0o644))])
     );
 }
+
+/// A hostile step: the model swaps a folder for a link to a folder outside
+/// the workspace. The rewind puts the folder back and writes nothing
+/// outside; `.loom/` and a run database kept in the workspace are never
+/// in a snapshot and never touched.
+#[test]
+fn a_rewind_never_writes_through_a_link_out_of_the_workspace_nor_touches_loom_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::create_dir_all(ws.join(".loom")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(ws.join("sub/a.txt"), "inside\n").unwrap();
+    std::fs::write(ws.join(".loom/notes.md"), "project notes\n").unwrap();
+    std::fs::write(outside.join("a.txt"), "OUTSIDE\n").unwrap();
+    let swap = format!("rm -rf sub && ln -s {} sub", outside.display());
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "write_file",
+            r#"{"path": "sub/b.txt", "content": "B\n"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "call_2",
+            "bash",
+            &serde_json::json!({ "command": swap }).to_string(),
+        )])),
+        Reply::Sse(openai_text("Swapped.", 8)),
+    ]);
+    let out = loom_in(&ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args([
+            "run",
+            "--json",
+            "--yes",
+            "--db",
+            "loom.db",
+            "--model",
+            "openai:test",
+            "--base-url",
+        ])
+        .arg(server.url())
+        .arg("swap it")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = json_lines(&out.stdout);
+    for recorded in events.iter().filter(|e| e["type"] == "snapshot.recorded") {
+        let named = recorded.to_string();
+        assert!(
+            !named.contains("loom.db") && !named.contains("loom-snapshots"),
+            "{named}"
+        );
+        assert!(!named.contains(".loom/"), "{named}");
+    }
+    let run_id = events[0]["runId"].as_str().unwrap().to_string();
+    assert!(std::fs::symlink_metadata(ws.join("sub")).unwrap().is_symlink());
+    std::fs::write(ws.join(".loom/later.md"), "written after the run\n").unwrap();
+    let outside_before = tree(&outside);
+    let loom_before = tree(&ws.join(".loom"));
+
+    let out = loom_in(&ws)
+        .args(["runs", "--db", "loom.db", "rewind", &run_id, "--step", "1", "--files"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        std::fs::symlink_metadata(ws.join("sub")).unwrap().is_dir(),
+        "a folder again"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("sub/a.txt")).unwrap(), "inside\n");
+    assert_eq!(std::fs::read_to_string(ws.join("sub/b.txt")).unwrap(), "B\n");
+    assert_eq!(tree(&outside), outside_before, "nothing written outside");
+    assert_eq!(tree(&ws.join(".loom")), loom_before, ".loom/ untouched");
+    // The database in the workspace is whole: it still reads.
+    let listed = loom_in(&ws).args(["runs", "--db", "loom.db", "list"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(&run_id));
+}

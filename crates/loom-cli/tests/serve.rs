@@ -1487,7 +1487,7 @@ async fn rewind_and_fork_over_websocket_and_http() {
         .await;
     let started = forked["started"]["runId"]
         .as_str()
-        .expect(&forked.to_string())
+        .unwrap_or_else(|| panic!("{forked}"))
         .to_string();
     let end = client.until(&started, "lifecycle.end").await;
     assert_eq!(end["payload"]["status"], "DONE", "{end}");

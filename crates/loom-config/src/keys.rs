@@ -79,6 +79,10 @@ pub struct SnapshotsConfig {
     pub exclude: Vec<String>,
     /// Files larger than this are left out, and reported (default 2 MiB).
     pub max_file_bytes: Option<u64>,
+    /// `false`: no kernel watches (inotify); every snapshot walks the whole
+    /// workspace — for a workspace on a network file system changed from
+    /// other machines.
+    pub watch: Option<bool>,
 }
 
 /// One `[[hooks]]` entry (docs/extending.md).

@@ -30,13 +30,34 @@ fn main() {
         std::fs::create_dir_all(&folder).unwrap();
         std::fs::write(folder.join(format!("f{i}.txt")), format!("file {i}\n").repeat(40)).unwrap();
     }
-    let db = dir.path().join("snapshots.db");
-    // As a run records them: step 0, then one point per step.
-    let store = Snapshots::open(&ws, &db, Filter::default()).unwrap();
+    for watch in [true, false] {
+        measure(
+            &ws,
+            &dir.path().join(format!("snapshots-{watch}.db")),
+            watch,
+            files,
+            changed,
+            turns,
+        );
+    }
+}
+
+/// Records step 0, then `turns` steps each after changing `changed` files,
+/// as a run does; with or without the kernel's watches.
+fn measure(ws: &std::path::Path, db: &std::path::Path, watch: bool, files: usize, changed: usize, turns: usize) {
+    let mut store = Snapshots::open(ws, db, Filter::default()).unwrap();
+    if !watch {
+        store = store.without_watches();
+    }
+    let how = if watch {
+        "with the kernel's watches"
+    } else {
+        "walking the whole workspace"
+    };
     let started = Instant::now();
     store.record_now("run", 0).unwrap();
     println!(
-        "first snapshot: {files} files, {:.1} ms, database {:.1} MB",
+        "{how}: first snapshot: {files} files, {:.1} ms, database {:.1} MB",
         started.elapsed().as_secs_f64() * 1e3,
         store.bytes_used().unwrap() as f64 / 1e6
     );
@@ -45,28 +66,28 @@ fn main() {
     for turn in 1..=turns {
         let mut changed_bytes = 0u64;
         for k in 0..changed {
-            let i = (turn * 997 + k * 101) % files;
+            let i = (turn * 997 + k * 101 + usize::from(watch) * 7) % files;
             let path = ws.join(format!("d{:03}/f{i}.txt", i % 100));
-            let content = format!("turn {turn} changed file {i}\n").repeat(40);
+            let content = format!("turn {turn} ({watch}) changed file {i}\n").repeat(40);
             changed_bytes += content.len() as u64;
             std::fs::write(path, content).unwrap();
         }
         let before = store.bytes_used().unwrap();
         let started = Instant::now();
-        let files = store.record_now("run", turn as u32).unwrap();
-        assert_eq!(files.changed.len(), changed);
+        let recorded = store.record_now("run", turn as u32).unwrap();
+        assert_eq!(recorded.changed.len(), changed);
         times.push(started.elapsed().as_secs_f64() * 1e3);
         overheads.push(store.bytes_used().unwrap() as i64 - before as i64 - changed_bytes as i64);
     }
     times.sort_by(f64::total_cmp);
     overheads.sort_unstable();
     println!(
-        "per turn ({turns} turns, {changed} files changed each): median {:.2} ms, worst {:.2} ms",
+        "{how}: per turn ({turns} turns, {changed} files changed each): median {:.2} ms, worst {:.2} ms",
         times[times.len() / 2],
         times[times.len() - 1]
     );
     println!(
-        "storage per turn beyond the changed bytes: median {} bytes, worst {} bytes",
+        "{how}: storage per turn beyond the changed bytes: median {} bytes, worst {} bytes",
         overheads[overheads.len() / 2],
         overheads[overheads.len() - 1]
     );

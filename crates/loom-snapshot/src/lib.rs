@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod restore;
 pub mod scan;
 pub mod store;
+mod watch;
 pub mod workspace;
 
 pub use manifest::{Delta, Entry, Manifest};

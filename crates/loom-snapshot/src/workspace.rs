@@ -26,6 +26,8 @@ pub struct Snapshots {
     key: String,
     db: PathBuf,
     filter: Filter,
+    /// Whether scans use the kernel's watches.
+    watch: bool,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -70,6 +72,7 @@ impl Snapshots {
             root,
             db: db.to_path_buf(),
             filter,
+            watch: true,
             inner: Arc::new(Mutex::new(Inner {
                 store,
                 scanner: None,
@@ -77,6 +80,15 @@ impl Snapshots {
                 unrecorded: Vec::new(),
             })),
         })
+    }
+
+    /// Without the kernel's watches (`[snapshots] watch = false`): every
+    /// scan walks the whole workspace — for file systems whose changes the
+    /// kernel does not report (a network file system changed from another
+    /// machine).
+    pub fn without_watches(mut self) -> Self {
+        self.watch = false;
+        self
     }
 
     /// Records the workspace as `step` of `run` now, on this thread.
@@ -149,10 +161,11 @@ impl Snapshots {
             Some((run, step)) => inner.store.manifest_at(run, *step).map_err(failed)?,
             None => None,
         };
-        inner.scanner = Some(match &manifest {
+        let scanner = match &manifest {
             Some(manifest) => Scanner::knowing(&self.root, self.filter.clone(), manifest),
             None => Scanner::new(&self.root, self.filter.clone()),
-        });
+        };
+        inner.scanner = Some(if self.watch { scanner } else { scanner.without_watches() });
         inner.scanner_at = head.filter(|_| manifest.is_some());
         Ok(())
     }
