@@ -105,6 +105,17 @@ impl Renderer for Human {
                 self.end_line()?;
                 say!("loom: warning [{code}]: {message}");
             }
+            EventKind::SnapshotRecorded { step, skipped, .. } if !skipped.is_empty() => {
+                self.end_line()?;
+                let files: Vec<String> = skipped
+                    .iter()
+                    .map(|file| format!("{} ({} bytes)", file.path, file.bytes))
+                    .collect();
+                say!(
+                    "loom: left out of the snapshot of step {step} for their size ([snapshots] max_file_bytes): {}",
+                    clip(&files.join(", "), 300)
+                );
+            }
             EventKind::HookResult {
                 hook_event: point,
                 hook,

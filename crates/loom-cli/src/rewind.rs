@@ -40,13 +40,23 @@ async fn run_snapshots(
 }
 
 /// `loom runs rewind`.
+/// Without snapshots (off, or a Redis store) the default rewinds the
+/// conversation alone; `--files` asked for them, and is refused.
 pub(crate) async fn rewind(
     store: &dyn Store,
     recorded_in: &RecordedIn,
-    request: &RewindRequest,
+    mut request: RewindRequest,
+    files_asked: bool,
     json: bool,
 ) -> Result<ExitCode, Failure> {
     let (snapshots, _) = run_snapshots(store, recorded_in, &request.run_id).await?;
+    if snapshots.is_none() && request.files && !files_asked {
+        request.files = false;
+        if !json {
+            say!("loom: no workspace snapshots here: only the conversation is rewound");
+        }
+    }
+    let request = &request;
     let report = loom::rewind::rewind(store, snapshots.as_deref(), request)
         .await
         .map_err(refused)?;

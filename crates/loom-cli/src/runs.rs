@@ -83,7 +83,7 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
                 dry_run,
                 force,
             };
-            return crate::rewind::rewind(store, &recorded_in, &request, args.json).await;
+            return crate::rewind::rewind(store, &recorded_in, request, files, args.json).await;
         }
         RunsCommand::Fork {
             id,

@@ -236,7 +236,8 @@ pub struct Fork {
     pub plan: RestorePlan,
     /// `run.forked`, as stored in the original's log.
     pub event: Event,
-    /// Who the original belonged to (recorded with the fork too).
+    /// Who the fork belongs to: the original's owner, unless the caller
+    /// sets another (a gateway: the token that forked it).
     pub principal: Option<String>,
     original: RunRecord,
 }
@@ -261,9 +262,13 @@ impl Fork {
         let mut history = vec![Message::system("")];
         history.extend(self.history.iter().cloned());
         let prompt = format!("fork of run {} at step {}", self.link.run_id, self.link.step);
+        let original = RunRecord {
+            principal: self.principal.clone(),
+            ..self.original.clone()
+        };
         seed_run(
             store,
-            &self.original,
+            &original,
             &self.run_id,
             &self.session_id,
             &prompt,

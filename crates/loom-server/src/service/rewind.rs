@@ -52,9 +52,12 @@ impl Service {
             force: params.force,
             files: snapshots.is_some(),
         };
-        let fork = loom_core::rewind::fork(store.as_ref(), snapshots.as_deref(), &request)
+        let mut fork = loom_core::rewind::fork(store.as_ref(), snapshots.as_deref(), &request)
             .await
             .map_err(refused)?;
+        // The new session is the forking token's (an admin forking
+        // another's run starts its own session).
+        fork.principal = Some(principal.name().to_string());
         // The new session's first run holds the conversation; a prompt is
         // the session's next run, which continues from it.
         fork.seed(store.as_ref()).await.map_err(store_error)?;
