@@ -77,8 +77,17 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             "/help" => say!("{HELP}"),
             "/session" => say!("session {}", session.id),
             "/resume" => resume_task(&agent, &mut session, &mut input, &args).await?,
-            "/undo" => crate::chat_rewind::undo(&agent, &session.id).await,
-            "/rewind" => crate::chat_rewind::rewind(&agent, &session.id, &mut input.lines).await,
+            // A task the process died in is not resumed past a rewind.
+            "/undo" => {
+                if crate::chat_rewind::undo(&agent, &session.id).await {
+                    session.interrupted = None;
+                }
+            }
+            "/rewind" => {
+                if crate::chat_rewind::rewind(&agent, &session.id, &mut input.lines).await {
+                    session.interrupted = None;
+                }
+            }
             "/new" => {
                 session = Session::fresh();
                 say!("loom: new conversation, session {}", session.id);

@@ -19,33 +19,43 @@ struct Point {
 }
 
 /// `/undo`: the last task of the session undone, files and conversation.
-pub(crate) async fn undo(agent: &Agent, session_id: &str) {
+/// True when something was rewound.
+pub(crate) async fn undo(agent: &Agent, session_id: &str) -> bool {
     let Some(store) = agent.store() else {
         say!("loom: /undo needs a store; runs are not recorded with store = \"none\"");
-        return;
+        return false;
     };
     let tasks = match tasks_in_conversation(store.as_ref(), session_id).await {
         Ok(tasks) => tasks,
-        Err(err) => return say!("loom: cannot read the session: {err}"),
+        Err(err) => {
+            say!("loom: cannot read the session: {err}");
+            return false;
+        }
     };
     let Some(last) = tasks.last() else {
-        return say!("loom: nothing to undo: the conversation has no task");
+        say!("loom: nothing to undo: the conversation has no task");
+        return false;
     };
-    go_back(agent, &last.run_id, 0, &last.prompt).await;
+    go_back(agent, &last.run_id, 0, &last.prompt).await
 }
 
-/// `/rewind`: the points listed, the person's pick rewound to.
-pub(crate) async fn rewind(agent: &Agent, session_id: &str, lines: &mut Lines) {
+/// `/rewind`: the points listed, the person's pick rewound to. True when
+/// something was rewound.
+pub(crate) async fn rewind(agent: &Agent, session_id: &str, lines: &mut Lines) -> bool {
     let Some(store) = agent.store() else {
         say!("loom: /rewind needs a store; runs are not recorded with store = \"none\"");
-        return;
+        return false;
     };
     let points = match points(agent, store.as_ref(), session_id).await {
         Ok(points) => points,
-        Err(err) => return say!("loom: cannot read the session: {err}"),
+        Err(err) => {
+            say!("loom: cannot read the session: {err}");
+            return false;
+        }
     };
     if points.is_empty() {
-        return say!("loom: nothing to rewind to: the conversation has no task");
+        say!("loom: nothing to rewind to: the conversation has no task");
+        return false;
     }
     say!("Go back to which point? (files and conversation; Enter keeps everything as it is)");
     for (number, point) in points.iter().enumerate() {
@@ -62,25 +72,31 @@ pub(crate) async fn rewind(agent: &Agent, session_id: &str, lines: &mut Lines) {
         }
     }
     crate::chat::prompt();
-    let Some(line) = lines.recv().await else { return };
+    let Some(line) = lines.recv().await else {
+        return false;
+    };
     let chosen = line.trim();
     if chosen.is_empty() {
-        return say!("loom: nothing rewound");
+        say!("loom: nothing rewound");
+        return false;
     }
-    match chosen
+    let picked = chosen
         .parse::<usize>()
         .ok()
         .and_then(|n| n.checked_sub(1))
-        .and_then(|i| points.get(i))
-    {
+        .and_then(|i| points.get(i));
+    match picked {
         Some(point) => go_back(agent, &point.run_id, point.step, &point.prompt).await,
-        None => say!("loom: {chosen} is not one of the points; nothing rewound"),
+        None => {
+            say!("loom: {chosen} is not one of the points; nothing rewound");
+            false
+        }
     }
 }
 
 /// Rewinds `run_id` to `step`, saying what it did or why not.
-async fn go_back(agent: &Agent, run_id: &str, step: u32, prompt: &str) {
-    let Some(store) = agent.store() else { return };
+async fn go_back(agent: &Agent, run_id: &str, step: u32, prompt: &str) -> bool {
+    let Some(store) = agent.store() else { return false };
     let request = RewindRequest {
         run_id: run_id.to_string(),
         step,
@@ -110,12 +126,19 @@ async fn go_back(agent: &Agent, run_id: &str, step: u32, prompt: &str) {
             } else {
                 say!("loom: back to {point}; {}", changes.join("; "));
             }
+            true
         }
-        Err(RewindError::ChangedOutside { files }) => say!(
-            "loom: not rewound: {} changed outside Loom since it last recorded them (`loom runs rewind {run_id} --step {step} --force` overrides)",
-            files.join(", ")
-        ),
-        Err(err) => say!("loom: not rewound: {err}"),
+        Err(RewindError::ChangedOutside { files }) => {
+            say!(
+                "loom: not rewound: {} changed outside Loom since it last recorded them (`loom runs rewind {run_id} --step {step} --force` overrides)",
+                files.join(", ")
+            );
+            false
+        }
+        Err(err) => {
+            say!("loom: not rewound: {err}");
+            false
+        }
     }
 }
 

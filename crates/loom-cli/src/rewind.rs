@@ -30,10 +30,10 @@ async fn run_snapshots(
     let Some(dir) = &workspace else {
         return Ok((None, None));
     };
-    // Only `[snapshots]` is read from loom.toml: which files a snapshot
-    // holds, so this scan sees the workspace as the runs' scans did.
+    // The workspace is judged by the filter its runs recorded with (kept
+    // with the snapshots); loom.toml's `[snapshots]` only when none was.
     let config = crate::config::load(None).ok().and_then(|loaded| loaded.file.snapshots);
-    let snapshots = crate::snapshots::open(config.as_ref(), Some(store), dir)
+    let snapshots = crate::snapshots::open(config.as_ref(), Some(store), dir, crate::snapshots::Purpose::Rewind)
         .await
         .map_err(Failure::Runtime)?;
     Ok((snapshots.map(|s| s as Arc<dyn WorkspaceSnapshots>), workspace))
@@ -63,6 +63,15 @@ pub(crate) async fn rewind(
     if json {
         println!("{}", report_json(&report, request.dry_run));
     } else {
+        if request.files && !report.files_recorded {
+            say!(
+                "loom: run {} recorded no snapshots (it called no tool): its files are left as they are",
+                request.run_id
+            );
+        }
+        if report.closed {
+            say!("loom: run {} was interrupted; it is closed (CANCELED), as it cannot go on past the point it went back to", request.run_id);
+        }
         print_report(&request.run_id, &report, request.dry_run);
     }
     Ok(ExitCode::SUCCESS)
@@ -91,11 +100,37 @@ pub(crate) async fn fork(
                 .unwrap_or_default()
         )));
     }
+    let works_in = request.into.clone().or(workspace);
+    // With a prompt the agent is made first: a fork whose run cannot start
+    // (a bad model, a bad flag) changes nothing and logs nothing.
+    let agent = match &prompt {
+        Some(_) => {
+            if let Some(into) = &request.into {
+                refuse_non_empty(into)?;
+                std::fs::create_dir_all(into)
+                    .map_err(|err| Failure::Runtime(anyhow!("cannot create {}: {err}", into.display())))?;
+            }
+            let record = store.load_run(&request.run_id).await.map_err(usage_if_unknown)?.run;
+            let (db, redis) = match &recorded_in {
+                RecordedIn::Sqlite(db) => (Some(db.clone()), None),
+                RecordedIn::Redis(url) => (None, Some(url.clone())),
+            };
+            let place = PlaceArgs {
+                workspace: works_in.clone(),
+                db,
+                redis,
+            };
+            let agent = build_agent(agent_args, &place, Some(&record.model))
+                .await
+                .map_err(Failure::Usage)?;
+            Some(agent)
+        }
+        None => None,
+    };
     let fork = loom::rewind::fork(store, snapshots.as_deref(), &request)
         .await
         .map_err(refused)?;
-    let works_in = request.into.clone().or(workspace);
-    let Some(prompt) = prompt else {
+    let (Some(prompt), Some(agent)) = (prompt, agent) else {
         fork.seed(store)
             .await
             .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
@@ -123,19 +158,6 @@ pub(crate) async fn fork(
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let (db, redis) = match recorded_in {
-        RecordedIn::Sqlite(db) => (Some(db), None),
-        RecordedIn::Redis(url) => (None, Some(url)),
-    };
-    let place = PlaceArgs {
-        workspace: works_in,
-        db,
-        redis,
-    };
-    let record = store.load_run(&fork.link.run_id).await.map_err(usage_if_unknown)?.run;
-    let agent = build_agent(agent_args, &place, Some(&record.model))
-        .await
-        .map_err(Failure::Usage)?;
     if !json {
         say_plan(false, &fork.plan);
         say!(
@@ -147,6 +169,16 @@ pub(crate) async fn fork(
         );
     }
     follow(agent.run(fork.run_request(prompt)), json, agent_args).await
+}
+
+/// A fork's copy goes into a new or empty folder (checked before one is
+/// made for the fork's agent).
+fn refuse_non_empty(into: &Path) -> Result<(), Failure> {
+    let holds_files = std::fs::read_dir(into).is_ok_and(|mut entries| entries.next().is_some());
+    if holds_files {
+        return Err(refused(RewindError::IntoNotEmpty(into.to_path_buf())));
+    }
+    Ok(())
 }
 
 /// A refusal is the person's to act on (exit 2); a failure is not.

@@ -470,7 +470,13 @@ pub(crate) async fn configure_agent(
             .await?
         }
     };
-    let snapshots = crate::snapshots::open(file.snapshots.as_ref(), store.as_deref(), &workspace).await?;
+    let snapshots = crate::snapshots::open(
+        file.snapshots.as_ref(),
+        store.as_deref(),
+        &workspace,
+        crate::snapshots::Purpose::Runs,
+    )
+    .await?;
     if let Some(snapshots) = snapshots {
         builder = builder.snapshots(snapshots);
     }

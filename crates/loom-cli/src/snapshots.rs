@@ -9,9 +9,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, Result};
-use loom::workspace::{Filter, Snapshots};
+use loom::workspace::{database_files, Filter, Snapshots};
 use loom::Store;
 use loom_config::SnapshotsConfig;
+
+/// How the snapshots are opened: for runs, which record with loom.toml's
+/// filter; for a rewind, which judges the workspace by the filter its runs
+/// recorded with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    Runs,
+    Rewind,
+}
 
 /// The snapshots of `workspace` for runs recorded in `store`, unless
 /// loom.toml switches them off or the store is not a SQLite file.
@@ -19,9 +28,12 @@ pub(crate) async fn open(
     config: Option<&SnapshotsConfig>,
     store: Option<&dyn Store>,
     workspace: &Path,
+    purpose: Purpose,
 ) -> Result<Option<Arc<Snapshots>>> {
     let config = config.cloned().unwrap_or_default();
-    if config.enabled == Some(false) {
+    // Switched off, runs record none; what was recorded before can still
+    // be rewound to.
+    if config.enabled == Some(false) && purpose == Purpose::Runs {
         return Ok(None);
     }
     let store_files = store.map(Store::files).unwrap_or_default();
@@ -37,26 +49,14 @@ pub(crate) async fn open(
     let path = beside(&db);
     // A database kept in the workspace is never in a snapshot, nor
     // written by a restore.
-    let ours = store_files.iter().cloned().chain(companions(&path));
+    let ours = store_files.iter().cloned().chain(database_files(&path));
     let filter = filter.never(inside(workspace, ours));
     let workspace = workspace.to_path_buf();
     let watch = config.watch.unwrap_or(true);
-    tokio::task::spawn_blocking(move || shared(&workspace, &path, filter, watch))
+    tokio::task::spawn_blocking(move || shared(&workspace, &path, filter, watch, purpose))
         .await
         .map_err(|err| anyhow!("opening the snapshots failed: {err}"))?
         .map(Some)
-}
-
-/// A SQLite file and its companions.
-fn companions(db: &Path) -> Vec<PathBuf> {
-    let name = db
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    ["", "-wal", "-shm", "-journal"]
-        .iter()
-        .map(|suffix| db.with_file_name(format!("{name}{suffix}")))
-        .collect()
 }
 
 /// Those of `files` beneath `workspace`, as paths relative to it.
@@ -92,12 +92,12 @@ fn beside(db: &Path) -> PathBuf {
 }
 
 /// The snapshots opened in this process, by workspace and database.
-type Opened = HashMap<(PathBuf, PathBuf), Arc<Snapshots>>;
+type Opened = HashMap<(PathBuf, PathBuf, bool), Arc<Snapshots>>;
 
 /// One instance per workspace and database in this process.
-fn shared(workspace: &Path, db: &Path, filter: Filter, watch: bool) -> Result<Arc<Snapshots>> {
+fn shared(workspace: &Path, db: &Path, filter: Filter, watch: bool, purpose: Purpose) -> Result<Arc<Snapshots>> {
     static OPEN: OnceLock<Mutex<Opened>> = OnceLock::new();
-    let key = (workspace.to_path_buf(), db.to_path_buf());
+    let key = (workspace.to_path_buf(), db.to_path_buf(), purpose == Purpose::Runs);
     let mut open = OPEN
         .get_or_init(Default::default)
         .lock()
@@ -108,7 +108,10 @@ fn shared(workspace: &Path, db: &Path, filter: Filter, watch: bool) -> Result<Ar
     if !db.exists() {
         crate::state::private_file(db)?;
     }
-    let mut snapshots = Snapshots::open(workspace, db, filter)?;
+    let mut snapshots = match purpose {
+        Purpose::Runs => Snapshots::open(workspace, db, filter)?,
+        Purpose::Rewind => Snapshots::open_as_recorded(workspace, db, filter)?,
+    };
     if !watch {
         snapshots = snapshots.without_watches();
     }

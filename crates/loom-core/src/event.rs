@@ -352,7 +352,8 @@ pub enum EventKind {
         changed: Vec<String>,
         /// Files removed.
         removed: Vec<String>,
-        /// Files left out for their size (`[snapshots] max_file_bytes`).
+        /// Files left out: for their size (`[snapshots] max_file_bytes`),
+        /// a secret in them, or unreadable.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         skipped: Vec<crate::snapshots::SkippedFile>,
     },

@@ -88,7 +88,7 @@ pub use permission::{Decision, Mode, PermissionPolicy, PolicyError};
 pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
 pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
-pub use snapshots::{RestorePlan, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
+pub use snapshots::{RestorePlan, SkipReason, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{
     Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot,

@@ -68,11 +68,7 @@ pub async fn close_cancelled(store: &dyn Store, run_id: &str, reason: &str) -> R
 /// `execution.cancelled` with `reason`, then `lifecycle.end` (`CANCELED`),
 /// numbered after `last_seq` — so its log ends like every other run's.
 pub fn cancelled_log(run_id: &str, last_seq: u64, turn: &TurnIds, reason: &str, metrics: &RunMetrics) -> Vec<Event> {
-    // Nobody listens: the events only go to the log.
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let events = EventEmitter::new(run_id.into(), 0, tx)
-        .continuing_after(last_seq)
-        .with_log();
+    let events = quiet_emitter(run_id, last_seq);
     events.emit(
         turn,
         EventKind::ExecutionCancelled {
@@ -88,6 +84,15 @@ pub fn cancelled_log(run_id: &str, last_seq: u64, turn: &TurnIds, reason: &str, 
         },
     );
     events.take_log()
+}
+
+/// An emitter for a run no process executes: its events, numbered after
+/// `last_seq`, only go to its log (nobody listens).
+pub(crate) fn quiet_emitter(run_id: &str, last_seq: u64) -> EventEmitter {
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    EventEmitter::new(run_id.into(), 0, tx)
+        .continuing_after(last_seq)
+        .with_log()
 }
 
 /// Why a stored run could not be resumed.

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use crate::event::{Event, EventEmitter, EventKind, ForkLink, TurnIds};
+use crate::event::{Event, EventKind, ForkLink, TurnIds};
 use crate::machine::RunState;
 use crate::message::Message;
 use crate::metrics::RunMetrics;
@@ -115,6 +115,12 @@ pub struct RewindReport {
     pub messages: usize,
     /// `run.rewound`, as stored in the run's log (`None` for a dry run).
     pub event: Option<Event>,
+    /// Whether the run recorded snapshots to restore files from (a run
+    /// whose model called no tool has none: its files are as they were).
+    pub files_recorded: bool,
+    /// The run was interrupted, and is now closed `CANCELED`: it would
+    /// otherwise be resumed from past the point rewound to.
+    pub closed: bool,
 }
 
 /// Rewinds a run that is not executing to `request.step`: the workspace
@@ -127,7 +133,7 @@ pub async fn rewind(
     snapshots: Option<&dyn WorkspaceSnapshots>,
     request: &RewindRequest,
 ) -> Result<RewindReport, RewindError> {
-    let run = stopped_run(store, &request.run_id).await?;
+    let mut run = stopped_run(store, &request.run_id).await?;
     let step = request.step;
     check_step(&run, step)?;
     let messages = if request.conversation {
@@ -135,34 +141,43 @@ pub async fn rewind(
     } else {
         0
     };
-    let plan = if request.files {
-        let snapshots = snapshots.ok_or(RewindError::NoSnapshots)?;
-        let plan = snapshots.plan(&request.run_id, step, None).await?;
-        if !request.force && !plan.changed_outside.is_empty() {
-            return Err(RewindError::ChangedOutside {
-                files: plan.changed_outside,
-            });
+    let files_recorded = match (request.files, snapshots) {
+        (false, _) => false,
+        (true, None) => return Err(RewindError::NoSnapshots),
+        (true, Some(snapshots)) => !snapshots.steps(&request.run_id).await?.is_empty(),
+    };
+    let plan = match snapshots.filter(|_| files_recorded) {
+        Some(snapshots) => {
+            let plan = snapshots.plan(&request.run_id, step, None).await?;
+            if !request.force && !plan.changed_outside.is_empty() {
+                return Err(RewindError::ChangedOutside {
+                    files: plan.changed_outside,
+                });
+            }
+            plan
         }
-        plan
-    } else {
-        RestorePlan::default()
+        None => RestorePlan::default(),
     };
     if request.dry_run {
         return Ok(RewindReport {
             to_step: step,
             plan,
-            continued_by: None,
             messages,
-            event: None,
+            files_recorded,
+            ..RewindReport::default()
         });
     }
-    let plan = match (request.files, snapshots) {
-        (true, Some(snapshots)) => snapshots.restore(&request.run_id, step, None).await?,
-        _ => plan,
+    let closed = close_if_resumable(store, &mut run, step).await?;
+    let plan = match snapshots.filter(|_| files_recorded) {
+        Some(snapshots) => snapshots
+            .restore(&request.run_id, step, None, request.force)
+            .await
+            .map_err(changed_outside)?,
+        None => plan,
     };
     let continued_by = if request.conversation {
         let history = conversation_at(&run, step)?;
-        let continuation = new_run_id();
+        let continuation = crate::turn_state::new_id();
         let link = ForkLink {
             run_id: request.run_id.clone(),
             step,
@@ -185,7 +200,7 @@ pub async fn rewind(
     let files = plan.paths().cloned().collect();
     let event = append_to_log(
         store,
-        &run,
+        &request.run_id,
         EventKind::RunRewound {
             to_step: step,
             files,
@@ -199,7 +214,33 @@ pub async fn rewind(
         continued_by,
         messages,
         event: Some(event),
+        files_recorded,
+        closed,
     })
+}
+
+/// A run that could be resumed (interrupted, or left active by a dead
+/// process) is closed `CANCELED` before it is rewound: resumed, it would go
+/// on from past the point the workspace and the session went back to.
+async fn close_if_resumable(store: &dyn Store, run: &mut RunSnapshot, step: u32) -> Result<bool, RewindError> {
+    if run.run.status.is_terminal() {
+        return Ok(false);
+    }
+    let run_id = run.run.run_id.clone();
+    if run.run.status != RunStatus::Interrupted {
+        store.mark_interrupted(&run_id, &run.run.owner).await?;
+    }
+    crate::recovery::close_cancelled(store, &run_id, &format!("rewound to step {step}")).await?;
+    *run = store.load_run(&run_id).await?;
+    Ok(true)
+}
+
+/// A snapshot's refusal as the rewind's own.
+fn changed_outside(err: SnapshotError) -> RewindError {
+    match err {
+        SnapshotError::ChangedOutside { files } => RewindError::ChangedOutside { files },
+        other => RewindError::Snapshot(other),
+    }
 }
 
 /// What to fork.
@@ -312,15 +353,18 @@ pub async fn fork(
         if let Some(into) = into {
             create_folder(into)?;
         }
-        snapshots.restore(&request.run_id, step, into).await?
+        snapshots
+            .restore(&request.run_id, step, into, request.force || into.is_some())
+            .await
+            .map_err(changed_outside)?
     } else {
         RestorePlan::default()
     };
-    let run_id = new_run_id();
+    let run_id = crate::turn_state::new_id();
     let session_id = run_id.clone();
     let event = append_to_log(
         store,
-        &run,
+        &request.run_id,
         EventKind::RunForked {
             step,
             fork_run_id: run_id.clone(),
@@ -399,28 +443,32 @@ fn create_folder(into: &Path) -> Result<(), RewindError> {
     })
 }
 
-fn new_run_id() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
-
 /// Adds one event to the end of a stopped run's log, continuing its `seq`.
-async fn append_to_log(store: &dyn Store, run: &RunSnapshot, kind: EventKind) -> Result<Event, StoreError> {
-    let state = run.next_turn().cloned().unwrap_or_else(|| TurnState::initial(1));
-    let events = quiet_emitter(&run.run.run_id, run.last_seq);
-    events.emit(&TurnIds::of(&state), kind);
-    let log = events.take_log();
-    store.append_events(&run.run.run_id, &log).await?;
-    log.into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Backend("an event was not logged".to_string()))
-}
-
-/// An emitter whose events only go to its log (nobody listens).
-fn quiet_emitter(run_id: &str, last_seq: u64) -> EventEmitter {
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    EventEmitter::new(run_id.into(), 0, tx)
-        .continuing_after(last_seq)
-        .with_log()
+/// Two writers adding at once (two rewinds, a double click) would take the
+/// same `seq`, and a store keeps the first: the event is read back, and
+/// written again after the other when it is not the one stored.
+async fn append_to_log(store: &dyn Store, run_id: &str, kind: EventKind) -> Result<Event, StoreError> {
+    for _ in 0..8 {
+        let run = store.load_run(run_id).await?;
+        let state = run.next_turn().cloned().unwrap_or_else(|| TurnState::initial(1));
+        let events = crate::recovery::quiet_emitter(run_id, run.last_seq);
+        events.emit(&TurnIds::of(&state), kind.clone());
+        let log = events.take_log();
+        store.append_events(run_id, &log).await?;
+        let Some(ours) = log.into_iter().next() else {
+            break;
+        };
+        let stored = store.events_page(run_id, run.last_seq, 1).await?;
+        if stored
+            .first()
+            .is_some_and(|event| event.seq == ours.seq && event.kind == ours.kind)
+        {
+            return Ok(ours);
+        }
+    }
+    Err(StoreError::Backend(format!(
+        "run {run_id}: its log kept changing; the event could not be added"
+    )))
 }
 
 /// Records a run that holds `history` (system prompt first) and did
@@ -437,16 +485,18 @@ async fn seed_run(
     let now_ms = std::time::SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
+    // Recorded `DONE` from its first write: no crash leaves it for a
+    // recovery to resume (it would ask the model with nothing to do).
     let record = RunRecord {
         owner: crate::owner::this_process(),
         workspace: original.workspace.clone(),
         principal: original.principal.clone(),
-        ..RunRecord::new(run_id, session_id, prompt, &original.model, RunStatus::Running, now_ms)
+        ..RunRecord::new(run_id, session_id, prompt, &original.model, RunStatus::Done, now_ms)
     };
     store.create_run(&record).await?;
     let state = RunState::new(TurnState::initial(0), prompt);
     let turn = TurnIds::of(state.turn());
-    let events = quiet_emitter(run_id, 0);
+    let events = crate::recovery::quiet_emitter(run_id, 0);
     events.emit(
         &turn,
         EventKind::LifecycleStart {
@@ -457,26 +507,21 @@ async fn seed_run(
             forked_from: Some(link),
         },
     );
-    let start = events.take_log();
+    events.emit(
+        &turn,
+        EventKind::LifecycleEnd {
+            status: RunStatus::Done,
+            content: None,
+            metrics: RunMetrics::default(),
+        },
+    );
     store
         .checkpoint(&Checkpoint {
             run_id,
             state: &state,
             new_messages: history,
             replaced_history: None,
-            events: &start,
+            events: &events.take_log(),
         })
-        .await?;
-    let metrics = RunMetrics::default();
-    events.emit(
-        &turn,
-        EventKind::LifecycleEnd {
-            status: RunStatus::Done,
-            content: None,
-            metrics: metrics.clone(),
-        },
-    );
-    store
-        .finish_run(run_id, RunStatus::Done, None, &metrics, &events.take_log())
         .await
 }

@@ -22,18 +22,40 @@ pub enum SnapshotError {
         /// The step.
         step: u32,
     },
+    /// Files the restore would change were changed outside Loom since it
+    /// last recorded the workspace (or are files it holds no copy of).
+    #[error("{} changed outside Loom since it last recorded the workspace: {}", if files.len() == 1 { "a file" } else { "files" }, files.join(", "))]
+    ChangedOutside {
+        /// Those files.
+        files: Vec<String>,
+    },
     /// The files could not be scanned, stored or written.
     #[error("{0}")]
     Failed(String),
 }
 
-/// A file left out of a snapshot for its size.
+crate::wire::wire_enum! {
+    /// Why a file is left out of a snapshot (a rewind then neither restores
+    /// nor removes it, and refuses to write over it without `force`).
+    pub enum SkipReason {
+        /// Larger than `[snapshots] max_file_bytes`.
+        Size = "size",
+        /// Redaction finds a secret in it: Loom keeps no copy.
+        Secret = "secret",
+        /// Loom may not read it.
+        Unreadable = "unreadable",
+    }
+}
+
+/// A file left out of a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SkippedFile {
     /// Its path in the workspace.
     pub path: String,
     /// Its size in bytes.
     pub bytes: u64,
+    /// Why.
+    pub reason: SkipReason,
 }
 
 /// What one step changed in the workspace, as its snapshot recorded it.
@@ -44,7 +66,7 @@ pub struct StepFiles {
     pub changed: Vec<String>,
     /// Files removed.
     pub removed: Vec<String>,
-    /// Files left out for their size.
+    /// Files left out (for their size, a secret in them, or unreadable).
     pub skipped: Vec<SkippedFile>,
 }
 
@@ -96,8 +118,16 @@ pub trait WorkspaceSnapshots: Send + Sync {
     /// Restores `step` of `run_id` in the workspace (then the workspace's
     /// latest snapshot), or into the folder `into`. Every file is written
     /// under a temporary name and renamed; nothing outside the folder is
-    /// followed or touched, nor its `.loom/`.
-    async fn restore(&self, run_id: &str, step: u32, into: Option<&Path>) -> Result<RestorePlan, SnapshotError>;
+    /// followed or touched, nor its `.loom/`. Refused
+    /// ([`SnapshotError::ChangedOutside`]) when files it would change were
+    /// changed outside Loom, judged as it restores, unless `force`.
+    async fn restore(
+        &self,
+        run_id: &str,
+        step: u32,
+        into: Option<&Path>,
+        force: bool,
+    ) -> Result<RestorePlan, SnapshotError>;
 
     /// The files the snapshots are kept in: Loom's state, which tools must
     /// not touch.

@@ -20,7 +20,7 @@ impl TurnState {
     pub fn initial(max_iterations: u32) -> Self {
         Self {
             turn_counter: 0,
-            turn_id: new_turn_id(),
+            turn_id: new_id(),
             max_iterations,
             compacted: false,
             parent_turn_id: None,
@@ -41,7 +41,7 @@ impl TurnState {
     pub fn next_turn(&self, compacted: bool) -> Self {
         Self {
             turn_counter: self.turn_counter + 1,
-            turn_id: new_turn_id(),
+            turn_id: new_id(),
             max_iterations: self.max_iterations,
             compacted,
             parent_turn_id: Some(self.turn_id.clone()),
@@ -100,7 +100,8 @@ impl TurnState {
     }
 }
 
-fn new_turn_id() -> String {
+/// A new random id (a turn's, or a run's made outside a live run).
+pub(crate) fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 

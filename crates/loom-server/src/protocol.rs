@@ -689,6 +689,8 @@ mod tests {
             "agent.steer" => json!({"runId": "r", "message": "m"}),
             "permission.respond" => json!({"runId": "r", "requestId": "q", "decision": "allow"}),
             "permission.list" | "run.list" => json!({}),
+            "run.rewind" | "run.fork" => json!({"runId": "r", "step": 1}),
+            "run.file" => json!({"runId": "r", "step": 1, "path": "a.txt"}),
             _ => json!({"runId": "r"}),
         };
         for method in Request::METHODS {

@@ -13,15 +13,18 @@
 
 #![warn(missing_docs)]
 
+mod filter;
 pub mod manifest;
 pub mod restore;
 pub mod scan;
 pub mod store;
+mod walk;
 mod watch;
 pub mod workspace;
 
+pub use filter::{Filter, FilterSpec};
 pub use manifest::{Delta, Entry, Manifest};
 pub use restore::{apply, changed_outside, Plan, RestoreError};
-pub use scan::{Filter, ScanError, Scanned, Scanner};
+pub use scan::{ScanError, Scanned, Scanner, Skipped};
 pub use store::{Point, SnapshotStore, SqliteSnapshots, StoreError};
-pub use workspace::Snapshots;
+pub use workspace::{database_files, Snapshots, KEYFRAME_DEPTH};

@@ -164,7 +164,8 @@ fn write(dir: &Dir, path: &str, entry: &Entry, content: &[u8]) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scan::{Filter, Scanner};
+    use crate::filter::Filter;
+    use crate::scan::Scanner;
     use crate::store::SqliteSnapshots;
 
     #[test]

@@ -5,76 +5,19 @@
 //! the walk enters only the folders where something changed, so it
 //! `lstat`s the files there, not all 10 000.
 
-use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, Metadata, MetadataExt, OpenOptions};
+use loom_core::SkipReason;
 use sha2::{Digest, Sha256};
 
+use crate::filter::Filter;
 use crate::manifest::{Delta, Entry, Manifest};
+use crate::walk::{walk, Scope};
 use crate::watch::{Changes, Watch};
-
-/// Which files a snapshot holds.
-#[derive(Debug, Clone)]
-pub struct Filter {
-    /// When set, only files matching one of these.
-    include: Option<GlobSet>,
-    /// Never files matching one of these.
-    exclude: GlobSet,
-    /// Files larger than this are left out, and reported.
-    max_file_bytes: u64,
-    /// Never these paths (Loom's own files, when they are in the workspace).
-    never: HashSet<String>,
-}
-
-impl Filter {
-    /// Files matching `include` (all when empty), not `exclude`, at most
-    /// `max_file_bytes` each. Globs match the `/`-separated path in the
-    /// workspace (`src/**`, `*.log`).
-    pub fn new(include: &[String], exclude: &[String], max_file_bytes: u64) -> Result<Self, globset::Error> {
-        let set = |globs: &[String]| -> Result<GlobSet, globset::Error> {
-            let mut builder = GlobSetBuilder::new();
-            for glob in globs {
-                builder.add(Glob::new(glob)?);
-            }
-            builder.build()
-        };
-        Ok(Self {
-            include: if include.is_empty() { None } else { Some(set(include)?) },
-            exclude: set(exclude)?,
-            max_file_bytes,
-            never: HashSet::new(),
-        })
-    }
-
-    /// Leaves out these paths too, whatever the globs say: a run database
-    /// (and the snapshots' own) kept in the workspace, which a restore
-    /// must never write.
-    pub fn never(mut self, paths: impl IntoIterator<Item = String>) -> Self {
-        self.never.extend(paths);
-        self
-    }
-
-    fn admits(&self, path: &str) -> bool {
-        !self.never.contains(path)
-            && !self.exclude.is_match(path)
-            && self.include.as_ref().is_none_or(|include| include.is_match(path))
-    }
-}
-
-impl Default for Filter {
-    /// Every file `.gitignore` does not leave out, up to 2 MiB each.
-    fn default() -> Self {
-        Self {
-            include: None,
-            exclude: GlobSet::empty(),
-            max_file_bytes: 2 * 1024 * 1024,
-            never: HashSet::new(),
-        }
-    }
-}
 
 /// What `stat` said of a file when it was last read: the same again means
 /// the same content (unless it was written within the clock's grain of the
@@ -88,9 +31,9 @@ struct Stamp {
 }
 
 impl Stamp {
-    fn of(meta: &std::fs::Metadata) -> Self {
+    fn of(meta: &Metadata) -> Self {
         Self {
-            len: meta.size(),
+            len: meta.len(),
             mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
             ino: meta.ino(),
             mode: meta.mode(),
@@ -106,10 +49,21 @@ pub struct Scanned {
     /// The content of each file read (new or changed), by hash: what a
     /// store must keep.
     pub contents: Vec<(String, Vec<u8>)>,
-    /// Files left out for their size, with it.
-    pub skipped: Vec<(String, u64)>,
+    /// Files left out, and why.
+    pub skipped: Vec<Skipped>,
     /// How many files were read (the rest were known by their stat).
     pub read: usize,
+}
+
+/// A file a scan left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Its path.
+    pub path: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Why.
+    pub reason: SkipReason,
 }
 
 /// A file as the last scan left it.
@@ -137,6 +91,9 @@ pub struct Scanner {
     watch: Option<Watch>,
     /// Whether to watch at all.
     watching: bool,
+    /// Files in the workspace that the snapshots do not hold, and the scan
+    /// that last saw them: a restore must not write over them unasked.
+    left_out: HashMap<String, (SkipReason, u64)>,
 }
 
 /// A scan that could not be made.
@@ -159,6 +116,7 @@ impl Scanner {
             last_scan_ns: 0,
             watch: None,
             watching: true,
+            left_out: HashMap::new(),
         }
     }
 
@@ -195,6 +153,12 @@ impl Scanner {
         scanner
     }
 
+    /// The files of the workspace the snapshots do not hold, as the last
+    /// scan found them, and why.
+    pub fn left_out(&self) -> impl Iterator<Item = (&str, SkipReason)> {
+        self.left_out.iter().map(|(path, (reason, _))| (path.as_str(), *reason))
+    }
+
     /// The workspace's files as the last scan found them.
     pub fn manifest(&self) -> Manifest {
         Manifest(
@@ -227,7 +191,16 @@ impl Scanner {
             Changes::Within { dirs, trees } => Scope::part(dirs, trees),
         };
         let scope = Arc::new(scope);
-        let (entries, watch) = walk(&root, &scope, self.watch.take());
+        // Every file is looked at and read beneath this handle: a name that
+        // leads out of the workspace (a folder swapped for a link while the
+        // scan runs) fails, and is not in the snapshot.
+        let beneath = Arc::new(
+            Dir::open_ambient_dir(&root, cap_std::ambient_authority()).map_err(|source| ScanError {
+                path: ".".to_string(),
+                source,
+            })?,
+        );
+        let (entries, watch) = walk(&root, &beneath, &scope, self.watch.take());
         self.watch = watch.filter(Watch::complete);
         for (path, meta) in &entries {
             let path = path.as_str();
@@ -235,8 +208,8 @@ impl Scanner {
             if !(meta.is_file() || link) || !self.filter.admits(path) {
                 continue;
             }
-            if meta.size() > self.filter.max_file_bytes {
-                scanned.skipped.push((path.to_string(), meta.size()));
+            if let Some(reason) = self.filter.too_large(meta.len()) {
+                self.leave_out(&mut scanned, path, meta.len(), reason, scan);
                 continue;
             }
             let stamp = Stamp::of(meta);
@@ -249,16 +222,25 @@ impl Scanner {
                     continue;
                 }
             }
-            let full = root.join(path);
             let content = if link {
-                std::fs::read_link(&full).map(|target| target.into_os_string().into_encoded_bytes())
+                // The target as written (an absolute one too): a link is
+                // kept as a link, never followed.
+                beneath
+                    .read_link_contents(path)
+                    .map(|target| target.into_os_string().into_encoded_bytes())
             } else {
-                std::fs::read(&full)
+                read_beneath(&beneath, path)
             };
             let content = match content {
                 Ok(content) => content,
-                // Gone meanwhile: not in this snapshot.
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                // Gone meanwhile, or made a link (to outside, maybe), a
+                // folder or a file under a link: not in this snapshot; the
+                // next scan sees what it is then.
+                Err(err) if changed_meanwhile(&err) => continue,
+                Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+                    self.leave_out(&mut scanned, path, meta.len(), SkipReason::Unreadable, scan);
+                    continue;
+                }
                 Err(source) => {
                     return Err(ScanError {
                         path: path.to_string(),
@@ -267,6 +249,11 @@ impl Scanner {
                 }
             };
             scanned.read += 1;
+            if let Some(reason) = self.filter.holds_secret(&content).filter(|_| !link) {
+                self.leave_out(&mut scanned, path, meta.len(), reason, scan);
+                continue;
+            }
+            self.left_out.remove(path);
             let entry = Entry {
                 hash: hex(&Sha256::digest(&content)),
                 size: content.len() as u64,
@@ -284,6 +271,9 @@ impl Scanner {
                 scanned.delta.changed.insert(path.to_string(), entry);
             }
         }
+        // Left out and no longer there.
+        self.left_out
+            .retain(|path, (_, seen)| *seen == scan || !scope.covers(path));
         // What this scan looked for and did not see is gone.
         self.known.retain(|path, known| {
             let gone = known.seen != scan && scope.covers(path);
@@ -295,152 +285,41 @@ impl Scanner {
         self.last_scan_ns = started_ns;
         Ok(scanned)
     }
-}
 
-/// What a scan looks at.
-#[derive(Debug)]
-enum Scope {
-    /// The whole workspace.
-    All,
-    /// The entries of `dirs`, and all beneath `trees`.
-    Part {
-        dirs: HashSet<String>,
-        trees: HashSet<String>,
-        /// The folders the walk enters to reach them.
-        path_to: HashSet<String>,
-    },
-}
-
-impl Scope {
-    fn part(dirs: HashSet<String>, trees: HashSet<String>) -> Self {
-        let mut path_to = HashSet::from([String::new()]);
-        for dir in dirs.iter().chain(&trees) {
-            let mut at = dir.as_str();
-            loop {
-                path_to.insert(at.to_string());
-                match at.rfind('/') {
-                    Some(slash) => at = &at[..slash],
-                    None => break,
-                }
-            }
-        }
-        Self::Part { dirs, trees, path_to }
-    }
-
-    fn under_tree(trees: &HashSet<String>, path: &str) -> bool {
-        trees.iter().any(|tree| {
-            path == tree
-                || path
-                    .strip_prefix(tree.as_str())
-                    .is_some_and(|rest| rest.starts_with('/'))
-        })
-    }
-
-    /// Whether the walk enters the folder `dir`.
-    fn enters(&self, dir: &str) -> bool {
-        match self {
-            Self::All => true,
-            Self::Part { trees, path_to, .. } => path_to.contains(dir) || Self::under_tree(trees, dir),
-        }
-    }
-
-    /// Whether the folder `dir` is new to the watches.
-    fn is_new(&self, dir: &str) -> bool {
-        match self {
-            Self::All => true,
-            Self::Part { trees, .. } => Self::under_tree(trees, dir),
-        }
-    }
-
-    /// Whether the file `path` is looked at.
-    fn covers(&self, path: &str) -> bool {
-        match self {
-            Self::All => true,
-            Self::Part { dirs, trees, .. } => {
-                let parent = path.rfind('/').map_or("", |slash| &path[..slash]);
-                dirs.contains(parent) || Self::under_tree(trees, path)
-            }
-        }
-    }
-}
-
-/// Every file and link in `scope` that `.gitignore` does not leave out,
-/// with its `lstat`: never `.git/` (anywhere) or `root`'s own `.loom/`.
-/// Each folder entered that `watch` does not know yet is watched before it
-/// is read. The walk runs on two threads: stat-ing files is most of a
-/// scan's cost.
-fn walk(
-    root: &Path,
-    scope: &Arc<Scope>,
-    mut watch: Option<Watch>,
-) -> (Vec<(String, std::fs::Metadata)>, Option<Watch>) {
-    if let (Some(watch), Scope::All) = (watch.as_mut(), scope.as_ref()) {
-        watch.add(root, "");
-    }
-    let watch = Arc::new(Mutex::new(watch));
-    let found = Mutex::new(Vec::new());
-    let base: Arc<Path> = root.into();
-    let relative = move |path: &Path| path.strip_prefix(&base).ok().and_then(Path::to_str).map(str::to_string);
-    let (entered, watching, at) = (scope.clone(), watch.clone(), relative.clone());
-    let owned_root: Arc<Path> = root.into();
-    ignore::WalkBuilder::new(root)
-        .hidden(false)
-        .ignore(false)
-        .parents(false)
-        .git_global(false)
-        .require_git(false)
-        .follow_links(false)
-        .threads(2)
-        .filter_entry(move |entry| {
-            let (scope, watch, relative, root) = (&entered, &watching, &at, &owned_root);
-            let name = entry.file_name();
-            if name == ".git" || (name == ".loom" && entry.depth() == 1) {
-                return false;
-            }
-            if !entry.file_type().is_some_and(|kind| kind.is_dir()) || entry.depth() == 0 {
-                return true;
-            }
-            let Some(dir) = relative(entry.path()) else {
-                return false;
-            };
-            if !scope.enters(&dir) {
-                return false;
-            }
-            if scope.is_new(&dir) {
-                let mut watch = watch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if let Some(watch) = watch.as_mut() {
-                    watch.add(root, &dir);
-                }
-            }
-            true
-        })
-        .build_parallel()
-        .run(|| {
-            let found = &found;
-            let relative = &relative;
-            let scope = scope.as_ref();
-            Box::new(move |item| {
-                let Ok(item) = item else {
-                    return ignore::WalkState::Continue;
-                };
-                if item.depth() == 0 || item.file_type().is_some_and(|kind| kind.is_dir()) {
-                    return ignore::WalkState::Continue;
-                }
-                let Some(path) = relative(item.path()).filter(|path| scope.covers(path)) else {
-                    return ignore::WalkState::Continue;
-                };
-                if let Ok(meta) = item.path().symlink_metadata() {
-                    let mut found = found.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    found.push((path, meta));
-                }
-                ignore::WalkState::Continue
-            })
+    /// `path` is left out of the snapshots (for `reason`): reported, and
+    /// no longer known (a snapshot that held it no longer does).
+    fn leave_out(&mut self, scanned: &mut Scanned, path: &str, bytes: u64, reason: SkipReason, scan: u64) {
+        self.known
+            .remove(path)
+            .map(|_| scanned.delta.removed.insert(path.to_string()));
+        self.left_out.insert(path.to_string(), (reason, scan));
+        scanned.skipped.push(Skipped {
+            path: path.to_string(),
+            bytes,
+            reason,
         });
-    let watch = watch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-    (
-        found.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()),
-        watch,
-    )
+    }
+}
+
+/// An error that means the path is no longer what its `lstat` said.
+fn changed_meanwhile(err: &std::io::Error) -> bool {
+    err.kind() == std::io::ErrorKind::NotFound
+        || matches!(
+            err.raw_os_error(),
+            Some(libc::ELOOP | libc::EINVAL | libc::ENOTDIR | libc::EISDIR)
+        )
+}
+
+/// A file's content, opened beneath the workspace's handle without
+/// following a link in its last component.
+fn read_beneath(beneath: &Dir, path: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No);
+    let mut file = beneath.open_with(path, &options)?;
+    let mut content = Vec::new();
+    file.read_to_end(&mut content)?;
+    Ok(content)
 }
 
 fn now_ns() -> i128 {
@@ -499,7 +378,14 @@ mod tests {
         let mut scanner = Scanner::new(dir.path(), filter);
         let scanned = scanner.scan().unwrap();
         assert_eq!(scanner.manifest().0.keys().collect::<Vec<_>>(), ["small.txt"]);
-        assert_eq!(scanned.skipped, [("big.bin".to_string(), 100)]);
+        assert_eq!(
+            scanned.skipped,
+            [Skipped {
+                path: "big.bin".to_string(),
+                bytes: 100,
+                reason: SkipReason::Size
+            }]
+        );
     }
 
     /// The watched scanner against a fresh whole walk, after rounds of
@@ -594,7 +480,87 @@ mod tests {
             Changes::Everything => panic!("a small change is not everything"),
         };
         assert!(scope.covers("d7/f0") && !scope.covers("d8/f0"));
-        let (entries, _) = walk(root, &Arc::new(scope), None);
+        let beneath = Arc::new(Dir::open_ambient_dir(root, cap_std::ambient_authority()).unwrap());
+        let (entries, _) = walk(root, &beneath, &Arc::new(scope), None);
         assert_eq!(entries.len(), 21, "the folder's files only");
+    }
+
+    /// A file redaction finds a secret in is left out (Loom keeps no copy),
+    /// and remembered as left out, so a restore does not write over it.
+    #[test]
+    fn a_file_holding_a_secret_is_left_out_and_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("plain.txt"), "hello").unwrap();
+        std::fs::write(
+            dir.path().join("creds.json"),
+            "{\"key\": \"AKIAIOSFODNN7EXAMPLE\", \"secret\": \"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\"}",
+        )
+        .unwrap();
+        let mut scanner = Scanner::new(dir.path(), Filter::default());
+        let scanned = scanner.scan().unwrap();
+        assert_eq!(scanner.manifest().0.keys().collect::<Vec<_>>(), ["plain.txt"]);
+        assert_eq!(scanned.skipped.len(), 1);
+        assert_eq!(scanned.skipped[0].reason, SkipReason::Secret);
+        assert!(scanned.contents.iter().all(|(_, content)| !content.starts_with(b"{")));
+        assert_eq!(
+            scanner.left_out().collect::<Vec<_>>(),
+            [("creds.json", SkipReason::Secret)]
+        );
+        std::fs::remove_file(dir.path().join("creds.json")).unwrap();
+        scanner.scan().unwrap();
+        assert_eq!(scanner.left_out().count(), 0, "gone, and forgotten");
+        let mut keeping = Scanner::new(dir.path(), Filter::default().keeping_secrets());
+        std::fs::write(
+            dir.path().join("creds.json"),
+            "token = ghp_0123456789abcdefghijklmnopqrstuvwxyzAB",
+        )
+        .unwrap();
+        keeping.scan().unwrap();
+        assert_eq!(keeping.manifest().0.len(), 2);
+    }
+
+    /// A folder swapped for a link to outside while scans run: nothing
+    /// outside is ever named or read into a snapshot.
+    #[test]
+    fn a_folder_swapped_for_a_link_never_brings_outside_files_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("outside-only.txt"), "OUTSIDE SECRET").unwrap();
+        let root = dir.path().to_path_buf();
+        std::fs::create_dir_all(root.join("swap")).unwrap();
+        std::fs::write(root.join("swap/inside.txt"), "inside").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("link")).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (root, stop) = (root.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut swaps = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::fs::rename(root.join("swap"), root.join("tmp"));
+                    let _ = std::fs::rename(root.join("link"), root.join("swap"));
+                    let _ = std::fs::rename(root.join("swap"), root.join("link"));
+                    let _ = std::fs::rename(root.join("tmp"), root.join("swap"));
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        for watching in [true, false] {
+            let mut scanner = Scanner::new(&root, Filter::default());
+            if !watching {
+                scanner = scanner.without_watches();
+            }
+            for _ in 0..200 {
+                let scanned = scanner.scan().unwrap();
+                let named = format!("{:?}{:?}", scanned.delta, scanned.skipped);
+                assert!(!named.contains("outside-only"), "{named}");
+                assert!(
+                    scanned.contents.iter().all(|(_, content)| content != b"OUTSIDE SECRET"),
+                    "an outside file was read"
+                );
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(swapper.join().unwrap() > 100, "the swapper hardly ran");
     }
 }

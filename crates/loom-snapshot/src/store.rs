@@ -1,12 +1,15 @@
-//! Where snapshots are kept: each turn's [`Delta`] by run and step, and
-//! each content once by its hash (a file that did not change costs
-//! nothing; the same content in two files or two runs is kept once).
-//! [`SqliteSnapshots`] keeps them in tables of the run database.
+//! Where snapshots are kept: each point (a step of a run) as the [`Delta`]
+//! from its base point, and each content once by its hash (a file that did
+//! not change costs nothing; the same content in two files or two runs is
+//! kept once). [`SqliteSnapshots`] keeps them in a SQLite file beside the
+//! run database.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::filter::FilterSpec;
 use crate::manifest::{Delta, Manifest};
 
 /// A store refused.
@@ -18,6 +21,17 @@ pub enum StoreError {
     /// A stored delta could not be read.
     #[error("snapshot store: a stored snapshot is damaged: {0}")]
     Damaged(#[from] serde_json::Error),
+    /// A point's chain of bases is broken (a base is missing, or leads
+    /// back to the point): its manifest cannot be made.
+    #[error("snapshot store: the snapshot of step {step} of run {run} is damaged: {why}")]
+    Broken {
+        /// The run.
+        run: String,
+        /// The step.
+        step: u32,
+        /// What is wrong.
+        why: &'static str,
+    },
 }
 
 /// A recorded snapshot: a step of a run.
@@ -27,7 +41,9 @@ pub type Point = (String, u32);
 pub trait SnapshotStore {
     /// Records the snapshot after `step` of `run` as its delta from the
     /// snapshot `base` (`None`: from an empty workspace), with the contents
-    /// it needs that are not kept yet.
+    /// it needs that are not kept yet. A point recorded again (a resumed
+    /// run's step) is replaced; the points based on it are first recorded
+    /// again from its own base, so they stay what they were.
     fn record(
         &mut self,
         run: &str,
@@ -44,6 +60,9 @@ pub trait SnapshotStore {
     /// The delta `step` of `run` was recorded as, and its base.
     fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError>;
 
+    /// How many bases a point's chain has (0: it is whole by itself).
+    fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError>;
+
     /// The steps of `run` recorded, in order.
     fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError>;
 
@@ -56,6 +75,12 @@ pub trait SnapshotStore {
 
     /// Makes `point` the latest snapshot of `workspace`.
     fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError>;
+
+    /// The filter the workspace's snapshots were last taken with.
+    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, StoreError>;
+
+    /// Records the filter the workspace's snapshots are taken with.
+    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError>;
 
     /// Forgets `run`'s snapshots, and every content no other run needs;
     /// snapshots of other runs recorded from one of them are recorded
@@ -79,15 +104,17 @@ impl SqliteSnapshots {
              CREATE TABLE IF NOT EXISTS snapshot_contents (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS snapshot_points (
                  run_id TEXT NOT NULL, step INTEGER NOT NULL,
-                 base_run TEXT, base_step INTEGER, delta TEXT NOT NULL,
+                 base_run TEXT, base_step INTEGER, depth INTEGER NOT NULL, delta TEXT NOT NULL,
                  PRIMARY KEY (run_id, step)) WITHOUT ROWID;
-             CREATE INDEX IF NOT EXISTS snapshot_points_base ON snapshot_points (base_run);
+             CREATE INDEX IF NOT EXISTS snapshot_points_base ON snapshot_points (base_run, base_step);
              CREATE TABLE IF NOT EXISTS snapshot_uses (
                  run_id TEXT NOT NULL, hash TEXT NOT NULL,
                  PRIMARY KEY (run_id, hash)) WITHOUT ROWID;
              CREATE INDEX IF NOT EXISTS snapshot_uses_hash ON snapshot_uses (hash);
              CREATE TABLE IF NOT EXISTS snapshot_heads (
-                 workspace TEXT PRIMARY KEY, run_id TEXT NOT NULL, step INTEGER NOT NULL) WITHOUT ROWID;",
+                 workspace TEXT PRIMARY KEY, run_id TEXT NOT NULL, step INTEGER NOT NULL) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS snapshot_settings (
+                 workspace TEXT PRIMARY KEY, filter TEXT NOT NULL) WITHOUT ROWID;",
         )?;
         Ok(Self { db })
     }
@@ -116,6 +143,68 @@ impl SqliteSnapshots {
             })
             .optional()?)
     }
+
+    /// The points recorded from one of `points` (outside them): recorded
+    /// again from the first base of their chain that is not one of
+    /// `points`, so that `points` may be replaced or forgotten.
+    fn rebase_dependents(&mut self, points: &HashSet<Point>) -> Result<(), StoreError> {
+        let mut dependents: Vec<Point> = Vec::new();
+        {
+            let mut query = self
+                .db
+                .prepare_cached("SELECT run_id, step FROM snapshot_points WHERE base_run = ?1 AND base_step = ?2")?;
+            for (run, step) in points {
+                let rows = query.query_map(params![run, step], |row| Ok((row.get(0)?, row.get(1)?)))?;
+                for row in rows {
+                    let point: Point = row?;
+                    if !points.contains(&point) {
+                        dependents.push(point);
+                    }
+                }
+            }
+        }
+        let mut rebased = Vec::new();
+        for (other, step) in dependents {
+            let Some(manifest) = self.manifest_at(&other, step)? else {
+                continue;
+            };
+            let mut base = self.delta_of(&other, step)?.and_then(|(_, base)| base);
+            while let Some(point) = base.clone().filter(|point| points.contains(point)) {
+                base = self.delta_of(&point.0, point.1)?.and_then(|(_, base)| base);
+            }
+            let (from, depth) = match &base {
+                Some(point) => (
+                    self.manifest_at(&point.0, point.1)?.unwrap_or_default(),
+                    self.depth(point)?.unwrap_or(0) + 1,
+                ),
+                None => (Manifest::default(), 0),
+            };
+            rebased.push((other, step, base, depth, from.delta(&manifest)));
+        }
+        let tx = self.db.transaction()?;
+        for (other, step, base, depth, delta) in &rebased {
+            tx.execute(
+                "UPDATE snapshot_points SET base_run = ?3, base_step = ?4, depth = ?5, delta = ?6
+                   WHERE run_id = ?1 AND step = ?2",
+                params![
+                    other,
+                    step,
+                    base.as_ref().map(|b| b.0.as_str()),
+                    base.as_ref().map(|b| b.1),
+                    depth,
+                    serde_json::to_string(delta)?
+                ],
+            )?;
+            for entry in delta.changed.values() {
+                tx.execute(
+                    "INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)",
+                    params![other, entry.hash],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
 }
 
 impl SnapshotStore for SqliteSnapshots {
@@ -127,48 +216,59 @@ impl SnapshotStore for SqliteSnapshots {
         delta: &Delta,
         contents: &[(String, Vec<u8>)],
     ) -> Result<(), StoreError> {
+        let this: Point = (run.to_string(), step);
+        if self.row(run, step)?.is_some() {
+            self.rebase_dependents(&HashSet::from([this.clone()]))?;
+        }
+        let depth = match base {
+            Some(base) => self.depth(base)?.unwrap_or(0) + 1,
+            None => 0,
+        };
         let text = serde_json::to_string(delta)?;
+        let needed: HashSet<&str> = delta.changed.values().map(|entry| entry.hash.as_str()).collect();
         let tx = self.db.transaction()?;
         {
             let mut put = tx.prepare_cached("INSERT OR IGNORE INTO snapshot_contents (hash, data) VALUES (?1, ?2)")?;
             for (hash, data) in contents {
-                if delta.changed.values().any(|entry| &entry.hash == hash) {
+                if needed.contains(hash.as_str()) {
                     put.execute(params![hash, data])?;
                 }
             }
             let mut uses = tx.prepare_cached("INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)")?;
-            for entry in delta.changed.values() {
-                uses.execute(params![run, entry.hash])?;
+            for hash in &needed {
+                uses.execute(params![run, hash])?;
             }
         }
         tx.execute(
-            "INSERT OR REPLACE INTO snapshot_points (run_id, step, base_run, base_step, delta) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![run, step, base.map(|b| b.0.as_str()), base.map(|b| b.1), text],
+            "INSERT OR REPLACE INTO snapshot_points (run_id, step, base_run, base_step, depth, delta)
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![run, step, base.map(|b| b.0.as_str()), base.map(|b| b.1), depth, text],
         )?;
         tx.commit()?;
         Ok(())
     }
 
     fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError> {
-        // The chain of bases back to an empty workspace, then replayed
-        // forwards. A chain is never longer than the rows (no cycles even
-        // in a damaged table).
+        // The chain of bases back to a whole point, then replayed forwards.
         let mut chain = Vec::new();
+        let mut seen: HashSet<Point> = HashSet::new();
         let mut point = Some((run.to_string(), step));
-        let limit: i64 = self
-            .db
-            .query_row("SELECT COUNT(*) FROM snapshot_points", [], |row| row.get(0))?;
-        while let Some((run, step)) = point {
-            let Some((delta, base)) = self.row(&run, step)? else {
+        while let Some(at) = point {
+            let broken = |why| StoreError::Broken {
+                run: run.to_string(),
+                step,
+                why,
+            };
+            if !seen.insert(at.clone()) {
+                return Err(broken("its bases lead back to it"));
+            }
+            let Some((delta, base)) = self.row(&at.0, at.1)? else {
                 if chain.is_empty() {
                     return Ok(None);
                 }
-                break;
+                return Err(broken("a snapshot it is based on is missing"));
             };
             chain.push(delta);
-            if chain.len() as i64 > limit {
-                break;
-            }
             point = base;
         }
         let mut manifest = Manifest::default();
@@ -183,6 +283,14 @@ impl SnapshotStore for SqliteSnapshots {
             Some((text, base)) => Ok(Some((serde_json::from_str(&text)?, base))),
             None => Ok(None),
         }
+    }
+
+    fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {
+        Ok(self
+            .db
+            .prepare_cached("SELECT depth FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
+            .query_row(params![point.0, point.1], |row| row.get(0))
+            .optional()?)
     }
 
     fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError> {
@@ -225,50 +333,34 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
+    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, StoreError> {
+        let text: Option<String> = self
+            .db
+            .query_row(
+                "SELECT filter FROM snapshot_settings WHERE workspace = ?1",
+                params![workspace],
+                |row| row.get(0),
+            )
+            .optional()?;
+        Ok(text.map(|text| serde_json::from_str(&text)).transpose()?)
+    }
+
+    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError> {
+        self.db.execute(
+            "INSERT OR REPLACE INTO snapshot_settings (workspace, filter) VALUES (?1, ?2)",
+            params![workspace, serde_json::to_string(spec)?],
+        )?;
+        Ok(())
+    }
+
     fn forget(&mut self, run: &str) -> Result<(), StoreError> {
-        // Other runs' points based on this run's: recorded again from the
-        // first point outside this run in their chain.
-        let dependents: Vec<Point> = {
-            let mut query = self
-                .db
-                .prepare("SELECT run_id, step FROM snapshot_points WHERE base_run = ?1 AND run_id <> ?1")?;
-            let rows = query.query_map(params![run], |row| Ok((row.get(0)?, row.get(1)?)))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut rebased = Vec::new();
-        for (other, step) in dependents {
-            let Some(manifest) = self.manifest_at(&other, step)? else {
-                continue;
-            };
-            let mut base = self.delta_of(&other, step)?.and_then(|(_, base)| base);
-            while let Some((base_run, base_step)) = base.clone().filter(|(base_run, _)| base_run == run) {
-                base = self.delta_of(&base_run, base_step)?.and_then(|(_, base)| base);
-            }
-            let from = match &base {
-                Some((base_run, base_step)) => self.manifest_at(base_run, *base_step)?.unwrap_or_default(),
-                None => Manifest::default(),
-            };
-            rebased.push((other, step, base, from.delta(&manifest)));
-        }
+        let points: HashSet<Point> = self
+            .steps(run)?
+            .into_iter()
+            .map(|step| (run.to_string(), step))
+            .collect();
+        self.rebase_dependents(&points)?;
         let tx = self.db.transaction()?;
-        for (other, step, base, delta) in &rebased {
-            tx.execute(
-                "UPDATE snapshot_points SET base_run = ?3, base_step = ?4, delta = ?5 WHERE run_id = ?1 AND step = ?2",
-                params![
-                    other,
-                    step,
-                    base.as_ref().map(|b| b.0.as_str()),
-                    base.as_ref().map(|b| b.1),
-                    serde_json::to_string(delta)?
-                ],
-            )?;
-            for entry in delta.changed.values() {
-                tx.execute(
-                    "INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)",
-                    params![other, entry.hash],
-                )?;
-            }
-        }
         tx.execute("DELETE FROM snapshot_points WHERE run_id = ?1", params![run])?;
         tx.execute("DELETE FROM snapshot_uses WHERE run_id = ?1", params![run])?;
         tx.execute("DELETE FROM snapshot_heads WHERE run_id = ?1", params![run])?;
@@ -284,7 +376,8 @@ impl SnapshotStore for SqliteSnapshots {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scan::{Filter, Scanner};
+    use crate::filter::Filter;
+    use crate::scan::Scanner;
 
     #[test]
     fn snapshots_replay_to_each_step_keep_contents_once_and_are_forgotten() {

@@ -6,17 +6,22 @@
 //! the same run, or — for a run's step 0, and when a step before was not
 //! recorded — the workspace's *head*, the latest point recorded or
 //! restored. A new run thus costs what changed since the last one, not a
-//! copy of the workspace.
+//! copy of the workspace; every [`KEYFRAME_DEPTH`] points in a chain one is
+//! stored whole, so reading a point never replays a workspace's history.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use loom_core::{async_trait, RestorePlan, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
 
-use crate::manifest::Manifest;
+use crate::filter::Filter;
+use crate::manifest::{Delta, Manifest};
 use crate::restore::{apply, changed_outside, Plan};
-use crate::scan::{Filter, Scanner};
+use crate::scan::Scanner;
 use crate::store::{Point, SnapshotStore, SqliteSnapshots};
+
+/// A chain this long ends in a point stored whole.
+pub const KEYFRAME_DEPTH: u32 = 64;
 
 /// The snapshots of the workspace at one folder.
 #[derive(Clone)]
@@ -33,7 +38,8 @@ pub struct Snapshots {
 
 struct Inner {
     store: SqliteSnapshots,
-    /// Made at the first scan, from the head.
+    /// Made at the first scan, from the head; dropped after a failure, so
+    /// the next scan starts again from what is stored.
     scanner: Option<Scanner>,
     /// The point the scanner's files are: a delta from it is the scan's.
     scanner_at: Option<Point>,
@@ -56,10 +62,47 @@ fn failed(err: impl std::fmt::Display) -> SnapshotError {
     SnapshotError::Failed(err.to_string())
 }
 
+/// A SQLite file's companions: what Loom's protected paths must hold.
+pub fn database_files(db: &Path) -> Vec<PathBuf> {
+    let name = db
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| db.with_file_name(format!("{name}{suffix}")))
+        .collect()
+}
+
 impl Snapshots {
     /// The snapshots of the workspace at `root` (canonicalized), kept in the
-    /// SQLite file `db`, holding the files `filter` admits.
+    /// SQLite file `db`, holding the files `filter` admits (recorded with
+    /// them, for [`Snapshots::open_as_recorded`]).
     pub fn open(root: &Path, db: &Path, filter: Filter) -> Result<Self, SnapshotError> {
+        let snapshots = Self::opened(root, db, filter)?;
+        {
+            let mut inner = snapshots.lock()?;
+            let spec = snapshots.filter.spec().clone();
+            if inner.store.filter_spec(&snapshots.key).map_err(failed)?.as_ref() != Some(&spec) {
+                inner.store.set_filter_spec(&snapshots.key, &spec).map_err(failed)?;
+            }
+        }
+        Ok(snapshots)
+    }
+
+    /// The same, with the filter the workspace's snapshots were taken with
+    /// (else `fallback`): what a rewind judges the workspace by.
+    pub fn open_as_recorded(root: &Path, db: &Path, fallback: Filter) -> Result<Self, SnapshotError> {
+        let mut snapshots = Self::opened(root, db, fallback)?;
+        let recorded = snapshots.lock()?.store.filter_spec(&snapshots.key).map_err(failed)?;
+        if let Some(spec) = recorded {
+            let never = snapshots.filter.clone();
+            snapshots.filter = Filter::from_spec(&spec).map_err(failed)?.with_never_of(&never);
+        }
+        Ok(snapshots)
+    }
+
+    fn opened(root: &Path, db: &Path, filter: Filter) -> Result<Self, SnapshotError> {
         let root = root
             .canonicalize()
             .map_err(|err| failed(format!("{}: {err}", root.display())))?;
@@ -91,63 +134,89 @@ impl Snapshots {
         self
     }
 
-    /// Records the workspace as `step` of `run` now, on this thread.
+    /// The workspace's folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Records the workspace as `step` of `run` now, on this thread. After
+    /// a failure the scanner is dropped: the next record reads the
+    /// workspace again against what is stored, so nothing a failed scan
+    /// saw is lost.
     pub fn record_now(&self, run: &str, step: u32) -> Result<StepFiles, SnapshotError> {
         let mut inner = self.lock()?;
-        let store = &inner.store;
-        let before = step
-            .checked_sub(1)
-            .map(|before| (run.to_string(), before))
-            .filter(|point| store.delta_of(&point.0, point.1).is_ok_and(|row| row.is_some()));
-        let mut base = match before {
-            Some(point) => Some(point),
-            None => store.head(&self.key).map_err(failed)?,
-        };
-        let this = (run.to_string(), step);
-        if base.as_ref() == Some(&this) {
-            // Recorded again (a resumed run): from what it was based on.
-            base = store.delta_of(run, step).map_err(failed)?.and_then(|(_, base)| base);
+        let recorded = self.record_locked(&mut inner, run, step);
+        if recorded.is_err() {
+            inner.scanner = None;
+            inner.scanner_at = None;
         }
-        self.ensure_scanner(&mut inner)?;
+        recorded
+    }
+
+    fn record_locked(&self, inner: &mut Inner, run: &str, step: u32) -> Result<StepFiles, SnapshotError> {
+        let this = (run.to_string(), step);
+        let base = self.base_of(&inner.store, &this)?;
+        self.ensure_scanner(inner)?;
         let Inner {
             store,
             scanner,
             scanner_at,
             unrecorded,
-        } = &mut *inner;
+        } = inner;
         let Some(scanner) = scanner.as_mut() else {
-            return Err(failed("no scanner"));
+            return Err(failed("the workspace's scanner could not be made"));
         };
         let mut scanned = scanner.scan().map_err(failed)?;
-        scanned.contents.append(unrecorded);
-        let delta = if base.is_some() && *scanner_at == base {
-            scanned.delta
+        let keyframe = match &base {
+            Some(point) => store.depth(point).map_err(failed)?.unwrap_or(0) + 1 >= KEYFRAME_DEPTH,
+            None => true,
+        };
+        let (base, delta) = if keyframe {
+            (None, Manifest::default().delta(&scanner.manifest()))
+        } else if *scanner_at == base {
+            (base, std::mem::take(&mut scanned.delta))
         } else {
             let from = match &base {
                 Some((base_run, base_step)) => store.manifest_at(base_run, *base_step).map_err(failed)?,
                 None => None,
             };
-            from.unwrap_or_default().delta(&scanner.manifest())
+            let delta = from.unwrap_or_default().delta(&scanner.manifest());
+            (base, delta)
         };
+        // A keyframe or a slow path may name files this scan did not read:
+        // their contents are stored already, or were kept back by a plan.
+        scanned.contents.append(unrecorded);
         store
             .record(run, step, base.as_ref(), &delta, &scanned.contents)
             .map_err(failed)?;
         store.set_head(&self.key, &this).map_err(failed)?;
         *scanner_at = Some(this);
-        Ok(StepFiles {
-            changed: delta.changed.into_keys().collect(),
-            removed: delta.removed.into_iter().collect(),
-            skipped: scanned
-                .skipped
-                .into_iter()
-                .map(|(path, bytes)| SkippedFile { path, bytes })
-                .collect(),
-        })
+        Ok(step_files(
+            &delta_for_event(&delta, keyframe, scanned.delta),
+            scanned.skipped.into_iter().map(|skipped| SkippedFile {
+                path: skipped.path,
+                bytes: skipped.bytes,
+                reason: skipped.reason,
+            }),
+        ))
     }
 
-    /// Bytes the snapshot database holds ([`SqliteSnapshots::bytes_used`]).
-    pub fn bytes_used(&self) -> Result<u64, SnapshotError> {
-        self.lock()?.store.bytes_used().map_err(failed)
+    /// A point's base: the run's step before (when recorded), else the
+    /// head — never the point itself or one based on it (a resumed run's
+    /// step recorded again takes the base it had).
+    fn base_of(&self, store: &SqliteSnapshots, this: &Point) -> Result<Option<Point>, SnapshotError> {
+        let before = this.1.checked_sub(1).map(|before| (this.0.clone(), before));
+        let mut base = match before {
+            Some(point) if store.delta_of(&point.0, point.1).map_err(failed)?.is_some() => Some(point),
+            _ => store.head(&self.key).map_err(failed)?,
+        };
+        if base.as_ref() == Some(this) {
+            base = store
+                .delta_of(&this.0, this.1)
+                .map_err(failed)?
+                .and_then(|(_, base)| base);
+        }
+        Ok(base)
     }
 
     /// The scanner, made from the head when missing: its first scan reads
@@ -171,17 +240,26 @@ impl Snapshots {
     }
 
     /// The workspace's files now (a scan that is no point: the next
-    /// record diffs against its base instead of trusting the scan).
-    fn files_now(&self, inner: &mut Inner) -> Result<Manifest, SnapshotError> {
+    /// record diffs against its base instead of trusting the scan), and
+    /// the files it leaves out.
+    fn files_now(&self, inner: &mut Inner) -> Result<(Manifest, Vec<String>), SnapshotError> {
         self.ensure_scanner(inner)?;
         let Some(scanner) = inner.scanner.as_mut() else {
-            return Err(failed("no scanner"));
+            return Err(failed("the workspace's scanner could not be made"));
         };
-        let scanned = scanner.scan().map_err(failed)?;
+        let scanned = match scanner.scan() {
+            Ok(scanned) => scanned,
+            Err(err) => {
+                inner.scanner = None;
+                inner.scanner_at = None;
+                return Err(failed(err));
+            }
+        };
         let now = scanner.manifest();
+        let left_out = scanner.left_out().map(|(path, _)| path.to_string()).collect();
         inner.unrecorded.extend(scanned.contents);
         inner.scanner_at = None;
-        Ok(now)
+        Ok((now, left_out))
     }
 
     fn target(store: &SqliteSnapshots, run: &str, step: u32) -> Result<Manifest, SnapshotError> {
@@ -195,7 +273,9 @@ impl Snapshots {
     }
 
     /// What restoring `step` of `run` changes here or in `into`, with the
-    /// snapshot it restores.
+    /// snapshot it restores. Files the plan would change that are not as
+    /// Loom last recorded them — or that the snapshots do not hold (too
+    /// large, holding a secret, unreadable) — are changed outside Loom.
     fn plan_now(
         &self,
         inner: &mut Inner,
@@ -204,15 +284,16 @@ impl Snapshots {
         into: Option<&Path>,
     ) -> Result<(RestorePlan, Plan, Manifest), SnapshotError> {
         let target = Self::target(&inner.store, run, step)?;
-        let (now, last) = match into {
+        let (now, last, left_out) = match into {
             Some(into) => {
-                let mut scanner = Scanner::new(into, self.filter.clone());
+                let mut scanner = Scanner::new(into, self.filter.clone()).without_watches();
                 scanner.scan().map_err(failed)?;
                 let now = scanner.manifest();
-                (now.clone(), now)
+                let left_out = scanner.left_out().map(|(path, _)| path.to_string()).collect();
+                (now.clone(), now, left_out)
             }
             None => {
-                let now = self.files_now(inner)?;
+                let (now, left_out) = self.files_now(inner)?;
                 let last = match inner.store.head(&self.key).map_err(failed)? {
                     Some((head_run, head_step)) => inner
                         .store
@@ -221,11 +302,14 @@ impl Snapshots {
                         .unwrap_or_default(),
                     None => now.clone(),
                 };
-                (now, last)
+                (now, last, left_out)
             }
         };
         let plan = Plan::between(&now, &target);
-        let outside = changed_outside(&plan, &now, &last);
+        let mut outside = changed_outside(&plan, &now, &last);
+        outside.extend(plan.write.iter().filter(|path| left_out.contains(*path)).cloned());
+        outside.sort();
+        outside.dedup();
         let told = RestorePlan {
             write: plan.write.clone(),
             remove: plan.remove.clone(),
@@ -240,6 +324,11 @@ impl Snapshots {
             .map_err(|_| failed("the snapshot store was poisoned by a panic"))
     }
 
+    /// Bytes the snapshot database holds ([`SqliteSnapshots::bytes_used`]).
+    pub fn bytes_used(&self) -> Result<u64, SnapshotError> {
+        self.lock()?.store.bytes_used().map_err(failed)
+    }
+
     /// Runs `work` on a blocking thread.
     async fn off_thread<T: Send + 'static>(
         &self,
@@ -249,6 +338,24 @@ impl Snapshots {
         tokio::task::spawn_blocking(move || work(&this))
             .await
             .map_err(|err| failed(format!("the snapshot task failed: {err}")))?
+    }
+}
+
+/// What a point tells in its event: a keyframe's stored delta holds every
+/// file, so the scan's own change is told instead.
+fn delta_for_event(stored: &Delta, keyframe: bool, scanned: Delta) -> Delta {
+    if keyframe {
+        scanned
+    } else {
+        stored.clone()
+    }
+}
+
+fn step_files(delta: &Delta, skipped: impl Iterator<Item = SkippedFile>) -> StepFiles {
+    StepFiles {
+        changed: delta.changed.keys().cloned().collect(),
+        removed: delta.removed.iter().cloned().collect(),
+        skipped: skipped.collect(),
     }
 }
 
@@ -274,20 +381,26 @@ impl WorkspaceSnapshots for Snapshots {
     async fn step_files(&self, run_id: &str, step: u32) -> Result<StepFiles, SnapshotError> {
         let run = run_id.to_string();
         self.off_thread(move |this| {
-            let (delta, _) = this
-                .lock()?
-                .store
-                .delta_of(&run, step)
-                .map_err(failed)?
-                .ok_or_else(|| SnapshotError::NotRecorded {
-                    run_id: run.clone(),
-                    step,
-                })?;
-            Ok(StepFiles {
-                changed: delta.changed.into_keys().collect(),
-                removed: delta.removed.into_iter().collect(),
-                skipped: Vec::new(),
-            })
+            let inner = this.lock()?;
+            let after = Self::target(&inner.store, &run, step)?;
+            // What the step changed from the point before it (its stored
+            // delta may be a whole keyframe).
+            let before = match step.checked_sub(1) {
+                Some(before) => inner.store.manifest_at(&run, before).map_err(failed)?,
+                None => match inner
+                    .store
+                    .delta_of(&run, step)
+                    .map_err(failed)?
+                    .and_then(|(_, base)| base)
+                {
+                    Some((base_run, base_step)) => inner.store.manifest_at(&base_run, base_step).map_err(failed)?,
+                    None => None,
+                },
+            };
+            Ok(step_files(
+                &before.unwrap_or_default().delta(&after),
+                std::iter::empty(),
+            ))
         })
         .await
     }
@@ -314,34 +427,126 @@ impl WorkspaceSnapshots for Snapshots {
         .await
     }
 
-    async fn restore(&self, run_id: &str, step: u32, into: Option<&Path>) -> Result<RestorePlan, SnapshotError> {
+    async fn restore(
+        &self,
+        run_id: &str,
+        step: u32,
+        into: Option<&Path>,
+        force: bool,
+    ) -> Result<RestorePlan, SnapshotError> {
         let (run, into) = (run_id.to_string(), into.map(Path::to_path_buf));
         self.off_thread(move |this| {
             let mut inner = this.lock()?;
+            // Judged again under the lock the restore holds: a change made
+            // since the caller's plan is not lost unasked.
             let (told, plan, target) = this.plan_now(&mut inner, &run, step, into.as_deref())?;
+            if !force && !told.changed_outside.is_empty() {
+                return Err(SnapshotError::ChangedOutside {
+                    files: told.changed_outside,
+                });
+            }
             let root = into.as_deref().unwrap_or(&this.root);
-            apply(root, &plan, &target, &inner.store).map_err(failed)?;
+            let applied = apply(root, &plan, &target, &inner.store).map_err(failed);
             if into.is_none() {
-                // The workspace is that point now; the scanner finds out
-                // what the restore changed by their stat.
-                inner.store.set_head(&this.key, &(run.clone(), step)).map_err(failed)?;
+                // The workspace is that point now (or partly, after a
+                // failure: the scanner finds out by the files' stat).
+                if applied.is_ok() {
+                    inner.store.set_head(&this.key, &(run.clone(), step)).map_err(failed)?;
+                }
                 inner.scanner_at = None;
             }
-            Ok(told)
+            applied.map(|()| told)
         })
         .await
     }
 
     fn files(&self) -> Vec<PathBuf> {
-        let name = self
-            .db
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        vec![
-            self.db.clone(),
-            self.db.with_file_name(format!("{name}-wal")),
-            self.db.with_file_name(format!("{name}-shm")),
-        ]
+        database_files(&self.db)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block<T>(work: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(work)
+    }
+
+    fn snapshots(dir: &Path, filter: Filter) -> Snapshots {
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        Snapshots::open(&dir.join("ws"), &dir.join("snapshots.db"), filter).unwrap()
+    }
+
+    #[test]
+    fn a_point_recorded_again_leaves_the_points_based_on_it_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::default());
+        let ws = store.root().to_path_buf();
+        std::fs::write(ws.join("a"), "1").unwrap();
+        store.record_now("r", 0).unwrap();
+        std::fs::write(ws.join("a"), "2").unwrap();
+        store.record_now("r", 1).unwrap();
+        // Another run starts from the head, (r, 1).
+        std::fs::write(ws.join("b"), "q").unwrap();
+        store.record_now("q", 0).unwrap();
+        let before = store.lock().unwrap().store.manifest_at("q", 0).unwrap().unwrap();
+        // r resumes and records its step 1 again, with other files.
+        std::fs::write(ws.join("a"), "3").unwrap();
+        store.record_now("r", 1).unwrap();
+        let inner = store.lock().unwrap();
+        assert_eq!(inner.store.manifest_at("q", 0).unwrap().unwrap(), before);
+        assert_eq!(inner.store.manifest_at("r", 1).unwrap().unwrap().0["a"].size, 1);
+    }
+
+    #[test]
+    fn long_chains_end_in_a_whole_point_and_every_point_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::default());
+        let ws = store.root().to_path_buf();
+        let mut expected = Vec::new();
+        for step in 0..(KEYFRAME_DEPTH + 10) {
+            std::fs::write(ws.join(format!("f{}", step % 7)), format!("{step}")).unwrap();
+            store.record_now("r", step).unwrap();
+            let mut fresh = Scanner::new(&ws, Filter::default()).without_watches();
+            fresh.scan().unwrap();
+            expected.push(fresh.manifest());
+        }
+        let inner = store.lock().unwrap();
+        for (step, manifest) in expected.iter().enumerate() {
+            let depth = inner.store.depth(&("r".to_string(), step as u32)).unwrap().unwrap();
+            assert!(depth < KEYFRAME_DEPTH, "step {step}: depth {depth}");
+            assert_eq!(
+                &inner.store.manifest_at("r", step as u32).unwrap().unwrap(),
+                manifest,
+                "step {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_restore_does_not_write_over_a_file_the_snapshots_do_not_hold_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::new(&[], &[], 10).unwrap());
+        let ws = store.root().to_path_buf();
+        std::fs::write(ws.join("small"), "small").unwrap();
+        store.record_now("r", 0).unwrap();
+        // Grown past the limit: left out from now on, its content kept nowhere.
+        std::fs::write(ws.join("small"), "grown past the limit").unwrap();
+        store.record_now("r", 1).unwrap();
+        let plan = block(store.plan("r", 0, None)).unwrap();
+        assert_eq!(plan.write, ["small"]);
+        assert_eq!(plan.changed_outside, ["small"]);
+        let refused = block(store.restore("r", 0, None, false)).unwrap_err();
+        assert!(matches!(refused, SnapshotError::ChangedOutside { .. }), "{refused}");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("small")).unwrap(),
+            "grown past the limit"
+        );
+        block(store.restore("r", 0, None, true)).unwrap();
+        assert_eq!(std::fs::read_to_string(ws.join("small")).unwrap(), "small");
     }
 }

@@ -1,7 +1,8 @@
 //! The workspace recorded around a top-level run's tool calls: step 0
 //! before its first call, each step after its calls returned — so a
 //! person can rewind to any of them (docs/rewind.md). A snapshot that
-//! fails costs that point, never the run.
+//! fails costs that point, never the run; the next one reads the
+//! workspace again, so it misses nothing the failed one saw.
 
 use std::sync::Arc;
 
@@ -36,6 +37,20 @@ impl Driver {
     pub(super) async fn snapshot_after_step(&self, step: u32, turn: &TurnIds) {
         if let Some(snapshots) = self.recording_snapshots() {
             self.record_snapshot(snapshots.as_ref(), step, turn).await;
+        }
+    }
+
+    /// After the calls of a step that did not count (the run stopped while
+    /// they ran): recorded without an event, so the files the calls
+    /// changed are known to be Loom's — a rewind does not take them for a
+    /// person's — though the step cannot be rewound to. A resumed run
+    /// records the step again when it completes.
+    pub(super) async fn snapshot_stopped_step(&self, step: u32) {
+        let Some(snapshots) = self.recording_snapshots() else {
+            return;
+        };
+        if let Err(err) = snapshots.record(self.ctx.run_id(), step).await {
+            tracing::warn!(run_id = %self.ctx.run_id(), step, error = %err, "cannot record the workspace after a stopped step");
         }
     }
 

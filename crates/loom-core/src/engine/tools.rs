@@ -40,8 +40,11 @@ impl Driver {
             self.fold_children_usage(machine);
         }
         let end = self.turn_end(true);
+        let step = machine.state().steps() + 1;
         if end.stop.is_none() {
-            self.snapshot_after_step(machine.state().steps() + 1, &turn).await;
+            self.snapshot_after_step(step, &turn).await;
+        } else {
+            self.snapshot_stopped_step(step).await;
         }
         machine.tools_returned(&calls, results, end);
     }

@@ -168,6 +168,19 @@ impl Service {
             .get(None, None, Mode::Default)
             .await
             .map_err(|err| ApiError::internal("cannot build the gateway's agent", err))?;
+        // Only a run of this gateway's workspace: another's snapshot restored
+        // here would remove every file it did not hold.
+        let here = record
+            .workspace
+            .as_deref()
+            .and_then(|dir| std::path::Path::new(dir).canonicalize().ok())
+            .is_some_and(|dir| dir == agent.workspace());
+        if !here {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("run {run_id} worked in another workspace than this gateway's"),
+            ));
+        }
         Ok((store, agent.snapshots().cloned()))
     }
 }
@@ -181,6 +194,9 @@ fn refused(err: RewindError) -> ApiError {
             ApiError::new(Code::InvalidState, err.to_string())
         }
         RewindError::Snapshot(loom_core::SnapshotError::Failed(_)) => ApiError::internal("the rewind failed", err),
+        RewindError::NoSnapshots | RewindError::ConversationGone { .. } | RewindError::SubAgent { .. } => {
+            ApiError::new(Code::InvalidState, err.to_string())
+        }
         other => ApiError::new(Code::InvalidParams, other.to_string()),
     }
 }

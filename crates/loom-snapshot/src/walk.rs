@@ -1,0 +1,162 @@
+//! The walk of a scan: every file and link in its scope that `.gitignore`
+//! leaves in, with its `lstat`; the folders the kernel's watches do not
+//! know yet are watched before they are read. The names come from a walk
+//! by path, which a folder swapped for a link while it runs could lead
+//! outside; each name's `lstat` is taken beneath a handle of the workspace
+//! (`cap-std`), so a name that leads outside is dropped, never followed.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use cap_std::fs::{Dir, Metadata};
+
+use crate::watch::Watch;
+
+/// What a scan looks at.
+#[derive(Debug)]
+pub(crate) enum Scope {
+    /// The whole workspace.
+    All,
+    /// The entries of `dirs`, and all beneath `trees`.
+    Part {
+        dirs: HashSet<String>,
+        trees: HashSet<String>,
+        /// The folders the walk enters to reach them.
+        path_to: HashSet<String>,
+    },
+}
+
+impl Scope {
+    pub(crate) fn part(dirs: HashSet<String>, trees: HashSet<String>) -> Self {
+        let mut path_to = HashSet::from([String::new()]);
+        for dir in dirs.iter().chain(&trees) {
+            let mut at = dir.as_str();
+            loop {
+                path_to.insert(at.to_string());
+                match at.rfind('/') {
+                    Some(slash) => at = &at[..slash],
+                    None => break,
+                }
+            }
+        }
+        Self::Part { dirs, trees, path_to }
+    }
+
+    fn under_tree(trees: &HashSet<String>, path: &str) -> bool {
+        trees.iter().any(|tree| {
+            path == tree
+                || path
+                    .strip_prefix(tree.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+    }
+
+    /// Whether the walk enters the folder `dir`.
+    fn enters(&self, dir: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Part { trees, path_to, .. } => path_to.contains(dir) || Self::under_tree(trees, dir),
+        }
+    }
+
+    /// Whether the folder `dir` is new to the watches.
+    fn is_new(&self, dir: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Part { trees, .. } => Self::under_tree(trees, dir),
+        }
+    }
+
+    /// Whether the file `path` is looked at.
+    pub(crate) fn covers(&self, path: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Part { dirs, trees, .. } => {
+                let parent = path.rfind('/').map_or("", |slash| &path[..slash]);
+                dirs.contains(parent) || Self::under_tree(trees, path)
+            }
+        }
+    }
+}
+
+/// Every file and link in `scope` that `.gitignore` does not leave out,
+/// with its `lstat`: never `.git/` (anywhere) or `root`'s own `.loom/`.
+/// Each folder entered that `watch` does not know yet is watched before it
+/// is read. The walk runs on two threads: stat-ing files is most of a
+/// scan's cost.
+pub(crate) fn walk(
+    root: &Path,
+    beneath: &Arc<Dir>,
+    scope: &Arc<Scope>,
+    mut watch: Option<Watch>,
+) -> (Vec<(String, Metadata)>, Option<Watch>) {
+    if let (Some(watch), Scope::All) = (watch.as_mut(), scope.as_ref()) {
+        watch.add(root, "");
+    }
+    let watch = Arc::new(Mutex::new(watch));
+    let found = Mutex::new(Vec::new());
+    let base: Arc<Path> = root.into();
+    let relative = move |path: &Path| path.strip_prefix(&base).ok().and_then(Path::to_str).map(str::to_string);
+    let (entered, watching, at) = (scope.clone(), watch.clone(), relative.clone());
+    let owned_root: Arc<Path> = root.into();
+    ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .ignore(false)
+        .parents(false)
+        .git_global(false)
+        .require_git(false)
+        .follow_links(false)
+        .threads(2)
+        .filter_entry(move |entry| {
+            let (scope, watch, relative, root) = (&entered, &watching, &at, &owned_root);
+            let name = entry.file_name();
+            if name == ".git" || (name == ".loom" && entry.depth() == 1) {
+                return false;
+            }
+            if !entry.file_type().is_some_and(|kind| kind.is_dir()) || entry.depth() == 0 {
+                return true;
+            }
+            let Some(dir) = relative(entry.path()) else {
+                return false;
+            };
+            if !scope.enters(&dir) {
+                return false;
+            }
+            if scope.is_new(&dir) {
+                let mut watch = watch.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if let Some(watch) = watch.as_mut() {
+                    watch.add(root, &dir);
+                }
+            }
+            true
+        })
+        .build_parallel()
+        .run(|| {
+            let found = &found;
+            let relative = &relative;
+            let scope = scope.as_ref();
+            let beneath = beneath.clone();
+            Box::new(move |item| {
+                let Ok(item) = item else {
+                    return ignore::WalkState::Continue;
+                };
+                if item.depth() == 0 || item.file_type().is_some_and(|kind| kind.is_dir()) {
+                    return ignore::WalkState::Continue;
+                }
+                let Some(path) = relative(item.path()).filter(|path| scope.covers(path)) else {
+                    return ignore::WalkState::Continue;
+                };
+                if let Ok(meta) = beneath.symlink_metadata(&path) {
+                    let mut found = found.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    found.push((path, meta));
+                }
+                ignore::WalkState::Continue
+            })
+        });
+    let watch = watch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    (
+        found.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()),
+        watch,
+    )
+}
