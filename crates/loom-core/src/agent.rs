@@ -758,13 +758,12 @@ impl Agent {
         &self.workspace
     }
 
-    /// Where runs are recorded, if anywhere.
     /// Where the agent's runs record their workspace, if they do.
     pub fn snapshots(&self) -> Option<&Arc<dyn crate::snapshots::WorkspaceSnapshots>> {
         self.engine.snapshots.as_ref()
     }
 
-    /// The agent's store, if it has one.
+    /// Where runs are recorded, if anywhere.
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.engine.store.as_ref()
     }

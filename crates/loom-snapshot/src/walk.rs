@@ -5,7 +5,7 @@
 //! outside; each name's `lstat` is taken beneath a handle of the workspace
 //! (`cap-std`), so a name that leads outside is dropped, never followed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -96,6 +96,7 @@ pub(crate) fn walk(
     }
     let watch = Arc::new(Mutex::new(watch));
     let found = Mutex::new(Vec::new());
+    let folders = Folders::new(beneath.clone());
     let base: Arc<Path> = root.into();
     let relative = move |path: &Path| path.strip_prefix(&base).ok().and_then(Path::to_str).map(str::to_string);
     let (entered, watching, at) = (scope.clone(), watch.clone(), relative.clone());
@@ -136,7 +137,7 @@ pub(crate) fn walk(
             let found = &found;
             let relative = &relative;
             let scope = scope.as_ref();
-            let beneath = beneath.clone();
+            let folders = &folders;
             Box::new(move |item| {
                 let Ok(item) = item else {
                     return ignore::WalkState::Continue;
@@ -147,7 +148,7 @@ pub(crate) fn walk(
                 let Some(path) = relative(item.path()).filter(|path| scope.covers(path)) else {
                     return ignore::WalkState::Continue;
                 };
-                if let Ok(meta) = beneath.symlink_metadata(&path) {
+                if let Ok(meta) = folders.lstat(&path) {
                     let mut found = found.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     found.push((path, meta));
                 }
@@ -159,4 +160,41 @@ pub(crate) fn walk(
         found.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner()),
         watch,
     )
+}
+
+/// The folders of one walk, each opened once beneath the workspace's
+/// handle: a file's `lstat` is then one call on its folder's handle.
+struct Folders {
+    beneath: Arc<Dir>,
+    /// By path; `None`: it could not be opened beneath the workspace (it
+    /// went, or now leads outside).
+    opened: Mutex<HashMap<String, Option<Arc<Dir>>>>,
+}
+
+impl Folders {
+    fn new(beneath: Arc<Dir>) -> Self {
+        Self {
+            beneath,
+            opened: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The `lstat` of `path`, through its folder's handle.
+    fn lstat(&self, path: &str) -> std::io::Result<Metadata> {
+        let (folder, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if folder.is_empty() {
+            return self.beneath.symlink_metadata(name);
+        }
+        let handle = {
+            let mut opened = self.opened.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            opened
+                .entry(folder.to_string())
+                .or_insert_with(|| self.beneath.open_dir(folder).ok().map(Arc::new))
+                .clone()
+        };
+        match handle {
+            Some(handle) => handle.symlink_metadata(name),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
 }

@@ -19,6 +19,9 @@ impl Service {
     pub async fn rewind(&self, principal: &Principal, params: RewindParams) -> Result<Rewound, ApiError> {
         principal.may_change("rewind runs")?;
         let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        if params.files && !params.dry_run {
+            self.refuse_while_executing()?;
+        }
         let request = RewindRequest {
             run_id: params.run_id.clone(),
             step: params.step,
@@ -45,6 +48,7 @@ impl Service {
     pub async fn fork(&self, principal: &Principal, params: ForkParams) -> Result<Forked, ApiError> {
         principal.may_change("fork runs")?;
         let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        self.refuse_while_executing()?;
         let request = ForkRequest {
             run_id: params.run_id.clone(),
             step: params.step,
@@ -127,6 +131,23 @@ impl Service {
             content,
             truncated,
         })
+    }
+
+    /// Files are not restored under a run that is working in the same
+    /// workspace (any token's): its next tool call would find them changed
+    /// under it, and its next snapshot would take the restore for its own.
+    fn refuse_while_executing(&self) -> Result<(), ApiError> {
+        let registry = self.registry();
+        let busy = registry.runs.values().filter(|run| !run.status().is_terminal()).count();
+        if busy > 0 {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!(
+                    "{busy} run(s) are executing in this gateway's workspace: rewind its files once they have ended"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The store and snapshots to rewind `run_id` with, once the
