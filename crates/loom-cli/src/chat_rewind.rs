@@ -66,7 +66,7 @@ pub(crate) async fn rewind(agent: &Agent, session_id: &str, lines: &mut Lines) -
             let files = if point.files.is_empty() {
                 "no file changed".to_string()
             } else {
-                crate::text::clip(&point.files.join(", "), 80)
+                crate::text::shown(&crate::text::clip(&point.files.join(", "), 80))
             };
             say!("  {:>2}) «{task}» after step {}: {files}", number + 1, point.step);
         }
@@ -116,10 +116,16 @@ async fn go_back(agent: &Agent, run_id: &str, step: u32, prompt: &str) -> bool {
             };
             let mut changes = Vec::new();
             if !report.plan.write.is_empty() {
-                changes.push(format!("restored {}", report.plan.write.join(", ")));
+                changes.push(format!(
+                    "restored {}",
+                    crate::text::shown(&report.plan.write.join(", "))
+                ));
             }
             if !report.plan.remove.is_empty() {
-                changes.push(format!("removed {}", report.plan.remove.join(", ")));
+                changes.push(format!(
+                    "removed {}",
+                    crate::text::shown(&report.plan.remove.join(", "))
+                ));
             }
             if changes.is_empty() {
                 say!("loom: back to {point} (no file changed)");

@@ -186,6 +186,7 @@ fn refused(err: RewindError) -> Failure {
     match err {
         RewindError::Store(err) => usage_if_unknown(err),
         RewindError::Snapshot(err) => Failure::Runtime(anyhow!("{err}")),
+        err @ RewindError::NotRecorded { .. } => Failure::Runtime(anyhow!("{err}")),
         other => Failure::Usage(anyhow!("{other}")),
     }
 }
@@ -216,7 +217,7 @@ fn print_report(run_id: &str, report: &RewindReport, dry_run: bool) {
         if !report.plan.changed_outside.is_empty() {
             println!(
                 "changed outside Loom (a rewind needs --force): {}",
-                report.plan.changed_outside.join(", ")
+                crate::text::shown(&report.plan.changed_outside.join(", "))
             );
         }
         println!("dry run: nothing was changed");
@@ -245,9 +246,9 @@ fn say_plan(dry_run: bool, plan: &RestorePlan) {
         return;
     }
     for path in &plan.write {
-        println!("{write}: {path}");
+        println!("{write}: {}", crate::text::shown(path));
     }
     for path in &plan.remove {
-        println!("{remove}: {path}");
+        println!("{remove}: {}", crate::text::shown(path));
     }
 }

@@ -50,7 +50,9 @@ pub(crate) async fn open(
     // A database kept in the workspace is never in a snapshot, nor
     // written by a restore.
     let ours = store_files.iter().cloned().chain(database_files(&path));
-    let filter = filter.never(inside(workspace, ours));
+    // Nor the project's loom.toml, which tools may not change either: a
+    // rewind never takes a person's configuration back.
+    let filter = filter.never(inside(workspace, ours).into_iter().chain(["loom.toml".to_string()]));
     let workspace = workspace.to_path_buf();
     let watch = config.watch.unwrap_or(true);
     tokio::task::spawn_blocking(move || shared(&workspace, &path, filter, watch, purpose))

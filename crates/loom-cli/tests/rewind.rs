@@ -484,3 +484,81 @@ fn a_rewind_never_writes_through_a_link_out_of_the_workspace_nor_touches_loom_st
     let listed = loom_in(&ws).args(["runs", "--db", "loom.db", "list"]).output().unwrap();
     assert!(String::from_utf8_lossy(&listed.stdout).contains(&run_id));
 }
+
+/// Two rewinds at once (two processes): each file comes from one of the
+/// two steps' restores as a whole workspace — never a mix — and both
+/// rewinds are in the run's log, each with its own `seq`. And files are
+/// not restored under a run that is executing in the workspace.
+#[test]
+fn rewinds_at_once_do_not_mix_and_none_restores_under_a_live_run() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    let mut after_step_zero = after_step_one();
+    after_step_zero.remove("a.txt");
+    let spawn = |step: &str| {
+        ran.loom()
+            .args([
+                "runs",
+                "rewind",
+                &ran.run_id,
+                "--step",
+                step,
+                "--files",
+                "--force",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (one, zero) = (spawn("1"), spawn("0"));
+    let (one, zero) = (one.wait_with_output().unwrap(), zero.wait_with_output().unwrap());
+    assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+    assert!(zero.status.success(), "{}", String::from_utf8_lossy(&zero.stderr));
+    let now = tree(&ws);
+    assert!(
+        now == after_step_one() || now == after_step_zero,
+        "a mix of two steps: {now:?}"
+    );
+    let events = json_lines(&ran.runs(&["events", &ran.run_id]).stdout);
+    let rewound: Vec<u64> = events
+        .iter()
+        .filter(|e| e["type"] == "run.rewound")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rewound.len(), 2, "both rewinds are in the log: {rewound:?}");
+    assert_ne!(rewound[0], rewound[1]);
+
+    // A run that is executing in the workspace (a long shell command).
+    let scripts = tempfile::tempdir().unwrap();
+    let script = scripts.path().join("slow.json");
+    std::fs::write(
+        &script,
+        r#"[{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 4"}}]}, {"content": "slept"}]"#,
+    )
+    .unwrap();
+    let mut live = ran
+        .loom()
+        .args(["run", "--yes", "--model"])
+        .arg(format!("scripted:{}", script.display()))
+        .arg("sleep a while")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let refused = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--files", "--force"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("executing in this workspace"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(live.wait().unwrap().success());
+}

@@ -1511,4 +1511,15 @@ async fn rewind_and_fork_over_websocket_and_http() {
     );
     let view = client.ok("run.get", json!({"runId": forked["forkRunId"]})).await;
     assert_eq!(view["sessionId"], forked["sessionId"]);
+
+    // Another token worked in the workspace since: going back to a step of
+    // alice's run would undo (and name) bob's work, so it is refused.
+    let bob_run = run_id(&bob.ok("agent.run", json!({"prompt": "bob's turn steps=0"})).await);
+    bob.until(&bob_run, "lifecycle.end").await;
+    assert_eq!(
+        client
+            .error("run.rewind", json!({"runId": run, "step": 1, "dryRun": true}))
+            .await,
+        "INVALID_STATE"
+    );
 }

@@ -75,6 +75,26 @@ pub enum RewindError {
     /// A fork's copy goes into a folder that holds files.
     #[error("{0} is not empty: a fork's copy goes into a new or empty folder")]
     IntoNotEmpty(PathBuf),
+    /// A fork's copy would go inside the workspace it copies.
+    #[error("{0} is inside the workspace: a fork's copy goes elsewhere")]
+    IntoWorkspace(PathBuf),
+    /// Other runs are executing in the workspace: files restored under
+    /// them would be taken for their work.
+    #[error("run(s) {} are executing in this workspace: restore its files once they have ended", runs.join(", "))]
+    Busy {
+        /// Those runs.
+        runs: Vec<String>,
+    },
+    /// The files were restored, but the rewind could not be recorded (the
+    /// store failed): the run's log and the session do not show it.
+    #[error("the files were restored ({} written, {} removed), but the rewind could not be recorded: {source}", restored.write.len(), restored.remove.len())]
+    NotRecorded {
+        /// What was restored.
+        restored: RestorePlan,
+        /// Why it could not be recorded.
+        #[source]
+        source: StoreError,
+    },
     /// The snapshots failed.
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
@@ -149,7 +169,8 @@ pub async fn rewind(
     let plan = match snapshots.filter(|_| files_recorded) {
         Some(snapshots) => {
             let plan = snapshots.plan(&request.run_id, step, None).await?;
-            if !request.force && !plan.changed_outside.is_empty() {
+            // A dry run lists them instead.
+            if !request.force && !request.dry_run && !plan.changed_outside.is_empty() {
                 return Err(RewindError::ChangedOutside {
                     files: plan.changed_outside,
                 });
@@ -158,6 +179,9 @@ pub async fn rewind(
         }
         None => RestorePlan::default(),
     };
+    if files_recorded && !request.dry_run {
+        refuse_while_others_execute(store, &run.run).await?;
+    }
     if request.dry_run {
         return Ok(RewindReport {
             to_step: step,
@@ -174,6 +198,10 @@ pub async fn rewind(
             .await
             .map_err(changed_outside)?,
         None => plan,
+    };
+    let not_recorded = |source: StoreError| RewindError::NotRecorded {
+        restored: plan.clone(),
+        source,
     };
     let continued_by = if request.conversation {
         let history = conversation_at(&run, step)?;
@@ -192,7 +220,8 @@ pub async fn rewind(
             link,
             history,
         )
-        .await?;
+        .await
+        .map_err(not_recorded)?;
         Some(continuation)
     } else {
         None
@@ -207,7 +236,8 @@ pub async fn rewind(
             continued_by: continued_by.clone(),
         },
     )
-    .await?;
+    .await
+    .map_err(not_recorded)?;
     Ok(RewindReport {
         to_step: step,
         plan,
@@ -217,6 +247,31 @@ pub async fn rewind(
         files_recorded,
         closed,
     })
+}
+
+/// Files are not restored under runs executing in the same workspace
+/// (their owners alive, or on another machine): their next snapshot would
+/// take the restore for their own work.
+async fn refuse_while_others_execute(store: &dyn Store, run: &RunRecord) -> Result<(), RewindError> {
+    let here = run.workspace.as_deref().map(canonical_dir);
+    let runs: Vec<String> = store
+        .active_runs()
+        .await?
+        .into_iter()
+        .filter(|other| other.run_id != run.run_id && other.parent.is_none())
+        .filter(|other| other.workspace.as_deref().map(canonical_dir) == here)
+        .filter(|other| crate::owner::liveness(&other.owner) != crate::owner::Liveness::Dead)
+        .map(|other| other.run_id)
+        .collect();
+    if runs.is_empty() {
+        Ok(())
+    } else {
+        Err(RewindError::Busy { runs })
+    }
+}
+
+fn canonical_dir(dir: &str) -> PathBuf {
+    std::fs::canonicalize(dir).unwrap_or_else(|_| PathBuf::from(dir))
 }
 
 /// A run that could be resumed (interrupted, or left active by a dead
@@ -338,6 +393,12 @@ pub async fn fork(
         if holds_files {
             return Err(RewindError::IntoNotEmpty(into.clone()));
         }
+        let workspace = run.run.workspace.as_deref().map(canonical_dir);
+        if workspace.is_some_and(|workspace| canonical_into(into).starts_with(workspace)) {
+            return Err(RewindError::IntoWorkspace(into.clone()));
+        }
+    } else if request.files {
+        refuse_while_others_execute(store, &run.run).await?;
     }
     let plan = if request.files {
         let snapshots = snapshots.ok_or(RewindError::NoSnapshots)?;
@@ -433,6 +494,24 @@ fn conversation_at(run: &RunSnapshot, step: u32) -> Result<&[Message], RewindErr
         })
 }
 
+/// Where `into` is, resolved as far as it exists.
+fn canonical_into(into: &Path) -> PathBuf {
+    let mut existing = std::path::absolute(into).unwrap_or_else(|_| into.to_path_buf());
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name().map(|name| name.to_os_string()), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut resolved = std::fs::canonicalize(&existing).unwrap_or(existing);
+    resolved.extend(rest.iter().rev());
+    resolved
+}
+
 /// A new, empty folder for a fork's copy (it may exist if empty).
 fn create_folder(into: &Path) -> Result<(), RewindError> {
     std::fs::create_dir_all(into).map_err(|err| {
@@ -494,7 +573,9 @@ async fn seed_run(
         ..RunRecord::new(run_id, session_id, prompt, &original.model, RunStatus::Done, now_ms)
     };
     store.create_run(&record).await?;
-    let state = RunState::new(TurnState::initial(0), prompt);
+    let mut state = RunState::new(TurnState::initial(0), prompt);
+    // It can be rewound too: its step 0 is the whole conversation it holds.
+    state.conversation_at.insert(0, history.len());
     let turn = TurnIds::of(state.turn());
     let events = crate::recovery::quiet_emitter(run_id, 0);
     events.emit(

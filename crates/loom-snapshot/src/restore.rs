@@ -7,6 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, Permissions};
 
 use crate::manifest::{Entry, Manifest};
@@ -75,12 +76,19 @@ pub enum RestoreError {
 }
 
 /// Carries out `plan` in the workspace at `root`, toward `target`, with
-/// contents from `store`.
+/// contents from `store`. Every path is reached one folder at a time
+/// without following a link (a folder swapped for a link — to outside, or
+/// to `.loom/` — stops the restore of that path with an error), and no
+/// path under the workspace's `.loom/` is written or removed.
 pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotStore) -> Result<(), RestoreError> {
     let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(|source| RestoreError::File {
         path: ".".to_string(),
         source,
     })?;
+    let failed = |path: &str| {
+        let path = path.to_string();
+        move |source| RestoreError::File { path, source }
+    };
     // Removals first, and the folders they leave empty: a path that is a
     // folder now and a file in the snapshot (or the other way round) is
     // free before it is written.
@@ -88,15 +96,15 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
         if is_loom_state(path) {
             continue;
         }
-        match dir.remove_file(path) {
-            Ok(()) => prune_empty_parents(&dir, Path::new(path)),
+        let (folder, name) = match folder_of(&dir, path, false) {
+            Ok(found) => found,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(failed(path)(source)),
+        };
+        match folder.remove_file(&name) {
+            Ok(()) => prune_empty_parents(&dir, path),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(RestoreError::File {
-                    path: path.clone(),
-                    source,
-                })
-            }
+            Err(source) => return Err(failed(path)(source)),
         }
     }
     for path in &plan.write {
@@ -110,24 +118,51 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
             path: path.clone(),
             reason: "its content is not in the snapshot store".to_string(),
         })?;
-        write(&dir, path, entry, &content).map_err(|source| RestoreError::File {
-            path: path.clone(),
-            source,
-        })?;
+        let (folder, name) = folder_of(&dir, path, true).map_err(failed(path))?;
+        write(&folder, &name, entry, &content).map_err(failed(path))?;
     }
     Ok(())
+}
+
+/// The folder holding `path` (opened one component at a time, never
+/// through a link; made when missing if `create`), and the file's name.
+fn folder_of(root: &Dir, path: &str, create: bool) -> std::io::Result<(Dir, String)> {
+    let mut parts: Vec<&str> = path.split('/').collect();
+    let name = parts.pop().unwrap_or_default().to_string();
+    let unsafe_part = |part: &&str| part.is_empty() || *part == "." || *part == "..";
+    if name.is_empty() || unsafe_part(&name.as_str()) || parts.iter().any(unsafe_part) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a plain path in the workspace",
+        ));
+    }
+    let mut folder = root.try_clone()?;
+    for part in parts {
+        if create {
+            match folder.create_dir(part) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(err),
+            }
+        }
+        folder = folder.open_dir_nofollow(part)?;
+    }
+    Ok((folder, name))
 }
 
 /// Removes the folders above `path` that are empty now, up to the
 /// workspace (folders are not in snapshots: one a restore emptied goes, as
 /// in git).
-fn prune_empty_parents(dir: &Dir, path: &Path) {
-    let mut parent = path.parent();
-    while let Some(folder) = parent.filter(|folder| !folder.as_os_str().is_empty()) {
-        if dir.remove_dir(folder).is_err() {
+fn prune_empty_parents(root: &Dir, path: &str) {
+    let mut folder = path.rsplit_once('/').map(|(folder, _)| folder);
+    while let Some(at) = folder {
+        let Ok((holder, name)) = folder_of(root, at, false) else {
+            break;
+        };
+        if holder.remove_dir(&name).is_err() {
             break;
         }
-        parent = folder.parent();
+        folder = at.rsplit_once('/').map(|(folder, _)| folder);
     }
 }
 
@@ -136,29 +171,26 @@ fn is_loom_state(path: &str) -> bool {
 }
 
 /// One file, atomically: written beside itself under a temporary name,
-/// then renamed over it.
-fn write(dir: &Dir, path: &str, entry: &Entry, content: &[u8]) -> std::io::Result<()> {
-    let target = Path::new(path);
-    if let Some(parent) = target.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        dir.create_dir_all(parent)?;
-    }
-    let name = target
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let temporary = target.with_file_name(format!(".{name}.loom-restore-{}", std::process::id()));
-    let _ = dir.remove_file(&temporary);
-    if entry.link {
+/// then renamed over it (the temporary file removed if that fails).
+fn write(folder: &Dir, name: &str, entry: &Entry, content: &[u8]) -> std::io::Result<()> {
+    let temporary = format!(".{name}.loom-restore-{}", std::process::id());
+    let _ = folder.remove_file(&temporary);
+    let written = if entry.link {
         let original = String::from_utf8_lossy(content).into_owned();
-        dir.symlink_contents(original, &temporary)?;
+        folder.symlink_contents(original, &temporary)
     } else {
-        dir.write(&temporary, content)?;
-        dir.set_permissions(
-            &temporary,
-            Permissions::from_std(std::fs::Permissions::from_mode(entry.mode)),
-        )?;
+        folder.write(&temporary, content).and_then(|()| {
+            folder.set_permissions(
+                &temporary,
+                Permissions::from_std(std::fs::Permissions::from_mode(entry.mode)),
+            )
+        })
+    };
+    let renamed = written.and_then(|()| folder.rename(&temporary, folder, name));
+    if renamed.is_err() {
+        let _ = folder.remove_file(&temporary);
     }
-    dir.rename(&temporary, dir, target)
+    renamed
 }
 
 #[cfg(test)]
@@ -252,5 +284,38 @@ mod tests {
         let target = Manifest([("a".to_string(), entry("1")), ("b".to_string(), entry("1"))].into());
         let plan = Plan::between(&now, &target);
         assert_eq!(changed_outside(&plan, &now, &last), ["a"]);
+    }
+
+    /// The plan was made; then a folder was swapped for a link to `.loom/`
+    /// (the race a second process could win): the restore stops at that
+    /// path and writes nothing under `.loom/`.
+    #[test]
+    fn a_folder_swapped_for_a_link_after_the_plan_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::create_dir_all(ws.join(".loom")).unwrap();
+        std::fs::write(ws.join(".loom/keep"), "project").unwrap();
+        std::fs::write(ws.join("sub/a"), "old").unwrap();
+        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
+        let mut scanner = Scanner::new(&ws, Filter::default());
+        let before = scanner.scan().unwrap();
+        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
+        std::fs::write(ws.join("sub/a"), "new").unwrap();
+        std::fs::write(ws.join("sub/b"), "made later").unwrap();
+        scanner.scan().unwrap();
+        let target = store.manifest_at("r", 0).unwrap().unwrap();
+        let plan = Plan::between(&scanner.manifest(), &target);
+        assert_eq!((plan.write.len(), plan.remove.len()), (1, 1));
+        std::fs::rename(ws.join("sub"), ws.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(".loom", ws.join("sub")).unwrap();
+        assert!(apply(&ws, &plan, &target, &store).is_err());
+        let mut loom: Vec<String> = std::fs::read_dir(ws.join(".loom"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        loom.sort();
+        assert_eq!(loom, ["keep"], "nothing written or removed in .loom/");
+        assert_eq!(std::fs::read_to_string(ws.join(".loom/keep")).unwrap(), "project");
     }
 }

@@ -60,6 +60,13 @@ pub trait SnapshotStore {
     /// The delta `step` of `run` was recorded as, and its base.
     fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError>;
 
+    /// The files that were in the workspace but left out of the snapshot
+    /// (too large, holding a secret, unreadable) at a point.
+    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError>;
+
+    /// Records which files were left out at a point.
+    fn set_left_out(&mut self, point: &Point, paths: &[String]) -> Result<(), StoreError>;
+
     /// How many bases a point's chain has (0: it is whole by itself).
     fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError>;
 
@@ -105,6 +112,7 @@ impl SqliteSnapshots {
              CREATE TABLE IF NOT EXISTS snapshot_points (
                  run_id TEXT NOT NULL, step INTEGER NOT NULL,
                  base_run TEXT, base_step INTEGER, depth INTEGER NOT NULL, delta TEXT NOT NULL,
+                 left_out TEXT NOT NULL DEFAULT '[]',
                  PRIMARY KEY (run_id, step)) WITHOUT ROWID;
              CREATE INDEX IF NOT EXISTS snapshot_points_base ON snapshot_points (base_run, base_step);
              CREATE TABLE IF NOT EXISTS snapshot_uses (
@@ -218,7 +226,7 @@ impl SnapshotStore for SqliteSnapshots {
     ) -> Result<(), StoreError> {
         let this: Point = (run.to_string(), step);
         if self.row(run, step)?.is_some() {
-            self.rebase_dependents(&HashSet::from([this.clone()]))?;
+            self.rebase_dependents(&HashSet::from([this]))?;
         }
         let depth = match base {
             Some(base) => self.depth(base)?.unwrap_or(0) + 1,
@@ -283,6 +291,26 @@ impl SnapshotStore for SqliteSnapshots {
             Some((text, base)) => Ok(Some((serde_json::from_str(&text)?, base))),
             None => Ok(None),
         }
+    }
+
+    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError> {
+        let text: Option<String> = self
+            .db
+            .prepare_cached("SELECT left_out FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
+            .query_row(params![point.0, point.1], |row| row.get(0))
+            .optional()?;
+        Ok(match text {
+            Some(text) => serde_json::from_str(&text)?,
+            None => Vec::new(),
+        })
+    }
+
+    fn set_left_out(&mut self, point: &Point, paths: &[String]) -> Result<(), StoreError> {
+        self.db.execute(
+            "UPDATE snapshot_points SET left_out = ?3 WHERE run_id = ?1 AND step = ?2",
+            params![point.0, point.1, serde_json::to_string(paths)?],
+        )?;
+        Ok(())
     }
 
     fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {

@@ -68,7 +68,7 @@ pub fn database_files(db: &Path) -> Vec<PathBuf> {
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
-    ["", "-wal", "-shm", "-journal"]
+    ["", "-wal", "-shm", "-journal", ".lock"]
         .iter()
         .map(|suffix| db.with_file_name(format!("{name}{suffix}")))
         .collect()
@@ -189,6 +189,9 @@ impl Snapshots {
         store
             .record(run, step, base.as_ref(), &delta, &scanned.contents)
             .map_err(failed)?;
+        let mut left_out: Vec<String> = scanner.left_out().map(|(path, _)| path.to_string()).collect();
+        left_out.sort();
+        store.set_left_out(&this, &left_out).map_err(failed)?;
         store.set_head(&self.key, &this).map_err(failed)?;
         *scanner_at = Some(this);
         Ok(step_files(
@@ -305,7 +308,18 @@ impl Snapshots {
                 (now, last, left_out)
             }
         };
-        let plan = Plan::between(&now, &target);
+        let mut plan = Plan::between(&now, &target);
+        // A file the snapshot does not hold was not necessarily absent then:
+        // ignored by the `.gitignore` of that time, excluded, or left out.
+        // It is not removed (its content then is nowhere to bring back).
+        let untracked = Untracked::at(
+            &inner.store,
+            &self.root,
+            &self.filter,
+            &target,
+            &(run.to_string(), step),
+        )?;
+        plan.remove.retain(|path| !untracked.covers(path));
         let mut outside = changed_outside(&plan, &now, &last);
         outside.extend(plan.write.iter().filter(|path| left_out.contains(*path)).cloned());
         outside.sort();
@@ -316,6 +330,26 @@ impl Snapshots {
             changed_outside: outside,
         };
         Ok((told, plan, target))
+    }
+
+    /// An exclusive lock on `<db>.lock`, held while it lives: restores of
+    /// this workspace's snapshots by other processes wait for it.
+    fn exclusive(&self) -> Result<std::fs::File, SnapshotError> {
+        let name = self
+            .db
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let path = self.db.with_file_name(format!("{name}.lock"));
+        let mut options = std::fs::OpenOptions::new();
+        options.create(true).truncate(false).write(true);
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options
+            .open(&path)
+            .map_err(|err| failed(format!("{}: {err}", path.display())))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|err| failed(format!("{}: {err}", path.display())))?;
+        Ok(file)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, SnapshotError> {
@@ -338,6 +372,60 @@ impl Snapshots {
         tokio::task::spawn_blocking(move || work(&this))
             .await
             .map_err(|err| failed(format!("the snapshot task failed: {err}")))?
+    }
+}
+
+/// The files a point did not track though they may have been there: left
+/// out of it (too large, holding a secret, unreadable), excluded by the
+/// filter, or ignored by the `.gitignore` files it holds.
+struct Untracked {
+    left_out: std::collections::HashSet<String>,
+    filter: Filter,
+    ignores: Vec<ignore::gitignore::Gitignore>,
+    root: PathBuf,
+}
+
+impl Untracked {
+    fn at(
+        store: &SqliteSnapshots,
+        root: &Path,
+        filter: &Filter,
+        target: &Manifest,
+        point: &Point,
+    ) -> Result<Self, SnapshotError> {
+        let mut ignores = Vec::new();
+        for (path, entry) in &target.0 {
+            let folder = match path.strip_suffix(".gitignore") {
+                Some(folder) if folder.is_empty() || folder.ends_with('/') => folder,
+                _ => continue,
+            };
+            let Some(content) = store.content(&entry.hash).map_err(failed)? else {
+                continue;
+            };
+            let mut rules = ignore::gitignore::GitignoreBuilder::new(root.join(folder));
+            for line in String::from_utf8_lossy(&content).lines() {
+                // A rule the parser refuses is a rule git ignores too.
+                let _ = rules.add_line(None, line);
+            }
+            if let Ok(rules) = rules.build() {
+                ignores.push(rules);
+            }
+        }
+        Ok(Self {
+            left_out: store.left_out_at(point).map_err(failed)?.into_iter().collect(),
+            filter: filter.clone(),
+            ignores,
+            root: root.to_path_buf(),
+        })
+    }
+
+    fn covers(&self, path: &str) -> bool {
+        let full = self.root.join(path);
+        self.left_out.contains(path)
+            || !self.filter.admits(path)
+            || self.ignores.iter().any(|rules| {
+                full.starts_with(rules.path()) && rules.matched_path_or_any_parents(&full, false).is_ignore()
+            })
     }
 }
 
@@ -436,6 +524,9 @@ impl WorkspaceSnapshots for Snapshots {
     ) -> Result<RestorePlan, SnapshotError> {
         let (run, into) = (run_id.to_string(), into.map(Path::to_path_buf));
         self.off_thread(move |this| {
+            // One restore at a time across processes (two `loom runs rewind`
+            // at once would interleave their files), and in this one.
+            let _exclusive = this.exclusive()?;
             let mut inner = this.lock()?;
             // Judged again under the lock the restore holds: a change made
             // since the caller's plan is not lost unasked.
@@ -548,5 +639,36 @@ mod tests {
         );
         block(store.restore("r", 0, None, true)).unwrap();
         assert_eq!(std::fs::read_to_string(ws.join("small")).unwrap(), "small");
+    }
+
+    /// Files a point did not track are never removed by going back to it:
+    /// one its `.gitignore` ignored (the model then rewrote the rules), one
+    /// too large then (the model then shrank it).
+    #[test]
+    fn a_restore_never_removes_a_file_the_point_did_not_track() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::new(&[], &[], 100).unwrap());
+        let ws = store.root().to_path_buf();
+        std::fs::write(ws.join(".gitignore"), "data/\n").unwrap();
+        std::fs::create_dir_all(ws.join("data")).unwrap();
+        std::fs::write(ws.join("data/important"), "a person's data").unwrap();
+        std::fs::write(ws.join("big.txt"), "x".repeat(500)).unwrap();
+        std::fs::write(ws.join("made.txt"), "tracked").unwrap();
+        store.record_now("r", 0).unwrap();
+        // The model's step: no more ignore rules, the big file shrunk, a new file.
+        std::fs::write(ws.join(".gitignore"), "").unwrap();
+        std::fs::write(ws.join("big.txt"), "small now").unwrap();
+        std::fs::write(ws.join("new.txt"), "made by the step").unwrap();
+        store.record_now("r", 1).unwrap();
+        let plan = block(store.plan("r", 0, None)).unwrap();
+        assert_eq!(plan.remove, ["new.txt"], "{plan:?}");
+        block(store.restore("r", 0, None, true)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ws.join("data/important")).unwrap(),
+            "a person's data"
+        );
+        assert_eq!(std::fs::read_to_string(ws.join("big.txt")).unwrap(), "small now");
+        assert_eq!(std::fs::read_to_string(ws.join(".gitignore")).unwrap(), "data/\n");
+        assert!(!ws.join("new.txt").exists());
     }
 }

@@ -19,6 +19,10 @@ impl Service {
     pub async fn rewind(&self, principal: &Principal, params: RewindParams) -> Result<Rewound, ApiError> {
         principal.may_change("rewind runs")?;
         let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        if params.files {
+            self.refuse_others_later_work(principal, store.as_ref(), &params.run_id)
+                .await?;
+        }
         if params.files && !params.dry_run {
             self.refuse_while_executing()?;
         }
@@ -48,6 +52,8 @@ impl Service {
     pub async fn fork(&self, principal: &Principal, params: ForkParams) -> Result<Forked, ApiError> {
         principal.may_change("fork runs")?;
         let (store, snapshots) = self.rewindable(principal, &params.run_id).await?;
+        self.refuse_others_later_work(principal, store.as_ref(), &params.run_id)
+            .await?;
         self.refuse_while_executing()?;
         let request = ForkRequest {
             run_id: params.run_id.clone(),
@@ -133,6 +139,35 @@ impl Service {
         })
     }
 
+    /// The workspace is shared by every token's runs: going back to a step
+    /// of one token's run would undo (and name) what other tokens' later
+    /// runs did. Only an admin may.
+    async fn refuse_others_later_work(
+        &self,
+        principal: &Principal,
+        store: &dyn loom_core::Store,
+        run_id: &str,
+    ) -> Result<(), ApiError> {
+        if principal.role() == crate::auth::Role::Admin {
+            return Ok(());
+        }
+        let record = store.load_run(run_id).await.map_err(store_error)?.run;
+        let later = store
+            .list_runs(1000)
+            .await
+            .map_err(store_error)?
+            .into_iter()
+            .filter(|other| other.started_ms > record.started_ms && other.parent.is_none())
+            .any(|other| other.principal != record.principal);
+        if later {
+            return Err(ApiError::new(
+                Code::InvalidState,
+                format!("other tokens' runs worked in this workspace after run {run_id}: its files can be rewound by an admin"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Files are not restored under a run that is working in the same
     /// workspace (any token's): its next tool call would find them changed
     /// under it, and its next snapshot would take the restore for its own.
@@ -211,7 +246,8 @@ fn refused(err: RewindError) -> ApiError {
     match err {
         RewindError::Store(StoreError::NotFound(id)) => ApiError::no_run(&id),
         RewindError::Store(err) => store_error(err),
-        RewindError::Executing { .. } | RewindError::ChangedOutside { .. } => {
+        RewindError::NotRecorded { .. } => ApiError::internal("the rewind could not be recorded", err),
+        RewindError::Executing { .. } | RewindError::ChangedOutside { .. } | RewindError::Busy { .. } => {
             ApiError::new(Code::InvalidState, err.to_string())
         }
         RewindError::Snapshot(loom_core::SnapshotError::Failed(_)) => ApiError::internal("the rewind failed", err),
