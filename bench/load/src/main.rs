@@ -40,6 +40,9 @@ struct Options {
     workers: usize,
     /// Each worker's `--max-runs`.
     worker_max_runs: usize,
+    /// Whether the gateway records workspace snapshots per step (its
+    /// default; `--no-snapshots` measures their cost).
+    snapshots: bool,
 }
 
 fn options() -> Result<Options> {
@@ -52,6 +55,7 @@ fn options() -> Result<Options> {
         delay_ms: 200,
         workers: 0,
         worker_max_runs: 50,
+        snapshots: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -65,8 +69,9 @@ fn options() -> Result<Options> {
             "--delay-ms" => options.delay_ms = value()?.parse()?,
             "--workers" => options.workers = value()?.parse()?,
             "--worker-max-runs" => options.worker_max_runs = value()?.parse()?,
+            "--no-snapshots" => options.snapshots = false,
             "--help" | "-h" => {
-                println!("loom-load [--runs N] [--store sqlite|redis|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS] [--workers K --worker-max-runs M]");
+                println!("loom-load [--runs N] [--store sqlite|redis|none] [--transport ws|sse] [--connections C] [--loom PATH] [--delay-ms MS] [--workers K --worker-max-runs M] [--no-snapshots]");
                 std::process::exit(0);
             }
             other => bail!("unknown flag {other}"),
@@ -158,6 +163,11 @@ fn start_server(options: &Options, model_url: &str) -> Result<Server> {
         (None, "none") => "store = \"none\"\n".to_string(),
         _ => String::new(),
     };
+    let snapshots = if options.snapshots {
+        ""
+    } else {
+        "[snapshots]\nenabled = false\n"
+    };
     let n = options.runs.max(1);
     std::fs::write(
         dir.path().join("loom.toml"),
@@ -171,6 +181,7 @@ max_attempts = 1
 [feedback]
 monitor = false
 
+{snapshots}
 [server]
 max_runs = {n}
 max_runs_per_token = {n}

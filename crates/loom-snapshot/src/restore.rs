@@ -211,7 +211,9 @@ mod tests {
         let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
         let mut scanner = Scanner::new(&ws, Filter::default());
         let before = scanner.scan().unwrap();
-        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
+        store
+            .record(&crate::store::tests::point("r", 0, None, &before))
+            .unwrap();
 
         // A turn: an edit, a deletion, a new file, a mode change, a link.
         std::fs::write(ws.join("src/main.rs"), "fn main() { panic!() }\n").unwrap();
@@ -253,7 +255,9 @@ mod tests {
         let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
         let mut scanner = Scanner::new(&ws, Filter::default());
         let before = scanner.scan().unwrap();
-        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
+        store
+            .record(&crate::store::tests::point("r", 0, None, &before))
+            .unwrap();
         let target = scanner.manifest();
 
         // `x` becomes a file, `y` a folder.
@@ -300,7 +304,9 @@ mod tests {
         let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
         let mut scanner = Scanner::new(&ws, Filter::default());
         let before = scanner.scan().unwrap();
-        store.record("r", 0, None, &before.delta, &before.contents).unwrap();
+        store
+            .record(&crate::store::tests::point("r", 0, None, &before))
+            .unwrap();
         std::fs::write(ws.join("sub/a"), "new").unwrap();
         std::fs::write(ws.join("sub/b"), "made later").unwrap();
         scanner.scan().unwrap();

@@ -200,7 +200,12 @@ impl Scanner {
                 source,
             })?,
         );
-        let (entries, watch) = walk(&root, &beneath, &scope, self.watch.take());
+        let (entries, watch) = if scope.is_empty() {
+            // The kernel saw nothing change: nothing to walk.
+            (Vec::new(), self.watch.take())
+        } else {
+            walk(&root, &beneath, &scope, self.watch.take())
+        };
         self.watch = watch.filter(Watch::complete);
         for (path, meta) in &entries {
             let path = path.as_str();

@@ -37,21 +37,33 @@ pub enum StoreError {
 /// A recorded snapshot: a step of a run.
 pub type Point = (String, u32);
 
+/// A point to record.
+#[derive(Debug, Clone, Copy)]
+pub struct NewPoint<'a> {
+    /// Its run.
+    pub run: &'a str,
+    /// Its step.
+    pub step: u32,
+    /// The point its delta is from (`None`: from an empty workspace).
+    pub base: Option<&'a Point>,
+    /// What changed from the base.
+    pub delta: &'a Delta,
+    /// Contents read, by hash: those the delta needs are kept.
+    pub contents: &'a [(String, Vec<u8>)],
+    /// Files in the workspace left out of it.
+    pub left_out: &'a [String],
+    /// The workspace it becomes the head of, if any.
+    pub head_of: Option<&'a str>,
+}
+
 /// Where snapshots are kept.
 pub trait SnapshotStore {
-    /// Records the snapshot after `step` of `run` as its delta from the
-    /// snapshot `base` (`None`: from an empty workspace), with the contents
-    /// it needs that are not kept yet. A point recorded again (a resumed
-    /// run's step) is replaced; the points based on it are first recorded
-    /// again from its own base, so they stay what they were.
-    fn record(
-        &mut self,
-        run: &str,
-        step: u32,
-        base: Option<&Point>,
-        delta: &Delta,
-        contents: &[(String, Vec<u8>)],
-    ) -> Result<(), StoreError>;
+    /// Records a point (with the head it becomes, in the same transaction),
+    /// keeping the contents its delta needs that are not kept yet. A point
+    /// recorded again (a resumed run's step) is replaced; the points based
+    /// on it are first recorded again from its own base, so they stay what
+    /// they were.
+    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError>;
 
     /// The manifest after `step` of `run` (the deltas of its chain of
     /// bases, replayed), or `None` when that step was not recorded.
@@ -63,9 +75,6 @@ pub trait SnapshotStore {
     /// The files that were in the workspace but left out of the snapshot
     /// (too large, holding a secret, unreadable) at a point.
     fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError>;
-
-    /// Records which files were left out at a point.
-    fn set_left_out(&mut self, point: &Point, paths: &[String]) -> Result<(), StoreError>;
 
     /// How many bases a point's chain has (0: it is whole by itself).
     fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError>;
@@ -95,7 +104,10 @@ pub trait SnapshotStore {
     fn forget(&mut self, run: &str) -> Result<(), StoreError>;
 }
 
-/// Snapshots in SQLite tables.
+/// Snapshots in SQLite tables, written ahead-logged with `synchronous =
+/// NORMAL` as the run store writes events: a snapshot survives a crash of
+/// Loom; a power cut may take the last ones (their steps then cannot be
+/// rewound to, and say so).
 #[derive(Debug)]
 pub struct SqliteSnapshots {
     db: Connection,
@@ -108,6 +120,7 @@ impl SqliteSnapshots {
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(
             "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
              CREATE TABLE IF NOT EXISTS snapshot_contents (hash TEXT PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
              CREATE TABLE IF NOT EXISTS snapshot_points (
                  run_id TEXT NOT NULL, step INTEGER NOT NULL,
@@ -216,14 +229,16 @@ impl SqliteSnapshots {
 }
 
 impl SnapshotStore for SqliteSnapshots {
-    fn record(
-        &mut self,
-        run: &str,
-        step: u32,
-        base: Option<&Point>,
-        delta: &Delta,
-        contents: &[(String, Vec<u8>)],
-    ) -> Result<(), StoreError> {
+    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError> {
+        let NewPoint {
+            run,
+            step,
+            base,
+            delta,
+            contents,
+            left_out,
+            head_of,
+        } = *point;
         let this: Point = (run.to_string(), step);
         if self.row(run, step)?.is_some() {
             self.rebase_dependents(&HashSet::from([this]))?;
@@ -248,10 +263,24 @@ impl SnapshotStore for SqliteSnapshots {
             }
         }
         tx.execute(
-            "INSERT OR REPLACE INTO snapshot_points (run_id, step, base_run, base_step, depth, delta)
-               VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![run, step, base.map(|b| b.0.as_str()), base.map(|b| b.1), depth, text],
+            "INSERT OR REPLACE INTO snapshot_points (run_id, step, base_run, base_step, depth, delta, left_out)
+               VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                run,
+                step,
+                base.map(|b| b.0.as_str()),
+                base.map(|b| b.1),
+                depth,
+                text,
+                serde_json::to_string(left_out)?
+            ],
         )?;
+        if let Some(workspace) = head_of {
+            tx.execute(
+                "INSERT OR REPLACE INTO snapshot_heads (workspace, run_id, step) VALUES (?1, ?2, ?3)",
+                params![workspace, run, step],
+            )?;
+        }
         tx.commit()?;
         Ok(())
     }
@@ -303,14 +332,6 @@ impl SnapshotStore for SqliteSnapshots {
             Some(text) => serde_json::from_str(&text)?,
             None => Vec::new(),
         })
-    }
-
-    fn set_left_out(&mut self, point: &Point, paths: &[String]) -> Result<(), StoreError> {
-        self.db.execute(
-            "UPDATE snapshot_points SET left_out = ?3 WHERE run_id = ?1 AND step = ?2",
-            params![point.0, point.1, serde_json::to_string(paths)?],
-        )?;
-        Ok(())
     }
 
     fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {
@@ -402,7 +423,7 @@ impl SnapshotStore for SqliteSnapshots {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::filter::Filter;
     use crate::scan::Scanner;
@@ -420,7 +441,15 @@ mod tests {
             let scanned = scanner.scan().unwrap();
             let base = step.checked_sub(1).map(|before| ("r1".to_string(), before));
             store
-                .record("r1", step, base.as_ref(), &scanned.delta, &scanned.contents)
+                .record(&NewPoint {
+                    run: "r1",
+                    step,
+                    base: base.as_ref(),
+                    delta: &scanned.delta,
+                    contents: &scanned.contents,
+                    left_out: &[],
+                    head_of: None,
+                })
                 .unwrap();
             scanner.manifest()
         };
@@ -442,6 +471,24 @@ mod tests {
         assert_eq!(store.content(hash).unwrap(), None);
     }
 
+    /// A point of `scanned`, the head of nothing.
+    pub(crate) fn point<'a>(
+        run: &'a str,
+        step: u32,
+        base: Option<&'a Point>,
+        scanned: &'a crate::scan::Scanned,
+    ) -> NewPoint<'a> {
+        NewPoint {
+            run,
+            step,
+            base,
+            delta: &scanned.delta,
+            contents: &scanned.contents,
+            left_out: &[],
+            head_of: None,
+        }
+    }
+
     #[test]
     fn forgetting_a_run_keeps_whole_the_runs_recorded_from_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -452,13 +499,11 @@ mod tests {
         std::fs::write(ws.join("a"), "first").unwrap();
         std::fs::write(ws.join("b"), "kept").unwrap();
         let scanned = scanner.scan().unwrap();
-        store.record("r1", 0, None, &scanned.delta, &scanned.contents).unwrap();
+        store.record(&point("r1", 0, None, &scanned)).unwrap();
         std::fs::write(ws.join("a"), "second").unwrap();
         let scanned = scanner.scan().unwrap();
         let base = ("r1".to_string(), 0);
-        store
-            .record("r2", 0, Some(&base), &scanned.delta, &scanned.contents)
-            .unwrap();
+        store.record(&point("r2", 0, Some(&base), &scanned)).unwrap();
         store.set_head("ws", &("r2".to_string(), 0)).unwrap();
         let before = store.manifest_at("r2", 0).unwrap().unwrap();
         assert_eq!(before.0.len(), 2);

@@ -52,6 +52,11 @@ impl Scope {
         })
     }
 
+    /// Whether nothing is looked at.
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self, Self::Part { dirs, trees, .. } if dirs.is_empty() && trees.is_empty())
+    }
+
     /// Whether the walk enters the folder `dir`.
     fn enters(&self, dir: &str) -> bool {
         match self {

@@ -18,7 +18,7 @@ use crate::filter::Filter;
 use crate::manifest::{Delta, Manifest};
 use crate::restore::{apply, changed_outside, Plan};
 use crate::scan::Scanner;
-use crate::store::{Point, SnapshotStore, SqliteSnapshots};
+use crate::store::{NewPoint, Point, SnapshotStore, SqliteSnapshots};
 
 /// A chain this long ends in a point stored whole.
 pub const KEYFRAME_DEPTH: u32 = 64;
@@ -186,13 +186,19 @@ impl Snapshots {
         // A keyframe or a slow path may name files this scan did not read:
         // their contents are stored already, or were kept back by a plan.
         scanned.contents.append(unrecorded);
-        store
-            .record(run, step, base.as_ref(), &delta, &scanned.contents)
-            .map_err(failed)?;
         let mut left_out: Vec<String> = scanner.left_out().map(|(path, _)| path.to_string()).collect();
         left_out.sort();
-        store.set_left_out(&this, &left_out).map_err(failed)?;
-        store.set_head(&self.key, &this).map_err(failed)?;
+        store
+            .record(&NewPoint {
+                run,
+                step,
+                base: base.as_ref(),
+                delta: &delta,
+                contents: &scanned.contents,
+                left_out: &left_out,
+                head_of: Some(&self.key),
+            })
+            .map_err(failed)?;
         *scanner_at = Some(this);
         Ok(step_files(
             &delta_for_event(&delta, keyframe, scanned.delta),
