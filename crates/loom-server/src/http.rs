@@ -216,8 +216,13 @@ pub(crate) async fn rewind_run(
     ApiPath(run_id): ApiPath<String>,
     JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let params = crate::protocol::object_params(with_run_id(body, run_id)?)?;
-    answer(&app, &caller, Request::Rewind(params), StatusCode::OK).await
+    answer(
+        &app,
+        &caller,
+        Request::Rewind(run_params(body, run_id)?),
+        StatusCode::OK,
+    )
+    .await
 }
 
 /// `POST /v1/runs/{id}/fork`: `run.fork`'s fields but `runId`. A prompt's
@@ -228,8 +233,7 @@ pub(crate) async fn fork_run(
     ApiPath(run_id): ApiPath<String>,
     JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    let params = crate::protocol::object_params(with_run_id(body, run_id)?)?;
-    answer(&app, &caller, Request::Fork(params), StatusCode::OK).await
+    answer(&app, &caller, Request::Fork(run_params(body, run_id)?), StatusCode::OK).await
 }
 
 /// `GET /v1/runs/{id}/files?step=N&path=P`: `run.file`.
@@ -260,8 +264,9 @@ pub(crate) async fn snapshot_file(
     answer(&app, &caller, Request::File(params), StatusCode::OK).await
 }
 
-/// A body (an object, or nothing) with the path's run id added.
-fn with_run_id(body: serde_json::Value, run_id: String) -> Result<serde_json::Value, ApiError> {
+/// A method's params from a body (an object, or nothing) and the path's
+/// run id, which the body may not name.
+fn run_params<T: serde::de::DeserializeOwned>(body: serde_json::Value, run_id: String) -> Result<T, ApiError> {
     let mut fields = match body {
         serde_json::Value::Null => serde_json::Map::new(),
         serde_json::Value::Object(fields) => fields,
@@ -274,7 +279,7 @@ fn with_run_id(body: serde_json::Value, run_id: String) -> Result<serde_json::Va
         ));
     }
     fields.insert("runId".into(), run_id.into());
-    Ok(serde_json::Value::Object(fields))
+    crate::protocol::object_params(serde_json::Value::Object(fields))
 }
 
 pub(crate) async fn respond(

@@ -200,6 +200,18 @@ mod tests {
     use crate::scan::Scanner;
     use crate::store::SqliteSnapshots;
 
+    /// The workspace `ws` scanned and recorded as step 0 of run `r`, in a
+    /// database under `dir`; the scanner that knows it.
+    fn first_snapshot(dir: &Path, ws: &Path) -> (SqliteSnapshots, Scanner) {
+        let mut store = SqliteSnapshots::open(&dir.join("db")).unwrap();
+        let mut scanner = Scanner::new(ws, Filter::default());
+        let before = scanner.scan().unwrap();
+        store
+            .record(&crate::store::tests::point("r", 0, None, &before))
+            .unwrap();
+        (store, scanner)
+    }
+
     #[test]
     fn a_workspace_goes_back_to_a_snapshot_byte_for_byte_and_mode_for_mode() {
         let dir = tempfile::tempdir().unwrap();
@@ -208,12 +220,7 @@ mod tests {
         std::fs::write(ws.join("src/main.rs"), "fn main() {}\n").unwrap();
         std::fs::write(ws.join("run.sh"), "echo hi\n").unwrap();
         std::fs::set_permissions(ws.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
-        let mut scanner = Scanner::new(&ws, Filter::default());
-        let before = scanner.scan().unwrap();
-        store
-            .record(&crate::store::tests::point("r", 0, None, &before))
-            .unwrap();
+        let (store, mut scanner) = first_snapshot(dir.path(), &ws);
 
         // A turn: an edit, a deletion, a new file, a mode change, a link.
         std::fs::write(ws.join("src/main.rs"), "fn main() { panic!() }\n").unwrap();
@@ -252,12 +259,7 @@ mod tests {
         std::fs::create_dir_all(ws.join("x")).unwrap();
         std::fs::write(ws.join("x/inner"), "inner").unwrap();
         std::fs::write(ws.join("y"), "file y").unwrap();
-        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
-        let mut scanner = Scanner::new(&ws, Filter::default());
-        let before = scanner.scan().unwrap();
-        store
-            .record(&crate::store::tests::point("r", 0, None, &before))
-            .unwrap();
+        let (store, mut scanner) = first_snapshot(dir.path(), &ws);
         let target = scanner.manifest();
 
         // `x` becomes a file, `y` a folder.
@@ -301,12 +303,7 @@ mod tests {
         std::fs::create_dir_all(ws.join(".loom")).unwrap();
         std::fs::write(ws.join(".loom/keep"), "project").unwrap();
         std::fs::write(ws.join("sub/a"), "old").unwrap();
-        let mut store = SqliteSnapshots::open(&dir.path().join("db")).unwrap();
-        let mut scanner = Scanner::new(&ws, Filter::default());
-        let before = scanner.scan().unwrap();
-        store
-            .record(&crate::store::tests::point("r", 0, None, &before))
-            .unwrap();
+        let (store, mut scanner) = first_snapshot(dir.path(), &ws);
         std::fs::write(ws.join("sub/a"), "new").unwrap();
         std::fs::write(ws.join("sub/b"), "made later").unwrap();
         scanner.scan().unwrap();
