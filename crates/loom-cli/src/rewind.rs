@@ -15,18 +15,26 @@ use crate::cli::{AgentArgs, PlaceArgs};
 use crate::recorded_runs::RecordedIn;
 use crate::run::{build_agent, follow, Failure};
 
-/// The snapshots of the workspace `run_id` worked in, beside the SQLite
-/// database it is recorded in (`None` for Redis: not kept there yet).
+/// The snapshots of the workspace `run_id` worked in, kept beside the
+/// store it is recorded in (a SQLite file's, or the cluster's Redis), and
+/// that workspace. A run recorded in Redis by another machine's worker
+/// worked in that machine's folder: its files are refused here.
 async fn run_snapshots(
     store: &dyn Store,
     recorded_in: &RecordedIn,
     run_id: &str,
 ) -> Result<(Option<Arc<dyn WorkspaceSnapshots>>, Option<PathBuf>), Failure> {
     let record = store.load_run(run_id).await.map_err(usage_if_unknown)?.run;
+    if let RecordedIn::Redis(_) = recorded_in {
+        let machine = loom::owner::machine_of(&record.owner);
+        if !record.owner.is_empty() && machine != loom::owner::this_machine() {
+            return Err(Failure::Usage(anyhow!(
+                "run {run_id} worked on another machine ({}): its files are there — rewind them through a gateway of the cluster (docs/rewind.md), or only the conversation here with --conversation",
+                crate::text::shown(machine)
+            )));
+        }
+    }
     let workspace = record.workspace.map(PathBuf::from).filter(|dir| dir.is_dir());
-    let RecordedIn::Sqlite(_) = recorded_in else {
-        return Ok((None, workspace));
-    };
     let Some(dir) = &workspace else {
         return Ok((None, None));
     };
@@ -40,8 +48,8 @@ async fn run_snapshots(
 }
 
 /// `loom runs rewind`.
-/// Without snapshots (off, or a Redis store) the default rewinds the
-/// conversation alone; `--files` asked for them, and is refused.
+/// Without snapshots (switched off) the default rewinds the conversation
+/// alone; `--files` asked for them, and is refused.
 pub(crate) async fn rewind(
     store: &dyn Store,
     recorded_in: &RecordedIn,
@@ -49,7 +57,10 @@ pub(crate) async fn rewind(
     files_asked: bool,
     json: bool,
 ) -> Result<ExitCode, Failure> {
-    let (snapshots, _) = run_snapshots(store, recorded_in, &request.run_id).await?;
+    let snapshots = match request.files {
+        true => run_snapshots(store, recorded_in, &request.run_id).await?.0,
+        false => None,
+    };
     if snapshots.is_none() && request.files && !files_asked {
         request.files = false;
         if !json {

@@ -183,8 +183,9 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
                 .await
                 .map_err(|err| Failure::Usage(anyhow!("cannot read the cluster's Redis: {err}")))?;
             let cluster = loom_server::Cluster {
-                leases: Arc::new(redis),
+                leases: Arc::new(redis.clone()),
                 tail: Arc::new(tail),
+                jobs: Arc::new(redis),
             };
             say!("loom serve: runs execute on the cluster's `loom worker` processes");
             Service::on_cluster(config, factory, store, cluster)

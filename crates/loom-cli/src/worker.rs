@@ -101,6 +101,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         .unwrap_or(loom_server::ServerConfig::default().max_runs_per_token);
     let redis = crate::store::open_redis(&url).await.map_err(Failure::Usage)?;
     let store: Arc<dyn Store> = Arc::new(redis.clone());
+    let jobs: Arc<dyn loom::WorkspaceJobs> = Arc::new(redis.clone());
     let leases: Arc<dyn RunLeases> = Arc::new(redis);
     // The gateways' modes: a run in one they no longer allow is not run.
     let allowed_modes = match loaded
@@ -162,7 +163,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         ..WorkerConfig::default()
     };
     let owner = config.owner.clone();
-    let worker = Worker::new(config, factory, store, leases, connect)
+    let worker = Worker::new(config, factory, store, leases, Some(jobs), connect)
         .map_err(|err| Failure::Runtime(anyhow!("cannot start the lease keeper: {err}")))?;
     if let Some(addr) = addr {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -80,10 +80,16 @@ impl Ran {
     /// The next run of the session: `loom run --session`, whose request
     /// body is the server's last.
     fn next_run(&self, prompt: &str) -> Value {
+        self.next_run_with(prompt, &[])
+    }
+
+    /// [`Ran::next_run`] with `args` besides.
+    fn next_run_with(&self, prompt: &str, args: &[&str]) -> Value {
         let out = self
             .loom()
             .args(["run", "--yes", "--model", "openai:test", "--base-url"])
             .arg(self.server.url())
+            .args(args)
             .args(["--session", &self.session_id, prompt])
             .output()
             .unwrap();
@@ -96,7 +102,11 @@ impl Ran {
 /// made.txt, delete gone.txt and make a.txt executable. Then its answer,
 /// and one more answer for a later run.
 fn three_steps() -> Ran {
-    let dir = tempfile::tempdir().unwrap();
+    three_steps_in(tempfile::tempdir().unwrap(), &[])
+}
+
+/// [`three_steps`] in `dir`, with `loom run` given `args` besides.
+fn three_steps_in(dir: tempfile::TempDir, args: &[&str]) -> Ran {
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(ws.join("src")).unwrap();
     std::fs::write(ws.join("keep.txt"), "old line\n").unwrap();
@@ -126,6 +136,7 @@ fn three_steps() -> Ran {
         .env("OPENAI_API_KEY", "sk-test")
         .args(["run", "--json", "--yes", "--model", "openai:test", "--base-url"])
         .arg(server.url())
+        .args(args)
         .arg("first task")
         .output()
         .unwrap();
@@ -561,4 +572,50 @@ fn rewinds_at_once_do_not_mix_and_none_restores_under_a_live_run() {
         String::from_utf8_lossy(&refused.stderr)
     );
     assert!(live.wait().unwrap().success());
+}
+
+/// Runs recorded in the cluster's Redis keep their snapshots there
+/// (docs/rewind.md): `loom runs rewind --redis` on the machine the run
+/// worked on restores its files; a run another machine executed is
+/// refused here (its files are there).
+#[test]
+fn a_run_recorded_in_redis_is_rewound_from_the_snapshots_kept_there() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("redis-files")).unwrap();
+    let redis = loom_testkit::redis_server::RedisServer::start(&dir.path().join("redis-files"))
+        .unwrap_or_else(|err| panic!("{err}"));
+    let url = redis.url(0);
+    let ran = three_steps_in(dir, &["--redis", &url]);
+    let ws = ran.ws();
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "1", "--redis", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tree(&ws), after_step_one());
+    let sent = texts(&ran.next_run_with("go on", &["--redis", &url]));
+    assert!(
+        sent.contains("first task") && sent.contains("call_1") && !sent.contains("call_2"),
+        "{sent}"
+    );
+
+    // The run as if another machine's worker had executed it.
+    let owner = std::process::Command::new("redis-cli")
+        .args([
+            "-u",
+            &url,
+            "HSET",
+            &format!("loom:run:{}", ran.run_id),
+            "owner",
+            "elsewhere#0123456789ab/pid:7",
+        ])
+        .output()
+        .unwrap();
+    assert!(owner.status.success(), "{}", String::from_utf8_lossy(&owner.stderr));
+    let before = tree(&ws);
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "0", "--redis", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("another machine") && said.contains("elsewhere"), "{said}");
+    assert_eq!(tree(&ws), before);
+    // Its conversation alone is the store's, rewound from anywhere.
+    let out = ran.runs(&["rewind", &ran.run_id, "--step", "0", "--conversation", "--redis", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

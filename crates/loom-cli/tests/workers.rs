@@ -985,3 +985,103 @@ async fn a_worker_does_not_execute_a_run_in_a_mode_its_file_no_longer_allows() {
     let view = ended(&gateway, &fine, Duration::from_secs(30), String::new).await;
     assert_eq!(view["status"], "DONE", "{view}");
 }
+
+/// Rewind and fork of a run a worker executed (docs/rewind.md): the
+/// worker recorded the workspace in Redis after each step; the gateway
+/// reads a step's file from there, and has the worker of the workspace's
+/// machine restore the files; the fork's prompt runs on a worker. With no
+/// worker serving the workspace, the gateway says so and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_a_worker_executed_is_rewound_and_forked_through_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster(dir.path());
+    // Redis keeps its files in the workspace here: not the run's.
+    std::fs::write(dir.path().join(".gitignore"), "redis/\n").unwrap();
+    let worker = WorkerProcess::start(dir.path(), 2);
+    let why = || worker.log_text();
+    let run = start(
+        &gateway,
+        "steps=3 tool=bash bash=echo+STEP+>>+effects.txt;echo+made+>+fSTEP.txt",
+    )
+    .await;
+    let view = ended(&gateway, &run, Duration::from_secs(60), why).await;
+    assert_eq!(view["status"], "DONE", "{view}\n{}", why());
+    assert!(dir.path().join("f3.txt").exists());
+    let stored = stored_events(dir.path(), &server.url(0), &run);
+    let recorded: Vec<u64> = stored
+        .iter()
+        .filter(|e| e["type"] == "snapshot.recorded")
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(recorded, [0, 1, 2, 3], "the worker recorded each step: {stored:?}");
+
+    // The gateway reads a step's file from the snapshots in Redis.
+    let file: Value = http(ALICE)
+        .get(gateway.url(&format!("/v1/runs/{run}/files?step=1&path=effects.txt")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(file["content"], "1\n", "{file}");
+
+    // A dry run, then the rewind: done by the worker, on its machine.
+    let dry = post(
+        &gateway,
+        &format!("/v1/runs/{run}/rewind"),
+        json!({"step": 1, "dryRun": true}),
+    )
+    .await;
+    assert_eq!(dry["write"], json!(["effects.txt"]), "{dry}");
+    assert_eq!(dry["remove"], json!(["f2.txt", "f3.txt"]), "{dry}");
+    assert!(dir.path().join("f3.txt").exists(), "a dry run changes nothing");
+    let rewound = post(&gateway, &format!("/v1/runs/{run}/rewind"), json!({"step": 1})).await;
+    assert_eq!(rewound["remove"], json!(["f2.txt", "f3.txt"]), "{rewound}");
+    assert_eq!(std::fs::read_to_string(dir.path().join("effects.txt")).unwrap(), "1\n");
+    assert!(dir.path().join("f1.txt").exists());
+    assert!(!dir.path().join("f2.txt").exists() && !dir.path().join("f3.txt").exists());
+    let continuation = rewound["continuedBy"].as_str().unwrap_or_else(|| panic!("{rewound}"));
+    let stored = stored_events(dir.path(), &server.url(0), &run);
+    let told = stored
+        .iter()
+        .find(|e| e["type"] == "run.rewound")
+        .expect("run.rewound is stored");
+    assert_eq!(told["continuedBy"], continuation);
+
+    // A fork at step 0 with a prompt: the files go back to before any
+    // tool ran, and the prompt's run executes on a worker from there.
+    let forked = post(
+        &gateway,
+        &format!("/v1/runs/{run}/fork"),
+        json!({"step": 0, "prompt": "steps=1 tool=bash bash=echo+forked+>+g.txt"}),
+    )
+    .await;
+    assert_eq!(forked["remove"], json!(["effects.txt", "f1.txt"]), "{forked}");
+    let started = forked["started"]["runId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{forked}"));
+    let view = ended(&gateway, started, Duration::from_secs(60), why).await;
+    assert_eq!(view["status"], "DONE", "{view}");
+    assert_eq!(view["sessionId"], forked["sessionId"]);
+    assert!(dir.path().join("g.txt").exists() && !dir.path().join("f1.txt").exists());
+
+    // No worker serves the workspace any more: the gateway says so once
+    // its patience ran out, and nothing changed.
+    let before = std::fs::read_dir(dir.path()).unwrap().count();
+    drop(worker);
+    let refused = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/rewind")))
+        .json(&json!({"step": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    let refused: Value = refused.json().await.unwrap();
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("no worker"),
+        "{refused}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), before);
+    assert!(!dir.path().join("f3.txt").exists());
+}

@@ -79,6 +79,20 @@ pub struct LeaseGuard {
     pub refused: std::sync::atomic::AtomicU64,
 }
 
+/// The lease a store's writes are fenced by ([`crate::Store::write_fence`]):
+/// what is kept beside the store for the run (its workspace snapshots)
+/// carries the same fence, so a worker that lost its lease writes nothing
+/// there either.
+#[derive(Debug, Clone)]
+pub struct WriteFence {
+    /// The leased run (a sub-agent's writes carry its root's).
+    pub run_id: String,
+    /// The epoch the writes must still be of.
+    pub epoch: u64,
+    /// The worker's side of the lease: once revoked, nothing is sent.
+    pub guard: Arc<LeaseGuard>,
+}
+
 /// What a renewal found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Renewal {

@@ -58,6 +58,7 @@ pub mod tool_schema;
 pub mod tool_source;
 pub mod turn_state;
 mod wire;
+pub mod workspace_jobs;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumingRun, RunRequest, DEFAULT_SYSTEM_PROMPT, LEGACY_STATE};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};
@@ -75,7 +76,7 @@ pub use hooks::{
     HookAnswer, HookCall, HookDecision, HookEvent, HookInput, HookReport, HookRun, HookScope, HookVerdict,
     LifecycleHooks, ToolHook,
 };
-pub use lease::{Claim, EventTail, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Tailed};
+pub use lease::{Claim, EventTail, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Tailed, WriteFence};
 pub use live_state::{LiveState, PendingAsk};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
 pub use machine::RunState;
@@ -92,7 +93,7 @@ pub use snapshots::{RestorePlan, SkipReason, SkippedFile, SnapshotError, StepFil
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{
     Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot,
-    Store, StoreError,
+    Store, StoreAddress, StoreError,
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{
@@ -101,6 +102,7 @@ pub use tool::{
 pub use tool_result::{Authority, ErrorKind, StageTimings, ToolResult, ToolStatus};
 pub use tool_source::ToolSource;
 pub use turn_state::TurnState;
+pub use workspace_jobs::{workspace_line, JobOutcome, WorkspaceJob, WorkspaceJobs};
 
 // Re-exported so tool authors use the same versions as the engine.
 pub use async_trait::async_trait;

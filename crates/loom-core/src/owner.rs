@@ -36,6 +36,16 @@ pub fn this_process() -> String {
 /// This machine as owner strings name it: its host name and, where it has
 /// one, 12 hex digits of a digest of its machine id (the id itself is not
 /// to be shown: systemd asks that it be kept private).
+pub fn this_machine() -> String {
+    machine()
+}
+
+/// The machine an owner string (of [`this_process`]) names: what
+/// [`this_machine`] said in that process.
+pub fn machine_of(owner: &str) -> &str {
+    owner.split('/').next().unwrap_or(owner)
+}
+
 fn machine() -> String {
     match machine_id() {
         Some(id) => format!(

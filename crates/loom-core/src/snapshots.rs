@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+
+use crate::lease::WriteFence;
 use serde::{Deserialize, Serialize};
 
 /// A snapshot that could not be recorded, read or restored.
@@ -95,8 +97,10 @@ impl RestorePlan {
 #[async_trait]
 pub trait WorkspaceSnapshots: Send + Sync {
     /// Records the workspace as it is now as `step` of `run_id` (again, if
-    /// it was recorded before: a resumed run's step).
-    async fn record(&self, run_id: &str, step: u32) -> Result<StepFiles, SnapshotError>;
+    /// it was recorded before: a resumed run's step). With `fence` (the
+    /// run's store is a worker's, under a lease) the record is refused
+    /// once the lease was lost, checked as it is written.
+    async fn record(&self, run_id: &str, step: u32, fence: Option<&WriteFence>) -> Result<StepFiles, SnapshotError>;
 
     /// Whether `step` of `run_id` is recorded.
     async fn recorded(&self, run_id: &str, step: u32) -> Result<bool, SnapshotError>;

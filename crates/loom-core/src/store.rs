@@ -437,6 +437,37 @@ pub trait Store: Send + Sync + 'static {
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
     }
+
+    /// Where this store lives when processes reach it over the network
+    /// (Redis): what is kept beside the runs (their workspace snapshots)
+    /// is kept there too. `None` for a store in local files ([`Store::files`]).
+    fn address(&self) -> Option<StoreAddress> {
+        None
+    }
+
+    /// The lease this store's writes are fenced by (a worker's store of a
+    /// run it holds, docs/cluster.md), if any.
+    fn write_fence(&self) -> Option<crate::lease::WriteFence> {
+        None
+    }
+}
+
+/// A store reached over the network ([`Store::address`]).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoreAddress {
+    /// Its URL (`redis://HOST:PORT/DB`; it may hold a password).
+    pub url: String,
+    /// The prefix of its keys.
+    pub prefix: String,
+}
+
+impl std::fmt::Debug for StoreAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        f.debug_struct("StoreAddress")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RunSnapshot {

@@ -150,13 +150,17 @@ impl RunLeases for RedisStore {
     }
 
     async fn forget_ended(&self, before_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        self.forget_ended_script()
+        let ids: Vec<String> = self
+            .forget_ended_script()
             .arg(self.prefix())
             .arg(before_ms)
             .arg(limit.max(1))
             .invoke_async(&mut self.conn())
             .await
-            .map_err(backend)
+            .map_err(backend)?;
+        // Their workspace snapshots go with them (docs/rewind.md).
+        self.forget_snapshots(ids.clone()).await?;
+        Ok(ids.len())
     }
 
     async fn withdraw(&self, run_id: &str, log: &[Event]) -> Result<bool, StoreError> {
@@ -209,6 +213,7 @@ impl RunLeases for RedisStore {
         let mut store = self.clone();
         store.fence = Some(Arc::new(Fence {
             run_id: lease.run_id.clone(),
+            epoch: lease.epoch,
             arg: format!("{} {}", lease.epoch, self.run_key_of(&lease.run_id)),
             guard,
             controls_key: self.controls_key(&lease.run_id),

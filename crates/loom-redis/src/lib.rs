@@ -1,13 +1,18 @@
 //! Loom on Redis: [`RedisStore`], the [`loom_core::Store`] that processes
 //! on several machines share, and the leases with which `loom worker`
-//! processes take runs ([`loom_core::RunLeases`]; docs/cluster.md).
+//! processes take runs ([`loom_core::RunLeases`]; docs/cluster.md), and
+//! [`RedisSnapshots`], where the runs' workspace snapshots are kept
+//! (docs/rewind.md).
 
 mod appender;
+mod jobs;
 mod leases;
 mod nudges;
 mod scripts;
+mod snapshots;
 mod store;
 mod tail;
 
+pub use snapshots::RedisSnapshots;
 pub use store::RedisStore;
 pub use tail::RedisTail;

@@ -472,8 +472,8 @@ return 'ok'
 
 /// `forget_ended`: ARGV prefix, cutoff (ms since the epoch), how many at
 /// most. Removes the runs that ended before the cutoff (`{p}ended`, by
-/// end time): their keys and their places in every index. Returns how
-/// many.
+/// end time): their keys and their places in every index. Returns their
+/// ids (their workspace snapshots are forgotten next, `snapshots.rs`).
 pub(crate) const FORGET_ENDED: &str = r#"
 local p = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', p .. 'ended', '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
@@ -488,7 +488,7 @@ for _, id in ipairs(ids) do
   redis.call('DEL', key, p .. 'messages:' .. id, p .. 'events:' .. id, p .. 'journal:' .. id,
     p .. 'results:' .. id, p .. 'controls:' .. id)
 end
-return #ids
+return ids
 "#;
 
 /// `queue_position`: ARGV prefix, id. 1 for the oldest queued run that no
@@ -514,4 +514,93 @@ return position
 pub(crate) const FAILED_START: &str = r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 return redis.call('HINCRBY', KEYS[1], 'failed_starts', 1)
+"#;
+
+/// `put_snapshot_point` (`snapshots.rs`): ARGV prefix, run, step, the
+/// point's record, its base (`RUN\nSTEP` or `''`), the workspace it is the
+/// head of (or `''`) and the head's value, the number of content hashes
+/// the point needs and those, the number of contents sent and `hash data`
+/// pairs, the fence. Refused (`MISSING`) when a content it needs is
+/// neither kept nor sent: the writer reads the files again.
+pub(crate) fn put_snapshot_point() -> String {
+    format!(
+        "{FENCE}{}",
+        r#"
+local refused = fence_error()
+if refused then return refused end
+local p, run, step = ARGV[1], ARGV[2], ARGV[3]
+local i = 8
+local needed = {}
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do needed[#needed + 1] = ARGV[i]; i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('SET', p .. 'snap-content:' .. ARGV[i], ARGV[i + 1], 'NX')
+  i = i + 2
+end
+for _, hash in ipairs(needed) do
+  if redis.call('EXISTS', p .. 'snap-content:' .. hash) == 0 then
+    return redis.error_reply('MISSING a content of the snapshot is not kept: ' .. hash)
+  end
+end
+for _, hash in ipairs(needed) do
+  redis.call('SADD', p .. 'snap-uses:' .. run, hash)
+  redis.call('SADD', p .. 'snap-users:' .. hash, run)
+end
+redis.call('HSET', p .. 'snap-point:' .. run, step, ARGV[4])
+if ARGV[5] ~= '' then
+  local base_run = string.match(ARGV[5], '^(.*)\n')
+  redis.call('SADD', p .. 'snap-based:' .. base_run, run .. '\n' .. step)
+end
+if ARGV[6] ~= '' then redis.call('HSET', p .. 'snap-heads', ARGV[6], ARGV[7]) end
+return 'OK'
+"#
+    )
+}
+
+/// `rebase_snapshots`: ARGV prefix, how many points, then per point: its
+/// run, its step, its new record, its new base's run (or `''`), the number
+/// of content hashes its new delta needs and those.
+pub(crate) const REBASE_SNAPSHOTS: &str = r#"
+local p = ARGV[1]
+local i = 3
+for _ = 1, tonumber(ARGV[2]) do
+  local run, step, record, base_run = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local n = tonumber(ARGV[i + 4]); i = i + 5
+  redis.call('HSET', p .. 'snap-point:' .. run, step, record)
+  if base_run ~= '' then redis.call('SADD', p .. 'snap-based:' .. base_run, run .. '\n' .. step) end
+  for _ = 1, n do
+    redis.call('SADD', p .. 'snap-uses:' .. run, ARGV[i])
+    redis.call('SADD', p .. 'snap-users:' .. ARGV[i], run)
+    i = i + 1
+  end
+end
+return 'OK'
+"#;
+
+/// `forget_snapshots`: ARGV prefix, run. Removes the run's points (those
+/// based on them were rebased first), the heads at them, its place in its
+/// bases' sets, and every content no other run needs.
+pub(crate) const FORGET_SNAPSHOTS: &str = r#"
+local p, run = ARGV[1], ARGV[2]
+local points = redis.call('HGETALL', p .. 'snap-point:' .. run)
+for k = 1, #points, 2 do
+  local ok, record = pcall(cjson.decode, points[k + 1])
+  if ok and type(record.base) == 'table' then
+    redis.call('SREM', p .. 'snap-based:' .. record.base[1], run .. '\n' .. points[k])
+  end
+end
+local heads = redis.call('HGETALL', p .. 'snap-heads')
+for k = 1, #heads, 2 do
+  local ok, head = pcall(cjson.decode, heads[k + 1])
+  if ok and head[1] == run then redis.call('HDEL', p .. 'snap-heads', heads[k]) end
+end
+for _, hash in ipairs(redis.call('SMEMBERS', p .. 'snap-uses:' .. run)) do
+  redis.call('SREM', p .. 'snap-users:' .. hash, run)
+  if redis.call('SCARD', p .. 'snap-users:' .. hash) == 0 then
+    redis.call('DEL', p .. 'snap-content:' .. hash)
+  end
+end
+redis.call('DEL', p .. 'snap-point:' .. run, p .. 'snap-uses:' .. run, p .. 'snap-based:' .. run)
+return 'OK'
 "#;

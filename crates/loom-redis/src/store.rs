@@ -65,6 +65,8 @@ struct Scripts {
 pub(crate) struct Fence {
     /// The run the lease is on (a sub-agent's writes carry its root's).
     pub run_id: String,
+    /// The epoch the lease was taken at.
+    pub epoch: u64,
     /// `EPOCH RUNKEY`, as the scripts take it.
     pub arg: String,
     /// The worker's side of the lease: revoked, controls delivered.
@@ -86,6 +88,8 @@ pub struct RedisStore {
     queue_bound: Option<usize>,
     /// What opens further connections (`tail.rs`).
     client: redis::Client,
+    /// The URL it was opened with (`Store::address`).
+    url: String,
     /// The lease this store writes under (`RunLeases::fenced`), if any.
     pub(crate) fence: Option<std::sync::Arc<Fence>>,
 }
@@ -142,6 +146,7 @@ impl RedisStore {
                 failed_start: Script::new(scripts::FAILED_START),
             }),
             client,
+            url: url.to_string(),
             queue_bound: None,
             fence: None,
         })
@@ -177,6 +182,10 @@ impl RedisStore {
 
     pub(crate) fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     pub(crate) fn run_key_of(&self, run_id: &str) -> String {
@@ -1039,5 +1048,20 @@ impl Store for RedisStore {
         }
         found.truncate(query.limit);
         Ok(found)
+    }
+
+    fn address(&self) -> Option<loom_core::StoreAddress> {
+        Some(loom_core::StoreAddress {
+            url: self.url.clone(),
+            prefix: self.prefix.clone(),
+        })
+    }
+
+    fn write_fence(&self) -> Option<loom_core::WriteFence> {
+        self.fence.as_ref().map(|fence| loom_core::WriteFence {
+            run_id: fence.run_id.clone(),
+            epoch: fence.epoch,
+            guard: fence.guard.clone(),
+        })
     }
 }

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::Serialize;
 
 /// An error code of the protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Code {
     /// The frame or body is not JSON.

@@ -178,4 +178,12 @@ impl Store for ObservedStore {
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }
+
+    fn address(&self) -> Option<loom_core::StoreAddress> {
+        self.inner.address()
+    }
+
+    fn write_fence(&self) -> Option<loom_core::WriteFence> {
+        self.inner.write_fence()
+    }
 }

@@ -65,7 +65,7 @@ pub struct RunIdParams {
 }
 
 /// `run.rewind` (docs/rewind.md).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RewindParams {
     /// The run; it must not be executing.
@@ -141,7 +141,7 @@ pub struct SnapshotFile {
 }
 
 /// `run.rewind`'s answer.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Rewound {
     /// The run.

@@ -55,11 +55,11 @@ fn measure(ws: &std::path::Path, db: &std::path::Path, watch: bool, files: usize
         "walking the whole workspace"
     };
     let started = Instant::now();
-    store.record_now("run", 0).unwrap();
+    store.record_now("run", 0, None).unwrap();
     println!(
         "{how}: first snapshot: {files} files, {:.1} ms, database {:.1} MB",
         started.elapsed().as_secs_f64() * 1e3,
-        store.bytes_used().unwrap() as f64 / 1e6
+        store.bytes_used().unwrap().unwrap_or(0) as f64 / 1e6
     );
     let mut times = Vec::new();
     let mut overheads = Vec::new();
@@ -72,12 +72,12 @@ fn measure(ws: &std::path::Path, db: &std::path::Path, watch: bool, files: usize
             changed_bytes += content.len() as u64;
             std::fs::write(path, content).unwrap();
         }
-        let before = store.bytes_used().unwrap();
+        let before = store.bytes_used().unwrap().unwrap_or(0);
         let started = Instant::now();
-        let recorded = store.record_now("run", turn as u32).unwrap();
+        let recorded = store.record_now("run", turn as u32, None).unwrap();
         assert_eq!(recorded.changed.len(), changed);
         times.push(started.elapsed().as_secs_f64() * 1e3);
-        overheads.push(store.bytes_used().unwrap() as i64 - before as i64 - changed_bytes as i64);
+        overheads.push(store.bytes_used().unwrap().unwrap_or(0) as i64 - before as i64 - changed_bytes as i64);
     }
     times.sort_by(f64::total_cmp);
     overheads.sort_unstable();
@@ -100,7 +100,7 @@ fn measure(ws: &std::path::Path, db: &std::path::Path, watch: bool, files: usize
     )
     .unwrap();
     let started = Instant::now();
-    store.record_now("run", turns as u32 + 1).unwrap();
+    store.record_now("run", turns as u32 + 1, None).unwrap();
     println!(
         "{how}: a step that changed one 1 MB text file: {:.1} ms",
         started.elapsed().as_secs_f64() * 1e3

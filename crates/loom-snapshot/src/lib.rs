@@ -26,5 +26,5 @@ pub use filter::{Filter, FilterSpec};
 pub use manifest::{Delta, Entry, Manifest};
 pub use restore::{apply, changed_outside, Plan, RestoreError};
 pub use scan::{ScanError, Scanned, Scanner, Skipped};
-pub use store::{NewPoint, Point, SnapshotStore, SqliteSnapshots, StoreError};
+pub use store::{NewPoint, Point, Rebased, SnapshotStore, SqliteSnapshots, StoreError};
 pub use workspace::{database_files, Snapshots, KEYFRAME_DEPTH};

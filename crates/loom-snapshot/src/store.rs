@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use loom_core::WriteFence;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::filter::FilterSpec;
@@ -18,6 +19,13 @@ pub enum StoreError {
     /// The database failed.
     #[error("snapshot store: {0}")]
     Database(#[from] rusqlite::Error),
+    /// A store reached over the network failed (Redis).
+    #[error("snapshot store: {0}")]
+    Backend(String),
+    /// The write was refused: the lease of the run it records was lost
+    /// (another worker took the run over, or this one gave it up).
+    #[error("snapshot store: run {0} is no longer this worker's: nothing of it is written")]
+    Fenced(String),
     /// A stored delta could not be read.
     #[error("snapshot store: a stored snapshot is damaged: {0}")]
     Damaged(#[from] serde_json::Error),
@@ -54,20 +62,33 @@ pub struct NewPoint<'a> {
     pub left_out: &'a [String],
     /// The workspace it becomes the head of, if any.
     pub head_of: Option<&'a str>,
+    /// The lease the run's writes are fenced by (a worker's): the point is
+    /// written only while it holds, checked as it is written.
+    pub fence: Option<&'a WriteFence>,
 }
 
-/// Where snapshots are kept.
-pub trait SnapshotStore {
-    /// Records a point (with the head it becomes, in the same transaction),
-    /// keeping the contents its delta needs that are not kept yet. A point
-    /// recorded again (a resumed run's step) is replaced; the points based
-    /// on it are first recorded again from its own base, so they stay what
-    /// they were.
-    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError>;
+/// A point recorded again from another base ([`SnapshotStore::rebase`]).
+#[derive(Debug, Clone)]
+pub struct Rebased {
+    /// The point.
+    pub point: Point,
+    /// Its new base.
+    pub base: Option<Point>,
+    /// The new base's depth plus one (0 without a base).
+    pub depth: u32,
+    /// What changed from the new base.
+    pub delta: Delta,
+}
 
-    /// The manifest after `step` of `run` (the deltas of its chain of
-    /// bases, replayed), or `None` when that step was not recorded.
-    fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError>;
+/// Where snapshots are kept: the primitives each store implements, and
+/// what is built on them (replaying a chain of deltas, recording a point
+/// again, forgetting a run) once for all stores.
+pub trait SnapshotStore: Send {
+    /// Writes a point at `depth` (with the head it becomes, and the
+    /// contents its delta needs that are not kept yet) in one atomic step,
+    /// replacing the point if it was written before; refused
+    /// ([`StoreError::Fenced`]) when its fence no longer holds.
+    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), StoreError>;
 
     /// The delta `step` of `run` was recorded as, and its base.
     fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError>;
@@ -98,16 +119,126 @@ pub trait SnapshotStore {
     /// Records the filter the workspace's snapshots are taken with.
     fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError>;
 
+    /// The points based on one of `points` (outside them).
+    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError>;
+
+    /// Records points again from other bases, in one atomic step.
+    fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError>;
+
+    /// Removes `run`'s points and the heads at them, and every content no
+    /// other run needs.
+    fn remove_run(&mut self, run: &str) -> Result<(), StoreError>;
+
+    /// Bytes the store holds, where it can tell.
+    fn bytes_used(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+
+    /// The name the workspace at `root` has in this store's heads: its
+    /// path, for a store of one machine.
+    fn workspace_key(&self, root: &Path) -> String {
+        root.display().to_string()
+    }
+
+    /// Records a point (with the head it becomes, in the same atomic step),
+    /// keeping the contents its delta needs that are not kept yet. A point
+    /// recorded again (a resumed run's step) is replaced; the points based
+    /// on it are first recorded again from its own base, so they stay what
+    /// they were.
+    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError> {
+        if self.delta_of(point.run, point.step)?.is_some() {
+            self.rebase_dependents(&HashSet::from([(point.run.to_string(), point.step)]))?;
+        }
+        let depth = match point.base {
+            Some(base) => self.depth(base)?.unwrap_or(0) + 1,
+            None => 0,
+        };
+        self.put_point(point, depth)
+    }
+
+    /// The manifest after `step` of `run` (the deltas of its chain of
+    /// bases, replayed), or `None` when that step was not recorded.
+    fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError> {
+        // The chain of bases back to a whole point, then replayed forwards.
+        let mut chain = Vec::new();
+        let mut seen: HashSet<Point> = HashSet::new();
+        let mut point = Some((run.to_string(), step));
+        while let Some(at) = point {
+            let broken = |why| StoreError::Broken {
+                run: run.to_string(),
+                step,
+                why,
+            };
+            if !seen.insert(at.clone()) {
+                return Err(broken("its bases lead back to it"));
+            }
+            let Some((delta, base)) = self.delta_of(&at.0, at.1)? else {
+                if chain.is_empty() {
+                    return Ok(None);
+                }
+                return Err(broken("a snapshot it is based on is missing"));
+            };
+            chain.push(delta);
+            point = base;
+        }
+        let mut manifest = Manifest::default();
+        for delta in chain.iter().rev() {
+            manifest.apply(delta);
+        }
+        Ok(Some(manifest))
+    }
+
+    /// The points recorded from one of `points` (outside them): recorded
+    /// again from the first base of their chain that is not one of
+    /// `points`, so that `points` may be replaced or forgotten.
+    fn rebase_dependents(&mut self, points: &HashSet<Point>) -> Result<(), StoreError> {
+        let mut rebased = Vec::new();
+        for (other, step) in self.dependents(points)? {
+            let Some(manifest) = self.manifest_at(&other, step)? else {
+                continue;
+            };
+            let mut base = self.delta_of(&other, step)?.and_then(|(_, base)| base);
+            while let Some(point) = base.clone().filter(|point| points.contains(point)) {
+                base = self.delta_of(&point.0, point.1)?.and_then(|(_, base)| base);
+            }
+            let (from, depth) = match &base {
+                Some(point) => (
+                    self.manifest_at(&point.0, point.1)?.unwrap_or_default(),
+                    self.depth(point)?.unwrap_or(0) + 1,
+                ),
+                None => (Manifest::default(), 0),
+            };
+            rebased.push(Rebased {
+                point: (other, step),
+                base,
+                depth,
+                delta: from.delta(&manifest),
+            });
+        }
+        self.rebase(&rebased)
+    }
+
     /// Forgets `run`'s snapshots, and every content no other run needs;
     /// snapshots of other runs recorded from one of them are recorded
     /// again from what that one was based on, so they stay whole.
-    fn forget(&mut self, run: &str) -> Result<(), StoreError>;
+    fn forget(&mut self, run: &str) -> Result<(), StoreError> {
+        let points: HashSet<Point> = self
+            .steps(run)?
+            .into_iter()
+            .map(|step| (run.to_string(), step))
+            .collect();
+        self.rebase_dependents(&points)?;
+        self.remove_run(run)
+    }
 }
 
 /// Snapshots in SQLite tables, written ahead-logged with `synchronous =
 /// NORMAL` as the run store writes events: a snapshot survives a crash of
 /// Loom; a power cut may take the last ones (their steps then cannot be
-/// rewound to, and say so).
+/// rewound to, and say so). One process writes them: fences are not
+/// checked (they come with a cluster's store, [`Store::address`]).
+///
+/// [`Store::address`]: loom_core::Store::address
 #[derive(Debug)]
 pub struct SqliteSnapshots {
     db: Connection,
@@ -139,97 +270,23 @@ impl SqliteSnapshots {
         )?;
         Ok(Self { db })
     }
+}
 
+impl SnapshotStore for SqliteSnapshots {
     /// Bytes the database's pages hold (its size, less its free pages),
     /// whatever is still in the write-ahead log.
-    pub fn bytes_used(&self) -> Result<u64, StoreError> {
+    fn bytes_used(&self) -> Result<Option<u64>, StoreError> {
         let pragma = |name: &str| -> Result<u64, StoreError> {
             Ok(self
                 .db
                 .query_row(&format!("PRAGMA {name}"), [], |row| row.get::<_, i64>(0))? as u64)
         };
-        Ok((pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?)
+        Ok(Some(
+            (pragma("page_count")? - pragma("freelist_count")?) * pragma("page_size")?,
+        ))
     }
 
-    fn row(&self, run: &str, step: u32) -> Result<Option<(String, Option<Point>)>, StoreError> {
-        Ok(self
-            .db
-            .prepare_cached("SELECT delta, base_run, base_step FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
-            .query_row(params![run, step], |row| {
-                let base = match (row.get::<_, Option<String>>(1)?, row.get::<_, Option<u32>>(2)?) {
-                    (Some(run), Some(step)) => Some((run, step)),
-                    _ => None,
-                };
-                Ok((row.get::<_, String>(0)?, base))
-            })
-            .optional()?)
-    }
-
-    /// The points recorded from one of `points` (outside them): recorded
-    /// again from the first base of their chain that is not one of
-    /// `points`, so that `points` may be replaced or forgotten.
-    fn rebase_dependents(&mut self, points: &HashSet<Point>) -> Result<(), StoreError> {
-        let mut dependents: Vec<Point> = Vec::new();
-        {
-            let mut query = self
-                .db
-                .prepare_cached("SELECT run_id, step FROM snapshot_points WHERE base_run = ?1 AND base_step = ?2")?;
-            for (run, step) in points {
-                let rows = query.query_map(params![run, step], |row| Ok((row.get(0)?, row.get(1)?)))?;
-                for row in rows {
-                    let point: Point = row?;
-                    if !points.contains(&point) {
-                        dependents.push(point);
-                    }
-                }
-            }
-        }
-        let mut rebased = Vec::new();
-        for (other, step) in dependents {
-            let Some(manifest) = self.manifest_at(&other, step)? else {
-                continue;
-            };
-            let mut base = self.delta_of(&other, step)?.and_then(|(_, base)| base);
-            while let Some(point) = base.clone().filter(|point| points.contains(point)) {
-                base = self.delta_of(&point.0, point.1)?.and_then(|(_, base)| base);
-            }
-            let (from, depth) = match &base {
-                Some(point) => (
-                    self.manifest_at(&point.0, point.1)?.unwrap_or_default(),
-                    self.depth(point)?.unwrap_or(0) + 1,
-                ),
-                None => (Manifest::default(), 0),
-            };
-            rebased.push((other, step, base, depth, from.delta(&manifest)));
-        }
-        let tx = self.db.transaction()?;
-        for (other, step, base, depth, delta) in &rebased {
-            tx.execute(
-                "UPDATE snapshot_points SET base_run = ?3, base_step = ?4, depth = ?5, delta = ?6
-                   WHERE run_id = ?1 AND step = ?2",
-                params![
-                    other,
-                    step,
-                    base.as_ref().map(|b| b.0.as_str()),
-                    base.as_ref().map(|b| b.1),
-                    depth,
-                    serde_json::to_string(delta)?
-                ],
-            )?;
-            for entry in delta.changed.values() {
-                tx.execute(
-                    "INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)",
-                    params![other, entry.hash],
-                )?;
-            }
-        }
-        tx.commit()?;
-        Ok(())
-    }
-}
-
-impl SnapshotStore for SqliteSnapshots {
-    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError> {
+    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), StoreError> {
         let NewPoint {
             run,
             step,
@@ -238,15 +295,8 @@ impl SnapshotStore for SqliteSnapshots {
             contents,
             left_out,
             head_of,
+            fence: _,
         } = *point;
-        let this: Point = (run.to_string(), step);
-        if self.row(run, step)?.is_some() {
-            self.rebase_dependents(&HashSet::from([this]))?;
-        }
-        let depth = match base {
-            Some(base) => self.depth(base)?.unwrap_or(0) + 1,
-            None => 0,
-        };
         let text = serde_json::to_string(delta)?;
         let needed: HashSet<&str> = delta.changed.values().map(|entry| entry.hash.as_str()).collect();
         let tx = self.db.transaction()?;
@@ -285,38 +335,19 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError> {
-        // The chain of bases back to a whole point, then replayed forwards.
-        let mut chain = Vec::new();
-        let mut seen: HashSet<Point> = HashSet::new();
-        let mut point = Some((run.to_string(), step));
-        while let Some(at) = point {
-            let broken = |why| StoreError::Broken {
-                run: run.to_string(),
-                step,
-                why,
-            };
-            if !seen.insert(at.clone()) {
-                return Err(broken("its bases lead back to it"));
-            }
-            let Some((delta, base)) = self.row(&at.0, at.1)? else {
-                if chain.is_empty() {
-                    return Ok(None);
-                }
-                return Err(broken("a snapshot it is based on is missing"));
-            };
-            chain.push(delta);
-            point = base;
-        }
-        let mut manifest = Manifest::default();
-        for text in chain.iter().rev() {
-            manifest.apply(&serde_json::from_str(text)?);
-        }
-        Ok(Some(manifest))
-    }
-
     fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError> {
-        match self.row(run, step)? {
+        let row = self
+            .db
+            .prepare_cached("SELECT delta, base_run, base_step FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
+            .query_row(params![run, step], |row| {
+                let base = match (row.get::<_, Option<String>>(1)?, row.get::<_, Option<u32>>(2)?) {
+                    (Some(run), Some(step)) => Some((run, step)),
+                    _ => None,
+                };
+                Ok((row.get::<_, String>(0)?, base))
+            })
+            .optional()?;
+        match row {
             Some((text, base)) => Ok(Some((serde_json::from_str(&text)?, base))),
             None => Ok(None),
         }
@@ -402,13 +433,56 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn forget(&mut self, run: &str) -> Result<(), StoreError> {
-        let points: HashSet<Point> = self
-            .steps(run)?
-            .into_iter()
-            .map(|step| (run.to_string(), step))
-            .collect();
-        self.rebase_dependents(&points)?;
+    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError> {
+        let mut dependents: Vec<Point> = Vec::new();
+        let mut query = self
+            .db
+            .prepare_cached("SELECT run_id, step FROM snapshot_points WHERE base_run = ?1 AND base_step = ?2")?;
+        for (run, step) in points {
+            let rows = query.query_map(params![run, step], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            for row in rows {
+                let point: Point = row?;
+                if !points.contains(&point) {
+                    dependents.push(point);
+                }
+            }
+        }
+        Ok(dependents)
+    }
+
+    fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError> {
+        let tx = self.db.transaction()?;
+        for Rebased {
+            point: (other, step),
+            base,
+            depth,
+            delta,
+        } in rebased
+        {
+            tx.execute(
+                "UPDATE snapshot_points SET base_run = ?3, base_step = ?4, depth = ?5, delta = ?6
+                   WHERE run_id = ?1 AND step = ?2",
+                params![
+                    other,
+                    step,
+                    base.as_ref().map(|b| b.0.as_str()),
+                    base.as_ref().map(|b| b.1),
+                    depth,
+                    serde_json::to_string(delta)?
+                ],
+            )?;
+            for entry in delta.changed.values() {
+                tx.execute(
+                    "INSERT OR IGNORE INTO snapshot_uses (run_id, hash) VALUES (?1, ?2)",
+                    params![other, entry.hash],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn remove_run(&mut self, run: &str) -> Result<(), StoreError> {
         let tx = self.db.transaction()?;
         tx.execute("DELETE FROM snapshot_points WHERE run_id = ?1", params![run])?;
         tx.execute("DELETE FROM snapshot_uses WHERE run_id = ?1", params![run])?;
@@ -449,6 +523,7 @@ pub(crate) mod tests {
                     contents: &scanned.contents,
                     left_out: &[],
                     head_of: None,
+                    fence: None,
                 })
                 .unwrap();
             scanner.manifest()
@@ -486,6 +561,7 @@ pub(crate) mod tests {
             contents: &scanned.contents,
             left_out: &[],
             head_of: None,
+            fence: None,
         }
     }
 

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use loom_core::{async_trait, RestorePlan, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
+use loom_core::{async_trait, RestorePlan, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots, WriteFence};
 
 use crate::filter::Filter;
 use crate::manifest::{Delta, Manifest};
@@ -29,7 +29,10 @@ pub struct Snapshots {
     root: PathBuf,
     /// The workspace's name in the store's heads.
     key: String,
-    db: PathBuf,
+    /// The file whose lock keeps restores of the workspace one at a time.
+    lock: PathBuf,
+    /// The files the snapshots are kept in (none for a store elsewhere).
+    files: Vec<PathBuf>,
     filter: Filter,
     /// Whether scans use the kernel's watches.
     watch: bool,
@@ -37,7 +40,7 @@ pub struct Snapshots {
 }
 
 struct Inner {
-    store: SqliteSnapshots,
+    store: Box<dyn SnapshotStore>,
     /// Made at the first scan, from the head; dropped after a failure, so
     /// the next scan starts again from what is stored.
     scanner: Option<Scanner>,
@@ -47,13 +50,17 @@ struct Inner {
     /// the next record may need them, as the scanner will not read those
     /// files again.
     unrecorded: Vec<(String, Vec<u8>)>,
+    /// The next scanner reads every file, trusting nothing it would know
+    /// from the head: a record failed (a content the store lacks, perhaps),
+    /// or the point the scanner knew was forgotten.
+    distrust: bool,
 }
 
 impl std::fmt::Debug for Snapshots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Snapshots")
             .field("root", &self.root)
-            .field("db", &self.db)
+            .field("key", &self.key)
             .finish_non_exhaustive()
     }
 }
@@ -74,12 +81,48 @@ pub fn database_files(db: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The SQLite store at `db`, its folder made if missing.
+fn sqlite(db: &Path) -> Result<Box<dyn SnapshotStore>, SnapshotError> {
+    if let Some(parent) = db.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|err| failed(format!("{}: {err}", parent.display())))?;
+    }
+    Ok(Box::new(SqliteSnapshots::open(db).map_err(failed)?))
+}
+
+/// `<db>.lock`.
+fn lock_beside(db: &Path) -> PathBuf {
+    let name = db
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    db.with_file_name(format!("{name}.lock"))
+}
+
 impl Snapshots {
     /// The snapshots of the workspace at `root` (canonicalized), kept in the
     /// SQLite file `db`, holding the files `filter` admits (recorded with
     /// them, for [`Snapshots::open_as_recorded`]).
     pub fn open(root: &Path, db: &Path, filter: Filter) -> Result<Self, SnapshotError> {
-        let snapshots = Self::opened(root, db, filter)?;
+        Self::open_in(root, sqlite(db)?, &lock_beside(db), filter).map(|opened| opened.keeping_files(db))
+    }
+
+    /// The same, with the filter the workspace's snapshots were taken with
+    /// (else `fallback`): what a rewind judges the workspace by.
+    pub fn open_as_recorded(root: &Path, db: &Path, fallback: Filter) -> Result<Self, SnapshotError> {
+        Self::open_in_as_recorded(root, sqlite(db)?, &lock_beside(db), fallback).map(|opened| opened.keeping_files(db))
+    }
+
+    /// The snapshots of the workspace at `root`, kept in `store` (a
+    /// cluster's, shared by machines), restores of this workspace kept one
+    /// at a time across this machine's processes by a lock on the file
+    /// `lock`.
+    pub fn open_in(
+        root: &Path,
+        store: Box<dyn SnapshotStore>,
+        lock: &Path,
+        filter: Filter,
+    ) -> Result<Self, SnapshotError> {
+        let snapshots = Self::opened(root, store, lock, filter)?;
         {
             let mut inner = snapshots.lock()?;
             let spec = snapshots.filter.spec().clone();
@@ -90,10 +133,15 @@ impl Snapshots {
         Ok(snapshots)
     }
 
-    /// The same, with the filter the workspace's snapshots were taken with
-    /// (else `fallback`): what a rewind judges the workspace by.
-    pub fn open_as_recorded(root: &Path, db: &Path, fallback: Filter) -> Result<Self, SnapshotError> {
-        let mut snapshots = Self::opened(root, db, fallback)?;
+    /// [`Snapshots::open_in`] with the filter the workspace's snapshots
+    /// were taken with (else `fallback`).
+    pub fn open_in_as_recorded(
+        root: &Path,
+        store: Box<dyn SnapshotStore>,
+        lock: &Path,
+        fallback: Filter,
+    ) -> Result<Self, SnapshotError> {
+        let mut snapshots = Self::opened(root, store, lock, fallback)?;
         let recorded = snapshots.lock()?.store.filter_spec(&snapshots.key).map_err(failed)?;
         if let Some(spec) = recorded {
             let never = snapshots.filter.clone();
@@ -102,18 +150,18 @@ impl Snapshots {
         Ok(snapshots)
     }
 
-    fn opened(root: &Path, db: &Path, filter: Filter) -> Result<Self, SnapshotError> {
+    fn opened(root: &Path, store: Box<dyn SnapshotStore>, lock: &Path, filter: Filter) -> Result<Self, SnapshotError> {
         let root = root
             .canonicalize()
             .map_err(|err| failed(format!("{}: {err}", root.display())))?;
-        if let Some(parent) = db.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        if let Some(parent) = lock.parent().filter(|parent| !parent.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|err| failed(format!("{}: {err}", parent.display())))?;
         }
-        let store = SqliteSnapshots::open(db).map_err(failed)?;
         Ok(Self {
-            key: root.display().to_string(),
+            key: store.workspace_key(&root),
             root,
-            db: db.to_path_buf(),
+            files: vec![lock.to_path_buf()],
+            lock: lock.to_path_buf(),
             filter,
             watch: true,
             inner: Arc::new(Mutex::new(Inner {
@@ -121,8 +169,15 @@ impl Snapshots {
                 scanner: None,
                 scanner_at: None,
                 unrecorded: Vec::new(),
+                distrust: false,
             })),
         })
+    }
+
+    /// Its SQLite file's companions join the files it keeps.
+    fn keeping_files(mut self, db: &Path) -> Self {
+        self.files = database_files(db);
+        self
     }
 
     /// Without the kernel's watches (`[snapshots] watch = false`): every
@@ -143,25 +198,40 @@ impl Snapshots {
     /// a failure the scanner is dropped: the next record reads the
     /// workspace again against what is stored, so nothing a failed scan
     /// saw is lost.
-    pub fn record_now(&self, run: &str, step: u32) -> Result<StepFiles, SnapshotError> {
+    pub fn record_now(&self, run: &str, step: u32, fence: Option<&WriteFence>) -> Result<StepFiles, SnapshotError> {
         let mut inner = self.lock()?;
-        let recorded = self.record_locked(&mut inner, run, step);
+        let recorded = self.record_locked(&mut inner, run, step, fence);
         if recorded.is_err() {
             inner.scanner = None;
             inner.scanner_at = None;
+            inner.distrust = true;
         }
         recorded
     }
 
-    fn record_locked(&self, inner: &mut Inner, run: &str, step: u32) -> Result<StepFiles, SnapshotError> {
+    fn record_locked(
+        &self,
+        inner: &mut Inner,
+        run: &str,
+        step: u32,
+        fence: Option<&WriteFence>,
+    ) -> Result<StepFiles, SnapshotError> {
         let this = (run.to_string(), step);
-        let base = self.base_of(&inner.store, &this)?;
+        let base = self.base_of(inner.store.as_ref(), &this)?;
+        if base.is_none() && inner.scanner_at.is_some() {
+            // The point the scanner knew is gone (forgotten with its run):
+            // contents of files it would not read again may be gone too.
+            inner.scanner = None;
+            inner.scanner_at = None;
+            inner.distrust = true;
+        }
         self.ensure_scanner(inner)?;
         let Inner {
             store,
             scanner,
             scanner_at,
             unrecorded,
+            distrust: _,
         } = inner;
         let Some(scanner) = scanner.as_mut() else {
             return Err(failed("the workspace's scanner could not be made"));
@@ -197,6 +267,7 @@ impl Snapshots {
                 contents: &scanned.contents,
                 left_out: &left_out,
                 head_of: Some(&self.key),
+                fence,
             })
             .map_err(failed)?;
         *scanner_at = Some(this);
@@ -213,7 +284,7 @@ impl Snapshots {
     /// A point's base: the run's step before (when recorded), else the
     /// head — never the point itself or one based on it (a resumed run's
     /// step recorded again takes the base it had).
-    fn base_of(&self, store: &SqliteSnapshots, this: &Point) -> Result<Option<Point>, SnapshotError> {
+    fn base_of(&self, store: &dyn SnapshotStore, this: &Point) -> Result<Option<Point>, SnapshotError> {
         let before = this.1.checked_sub(1).map(|before| (this.0.clone(), before));
         let mut base = match before {
             Some(point) if store.delta_of(&point.0, point.1).map_err(failed)?.is_some() => Some(point),
@@ -239,12 +310,14 @@ impl Snapshots {
             Some((run, step)) => inner.store.manifest_at(run, *step).map_err(failed)?,
             None => None,
         };
-        let scanner = match &manifest {
-            Some(manifest) => Scanner::knowing(&self.root, self.filter.clone(), manifest),
-            None => Scanner::new(&self.root, self.filter.clone()),
+        let distrust = std::mem::take(&mut inner.distrust);
+        let (scanner, knows_head) = match &manifest {
+            Some(manifest) if !distrust => (Scanner::knowing(&self.root, self.filter.clone(), manifest), true),
+            // Its first scan is from nothing: no point is what it knows.
+            _ => (Scanner::new(&self.root, self.filter.clone()), false),
         };
         inner.scanner = Some(if self.watch { scanner } else { scanner.without_watches() });
-        inner.scanner_at = head.filter(|_| manifest.is_some());
+        inner.scanner_at = head.filter(|_| knows_head);
         Ok(())
     }
 
@@ -271,7 +344,7 @@ impl Snapshots {
         Ok((now, left_out))
     }
 
-    fn target(store: &SqliteSnapshots, run: &str, step: u32) -> Result<Manifest, SnapshotError> {
+    fn target(store: &dyn SnapshotStore, run: &str, step: u32) -> Result<Manifest, SnapshotError> {
         store
             .manifest_at(run, step)
             .map_err(failed)?
@@ -292,7 +365,7 @@ impl Snapshots {
         step: u32,
         into: Option<&Path>,
     ) -> Result<(RestorePlan, Plan, Manifest), SnapshotError> {
-        let target = Self::target(&inner.store, run, step)?;
+        let target = Self::target(inner.store.as_ref(), run, step)?;
         let (now, last, left_out) = match into {
             Some(into) => {
                 let mut scanner = Scanner::new(into, self.filter.clone()).without_watches();
@@ -319,7 +392,7 @@ impl Snapshots {
         // ignored by the `.gitignore` of that time, excluded, or left out.
         // It is not removed (its content then is nowhere to bring back).
         let untracked = Untracked::at(
-            &inner.store,
+            inner.store.as_ref(),
             &self.root,
             &self.filter,
             &target,
@@ -338,20 +411,15 @@ impl Snapshots {
         Ok((told, plan, target))
     }
 
-    /// An exclusive lock on `<db>.lock`, held while it lives: restores of
+    /// An exclusive lock on its lock file (`<db>.lock`), held while it lives: restores of
     /// this workspace's snapshots by other processes wait for it.
     fn exclusive(&self) -> Result<std::fs::File, SnapshotError> {
-        let name = self
-            .db
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let path = self.db.with_file_name(format!("{name}.lock"));
+        let path = &self.lock;
         let mut options = std::fs::OpenOptions::new();
         options.create(true).truncate(false).write(true);
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let file = options
-            .open(&path)
+            .open(path)
             .map_err(|err| failed(format!("{}: {err}", path.display())))?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|err| failed(format!("{}: {err}", path.display())))?;
@@ -364,8 +432,9 @@ impl Snapshots {
             .map_err(|_| failed("the snapshot store was poisoned by a panic"))
     }
 
-    /// Bytes the snapshot database holds ([`SqliteSnapshots::bytes_used`]).
-    pub fn bytes_used(&self) -> Result<u64, SnapshotError> {
+    /// Bytes the snapshot store holds, where it can tell
+    /// ([`SqliteSnapshots::bytes_used`]).
+    pub fn bytes_used(&self) -> Result<Option<u64>, SnapshotError> {
         self.lock()?.store.bytes_used().map_err(failed)
     }
 
@@ -393,7 +462,7 @@ struct Untracked {
 
 impl Untracked {
     fn at(
-        store: &SqliteSnapshots,
+        store: &dyn SnapshotStore,
         root: &Path,
         filter: &Filter,
         target: &Manifest,
@@ -455,9 +524,10 @@ fn step_files(delta: &Delta, skipped: impl Iterator<Item = SkippedFile>) -> Step
 
 #[async_trait]
 impl WorkspaceSnapshots for Snapshots {
-    async fn record(&self, run_id: &str, step: u32) -> Result<StepFiles, SnapshotError> {
-        let run = run_id.to_string();
-        self.off_thread(move |this| this.record_now(&run, step)).await
+    async fn record(&self, run_id: &str, step: u32, fence: Option<&WriteFence>) -> Result<StepFiles, SnapshotError> {
+        let (run, fence) = (run_id.to_string(), fence.cloned());
+        self.off_thread(move |this| this.record_now(&run, step, fence.as_ref()))
+            .await
     }
 
     async fn recorded(&self, run_id: &str, step: u32) -> Result<bool, SnapshotError> {
@@ -476,7 +546,7 @@ impl WorkspaceSnapshots for Snapshots {
         let run = run_id.to_string();
         self.off_thread(move |this| {
             let inner = this.lock()?;
-            let after = Self::target(&inner.store, &run, step)?;
+            let after = Self::target(inner.store.as_ref(), &run, step)?;
             // What the step changed from the point before it (its stored
             // delta may be a whole keyframe).
             let before = match step.checked_sub(1) {
@@ -503,7 +573,7 @@ impl WorkspaceSnapshots for Snapshots {
         let (run, path) = (run_id.to_string(), path.to_string());
         self.off_thread(move |this| {
             let inner = this.lock()?;
-            let target = Self::target(&inner.store, &run, step)?;
+            let target = Self::target(inner.store.as_ref(), &run, step)?;
             match target.0.get(&path) {
                 Some(entry) => inner.store.content(&entry.hash).map_err(failed),
                 None => Ok(None),
@@ -543,7 +613,7 @@ impl WorkspaceSnapshots for Snapshots {
                 });
             }
             let root = into.as_deref().unwrap_or(&this.root);
-            let applied = apply(root, &plan, &target, &inner.store).map_err(failed);
+            let applied = apply(root, &plan, &target, inner.store.as_ref()).map_err(failed);
             if into.is_none() {
                 // The workspace is that point now (or partly, after a
                 // failure: the scanner finds out by the files' stat).
@@ -558,7 +628,7 @@ impl WorkspaceSnapshots for Snapshots {
     }
 
     fn files(&self) -> Vec<PathBuf> {
-        database_files(&self.db)
+        self.files.clone()
     }
 }
 
@@ -584,16 +654,16 @@ mod tests {
         let store = snapshots(dir.path(), Filter::default());
         let ws = store.root().to_path_buf();
         std::fs::write(ws.join("a"), "1").unwrap();
-        store.record_now("r", 0).unwrap();
+        store.record_now("r", 0, None).unwrap();
         std::fs::write(ws.join("a"), "2").unwrap();
-        store.record_now("r", 1).unwrap();
+        store.record_now("r", 1, None).unwrap();
         // Another run starts from the head, (r, 1).
         std::fs::write(ws.join("b"), "q").unwrap();
-        store.record_now("q", 0).unwrap();
+        store.record_now("q", 0, None).unwrap();
         let before = store.lock().unwrap().store.manifest_at("q", 0).unwrap().unwrap();
         // r resumes and records its step 1 again, with other files.
         std::fs::write(ws.join("a"), "3").unwrap();
-        store.record_now("r", 1).unwrap();
+        store.record_now("r", 1, None).unwrap();
         let inner = store.lock().unwrap();
         assert_eq!(inner.store.manifest_at("q", 0).unwrap().unwrap(), before);
         assert_eq!(inner.store.manifest_at("r", 1).unwrap().unwrap().0["a"].size, 1);
@@ -607,7 +677,7 @@ mod tests {
         let mut expected = Vec::new();
         for step in 0..(KEYFRAME_DEPTH + 10) {
             std::fs::write(ws.join(format!("f{}", step % 7)), format!("{step}")).unwrap();
-            store.record_now("r", step).unwrap();
+            store.record_now("r", step, None).unwrap();
             let mut fresh = Scanner::new(&ws, Filter::default()).without_watches();
             fresh.scan().unwrap();
             expected.push(fresh.manifest());
@@ -630,10 +700,10 @@ mod tests {
         let store = snapshots(dir.path(), Filter::new(&[], &[], 10).unwrap());
         let ws = store.root().to_path_buf();
         std::fs::write(ws.join("small"), "small").unwrap();
-        store.record_now("r", 0).unwrap();
+        store.record_now("r", 0, None).unwrap();
         // Grown past the limit: left out from now on, its content kept nowhere.
         std::fs::write(ws.join("small"), "grown past the limit").unwrap();
-        store.record_now("r", 1).unwrap();
+        store.record_now("r", 1, None).unwrap();
         let plan = block(store.plan("r", 0, None)).unwrap();
         assert_eq!(plan.write, ["small"]);
         assert_eq!(plan.changed_outside, ["small"]);
@@ -660,12 +730,12 @@ mod tests {
         std::fs::write(ws.join("data/important"), "a person's data").unwrap();
         std::fs::write(ws.join("big.txt"), "x".repeat(500)).unwrap();
         std::fs::write(ws.join("made.txt"), "tracked").unwrap();
-        store.record_now("r", 0).unwrap();
+        store.record_now("r", 0, None).unwrap();
         // The model's step: no more ignore rules, the big file shrunk, a new file.
         std::fs::write(ws.join(".gitignore"), "").unwrap();
         std::fs::write(ws.join("big.txt"), "small now").unwrap();
         std::fs::write(ws.join("new.txt"), "made by the step").unwrap();
-        store.record_now("r", 1).unwrap();
+        store.record_now("r", 1, None).unwrap();
         let plan = block(store.plan("r", 0, None)).unwrap();
         assert_eq!(plan.remove, ["new.txt"], "{plan:?}");
         block(store.restore("r", 0, None, true)).unwrap();

@@ -49,14 +49,20 @@ impl Driver {
         let Some(snapshots) = self.recording_snapshots() else {
             return;
         };
-        if let Err(err) = snapshots.record(self.ctx.run_id(), step).await {
+        if let Err(err) = snapshots
+            .record(self.ctx.run_id(), step, self.store.write_fence().as_ref())
+            .await
+        {
             tracing::warn!(run_id = %self.ctx.run_id(), step, error = %err, "cannot record the workspace after a stopped step");
         }
     }
 
     /// Records `step`, then tells it: the event follows the stored snapshot.
     async fn record_snapshot(&self, snapshots: &dyn WorkspaceSnapshots, step: u32, turn: &TurnIds) {
-        match snapshots.record(self.ctx.run_id(), step).await {
+        match snapshots
+            .record(self.ctx.run_id(), step, self.store.write_fence().as_ref())
+            .await
+        {
             Ok(files) => self.events.emit(
                 turn,
                 EventKind::SnapshotRecorded {

@@ -41,7 +41,7 @@ mod queries;
 mod rate;
 mod remote;
 mod restart;
-mod rewind;
+pub(crate) mod rewind;
 mod subscription;
 
 pub use audit::Audited;

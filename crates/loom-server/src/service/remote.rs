@@ -23,6 +23,9 @@ pub struct Cluster {
     pub leases: Arc<dyn RunLeases>,
     /// The reader of the runs' stored events.
     pub tail: Arc<dyn EventTail>,
+    /// The workspaces' lines: a rewind's files restored by a worker of
+    /// the machine that holds them.
+    pub jobs: Arc<dyn loom_core::WorkspaceJobs>,
 }
 
 /// How long one read of the followed runs waits for an event: a run

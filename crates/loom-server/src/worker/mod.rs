@@ -17,6 +17,7 @@ use tracing::Instrument;
 use crate::agents::{AgentFactory, Agents};
 
 mod execution;
+mod jobs;
 mod keeper;
 mod routes;
 
@@ -106,6 +107,8 @@ pub struct Worker {
     agents: Agents,
     store: Arc<dyn Store>,
     leases: Arc<dyn RunLeases>,
+    /// The line of this worker's workspace: rewinds of its runs' files.
+    jobs: Option<Arc<dyn loom_core::WorkspaceJobs>>,
     keeper: Keeper,
     runs: TaskTracker,
     /// Woken when a run ends (a slot is free).
@@ -121,12 +124,15 @@ pub struct Worker {
 impl Worker {
     /// A worker over `store` and its `leases` (the same store, one
     /// connection), whose keeper opens a connection of its own with
-    /// `connect`. Starts the keeper's thread.
+    /// `connect`, and which does the rewinds of its workspace's files
+    /// that gateways put in the store's `jobs` line. Starts the keeper's
+    /// thread.
     pub fn new(
         config: WorkerConfig,
         factory: Arc<dyn AgentFactory>,
         store: Arc<dyn Store>,
         leases: Arc<dyn RunLeases>,
+        jobs: Option<Arc<dyn loom_core::WorkspaceJobs>>,
         connect: ConnectLeases,
     ) -> std::io::Result<Arc<Self>> {
         let keeper = Keeper::start(connect, config.leases)?;
@@ -135,6 +141,7 @@ impl Worker {
             config,
             store,
             leases,
+            jobs,
             keeper,
             runs: TaskTracker::new(),
             ended: Notify::new(),
@@ -184,6 +191,10 @@ impl Worker {
                 }
             })
         };
+        let serving = self.jobs.clone().map(|jobs| {
+            let worker = self.clone();
+            tokio::spawn(async move { worker.serve_jobs(jobs).await })
+        });
         let mut backoff = self.config.poll_every;
         loop {
             let mut took = false;
@@ -216,6 +227,9 @@ impl Worker {
             }
         }
         nudged.abort();
+        if let Some(serving) = serving {
+            serving.abort();
+        }
         if let Some(sweeping) = sweeping {
             sweeping.abort();
         }
