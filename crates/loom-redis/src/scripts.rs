@@ -520,8 +520,9 @@ return redis.call('HINCRBY', KEYS[1], 'failed_starts', 1)
 /// point's record, its base (`RUN\nSTEP` or `''`), the workspace it is the
 /// head of (or `''`) and the head's value, the number of content hashes
 /// the point needs and those, the number of contents sent and `hash data`
-/// pairs, the fence. Refused (`MISSING`) when a content it needs is
-/// neither kept nor sent: the writer reads the files again.
+/// pairs, the fence. Refused (`MISSING`) when its base was forgotten (a
+/// sweep removed the run) or a content it needs is neither kept nor sent:
+/// the writer reads the files again.
 pub(crate) fn put_snapshot_point() -> String {
     format!(
         "{FENCE}{}",
@@ -529,6 +530,12 @@ pub(crate) fn put_snapshot_point() -> String {
 local refused = fence_error()
 if refused then return refused end
 local p, run, step = ARGV[1], ARGV[2], ARGV[3]
+if ARGV[5] ~= '' then
+  local base_run, base_step = string.match(ARGV[5], '^(.*)\n(%d+)$')
+  if not base_run or redis.call('HEXISTS', p .. 'snap-point:' .. base_run, base_step) == 0 then
+    return redis.error_reply('MISSING the snapshot it is based on was forgotten: ' .. ARGV[5])
+  end
+end
 local i = 8
 local needed = {}
 local n = tonumber(ARGV[i]); i = i + 1
@@ -580,9 +587,23 @@ return 'OK'
 
 /// `forget_snapshots`: ARGV prefix, run. Removes the run's points (those
 /// based on them were rebased first), the heads at them, its place in its
-/// bases' sets, and every content no other run needs.
+/// bases' sets, and every content no other run needs. Refused (`BASED`)
+/// when a point of another run was recorded from one of them since they
+/// were rebased: the caller rebases again.
 pub(crate) const FORGET_SNAPSHOTS: &str = r#"
 local p, run = ARGV[1], ARGV[2]
+for _, member in ipairs(redis.call('SMEMBERS', p .. 'snap-based:' .. run)) do
+  local other, step = string.match(member, '^(.*)\n(%d+)$')
+  if other and other ~= run then
+    local text = redis.call('HGET', p .. 'snap-point:' .. other, step)
+    if text then
+      local ok, record = pcall(cjson.decode, text)
+      if ok and type(record.base) == 'table' and record.base[1] == run then
+        return redis.error_reply('BASED a snapshot was recorded from it meanwhile: ' .. member)
+      end
+    end
+  end
+end
 local points = redis.call('HGETALL', p .. 'snap-point:' .. run)
 for k = 1, #points, 2 do
   local ok, record = pcall(cjson.decode, points[k + 1])

@@ -66,6 +66,9 @@ impl std::fmt::Debug for RedisSnapshots {
 }
 
 fn backend(err: redis::RedisError) -> StoreError {
+    if err.code() == Some("BASED") {
+        return StoreError::BasedOn(err.detail().unwrap_or_default().to_string());
+    }
     if err.code() == Some("FENCED") {
         let key = err.detail().unwrap_or_default();
         let run_id = key.split_once("run:").map_or(key, |(_, id)| id);

@@ -206,3 +206,54 @@ async fn snapshots_are_forgotten_with_their_runs_and_later_runs_stay_whole() {
     keys.sort();
     assert_eq!(keys, ["loom:snap-filters"]);
 }
+
+/// The removal of old runs (a worker's sweep) and a new run's snapshots
+/// race in a shared store: a point is never written on a base that was
+/// forgotten, a run is never forgotten under a point based on it, and a
+/// workspace whose latest snapshot was forgotten is read whole again, so
+/// no content a point needs is missing.
+#[tokio::test]
+async fn forgetting_and_recording_at_once_never_leave_a_point_without_its_base_or_contents() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let snapshots = snapshots(&server, &ws, &dir.path().join("lock"));
+    std::fs::write(ws.join("kept.txt"), "unchanged for a month").unwrap();
+    snapshots.record("old", 0, None).await.unwrap();
+    std::fs::write(ws.join("new.txt"), "new").unwrap();
+    snapshots.record("mid", 0, None).await.unwrap();
+
+    let mut sweep = RedisSnapshots::new(&server.url(0), "loom:").unwrap();
+    // A removal that skipped the rebase is refused while "mid" is based on "old".
+    let refused = sweep.remove_run("old").unwrap_err();
+    assert!(matches!(refused, loom_snapshot::StoreError::BasedOn(_)), "{refused}");
+    // A point on a base that is gone is refused.
+    let delta = loom_snapshot::Delta::default();
+    let gone = ("nobody".to_string(), 3);
+    let refused = sweep
+        .record(&loom_snapshot::NewPoint {
+            run: "late",
+            step: 0,
+            base: Some(&gone),
+            delta: &delta,
+            contents: &[],
+            left_out: &[],
+            head_of: None,
+            fence: None,
+        })
+        .unwrap_err();
+    assert!(refused.to_string().contains("forgotten"), "{refused}");
+
+    // The sweep forgets both runs: the workspace's latest snapshot is gone
+    // with every content, and the next run's first snapshot reads the
+    // files again instead of naming contents nobody keeps.
+    sweep.forget("old").unwrap();
+    sweep.forget("mid").unwrap();
+    let next = snapshots.record("next", 0, None).await.unwrap();
+    assert_eq!(next.changed, ["kept.txt", "new.txt"], "from nothing, every file");
+    assert_eq!(
+        snapshots.file_at("next", 0, "kept.txt").await.unwrap().as_deref(),
+        Some(&b"unchanged for a month"[..])
+    );
+}

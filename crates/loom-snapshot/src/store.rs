@@ -26,6 +26,11 @@ pub enum StoreError {
     /// (another worker took the run over, or this one gave it up).
     #[error("snapshot store: run {0} is no longer this worker's: nothing of it is written")]
     Fenced(String),
+    /// A run's snapshots were not forgotten: a point of another run was
+    /// recorded from one of them meanwhile (it is rebased, and the run
+    /// forgotten, by trying again).
+    #[error("snapshot store: a snapshot was recorded from run {0}'s meanwhile")]
+    BasedOn(String),
     /// A stored delta could not be read.
     #[error("snapshot store: a stored snapshot is damaged: {0}")]
     Damaged(#[from] serde_json::Error),
@@ -126,7 +131,8 @@ pub trait SnapshotStore: Send {
     fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError>;
 
     /// Removes `run`'s points and the heads at them, and every content no
-    /// other run needs.
+    /// other run needs; refused ([`StoreError::BasedOn`]) when a point of
+    /// another run is based on one of them.
     fn remove_run(&mut self, run: &str) -> Result<(), StoreError>;
 
     /// Bytes the store holds, where it can tell.
@@ -222,13 +228,22 @@ pub trait SnapshotStore: Send {
     /// snapshots of other runs recorded from one of them are recorded
     /// again from what that one was based on, so they stay whole.
     fn forget(&mut self, run: &str) -> Result<(), StoreError> {
-        let points: HashSet<Point> = self
-            .steps(run)?
-            .into_iter()
-            .map(|step| (run.to_string(), step))
-            .collect();
-        self.rebase_dependents(&points)?;
-        self.remove_run(run)
+        // A store shared by processes may get a point based on the run's
+        // between the rebase and the removal: it refuses, and the new
+        // point is rebased in turn.
+        let mut attempts = 0;
+        loop {
+            let points: HashSet<Point> = self
+                .steps(run)?
+                .into_iter()
+                .map(|step| (run.to_string(), step))
+                .collect();
+            self.rebase_dependents(&points)?;
+            match self.remove_run(run) {
+                Err(StoreError::BasedOn(_)) if attempts < 5 => attempts += 1,
+                removed => return removed,
+            }
+        }
     }
 }
 
