@@ -1084,4 +1084,13 @@ async fn a_run_a_worker_executed_is_rewound_and_forked_through_the_gateway() {
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), before);
     assert!(!dir.path().join("f3.txt").exists());
+    // A worker of the workspace started afterwards does not do it late.
+    let _again = WorkerProcess::start(dir.path(), 2);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!dir.path().join("f3.txt").exists(), "the withdrawn rewind was not done");
+    let lines = std::process::Command::new("redis-cli")
+        .args(["-u", &server.url(0), "--scan", "--pattern", "loom:jobs:*"])
+        .output()
+        .unwrap();
+    assert!(lines.stdout.is_empty(), "{}", String::from_utf8_lossy(&lines.stdout));
 }

@@ -472,8 +472,9 @@ return 'ok'
 
 /// `forget_ended`: ARGV prefix, cutoff (ms since the epoch), how many at
 /// most. Removes the runs that ended before the cutoff (`{p}ended`, by
-/// end time): their keys and their places in every index. Returns their
-/// ids (their workspace snapshots are forgotten next, `snapshots.rs`).
+/// end time): their keys and their places in every index; their ids join
+/// `{p}snap-forget`, whose workspace snapshots are forgotten next
+/// (`snapshots.rs`). Returns how many.
 pub(crate) const FORGET_ENDED: &str = r#"
 local p = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', p .. 'ended', '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
@@ -487,8 +488,9 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', p .. 'ended', id)
   redis.call('DEL', key, p .. 'messages:' .. id, p .. 'events:' .. id, p .. 'journal:' .. id,
     p .. 'results:' .. id, p .. 'controls:' .. id)
+  redis.call('SADD', p .. 'snap-forget', id)
 end
-return ids
+return #ids
 "#;
 
 /// `queue_position`: ARGV prefix, id. 1 for the oldest queued run that no
@@ -540,15 +542,20 @@ local i = 8
 local needed = {}
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do needed[#needed + 1] = ARGV[i]; i = i + 1 end
+local sent = {}
+local first_sent = i + 1
 n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do sent[ARGV[i]] = true; i = i + 2 end
+-- Checked before anything is written: a refused point leaves nothing.
+for _, hash in ipairs(needed) do
+  if not sent[hash] and redis.call('EXISTS', p .. 'snap-content:' .. hash) == 0 then
+    return redis.error_reply('MISSING a content of the snapshot is not kept: ' .. hash)
+  end
+end
+i = first_sent
 for _ = 1, n do
   redis.call('SET', p .. 'snap-content:' .. ARGV[i], ARGV[i + 1], 'NX')
   i = i + 2
-end
-for _, hash in ipairs(needed) do
-  if redis.call('EXISTS', p .. 'snap-content:' .. hash) == 0 then
-    return redis.error_reply('MISSING a content of the snapshot is not kept: ' .. hash)
-  end
 end
 for _, hash in ipairs(needed) do
   redis.call('SADD', p .. 'snap-uses:' .. run, hash)
@@ -566,28 +573,55 @@ return 'OK'
 }
 
 /// `rebase_snapshots`: ARGV prefix, how many points, then per point: its
-/// run, its step, its new record, its new base's run (or `''`), the number
-/// of content hashes its new delta needs and those.
-pub(crate) const REBASE_SNAPSHOTS: &str = r#"
+/// run, its step, its new record, its new base (`RUN\nSTEP` or `''`), the
+/// number of content hashes its new delta needs and those; the fence last.
+/// A point gone meanwhile stays gone; a new base gone meanwhile refuses
+/// the whole (`RACED`: computed again, it goes through).
+pub(crate) fn rebase_snapshots() -> String {
+    format!(
+        "{FENCE}{}",
+        r#"
+local refused = fence_error()
+if refused then return refused end
 local p = ARGV[1]
+local points = {}
 local i = 3
 for _ = 1, tonumber(ARGV[2]) do
-  local run, step, record, base_run = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local point = {run = ARGV[i], step = ARGV[i + 1], record = ARGV[i + 2], base = ARGV[i + 3], hashes = {}}
   local n = tonumber(ARGV[i + 4]); i = i + 5
-  redis.call('HSET', p .. 'snap-point:' .. run, step, record)
-  if base_run ~= '' then redis.call('SADD', p .. 'snap-based:' .. base_run, run .. '\n' .. step) end
-  for _ = 1, n do
-    redis.call('SADD', p .. 'snap-uses:' .. run, ARGV[i])
-    redis.call('SADD', p .. 'snap-users:' .. ARGV[i], run)
-    i = i + 1
+  for _ = 1, n do point.hashes[#point.hashes + 1] = ARGV[i]; i = i + 1 end
+  points[#points + 1] = point
+end
+-- Checked before anything is written.
+for _, point in ipairs(points) do
+  if point.base ~= '' then
+    local base_run, base_step = string.match(point.base, '^(.*)\n(%d+)$')
+    if not base_run or redis.call('HEXISTS', p .. 'snap-point:' .. base_run, base_step) == 0 then
+      return redis.error_reply('RACED the base ' .. point.base .. ' was forgotten')
+    end
+  end
+end
+for _, point in ipairs(points) do
+  if redis.call('HEXISTS', p .. 'snap-point:' .. point.run, point.step) == 1 then
+    redis.call('HSET', p .. 'snap-point:' .. point.run, point.step, point.record)
+    if point.base ~= '' then
+      local base_run = string.match(point.base, '^(.*)\n')
+      redis.call('SADD', p .. 'snap-based:' .. base_run, point.run .. '\n' .. point.step)
+    end
+    for _, hash in ipairs(point.hashes) do
+      redis.call('SADD', p .. 'snap-uses:' .. point.run, hash)
+      redis.call('SADD', p .. 'snap-users:' .. hash, point.run)
+    end
   end
 end
 return 'OK'
-"#;
+"#
+    )
+}
 
 /// `forget_snapshots`: ARGV prefix, run. Removes the run's points (those
 /// based on them were rebased first), the heads at them, its place in its
-/// bases' sets, and every content no other run needs. Refused (`BASED`)
+/// bases' sets, and every content no other run needs. Refused (`RACED`)
 /// when a point of another run was recorded from one of them since they
 /// were rebased: the caller rebases again.
 pub(crate) const FORGET_SNAPSHOTS: &str = r#"
@@ -599,7 +633,7 @@ for _, member in ipairs(redis.call('SMEMBERS', p .. 'snap-based:' .. run)) do
     if text then
       local ok, record = pcall(cjson.decode, text)
       if ok and type(record.base) == 'table' and record.base[1] == run then
-        return redis.error_reply('BASED a snapshot was recorded from it meanwhile: ' .. member)
+        return redis.error_reply('RACED a snapshot was recorded from it meanwhile: ' .. member)
       end
     end
   end

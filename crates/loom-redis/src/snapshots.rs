@@ -66,8 +66,8 @@ impl std::fmt::Debug for RedisSnapshots {
 }
 
 fn backend(err: redis::RedisError) -> StoreError {
-    if err.code() == Some("BASED") {
-        return StoreError::BasedOn(err.detail().unwrap_or_default().to_string());
+    if err.code() == Some("RACED") {
+        return StoreError::Raced(err.detail().unwrap_or_default().to_string());
     }
     if err.code() == Some("FENCED") {
         let key = err.detail().unwrap_or_default();
@@ -88,7 +88,7 @@ impl RedisSnapshots {
             machine: loom_core::owner::this_machine(),
             conn: RefCell::new(None),
             put_point: Script::new(&scripts::put_snapshot_point()),
-            rebase: Script::new(scripts::REBASE_SNAPSHOTS),
+            rebase: Script::new(&scripts::rebase_snapshots()),
             remove_run: Script::new(scripts::FORGET_SNAPSHOTS),
         })
     }
@@ -299,10 +299,11 @@ impl SnapshotStore for RedisSnapshots {
         Ok(found)
     }
 
-    fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError> {
+    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&loom_core::WriteFence>) -> Result<(), StoreError> {
         if rebased.is_empty() {
             return Ok(());
         }
+        let fence_arg = self.fence_arg(fence)?;
         let mut args: Vec<String> = vec![self.prefix.clone(), rebased.len().to_string()];
         for Rebased {
             point,
@@ -322,18 +323,22 @@ impl SnapshotStore for RedisSnapshots {
                 point.0.clone(),
                 point.1.to_string(),
                 record,
-                base.as_ref().map(|base| base.0.clone()).unwrap_or_default(),
+                base.as_ref().map(member).unwrap_or_default(),
                 delta.changed.len().to_string(),
             ]);
             args.extend(delta.changed.values().map(|entry| entry.hash.clone()));
         }
-        self.with_conn(|conn| {
+        let rebased = self.with_conn(|conn| {
             let mut invocation = self.rebase.prepare_invoke();
             for arg in &args {
                 invocation.arg(arg);
             }
-            invocation.invoke::<()>(conn)
-        })
+            invocation.arg(&fence_arg).invoke::<()>(conn)
+        });
+        if let (Err(StoreError::Fenced(_)), Some(fence)) = (&rebased, fence) {
+            fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+        }
+        rebased
     }
 
     fn remove_run(&mut self, run: &str) -> Result<(), StoreError> {
@@ -352,23 +357,36 @@ impl SnapshotStore for RedisSnapshots {
 }
 
 impl crate::store::RedisStore {
-    /// Forgets the workspace snapshots of runs removed from the store
-    /// (each run's points based on theirs recorded again first), on a
-    /// blocking thread.
-    pub(crate) async fn forget_snapshots(&self, runs: Vec<String>) -> Result<(), loom_core::StoreError> {
-        if runs.is_empty() {
-            return Ok(());
-        }
+    /// Forgets the workspace snapshots of at most `limit` runs removed
+    /// from the store (`{p}snap-forget`; each run's points based on theirs
+    /// recorded again first), on a blocking thread. A run whose snapshots
+    /// could not be forgotten stays in the set, for the next sweep.
+    pub(crate) async fn forget_snapshots(&self, limit: usize) {
         let (url, prefix) = (self.url().to_string(), self.prefix().to_string());
-        let forgotten = tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
+        let forgotten = tokio::task::spawn_blocking(move || -> Result<usize, StoreError> {
             let mut snapshots = RedisSnapshots::new(&url, &prefix)?;
+            let pending = format!("{prefix}snap-forget");
+            let runs: Vec<String> =
+                snapshots.with_conn(|conn| redis::cmd("SRANDMEMBER").arg(&pending).arg(limit).query(conn))?;
+            let mut forgotten = 0;
             for run in &runs {
-                snapshots.forget(run)?;
+                match snapshots.forget(run) {
+                    Ok(()) => {
+                        snapshots.with_conn(|conn| redis::cmd("SREM").arg(&pending).arg(run).query::<()>(conn))?;
+                        forgotten += 1;
+                    }
+                    Err(err) => {
+                        tracing::warn!(run_id = %run, error = %err, "cannot forget a removed run's snapshots yet")
+                    }
+                }
             }
-            Ok(())
+            Ok(forgotten)
         })
-        .await
-        .map_err(|err| loom_core::StoreError::Backend(format!("forgetting snapshots failed: {err}")))?;
-        forgotten.map_err(|err| loom_core::StoreError::Backend(err.to_string()))
+        .await;
+        match forgotten {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "cannot forget removed runs' snapshots yet"),
+            Err(err) => tracing::warn!(error = %err, "forgetting removed runs' snapshots failed"),
+        }
     }
 }

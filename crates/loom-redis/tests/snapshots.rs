@@ -133,7 +133,17 @@ async fn a_worker_that_lost_its_run_records_no_snapshot_of_it() {
     std::fs::write(ws.join("a.txt"), "by the second worker").unwrap();
     snapshots.record("r1", 2, Some(&taken_over)).await.unwrap();
 
-    // The first wakes and records its step 2 again: refused, by Redis.
+    // Another run starts from there: its first point is based on step 2.
+    std::fs::write(ws.join("b.txt"), "q's").unwrap();
+    snapshots.record("q", 0, None).await.unwrap();
+    let mut conn = redis::Client::open(server.url(0)).unwrap().get_connection().unwrap();
+    let q_point = |conn: &mut redis::Connection| -> String {
+        redis::cmd("HGET").arg("loom:snap-point:q").arg(0).query(conn).unwrap()
+    };
+    let q_before = q_point(&mut conn);
+
+    // The first wakes and records its step 2 again: refused, by Redis,
+    // before it rebases q's point on step 2 or writes its own.
     std::fs::write(ws.join("a.txt"), "stale").unwrap();
     let refused = snapshots.record("r1", 2, Some(&fence)).await.unwrap_err();
     assert!(
@@ -146,11 +156,13 @@ async fn a_worker_that_lost_its_run_records_no_snapshot_of_it() {
         Some(&b"by the second worker"[..]),
         "the stale write changed nothing"
     );
+    assert_eq!(q_point(&mut conn), q_before, "nor the points based on it");
     // Once the worker gave the run up, nothing is even sent.
     guard.revoked.store(true, Ordering::SeqCst);
     snapshots.record("r1", 3, Some(&fence)).await.unwrap_err();
     assert_eq!(guard.refused.load(Ordering::SeqCst), 2);
     assert_eq!(snapshots.steps("r1").await.unwrap(), [1, 2]);
+    assert_eq!(q_point(&mut conn), q_before);
 }
 
 #[tokio::test]
@@ -227,7 +239,7 @@ async fn forgetting_and_recording_at_once_never_leave_a_point_without_its_base_o
     let mut sweep = RedisSnapshots::new(&server.url(0), "loom:").unwrap();
     // A removal that skipped the rebase is refused while "mid" is based on "old".
     let refused = sweep.remove_run("old").unwrap_err();
-    assert!(matches!(refused, loom_snapshot::StoreError::BasedOn(_)), "{refused}");
+    assert!(matches!(refused, loom_snapshot::StoreError::Raced(_)), "{refused}");
     // A point on a base that is gone is refused.
     let delta = loom_snapshot::Delta::default();
     let gone = ("nobody".to_string(), 3);

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use loom_core::WriteFence;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -26,11 +27,11 @@ pub enum StoreError {
     /// (another worker took the run over, or this one gave it up).
     #[error("snapshot store: run {0} is no longer this worker's: nothing of it is written")]
     Fenced(String),
-    /// A run's snapshots were not forgotten: a point of another run was
-    /// recorded from one of them meanwhile (it is rebased, and the run
-    /// forgotten, by trying again).
-    #[error("snapshot store: a snapshot was recorded from run {0}'s meanwhile")]
-    BasedOn(String),
+    /// Another process changed the points this change was computed from
+    /// (a sweep forgot a base, or recorded a point from one being
+    /// forgotten): computed again, it goes through.
+    #[error("snapshot store: changed meanwhile by another process: {0}")]
+    Raced(String),
     /// A stored delta could not be read.
     #[error("snapshot store: a stored snapshot is damaged: {0}")]
     Damaged(#[from] serde_json::Error),
@@ -127,11 +128,14 @@ pub trait SnapshotStore: Send {
     /// The points based on one of `points` (outside them).
     fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError>;
 
-    /// Records points again from other bases, in one atomic step.
-    fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError>;
+    /// Records points again from other bases, in one atomic step, under
+    /// `fence` (the lease of the run whose record needed it, if any). A
+    /// point gone meanwhile is left gone; a new base gone meanwhile
+    /// refuses the whole ([`StoreError::Raced`]).
+    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&WriteFence>) -> Result<(), StoreError>;
 
     /// Removes `run`'s points and the heads at them, and every content no
-    /// other run needs; refused ([`StoreError::BasedOn`]) when a point of
+    /// other run needs; refused ([`StoreError::Raced`]) when a point of
     /// another run is based on one of them.
     fn remove_run(&mut self, run: &str) -> Result<(), StoreError>;
 
@@ -152,8 +156,14 @@ pub trait SnapshotStore: Send {
     /// on it are first recorded again from its own base, so they stay what
     /// they were.
     fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError> {
+        if let Some(fence) = point.fence.filter(|fence| fence.guard.revoked.load(Ordering::SeqCst)) {
+            // Given up: nothing of the run is sent, not even a rebase.
+            fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Fenced(fence.run_id.clone()));
+        }
         if self.delta_of(point.run, point.step)?.is_some() {
-            self.rebase_dependents(&HashSet::from([(point.run.to_string(), point.step)]))?;
+            let this = HashSet::from([(point.run.to_string(), point.step)]);
+            self.rebase_dependents(&this, point.fence)?;
         }
         let depth = match point.base {
             Some(base) => self.depth(base)?.unwrap_or(0) + 1,
@@ -197,7 +207,22 @@ pub trait SnapshotStore: Send {
     /// The points recorded from one of `points` (outside them): recorded
     /// again from the first base of their chain that is not one of
     /// `points`, so that `points` may be replaced or forgotten.
-    fn rebase_dependents(&mut self, points: &HashSet<Point>) -> Result<(), StoreError> {
+    fn rebase_dependents(&mut self, points: &HashSet<Point>, fence: Option<&WriteFence>) -> Result<(), StoreError> {
+        let mut attempts = 0;
+        loop {
+            match self.rebase_dependents_once(points, fence) {
+                Err(StoreError::Raced(_)) if attempts < 5 => attempts += 1,
+                rebased => return rebased,
+            }
+        }
+    }
+
+    /// [`SnapshotStore::rebase_dependents`], once.
+    fn rebase_dependents_once(
+        &mut self,
+        points: &HashSet<Point>,
+        fence: Option<&WriteFence>,
+    ) -> Result<(), StoreError> {
         let mut rebased = Vec::new();
         for (other, step) in self.dependents(points)? {
             let Some(manifest) = self.manifest_at(&other, step)? else {
@@ -221,7 +246,7 @@ pub trait SnapshotStore: Send {
                 delta: from.delta(&manifest),
             });
         }
-        self.rebase(&rebased)
+        self.rebase(&rebased, fence)
     }
 
     /// Forgets `run`'s snapshots, and every content no other run needs;
@@ -238,9 +263,9 @@ pub trait SnapshotStore: Send {
                 .into_iter()
                 .map(|step| (run.to_string(), step))
                 .collect();
-            self.rebase_dependents(&points)?;
+            self.rebase_dependents(&points, None)?;
             match self.remove_run(run) {
-                Err(StoreError::BasedOn(_)) if attempts < 5 => attempts += 1,
+                Err(StoreError::Raced(_)) if attempts < 5 => attempts += 1,
                 removed => return removed,
             }
         }
@@ -465,7 +490,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(dependents)
     }
 
-    fn rebase(&mut self, rebased: &[Rebased]) -> Result<(), StoreError> {
+    fn rebase(&mut self, rebased: &[Rebased], _fence: Option<&WriteFence>) -> Result<(), StoreError> {
         let tx = self.db.transaction()?;
         for Rebased {
             point: (other, step),

@@ -237,7 +237,7 @@ impl Snapshots {
             return Err(failed("the workspace's scanner could not be made"));
         };
         let mut scanned = scanner.scan().map_err(failed)?;
-        let keyframe = match &base {
+        let mut keyframe = match &base {
             Some(point) => store.depth(point).map_err(failed)?.unwrap_or(0) + 1 >= KEYFRAME_DEPTH,
             None => true,
         };
@@ -247,11 +247,19 @@ impl Snapshots {
             (base, std::mem::take(&mut scanned.delta))
         } else {
             let from = match &base {
-                Some((base_run, base_step)) => store.manifest_at(base_run, *base_step).map_err(failed)?,
-                None => None,
+                Some((base_run, base_step)) => store.manifest_at(base_run, *base_step),
+                None => Ok(None),
             };
-            let delta = from.unwrap_or_default().delta(&scanner.manifest());
-            (base, delta)
+            match from {
+                Ok(from) => (base, from.unwrap_or_default().delta(&scanner.manifest())),
+                // A base whose chain is broken (a base of it forgotten by
+                // another process meanwhile): this point is stored whole.
+                Err(crate::store::StoreError::Broken { .. }) => {
+                    keyframe = true;
+                    (None, Manifest::default().delta(&scanner.manifest()))
+                }
+                Err(err) => return Err(failed(err)),
+            }
         };
         // A keyframe or a slow path may name files this scan did not read:
         // their contents are stored already, or were kept back by a plan.
@@ -306,15 +314,19 @@ impl Snapshots {
             return Ok(());
         }
         let head = inner.store.head(&self.key).map_err(failed)?;
-        let manifest = match &head {
-            Some((run, step)) => inner.store.manifest_at(run, *step).map_err(failed)?,
-            None => None,
-        };
         let distrust = std::mem::take(&mut inner.distrust);
+        let manifest = match &head {
+            // Distrusted, the head is not even read: its chain may be what failed.
+            Some((run, step)) if !distrust => inner.store.manifest_at(run, *step).map_err(|err| {
+                inner.distrust = true;
+                failed(err)
+            })?,
+            _ => None,
+        };
         let (scanner, knows_head) = match &manifest {
-            Some(manifest) if !distrust => (Scanner::knowing(&self.root, self.filter.clone(), manifest), true),
+            Some(manifest) => (Scanner::knowing(&self.root, self.filter.clone(), manifest), true),
             // Its first scan is from nothing: no point is what it knows.
-            _ => (Scanner::new(&self.root, self.filter.clone()), false),
+            None => (Scanner::new(&self.root, self.filter.clone()), false),
         };
         inner.scanner = Some(if self.watch { scanner } else { scanner.without_watches() });
         inner.scanner_at = head.filter(|_| knows_head);

@@ -75,9 +75,29 @@ pub(crate) struct ForkedHere {
 }
 
 /// Does `job` with this process's store and snapshots (a worker's, on the
-/// workspace's machine): the answer, as JSON.
-pub(crate) async fn carry_out(body: &str, store: &dyn Store, snapshots: Option<&dyn WorkspaceSnapshots>) -> String {
-    let answer = match serde_json::from_str::<FilesJob>(body) {
+/// workspace's machine, which executes `executing` runs now and takes no
+/// other meanwhile): the answer, as JSON.
+pub(crate) async fn carry_out(
+    body: &str,
+    store: &dyn Store,
+    snapshots: Option<&dyn WorkspaceSnapshots>,
+    executing: usize,
+) -> String {
+    let job = serde_json::from_str::<FilesJob>(body);
+    let restores = match &job {
+        Ok(FilesJob::Rewind { params }) => params.files && !params.dry_run,
+        Ok(FilesJob::Fork { .. }) => snapshots.is_some(),
+        Err(_) => false,
+    };
+    let answer = match job {
+        // The store's check sees runs once they are recorded as running;
+        // this worker's own include those still starting.
+        _ if restores && executing > 0 => FilesAnswer::Refused {
+            code: Code::InvalidState,
+            message: format!(
+                "{executing} run(s) are executing in this workspace: rewind its files once they have ended"
+            ),
+        },
         Err(err) => FilesAnswer::Refused {
             code: Code::Internal,
             message: format!("the worker cannot read the job: {err}"),

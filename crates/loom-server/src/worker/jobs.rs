@@ -31,8 +31,17 @@ impl Worker {
         loop {
             match jobs.next_job(&line).await {
                 Ok(Some(job)) => {
+                    // No run is taken while the files are restored, and
+                    // none of this worker's may be executing.
+                    let _alone = self.claiming.write().await;
                     let snapshots = agent.snapshots().map(|snapshots| snapshots.as_ref());
-                    let answer = crate::service::rewind::carry_out(&job.body, self.store.as_ref(), snapshots).await;
+                    let answer = crate::service::rewind::carry_out(
+                        &job.body,
+                        self.store.as_ref(),
+                        snapshots,
+                        self.keeper.count(),
+                    )
+                    .await;
                     tracing::info!(job = %job.id, "a rewind of this workspace's files was done for a gateway");
                     if let Err(err) = jobs.answer(&job.id, &answer).await {
                         tracing::warn!(error = %err, job = %job.id, "cannot answer a rewind");

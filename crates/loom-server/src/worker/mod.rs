@@ -109,6 +109,10 @@ pub struct Worker {
     leases: Arc<dyn RunLeases>,
     /// The line of this worker's workspace: rewinds of its runs' files.
     jobs: Option<Arc<dyn loom_core::WorkspaceJobs>>,
+    /// Held (shared) while a run is claimed and set going; held alone
+    /// while a rewind restores the workspace's files, so no run is taken
+    /// meanwhile (`jobs.rs`).
+    claiming: tokio::sync::RwLock<()>,
     keeper: Keeper,
     runs: TaskTracker,
     /// Woken when a run ends (a slot is free).
@@ -142,6 +146,7 @@ impl Worker {
             store,
             leases,
             jobs,
+            claiming: tokio::sync::RwLock::new(()),
             keeper,
             runs: TaskTracker::new(),
             ended: Notify::new(),
@@ -199,6 +204,7 @@ impl Worker {
         loop {
             let mut took = false;
             while self.keeper.count() < self.config.max_runs && !self.stopping.load(Ordering::SeqCst) {
+                let _claiming = self.claiming.read().await;
                 let sent = Instant::now();
                 match self
                     .leases
