@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::anyhow;
 use loom::rewind::{ForkRequest, RewindError, RewindReport, RewindRequest};
-use loom::{RestorePlan, Store, StoreError, WorkspaceSnapshots};
+use loom::{RestorePlan, SnapshotError, Store, StoreError, WorkspaceSnapshots};
 
 use crate::cli::{AgentArgs, PlaceArgs};
 use crate::recorded_runs::RecordedIn;
@@ -196,6 +196,9 @@ fn refuse_non_empty(into: &Path) -> Result<(), Failure> {
 fn refused(err: RewindError) -> Failure {
     match err {
         RewindError::Store(err) => usage_if_unknown(err),
+        RewindError::Snapshot(err @ (SnapshotError::InUse | SnapshotError::Elsewhere { .. })) => {
+            Failure::Usage(anyhow!("{err}"))
+        }
         RewindError::Snapshot(err) => Failure::Runtime(anyhow!("{err}")),
         err @ RewindError::NotRecorded { .. } => Failure::Runtime(anyhow!("{err}")),
         other => Failure::Usage(anyhow!("{other}")),

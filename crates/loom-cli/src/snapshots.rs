@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, Result};
 use loom::stores::RedisSnapshots;
-use loom::workspace::{database_files, Filter, Snapshots};
+use loom::workspace::{database_files, runs_lock_of, Filter, Snapshots};
 use loom::{Store, StoreAddress};
 use loom_config::SnapshotsConfig;
 
@@ -88,7 +88,7 @@ impl Kept {
     fn files(&self) -> Vec<PathBuf> {
         match self {
             Self::Sqlite(db) => database_files(db),
-            Self::Redis { lock, .. } => vec![lock.clone()],
+            Self::Redis { lock, .. } => vec![lock.clone(), runs_lock_of(lock)],
         }
     }
 

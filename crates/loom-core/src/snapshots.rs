@@ -31,6 +31,22 @@ pub enum SnapshotError {
         /// Those files.
         files: Vec<String>,
     },
+    /// The step was recorded in another workspace (another folder, or
+    /// another machine's): a worker that took the run over worked there.
+    #[error("step {step} of run {run_id} was recorded in another workspace ({workspace}): rewind it there")]
+    Elsewhere {
+        /// The run.
+        run_id: String,
+        /// The step.
+        step: u32,
+        /// Where (`MACHINE:PATH` in a cluster).
+        workspace: String,
+    },
+    /// Runs are executing in the workspace (in this process or another
+    /// of this machine), or another restore is under way: files restored
+    /// now would be taken for their work.
+    #[error("runs are executing in this workspace, or it is being restored: restore its files once they have ended")]
+    InUse,
     /// The files could not be scanned, stored or written.
     #[error("{0}")]
     Failed(String),
@@ -107,6 +123,20 @@ pub trait WorkspaceSnapshots: Send + Sync {
 
     /// The steps of `run_id` recorded, in order.
     async fn steps(&self, run_id: &str) -> Result<Vec<u32>, SnapshotError>;
+
+    /// The workspace `step` of `run_id` was recorded in, where the
+    /// snapshots keep it (`MACHINE:PATH` in a cluster,
+    /// [`crate::workspace_line`]): where its files can be restored.
+    async fn recorded_in(&self, _run_id: &str, _step: u32) -> Result<Option<String>, SnapshotError> {
+        Ok(None)
+    }
+
+    /// Holds the workspace for a run executing in it, until the returned
+    /// guard is dropped: restores of it are refused meanwhile
+    /// ([`SnapshotError::InUse`]), and one under way is waited for.
+    async fn hold(&self) -> Result<Box<dyn std::any::Any + Send + Sync>, SnapshotError> {
+        Ok(Box::new(()))
+    }
 
     /// What `step` changed from the snapshot before it.
     async fn step_files(&self, run_id: &str, step: u32) -> Result<StepFiles, SnapshotError>;

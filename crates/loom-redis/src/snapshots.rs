@@ -44,6 +44,9 @@ struct Stored {
     delta: Delta,
     #[serde(default)]
     left_out: Vec<String>,
+    /// The workspace it was recorded in (`MACHINE:PATH`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workspace: Option<String>,
 }
 
 /// Snapshots in Redis.
@@ -170,6 +173,7 @@ impl SnapshotStore for RedisSnapshots {
             depth,
             delta: point.delta.clone(),
             left_out: point.left_out.to_vec(),
+            workspace: point.head_of.map(str::to_string),
         })?;
         let needed: HashSet<&str> = point.delta.changed.values().map(|entry| entry.hash.as_str()).collect();
         let contents: Vec<&(String, Vec<u8>)> = point
@@ -218,6 +222,10 @@ impl SnapshotStore for RedisSnapshots {
 
     fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {
         Ok(self.stored(&point.0, point.1)?.map(|stored| stored.depth))
+    }
+
+    fn recorded_in(&self, point: &Point) -> Result<Option<String>, StoreError> {
+        Ok(self.stored(&point.0, point.1)?.and_then(|stored| stored.workspace))
     }
 
     fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError> {
@@ -312,12 +320,15 @@ impl SnapshotStore for RedisSnapshots {
             delta,
         } in rebased
         {
-            let left_out = self.left_out_at(point)?;
+            // Gone meanwhile: the script leaves it gone.
+            let Some(was) = self.stored(&point.0, point.1)? else {
+                continue;
+            };
             let record = serde_json::to_string(&Stored {
                 base: base.clone(),
                 depth: *depth,
                 delta: delta.clone(),
-                left_out,
+                ..was
             })?;
             args.extend([
                 point.0.clone(),

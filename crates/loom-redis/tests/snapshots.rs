@@ -269,3 +269,55 @@ async fn forgetting_and_recording_at_once_never_leave_a_point_without_its_base_o
         Some(&b"unchanged for a month"[..])
     );
 }
+
+/// A run taken over by a worker of another folder has steps recorded in
+/// both: each step is restored only in the folder it was recorded in, and
+/// a step's change is from that folder's own files, never the other's.
+#[tokio::test]
+async fn a_run_taken_over_in_another_folder_restores_each_step_only_where_it_was_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisServer::start(dir.path()).unwrap_or_else(|err| panic!("{err}"));
+    let (ws1, ws3) = (dir.path().join("ws1"), dir.path().join("ws3"));
+    std::fs::create_dir(&ws1).unwrap();
+    std::fs::create_dir(&ws3).unwrap();
+    std::fs::write(ws1.join("only-in-1.txt"), "one").unwrap();
+    std::fs::write(ws3.join("only-in-3.txt"), "three").unwrap();
+    let first = snapshots(&server, &ws1, &dir.path().join("lock1"));
+    let second = snapshots(&server, &ws3, &dir.path().join("lock3"));
+    first.record("r", 0, None).await.unwrap();
+    // Taken over: steps 1 and 2 in the other folder.
+    std::fs::write(ws3.join("t1.txt"), "b").unwrap();
+    let one = second.record("r", 1, None).await.unwrap();
+    assert_eq!(
+        one.changed,
+        ["only-in-3.txt", "t1.txt"],
+        "from this folder's files, not the other's"
+    );
+    assert!(one.removed.is_empty(), "{one:?}");
+    std::fs::write(ws3.join("t2.txt"), "c").unwrap();
+    second.record("r", 2, None).await.unwrap();
+
+    let where1 = first.recorded_in("r", 0).await.unwrap().unwrap();
+    let where3 = second.recorded_in("r", 2).await.unwrap().unwrap();
+    assert!(
+        where1.ends_with("/ws1") && where3.ends_with("/ws3"),
+        "{where1} {where3}"
+    );
+    // Neither folder is given the other's files.
+    let refused = first.plan("r", 2, None).await.unwrap_err();
+    assert!(matches!(refused, SnapshotError::Elsewhere { .. }), "{refused}");
+    let refused = second.restore("r", 0, None, true).await.unwrap_err();
+    assert!(matches!(refused, SnapshotError::Elsewhere { .. }), "{refused}");
+    assert_eq!(tree(&ws1), [("only-in-1.txt".to_string(), "one".to_string())]);
+    // Each where it was recorded.
+    second.restore("r", 1, None, false).await.unwrap();
+    assert_eq!(
+        tree(&ws3),
+        [
+            ("only-in-3.txt".to_string(), "three".to_string()),
+            ("t1.txt".to_string(), "b".to_string())
+        ]
+    );
+    first.restore("r", 0, None, false).await.unwrap();
+    assert_eq!(tree(&ws1), [("only-in-1.txt".to_string(), "one".to_string())]);
+}

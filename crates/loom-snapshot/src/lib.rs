@@ -27,4 +27,4 @@ pub use manifest::{Delta, Entry, Manifest};
 pub use restore::{apply, changed_outside, Plan, RestoreError};
 pub use scan::{ScanError, Scanned, Scanner, Skipped};
 pub use store::{NewPoint, Point, Rebased, SnapshotStore, SqliteSnapshots, StoreError};
-pub use workspace::{database_files, Snapshots, KEYFRAME_DEPTH};
+pub use workspace::{database_files, runs_lock_of, Snapshots, KEYFRAME_DEPTH};

@@ -139,6 +139,12 @@ pub trait SnapshotStore: Send {
     /// another run is based on one of them.
     fn remove_run(&mut self, run: &str) -> Result<(), StoreError>;
 
+    /// The workspace a point was recorded in (its name in the heads), where
+    /// the store keeps it: a store several workspaces share does.
+    fn recorded_in(&self, _point: &Point) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+
     /// Bytes the store holds, where it can tell.
     fn bytes_used(&self) -> Result<Option<u64>, StoreError> {
         Ok(None)

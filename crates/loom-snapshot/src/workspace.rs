@@ -19,6 +19,7 @@ use crate::manifest::{Delta, Manifest};
 use crate::restore::{apply, changed_outside, Plan};
 use crate::scan::Scanner;
 use crate::store::{NewPoint, Point, SnapshotStore, SqliteSnapshots};
+use sha2::Digest;
 
 /// A chain this long ends in a point stored whole.
 pub const KEYFRAME_DEPTH: u32 = 64;
@@ -31,6 +32,9 @@ pub struct Snapshots {
     key: String,
     /// The file whose lock keeps restores of the workspace one at a time.
     lock: PathBuf,
+    /// The file runs executing in the workspace hold shared, and a restore
+    /// alone (`<lock>-runs`).
+    runs_lock: PathBuf,
     /// The files the snapshots are kept in (none for a store elsewhere).
     files: Vec<PathBuf>,
     filter: Filter,
@@ -75,7 +79,7 @@ pub fn database_files(db: &Path) -> Vec<PathBuf> {
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
-    ["", "-wal", "-shm", "-journal", ".lock"]
+    ["", "-wal", "-shm", "-journal", ".lock", ".lock-runs"]
         .iter()
         .map(|suffix| db.with_file_name(format!("{name}{suffix}")))
         .collect()
@@ -87,6 +91,44 @@ fn sqlite(db: &Path) -> Result<Box<dyn SnapshotStore>, SnapshotError> {
         std::fs::create_dir_all(parent).map_err(|err| failed(format!("{}: {err}", parent.display())))?;
     }
     Ok(Box::new(SqliteSnapshots::open(db).map_err(failed)?))
+}
+
+/// `<lock>-runs`: the lock runs executing in the workspace share (a
+/// restore takes it alone).
+pub fn runs_lock_of(lock: &Path) -> PathBuf {
+    let name = lock
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    lock.with_file_name(format!("{name}-runs"))
+}
+
+/// A lock file, made owner-only if missing.
+fn open_lock(path: &Path) -> Result<std::fs::File, SnapshotError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).truncate(false).write(true);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+        .open(path)
+        .map_err(|err| failed(format!("{}: {err}", path.display())))
+}
+
+/// What is at `path` beneath `root` when it is reached through folders
+/// only (a link on the way: nothing is there, for the restore replaces it).
+fn beneath_without_links(root: &Path, path: &str) -> Option<std::fs::Metadata> {
+    let mut at = root.to_path_buf();
+    let mut parts = path.split('/').peekable();
+    while let Some(part) = parts.next() {
+        at.push(part);
+        let meta = std::fs::symlink_metadata(&at).ok()?;
+        if parts.peek().is_none() {
+            return Some(meta);
+        }
+        if !meta.is_dir() {
+            return None;
+        }
+    }
+    None
 }
 
 /// `<db>.lock`.
@@ -157,10 +199,12 @@ impl Snapshots {
         if let Some(parent) = lock.parent().filter(|parent| !parent.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|err| failed(format!("{}: {err}", parent.display())))?;
         }
+        let runs_lock = runs_lock_of(lock);
         Ok(Self {
             key: store.workspace_key(&root),
             root,
-            files: vec![lock.to_path_buf()],
+            files: vec![lock.to_path_buf(), runs_lock.clone()],
+            runs_lock,
             lock: lock.to_path_buf(),
             filter,
             watch: true,
@@ -294,8 +338,17 @@ impl Snapshots {
     /// step recorded again takes the base it had).
     fn base_of(&self, store: &dyn SnapshotStore, this: &Point) -> Result<Option<Point>, SnapshotError> {
         let before = this.1.checked_sub(1).map(|before| (this.0.clone(), before));
+        // The step before, if recorded here: a run taken over by a worker
+        // of another folder has its earlier steps there.
+        let here = |point: &Point| -> Result<bool, SnapshotError> {
+            Ok(store.delta_of(&point.0, point.1).map_err(failed)?.is_some()
+                && store
+                    .recorded_in(point)
+                    .map_err(failed)?
+                    .is_none_or(|workspace| workspace == self.key))
+        };
         let mut base = match before {
-            Some(point) if store.delta_of(&point.0, point.1).map_err(failed)?.is_some() => Some(point),
+            Some(point) if here(&point)? => Some(point),
             _ => store.head(&self.key).map_err(failed)?,
         };
         if base.as_ref() == Some(this) {
@@ -378,6 +431,15 @@ impl Snapshots {
         into: Option<&Path>,
     ) -> Result<(RestorePlan, Plan, Manifest), SnapshotError> {
         let target = Self::target(inner.store.as_ref(), run, step)?;
+        let recorded_in = inner.store.recorded_in(&(run.to_string(), step)).map_err(failed)?;
+        if let Some(workspace) = recorded_in.filter(|workspace| into.is_none() && *workspace != self.key) {
+            // Another folder's files, restored here, would remove this one's.
+            return Err(SnapshotError::Elsewhere {
+                run_id: run.to_string(),
+                step,
+                workspace,
+            });
+        }
         let (now, last, left_out) = match into {
             Some(into) => {
                 let mut scanner = Scanner::new(into, self.filter.clone()).without_watches();
@@ -411,7 +473,33 @@ impl Snapshots {
             &(run.to_string(), step),
         )?;
         plan.remove.retain(|path| !untracked.covers(path));
+        // A file the plan writes that is there but not tracked now (ignored
+        // or excluded since): as the step had it, nothing to write; else
+        // its content is in no snapshot, and writing over it loses it.
+        let root = into.unwrap_or(&self.root);
+        let mut untracked_now = Vec::new();
+        plan.write.retain(|path| {
+            if now.0.contains_key(path) {
+                return true;
+            }
+            let Some(meta) = beneath_without_links(root, path) else {
+                return true;
+            };
+            let same = meta.is_file()
+                && target.0.get(path).is_some_and(|entry| {
+                    !entry.link
+                        && entry.size == meta.len()
+                        && entry.mode == std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777
+                        && std::fs::read(root.join(path))
+                            .is_ok_and(|content| crate::scan::hex(&sha2::Sha256::digest(&content)) == entry.hash)
+                });
+            if !same {
+                untracked_now.push(path.clone());
+            }
+            !same
+        });
         let mut outside = changed_outside(&plan, &now, &last);
+        outside.extend(untracked_now);
         outside.extend(plan.write.iter().filter(|path| left_out.contains(*path)).cloned());
         outside.sort();
         outside.dedup();
@@ -426,16 +514,22 @@ impl Snapshots {
     /// An exclusive lock on its lock file (`<db>.lock`), held while it lives: restores of
     /// this workspace's snapshots by other processes wait for it.
     fn exclusive(&self) -> Result<std::fs::File, SnapshotError> {
-        let path = &self.lock;
-        let mut options = std::fs::OpenOptions::new();
-        options.create(true).truncate(false).write(true);
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options
-            .open(path)
-            .map_err(|err| failed(format!("{}: {err}", path.display())))?;
+        let file = open_lock(&self.lock)?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|err| failed(format!("{}: {err}", path.display())))?;
+            .map_err(|err| failed(format!("{}: {err}", self.lock.display())))?;
         Ok(file)
+    }
+
+    /// The runs' lock, alone and without waiting: refused
+    /// ([`SnapshotError::InUse`]) while a run executing in the workspace
+    /// holds it.
+    fn alone(&self) -> Result<std::fs::File, SnapshotError> {
+        let file = open_lock(&self.runs_lock)?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(file),
+            Err(rustix::io::Errno::WOULDBLOCK) => Err(SnapshotError::InUse),
+            Err(err) => Err(failed(format!("{}: {err}", self.runs_lock.display()))),
+        }
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, SnapshotError> {
@@ -615,6 +709,12 @@ impl WorkspaceSnapshots for Snapshots {
             // One restore at a time across processes (two `loom runs rewind`
             // at once would interleave their files), and in this one.
             let _exclusive = this.exclusive()?;
+            // In place, only while no run executes in the workspace (in
+            // any process of this machine); runs starting wait for it.
+            let _alone = match into {
+                None => Some(this.alone()?),
+                Some(_) => None,
+            };
             let mut inner = this.lock()?;
             // Judged again under the lock the restore holds: a change made
             // since the caller's plan is not lost unasked.
@@ -635,6 +735,22 @@ impl WorkspaceSnapshots for Snapshots {
                 inner.scanner_at = None;
             }
             applied.map(|()| told)
+        })
+        .await
+    }
+
+    async fn recorded_in(&self, run_id: &str, step: u32) -> Result<Option<String>, SnapshotError> {
+        let point = (run_id.to_string(), step);
+        self.off_thread(move |this| this.lock()?.store.recorded_in(&point).map_err(failed))
+            .await
+    }
+
+    async fn hold(&self) -> Result<Box<dyn std::any::Any + Send + Sync>, SnapshotError> {
+        self.off_thread(|this| {
+            let file = open_lock(&this.runs_lock)?;
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)
+                .map_err(|err| failed(format!("{}: {err}", this.runs_lock.display())))?;
+            Ok(Box::new(file) as Box<dyn std::any::Any + Send + Sync>)
         })
         .await
     }
@@ -758,5 +874,53 @@ mod tests {
         assert_eq!(std::fs::read_to_string(ws.join("big.txt")).unwrap(), "small now");
         assert_eq!(std::fs::read_to_string(ws.join(".gitignore")).unwrap(), "data/\n");
         assert!(!ws.join("new.txt").exists());
+    }
+
+    /// A run executing in the workspace (in any process of this machine)
+    /// holds it: a restore in place is refused meanwhile; a copy is not.
+    #[test]
+    fn a_restore_in_place_is_refused_while_a_run_holds_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::default());
+        let ws = store.root().to_path_buf();
+        std::fs::write(ws.join("a"), "1").unwrap();
+        store.record_now("r", 0, None).unwrap();
+        std::fs::write(ws.join("a"), "2").unwrap();
+        store.record_now("r", 1, None).unwrap();
+        // Another process's view of the same workspace and lock files.
+        let other = Snapshots::open(&ws, &dir.path().join("snapshots.db"), Filter::default()).unwrap();
+        let held = block(other.hold()).unwrap();
+        let refused = block(store.restore("r", 0, None, false)).unwrap_err();
+        assert!(matches!(refused, SnapshotError::InUse), "{refused}");
+        assert_eq!(std::fs::read_to_string(ws.join("a")).unwrap(), "2");
+        std::fs::create_dir(dir.path().join("copy")).unwrap();
+        block(store.restore("r", 0, Some(&dir.path().join("copy")), false)).unwrap();
+        drop(held);
+        block(store.restore("r", 0, None, false)).unwrap();
+        assert_eq!(std::fs::read_to_string(ws.join("a")).unwrap(), "1");
+    }
+
+    /// A file the step tracked that is ignored now and was changed since:
+    /// its content is in no snapshot, so it is not written over unasked;
+    /// one ignored now but as the step had it is left alone.
+    #[test]
+    fn a_file_ignored_since_and_changed_is_not_written_over_unasked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = snapshots(dir.path(), Filter::default());
+        let ws = store.root().to_path_buf();
+        std::fs::write(ws.join("notes.txt"), "tracked then").unwrap();
+        std::fs::write(ws.join("same.txt"), "unchanged").unwrap();
+        store.record_now("r", 0, None).unwrap();
+        std::fs::write(ws.join(".gitignore"), "notes.txt\nsame.txt\n").unwrap();
+        store.record_now("r", 1, None).unwrap();
+        std::fs::write(ws.join("notes.txt"), "a person's later notes").unwrap();
+        let plan = block(store.plan("r", 0, None)).unwrap();
+        assert_eq!(plan.changed_outside, ["notes.txt"], "{plan:?}");
+        assert!(!plan.write.contains(&"same.txt".to_string()), "{plan:?}");
+        block(store.restore("r", 0, None, false)).unwrap_err();
+        assert_eq!(
+            std::fs::read_to_string(ws.join("notes.txt")).unwrap(),
+            "a person's later notes"
+        );
     }
 }

@@ -52,6 +52,8 @@ impl Driver {
     /// not over, has none).
     pub(crate) async fn drive(mut self, start: Start) -> RunOutcome {
         self.controls.show(RunStatus::Running);
+        // Held until the run ends: no restore of the workspace meanwhile.
+        let _workspace = self.hold_workspace().await;
         let mut machine = match start {
             Start::New {
                 prompt,

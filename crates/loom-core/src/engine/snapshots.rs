@@ -19,6 +19,20 @@ impl Driver {
         self.engine.snapshots.clone().filter(|_| self.parent.is_none())
     }
 
+    /// The workspace held for a top-level run recording snapshots, while
+    /// it executes (a restore under way is waited for first); a hold that
+    /// fails costs only that protection.
+    pub(super) async fn hold_workspace(&self) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        let snapshots = self.recording_snapshots()?;
+        match snapshots.hold().await {
+            Ok(held) => Some(held),
+            Err(err) => {
+                tracing::warn!(run_id = %self.ctx.run_id(), error = %err, "cannot hold the workspace against restores");
+                None
+            }
+        }
+    }
+
     /// Before the calls of the run's first step: step 0, unless it was
     /// recorded already (a resumed run, whose files may have changed since).
     pub(super) async fn snapshot_before_first_step(&self, steps: u32, turn: &TurnIds) {

@@ -194,6 +194,12 @@ impl Service {
     /// `run.rewind`.
     pub async fn rewind(&self, principal: &Principal, params: RewindParams) -> Result<Rewound, ApiError> {
         principal.may_change("rewind runs")?;
+        if !params.files && !params.conversation {
+            return Err(ApiError::new(
+                Code::InvalidParams,
+                "a rewind of neither the files nor the conversation changes nothing",
+            ));
+        }
         let (store, record) = self.visible_run(principal, &params.run_id).await?;
         if params.files {
             self.refuse_others_later_work(principal, store.as_ref(), &record)
@@ -204,7 +210,8 @@ impl Service {
                 // The conversation alone is the store's: any gateway may.
                 return rewind_here(store.as_ref(), None, params).await;
             }
-            return match self.on_its_machine(&record, FilesJob::Rewind { params }).await? {
+            let step = params.step;
+            return match self.on_its_machine(&record, step, FilesJob::Rewind { params }).await? {
                 FilesAnswer::Rewound(rewound) => Ok(rewound),
                 other => Err(unexpected(other)),
             };
@@ -229,7 +236,7 @@ impl Service {
                 force: params.force,
                 principal: principal.name().to_string(),
             };
-            match self.on_its_machine(&record, job).await? {
+            match self.on_its_machine(&record, params.step, job).await? {
                 FilesAnswer::Forked(forked) => forked,
                 other => return Err(unexpected(other)),
             }
@@ -276,23 +283,36 @@ impl Service {
         })
     }
 
-    /// Has a worker of the machine that holds `record`'s workspace do
-    /// `job` (the files are there), and waits for its answer.
-    async fn on_its_machine(&self, record: &RunRecord, job: FilesJob) -> Result<FilesAnswer, ApiError> {
-        let (Some(cluster), Some(workspace)) = (self.inner.cluster.as_ref(), record.workspace.as_deref()) else {
-            return Err(ApiError::new(
-                Code::InvalidState,
-                format!("run {} has no workspace to rewind", record.run_id),
-            ));
+    /// Has a worker of the machine that holds the workspace `step` of
+    /// `record`'s run was recorded in do `job` (the files are there), and
+    /// waits for its answer.
+    async fn on_its_machine(&self, record: &RunRecord, step: u32, job: FilesJob) -> Result<FilesAnswer, ApiError> {
+        let Some(cluster) = self.inner.cluster.as_ref() else {
+            return Err(ApiError::new(Code::InvalidState, "this gateway has no workers"));
         };
-        if record.owner.is_empty() {
-            return Err(ApiError::new(
-                Code::InvalidState,
-                format!("run {} never started: it has no files to rewind", record.run_id),
-            ));
-        }
-        let machine = loom_core::owner::machine_of(&record.owner);
-        let line = loom_core::workspace_line(machine, std::path::Path::new(workspace));
+        // Where the step's snapshot was taken (a run taken over by a worker
+        // of another folder has steps in both); else where the run started.
+        let recorded_in = match self.gateway_agent().await?.snapshots() {
+            Some(snapshots) => snapshots
+                .recorded_in(&record.run_id, step)
+                .await
+                .map_err(|err| ApiError::internal("cannot read the run's snapshots", err))?,
+            None => None,
+        };
+        let line = match (recorded_in, record.workspace.as_deref()) {
+            (Some(line), _) => line,
+            (None, Some(workspace)) if !record.owner.is_empty() => loom_core::workspace_line(
+                loom_core::owner::machine_of(&record.owner),
+                std::path::Path::new(workspace),
+            ),
+            _ => {
+                return Err(ApiError::new(
+                    Code::InvalidState,
+                    format!("run {} has no recorded workspace to rewind", record.run_id),
+                ))
+            }
+        };
+        let machine = line.split(':').next().unwrap_or_default().to_string();
         let body =
             serde_json::to_string(&job).map_err(|err| ApiError::internal("cannot write the worker's job", err))?;
         let outcome = cluster
@@ -482,6 +502,9 @@ fn refused(err: RewindError) -> ApiError {
             ApiError::new(Code::InvalidState, err.to_string())
         }
         RewindError::Snapshot(loom_core::SnapshotError::Failed(_)) => ApiError::internal("the rewind failed", err),
+        RewindError::Snapshot(loom_core::SnapshotError::InUse | loom_core::SnapshotError::Elsewhere { .. }) => {
+            ApiError::new(Code::InvalidState, err.to_string())
+        }
         RewindError::NoSnapshots | RewindError::ConversationGone { .. } | RewindError::SubAgent { .. } => {
             ApiError::new(Code::InvalidState, err.to_string())
         }
