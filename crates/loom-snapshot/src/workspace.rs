@@ -776,15 +776,22 @@ mod tests {
         Snapshots::open(&dir.join("ws"), &dir.join("snapshots.db"), filter).unwrap()
     }
 
-    #[test]
-    fn a_point_recorded_again_leaves_the_points_based_on_it_as_they_were() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = snapshots(dir.path(), Filter::default());
+    /// Snapshots of a workspace where run `r` wrote `a` = "1" at step 0
+    /// and "2" at step 1; its folder.
+    fn two_steps(dir: &Path) -> (Snapshots, PathBuf) {
+        let store = snapshots(dir, Filter::default());
         let ws = store.root().to_path_buf();
         std::fs::write(ws.join("a"), "1").unwrap();
         store.record_now("r", 0, None).unwrap();
         std::fs::write(ws.join("a"), "2").unwrap();
         store.record_now("r", 1, None).unwrap();
+        (store, ws)
+    }
+
+    #[test]
+    fn a_point_recorded_again_leaves_the_points_based_on_it_as_they_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, ws) = two_steps(dir.path());
         // Another run starts from the head, (r, 1).
         std::fs::write(ws.join("b"), "q").unwrap();
         store.record_now("q", 0, None).unwrap();
@@ -881,12 +888,7 @@ mod tests {
     #[test]
     fn a_restore_in_place_is_refused_while_a_run_holds_the_workspace() {
         let dir = tempfile::tempdir().unwrap();
-        let store = snapshots(dir.path(), Filter::default());
-        let ws = store.root().to_path_buf();
-        std::fs::write(ws.join("a"), "1").unwrap();
-        store.record_now("r", 0, None).unwrap();
-        std::fs::write(ws.join("a"), "2").unwrap();
-        store.record_now("r", 1, None).unwrap();
+        let (store, ws) = two_steps(dir.path());
         // Another process's view of the same workspace and lock files.
         let other = Snapshots::open(&ws, &dir.path().join("snapshots.db"), Filter::default()).unwrap();
         let held = block(other.hold()).unwrap();
