@@ -44,6 +44,7 @@ mod signals;
 mod snapshots;
 mod state;
 mod store;
+mod telemetry;
 mod text;
 mod trust;
 mod tuning;
@@ -126,6 +127,8 @@ fn main() -> ExitCode {
         mcp::shutdown().await;
         result
     });
+    // The runs' last spans go out before the process ends.
+    telemetry::flush();
     // Do not wait for tool work still on the blocking pool after a forced quit.
     runtime.shutdown_background();
     match result {

@@ -480,6 +480,9 @@ pub(crate) async fn configure_agent(
     if let Some(snapshots) = snapshots {
         builder = builder.snapshots(snapshots);
     }
+    if let Some(telemetry) = crate::telemetry::observer(file.telemetry.as_ref()) {
+        builder = builder.observer(telemetry);
+    }
     if let Some(store) = store {
         builder = builder.store(store);
     }

@@ -62,6 +62,25 @@ pub struct FileConfig {
     pub max_stop_refusals: Option<u32>,
     /// `[snapshots]`: the workspace recorded per step for rewind and fork.
     pub snapshots: Option<SnapshotsConfig>,
+    /// `[telemetry]`: runs as OpenTelemetry traces, sent over OTLP.
+    pub telemetry: Option<TelemetryConfig>,
+}
+
+/// `[telemetry]` (docs/telemetry.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The OTLP collector's base URL (`http://localhost:4318`); spans go to
+    /// its `/v1/traces` over HTTP/protobuf. Without it (and without
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`), no traces.
+    pub otlp_endpoint: Option<String>,
+    /// Headers sent with every export (an API key).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Share of run trees exported, 0 to 1 (default 1).
+    pub sampling_ratio: Option<f64>,
+    /// The service the spans are of (default `OTEL_SERVICE_NAME`, else `loom`).
+    pub service_name: Option<String>,
 }
 
 /// `[snapshots]` (docs/rewind.md).

@@ -11,6 +11,6 @@ mod parse;
 
 pub use keys::{
     BashConfig, ClusterConfig, FeedbackConfig, FileConfig, McpConfig, PriceConfig, ProviderConfig, RetrievalConfig,
-    SchedulerConfig, SnapshotsConfig, ToolsConfig,
+    SchedulerConfig, SnapshotsConfig, TelemetryConfig, ToolsConfig,
 };
 pub use parse::{parse, ParseError};

@@ -65,6 +65,7 @@ pub struct AgentBuilder {
     lifecycle_hooks: Option<Arc<dyn LifecycleHooks>>,
     stop_refusals: u32,
     snapshots: Option<Arc<dyn crate::snapshots::WorkspaceSnapshots>>,
+    observer: Option<Arc<dyn crate::observe::EventObserver>>,
     policy: PermissionPolicy,
     permission_timeout: Option<Duration>,
     nobody_to_ask: Option<Arc<str>>,
@@ -105,6 +106,7 @@ impl Default for AgentBuilder {
             lifecycle_hooks: None,
             stop_refusals: 1,
             snapshots: None,
+            observer: None,
             policy: PermissionPolicy::default(),
             permission_timeout: Some(Duration::from_secs(300)),
             nobody_to_ask: None,
@@ -219,6 +221,13 @@ impl AgentBuilder {
     /// Loom's protected state.
     pub fn snapshots(mut self, snapshots: Arc<dyn crate::snapshots::WorkspaceSnapshots>) -> Self {
         self.snapshots = Some(snapshots);
+        self
+    }
+
+    /// Every event of the agent's runs (their sub-agents' included) goes to
+    /// `observer` as it becomes visible (docs/telemetry.md).
+    pub fn observer(mut self, observer: Arc<dyn crate::observe::EventObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -589,6 +598,7 @@ impl AgentBuilder {
                 lifecycle_hooks: self.lifecycle_hooks,
                 stop_refusals: self.stop_refusals,
                 snapshots: self.snapshots,
+                observer: self.observer,
                 store: self.store,
                 owner: self.owner.unwrap_or_else(crate::owner::this_process),
                 machine: machine::Settings {
@@ -883,7 +893,12 @@ impl Agent {
             pending,
         };
         // Events become visible on the run's stream, after its state.
-        let stream = RunStream::new(ctx.run_id_arc(), state_tx.clone(), event_tx);
+        let observer = self
+            .engine
+            .observer
+            .clone()
+            .map(|observer| (observer, Arc::<str>::from(ctx.session_id())));
+        let stream = RunStream::new(ctx.run_id_arc(), state_tx.clone(), event_tx, observer);
         // With a store, only once stored (engine/event_log.rs).
         let (log, sink) = match &self.engine.store {
             Some(store) => EventLog::start(store.clone(), ctx.clone(), stream),

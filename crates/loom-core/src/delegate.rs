@@ -116,3 +116,13 @@ pub trait SubAgents: Send + Sync + std::fmt::Debug {
         cancel: tokio_util::sync::CancellationToken,
     ) -> Result<ChildReport, DelegateError>;
 }
+
+/// A child's run id: the same for the same parent and call, so a resumed
+/// parent finds the child its crash left behind.
+pub fn child_run_id(parent_run_id: &str, call_id: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in parent_run_id.bytes().chain([0]).chain(call_id.bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{parent_run_id}.{hash:016x}")
+}

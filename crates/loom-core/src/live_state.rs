@@ -239,6 +239,14 @@ pub(crate) struct RunStream {
     root: Arc<str>,
     state: Arc<watch::Sender<LiveState>>,
     events: mpsc::UnboundedSender<Box<Event>>,
+    /// Sees every event made visible (`observe.rs`), with the run's session.
+    observer: Option<(Arc<dyn crate::observe::EventObserver>, Arc<str>)>,
+}
+
+impl std::fmt::Debug for dyn crate::observe::EventObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventObserver")
+    }
 }
 
 impl RunStream {
@@ -246,8 +254,14 @@ impl RunStream {
         root: Arc<str>,
         state: Arc<watch::Sender<LiveState>>,
         events: mpsc::UnboundedSender<Box<Event>>,
+        observer: Option<(Arc<dyn crate::observe::EventObserver>, Arc<str>)>,
     ) -> Self {
-        Self { root, state, events }
+        Self {
+            root,
+            state,
+            events,
+            observer,
+        }
     }
 
     /// Makes `event` visible. A stream nobody reads any more is not an error.
@@ -255,6 +269,9 @@ impl RunStream {
         // Waking the state's watchers costs more than the rest of an
         // event's way to the stream: only a change they wait for does.
         self.state.send_if_modified(|state| state.observe(&self.root, &event));
+        if let Some((observer, session_id)) = &self.observer {
+            observer.observe(session_id, &event);
+        }
         let _ = self.events.send(event);
     }
 }

@@ -13,6 +13,7 @@
 pub mod mcp_servers;
 mod model_server;
 mod noop;
+pub mod otlp_receiver;
 pub mod redaction;
 pub mod redis_server;
 pub mod store_conformance;

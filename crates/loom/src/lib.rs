@@ -34,6 +34,14 @@ pub mod stores {
     pub use loom_store::*;
 }
 
+/// Runs as OpenTelemetry traces in the GenAI conventions, exported over
+/// OTLP (docs/telemetry.md): [`telemetry::Telemetry`](loom_telemetry::Telemetry),
+/// given to [`AgentBuilder::observer`].
+#[cfg(feature = "telemetry")]
+pub mod telemetry {
+    pub use loom_telemetry::*;
+}
+
 /// Workspace snapshots for rewind and fork (docs/rewind.md):
 /// [`workspace::Snapshots`](loom_snapshot::Snapshots), given to
 /// [`AgentBuilder::snapshots`].

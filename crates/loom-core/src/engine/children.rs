@@ -94,7 +94,7 @@ impl Driver {
     /// Counts the spending of the sub-agent that the call `call_id` started
     /// and that ended before a crash (its result comes from the journal).
     pub(super) async fn account_recorded_child(&self, call_id: &str) {
-        let child = child_run_id(self.ctx.run_id(), call_id);
+        let child = crate::delegate::child_run_id(self.ctx.run_id(), call_id);
         if let Ok(found) = self.store.load_run(&child).await {
             self.budget.charge_descendant(&found.run.metrics);
         }
@@ -325,7 +325,7 @@ impl SubAgents for Children {
             slot = self.slots.clone().acquire_owned() => slot.map_err(|_| DelegateError::Cancelled)?,
         };
         let child_cancel = cancel.child_token();
-        let run_id = child_run_id(self.parent.run_id(), &request.call_id);
+        let run_id = crate::delegate::child_run_id(self.parent.run_id(), &request.call_id);
         let allowed = self.preflight(&request)?;
         // The same call made again after a crash finds the child it began.
         let mut spent_before = None;
@@ -460,14 +460,4 @@ fn describe(reason: &StopReason) -> String {
         StopReason::Interrupted(why) => format!("interrupted: {why}"),
         StopReason::Error { code, message } => format!("{code}: {message}"),
     }
-}
-
-/// A child's run id: the same for the same parent and call, so a resumed
-/// parent finds the child its crash left behind.
-fn child_run_id(parent_run_id: &str, call_id: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in parent_run_id.bytes().chain([0]).chain(call_id.bytes()) {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{parent_run_id}.{hash:016x}")
 }

@@ -462,7 +462,12 @@ mod tests {
         fn new() -> Self {
             let store = Arc::new(HeldStore::default());
             let (events, stream) = mpsc::unbounded_channel();
-            let visible = RunStream::new("r".into(), Arc::new(watch::Sender::new(LiveState::default())), events);
+            let visible = RunStream::new(
+                "r".into(),
+                Arc::new(watch::Sender::new(LiveState::default())),
+                events,
+                None,
+            );
             let ctx = RunContext::new(
                 Some("r".into()),
                 None,

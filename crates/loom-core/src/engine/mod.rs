@@ -57,6 +57,8 @@ pub(crate) struct Engine {
     pub stop_refusals: u32,
     /// Where top-level runs record their workspace after each step.
     pub snapshots: Option<Arc<dyn crate::snapshots::WorkspaceSnapshots>>,
+    /// Sees every run's events as they become visible.
+    pub observer: Option<Arc<dyn crate::observe::EventObserver>>,
     /// Where runs are made durable, if anywhere.
     pub store: Option<Arc<dyn Store>>,
     /// Who runs them (recorded with each run).

@@ -309,7 +309,13 @@ impl Worker {
         let guard = Arc::new(loom_core::LeaseGuard::default());
         self.keeper.hold(lease.clone(), guard.clone(), claimed);
         let worker = self.clone();
-        let span = tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch);
+        // The run's trace (docs/telemetry.md): a log line leads to its spans.
+        let trace_id: String = loom_telemetry::trace_id_of(&lease.run_id)
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let span =
+            tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch, trace_id = %trace_id);
         self.runs.spawn(
             async move {
                 let holding = Holding {

@@ -1,0 +1,228 @@
+//! Runs as OpenTelemetry traces (docs/telemetry.md), through the binary:
+//! `loom run` with `[telemetry] otlp_endpoint` sends its spans to a real
+//! OTLP/HTTP receiver (loom-testkit's, decoding the protobuf), and the
+//! trace is read there: one tree in one trace, the GenAI attributes, the
+//! usage the events told, a sub-agent beneath its `task` call, and no
+//! message text in any span.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use common::{json_lines, loom_in};
+use loom_testkit::otlp_receiver::{OtlpReceiver, ReceivedSpan};
+use serde_json::{json, Value};
+
+fn config(dir: &std::path::Path, endpoint: &str) -> std::path::PathBuf {
+    let path = dir.join("telemetry.toml");
+    std::fs::write(
+        &path,
+        format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"loom-under-test\"\n"),
+    )
+    .unwrap();
+    path
+}
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|span| span.name == name).collect()
+}
+
+#[test]
+fn a_run_with_two_tool_calls_and_a_sub_agent_is_one_trace_in_the_genai_conventions() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = common::script_at(
+        dir.path(),
+        "script.json",
+        &json!([
+            {"tool_calls": [
+                {"name": "list_dir", "arguments": {}},
+                {"name": "read_file", "arguments": {"path": "missing.txt"}}
+            ], "usage": {"input_tokens": 120, "output_tokens": 9}},
+            {"tool_calls": [{"name": "task", "arguments": {
+                "description": "look", "prompt": "List the workspace, privately.", "tools": ["list_dir"]}}],
+             "usage": {"input_tokens": 150, "output_tokens": 12}},
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}], "usage": {"input_tokens": 30, "output_tokens": 4}},
+            {"content": "The child's own words.", "usage": {"input_tokens": 40, "output_tokens": 5}},
+            {"content": "The parent's answer.", "usage": {"input_tokens": 170, "output_tokens": 6}}
+        ]),
+    );
+    let config = config(dir.path(), &receiver.url());
+    let out = loom_in(dir.path())
+        .args(["run", "--json", "--yes", "--model", &model, "--config"])
+        .arg(&config)
+        .arg("a secret task description")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = json_lines(&out.stdout);
+    // The command waited for its spans before it ended.
+    let spans = receiver.spans();
+    assert!(!spans.is_empty(), "spans are sent before the command ends");
+
+    let roots = named(&spans, "invoke_agent loom");
+    assert_eq!(roots.len(), 2, "the run and its sub-agent: {spans:#?}");
+    let root = roots.iter().find(|span| span.parent.is_none()).unwrap();
+    let run_id = events[0]["runId"].as_str().unwrap();
+    assert_eq!(root.attributes["gen_ai.agent.id"], run_id);
+    assert_eq!(root.attributes["gen_ai.operation.name"], "invoke_agent");
+    assert_eq!(root.attributes["gen_ai.conversation.id"], events[0]["runId"]);
+    assert_eq!(root.attributes["loom.run.status"], "DONE");
+    assert_eq!(root.service.as_deref(), Some("loom-under-test"));
+    assert!(spans.iter().all(|span| span.trace_id == root.trace_id), "one trace");
+
+    // Each model call of the run (not the child's) beneath the run, with
+    // the usage and finish reason its llm.finish told.
+    let finishes: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "llm.finish" && e["runId"] == run_id)
+        .collect();
+    let mut chats: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|span| span.name.starts_with("chat ") && span.parent.as_deref() == Some(root.span_id.as_str()))
+        .collect();
+    chats.sort_by_key(|span| span.start_ns);
+    assert_eq!(chats.len(), finishes.len(), "{spans:#?}");
+    for (chat, finish) in chats.iter().zip(&finishes) {
+        assert_eq!(chat.kind, 3, "a client span");
+        assert_eq!(chat.attributes["gen_ai.operation.name"], "chat");
+        assert_eq!(chat.attributes["gen_ai.provider.name"], "scripted");
+        assert_eq!(
+            chat.attributes["gen_ai.usage.input_tokens"],
+            finish["usage"]["inputTokens"]
+        );
+        assert_eq!(
+            chat.attributes["gen_ai.usage.output_tokens"],
+            finish["usage"]["outputTokens"]
+        );
+        assert_eq!(
+            chat.attributes["gen_ai.response.finish_reasons"],
+            json!([finish["finishReason"]])
+        );
+    }
+
+    // The two calls and the task, beneath the run; the failed one says so.
+    let tools: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|span| span.name.starts_with("execute_tool ") && span.parent.as_deref() == Some(root.span_id.as_str()))
+        .collect();
+    assert_eq!(tools.len(), 3, "{spans:#?}");
+    let read = tools.iter().find(|span| span.name == "execute_tool read_file").unwrap();
+    assert_eq!(read.status, 2, "a failed call is an error span");
+    assert_eq!(read.attributes["error.type"], "error");
+    assert_eq!(read.attributes["gen_ai.tool.type"], "function");
+    let task = tools.iter().find(|span| span.name == "execute_tool task").unwrap();
+    let child = roots.iter().find(|span| span.parent.is_some()).unwrap();
+    assert_eq!(
+        child.parent.as_deref(),
+        Some(task.span_id.as_str()),
+        "the sub-agent beneath its task call"
+    );
+    assert!(child.start_ns >= task.start_ns && child.end_ns <= task.end_ns);
+    assert!(
+        spans
+            .iter()
+            .any(|span| span.name == "execute_tool list_dir" && span.parent.as_deref() == Some(child.span_id.as_str())),
+        "the child's own call beneath it"
+    );
+
+    // capture_content is off: no text of the conversation in any span.
+    let everything = format!("{spans:?}");
+    for text in ["secret task description", "privately", "own words", "parent's answer"] {
+        assert!(!everything.contains(text), "{text} leaked into a span");
+    }
+}
+
+/// A collector that never answers does not hold a run back: the run ends
+/// as without telemetry, and the command's end waits for its spans at most
+/// a few seconds. (How much it costs is measured in bench/README.md,
+/// "Telemetry", not asserted here.)
+#[test]
+fn a_collector_that_never_answers_does_not_keep_a_run_from_ending() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    receiver.hang();
+    let model = common::script_at(dir.path(), "script.json", &json!([{"content": "Done."}]));
+    let config = config(dir.path(), &receiver.url());
+    let out = loom_in(dir.path())
+        .args(["run", "--yes", "--model", &model, "--config"])
+        .arg(&config)
+        .arg("hello")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Done.");
+}
+
+/// A run killed with SIGKILL and resumed by another process continues its
+/// trace: the spans both processes sent share the trace, and the model
+/// calls the first one made hang beneath the run's span that the second
+/// one sent when the run ended.
+#[test]
+fn a_run_resumed_after_sigkill_continues_its_trace() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = common::script_at(
+        dir.path(),
+        "script.json",
+        &json!([
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}]},
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}], "delay_ms": 3000},
+            {"content": "Finished after the crash."}
+        ]),
+    );
+    let config = config(dir.path(), &receiver.url());
+    let mut first = loom_in(dir.path())
+        .args(["run", "--json", "--yes", "--model", &model, "--config"])
+        .arg(&config)
+        .arg("survive a crash")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = first.stdout.take().unwrap();
+    let mut run_id = String::new();
+    for line in BufReader::new(stdout).lines() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        run_id = event["runId"].as_str().unwrap().to_string();
+        // The first step is done; the second model call (3 s) is next.
+        if event["type"] == "tool.result" {
+            break;
+        }
+    }
+    // The first call's spans go out within a second of their end.
+    let before = receiver.wait_for(2, std::time::Duration::from_secs(10));
+    let _ = first.kill(); // SIGKILL
+    let _ = first.wait();
+    assert!(
+        before.iter().any(|span| span.name.starts_with("chat ")),
+        "the first process sent its first model call: {before:#?}"
+    );
+
+    let resumed = loom_in(dir.path())
+        .args(["runs", "resume", &run_id, "--yes", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let spans = receiver.spans();
+    let run = spans
+        .iter()
+        .find(|span| span.name == "invoke_agent loom")
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(run.attributes["gen_ai.agent.id"], run_id.as_str());
+    assert!(
+        spans.iter().all(|span| span.trace_id == run.trace_id),
+        "one trace: {spans:#?}"
+    );
+    let first_chat = before.iter().find(|span| span.name.starts_with("chat ")).unwrap();
+    assert_eq!(
+        first_chat.parent.as_deref(),
+        Some(run.span_id.as_str()),
+        "beneath the run's span"
+    );
+    assert!(spans.len() > before.len(), "the resumed process sent its own");
+}

@@ -1,0 +1,597 @@
+//! Spans made from a run's events, without IO (docs/telemetry.md): a run
+//! is an `invoke_agent` span, each model call a `chat` span and each tool
+//! call an `execute_tool` span beneath it; a sub-agent's `invoke_agent`
+//! span hangs beneath the `execute_tool task` span that started it; a
+//! compression and a person's wait are spans of their own.
+//!
+//! Ids are derived from Loom's ids, so any process that sees a run's
+//! events — the one that started it, the one that resumed it after a
+//! crash, the worker that took it over — makes the same ones: the trace
+//! of a run tree is its root run's, and a span's parent is found without
+//! asking anyone.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use loom_core::{Event, EventKind, RunStatus, ToolStatus};
+use sha2::{Digest, Sha256};
+
+use crate::conventions as attr;
+
+/// A value of an attribute.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A string.
+    Text(String),
+    /// An integer.
+    Int(i64),
+    /// A number.
+    Float(f64),
+    /// A flag.
+    Bool(bool),
+    /// Strings.
+    Texts(Vec<String>),
+}
+
+/// What a span says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Work inside Loom.
+    Internal,
+    /// A call to another service (the model).
+    Client,
+}
+
+/// A finished span, ready to export.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedSpan {
+    /// Its name (`invoke_agent loom`, `chat gpt-4o`, `execute_tool bash`).
+    pub name: String,
+    /// Its trace: its root run's.
+    pub trace_id: [u8; 16],
+    /// Its id.
+    pub span_id: [u8; 8],
+    /// Its parent's id, if any.
+    pub parent: Option<[u8; 8]>,
+    /// What it is.
+    pub kind: Kind,
+    /// When it began.
+    pub start: SystemTime,
+    /// When it ended.
+    pub end: SystemTime,
+    /// Its attributes.
+    pub attributes: Vec<(&'static str, Value)>,
+    /// The error it ended in (`None`: it did not fail).
+    pub error: Option<String>,
+}
+
+/// The trace of a run tree: derived from its root run's id (a sub-agent's
+/// id is its root's followed by `.`), so every process makes the same.
+pub fn trace_id_of(run_id: &str) -> [u8; 16] {
+    let root = run_id.split('.').next().unwrap_or(run_id);
+    let digest = Sha256::digest(format!("loom-trace:{root}").as_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&digest[..16]);
+    if id == [0u8; 16] {
+        id[15] = 1;
+    }
+    id
+}
+
+/// A span id derived from `parts`.
+fn span_id(parts: &[&str]) -> [u8; 8] {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&digest[..8]);
+    if id == [0u8; 8] {
+        id[7] = 1;
+    }
+    id
+}
+
+/// The span of a run.
+pub fn run_span_id(run_id: &str) -> [u8; 8] {
+    span_id(&["run", run_id])
+}
+
+/// The span of a tool call of a run.
+fn tool_span_id(run_id: &str, call_id: &str) -> [u8; 8] {
+    span_id(&["tool", run_id, call_id])
+}
+
+/// `2026-11-27T04:55:54.550Z` (Loom's event times) as a time.
+pub fn parse_ts(ts: &str) -> Option<SystemTime> {
+    let (date, time) = ts.strip_suffix('Z')?.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(|part| part.parse::<i64>().ok());
+    let (year, month, day) = (date.next()??, date.next()??, date.next()??);
+    let (clock, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let mut clock = clock.splitn(3, ':').map(|part| part.parse::<i64>().ok());
+    let (hour, minute, second) = (clock.next()??, clock.next()??, clock.next()??);
+    let millis: u64 = format!("{fraction:0<3}").get(..3)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = u64::try_from(days * 86_400 + hour * 3_600 + minute * 60 + second).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_millis(millis))
+}
+
+/// A run seen so far.
+struct OpenRun {
+    start: SystemTime,
+    model: String,
+    parent: Option<[u8; 8]>,
+    depth: u32,
+    session_id: String,
+}
+
+/// A model call under way.
+struct OpenChat {
+    start: SystemTime,
+    model: String,
+    first_chunk: Option<SystemTime>,
+}
+
+/// A person's wait under way.
+struct OpenWait {
+    start: SystemTime,
+    tool: String,
+}
+
+/// Makes spans of the events of the runs it is shown, as they come.
+#[derive(Default)]
+pub struct SpanAssembler {
+    runs: HashMap<String, OpenRun>,
+    chats: HashMap<String, OpenChat>,
+    /// Tool calls under way: when each began.
+    tools: HashMap<(String, String), SystemTime>,
+    waits: HashMap<(String, String), OpenWait>,
+    /// A sub-agent's run id → the `task` call (its run and call id) that starts it.
+    children: HashMap<String, (String, String)>,
+    /// Model calls made so far per run (a chat span's id).
+    chat_counts: HashMap<String, u64>,
+}
+
+/// `provider:model` split (`openai`, `gpt-4o`).
+fn provider_and_model(model: &str) -> (&str, &str) {
+    model.split_once(':').unwrap_or(("", model))
+}
+
+impl SpanAssembler {
+    /// Takes `event` of a run of session `session_id`; the spans it ends.
+    pub fn observe(&mut self, session_id: &str, event: &Event) -> Vec<FinishedSpan> {
+        let run_id = event.run_id.as_ref();
+        let Some(at) = parse_ts(&event.ts) else {
+            return Vec::new();
+        };
+        let trace_id = trace_id_of(run_id);
+        match &event.kind {
+            EventKind::LifecycleStart { model, .. } => {
+                let parent = match self.children.remove(run_id) {
+                    Some((parent_run, call_id)) => Some(tool_span_id(&parent_run, &call_id)),
+                    None => event.parent_run_id.as_deref().map(run_span_id),
+                };
+                self.runs.insert(
+                    run_id.to_string(),
+                    OpenRun {
+                        start: at,
+                        model: model.clone(),
+                        parent,
+                        depth: event.depth,
+                        session_id: session_id.to_string(),
+                    },
+                );
+                Vec::new()
+            }
+            EventKind::LlmStart { model, .. } => {
+                self.chats.insert(
+                    run_id.to_string(),
+                    OpenChat {
+                        start: at,
+                        model: model.clone(),
+                        first_chunk: None,
+                    },
+                );
+                Vec::new()
+            }
+            EventKind::LlmDelta { .. } => {
+                if let Some(chat) = self.chats.get_mut(run_id) {
+                    chat.first_chunk.get_or_insert(at);
+                }
+                Vec::new()
+            }
+            EventKind::LlmFinish {
+                usage, finish_reason, ..
+            } => {
+                let Some(chat) = self.chats.remove(run_id) else {
+                    return Vec::new();
+                };
+                let count = self.chat_counts.entry(run_id.to_string()).or_default();
+                *count += 1;
+                let (provider, model) = provider_and_model(&chat.model);
+                let mut attributes = vec![
+                    (attr::OPERATION_NAME, Value::Text("chat".into())),
+                    (attr::PROVIDER_NAME, Value::Text(provider.into())),
+                    (attr::REQUEST_MODEL, Value::Text(model.into())),
+                    (attr::RESPONSE_MODEL, Value::Text(model.into())),
+                    (attr::REQUEST_STREAM, Value::Bool(true)),
+                ];
+                if let Some(reason) = finish_reason {
+                    attributes.push((attr::RESPONSE_FINISH_REASONS, Value::Texts(vec![reason.clone()])));
+                }
+                if let Some(usage) = usage {
+                    attributes.push((attr::USAGE_INPUT_TOKENS, Value::Int(saturate(usage.input_tokens))));
+                    attributes.push((attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(usage.output_tokens))));
+                }
+                if let Some(first) = chat.first_chunk {
+                    let seconds = first.duration_since(chat.start).unwrap_or_default().as_secs_f64();
+                    attributes.push((attr::RESPONSE_TIME_TO_FIRST_CHUNK, Value::Float(seconds)));
+                }
+                vec![FinishedSpan {
+                    name: format!("chat {model}"),
+                    trace_id,
+                    span_id: span_id(&["chat", run_id, &count.to_string()]),
+                    parent: Some(run_span_id(run_id)),
+                    kind: Kind::Client,
+                    start: chat.start,
+                    end: at,
+                    attributes,
+                    error: None,
+                }]
+            }
+            EventKind::ToolCallsStart { calls } => {
+                for call in calls {
+                    self.tools.insert((run_id.to_string(), call.call_id.clone()), at);
+                    if call.name == "task" {
+                        let child = loom_core::delegate::child_run_id(run_id, &call.call_id);
+                        self.children.insert(child, (run_id.to_string(), call.call_id.clone()));
+                    }
+                }
+                Vec::new()
+            }
+            EventKind::ToolResult {
+                call_id, name, status, ..
+            } => {
+                let start = self.tools.remove(&(run_id.to_string(), call_id.clone())).unwrap_or(at);
+                let failed = !matches!(status, ToolStatus::Success | ToolStatus::Warning);
+                let mut attributes = vec![
+                    (attr::OPERATION_NAME, Value::Text("execute_tool".into())),
+                    (attr::TOOL_NAME, Value::Text(name.clone())),
+                    (attr::TOOL_CALL_ID, Value::Text(call_id.clone())),
+                    (attr::TOOL_TYPE, Value::Text(tool_type(name).into())),
+                    (attr::TOOL_STATUS, Value::Text(status.as_str().into())),
+                ];
+                if failed {
+                    attributes.push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                }
+                vec![FinishedSpan {
+                    name: format!("execute_tool {name}"),
+                    trace_id,
+                    span_id: tool_span_id(run_id, call_id),
+                    parent: Some(run_span_id(run_id)),
+                    kind: Kind::Internal,
+                    start,
+                    end: at,
+                    attributes,
+                    error: failed.then(|| status.as_str().to_string()),
+                }]
+            }
+            EventKind::PermissionRequest { request_id, tool, .. } => {
+                self.waits.insert(
+                    (run_id.to_string(), request_id.clone()),
+                    OpenWait {
+                        start: at,
+                        tool: tool.clone(),
+                    },
+                );
+                Vec::new()
+            }
+            EventKind::PermissionResolved {
+                request_id, decision, ..
+            } => {
+                let Some(wait) = self.waits.remove(&(run_id.to_string(), request_id.clone())) else {
+                    return Vec::new();
+                };
+                vec![FinishedSpan {
+                    name: "wait_for_person".into(),
+                    trace_id,
+                    span_id: span_id(&["wait", run_id, request_id]),
+                    parent: Some(run_span_id(run_id)),
+                    kind: Kind::Internal,
+                    start: wait.start,
+                    end: at,
+                    attributes: vec![
+                        (attr::PERMISSION_TOOL, Value::Text(wait.tool)),
+                        (attr::PERMISSION_DECISION, Value::Text(decision.as_str().into())),
+                    ],
+                    error: None,
+                }]
+            }
+            EventKind::CompressionApplied {
+                messages_before,
+                messages_after,
+                method,
+                ..
+            } => vec![FinishedSpan {
+                name: "compress_context".into(),
+                trace_id,
+                span_id: span_id(&["compression", run_id, &event.seq.to_string()]),
+                parent: Some(run_span_id(run_id)),
+                kind: Kind::Internal,
+                start: at,
+                end: at,
+                attributes: vec![
+                    (
+                        attr::COMPRESSION_MESSAGES_BEFORE,
+                        Value::Int(saturate(*messages_before as u64)),
+                    ),
+                    (
+                        attr::COMPRESSION_MESSAGES_AFTER,
+                        Value::Int(saturate(*messages_after as u64)),
+                    ),
+                    (attr::COMPRESSION_METHOD, Value::Text(method.as_str().into())),
+                ],
+                error: None,
+            }],
+            EventKind::LifecycleEnd { status, metrics, .. } => {
+                self.chat_counts.remove(run_id);
+                self.chats.remove(run_id);
+                let run = self.runs.remove(run_id);
+                let (start, model, parent, depth, session) = match run {
+                    Some(run) => (run.start, run.model, run.parent, run.depth, run.session_id),
+                    // Began in another process (resumed here): the ids still match.
+                    None => (
+                        at,
+                        String::new(),
+                        event.parent_run_id.as_deref().map(run_span_id),
+                        event.depth,
+                        session_id.to_string(),
+                    ),
+                };
+                let (provider, model) = provider_and_model(&model);
+                let failed = matches!(status, RunStatus::Error | RunStatus::Timeout);
+                let mut attributes = vec![
+                    (attr::OPERATION_NAME, Value::Text("invoke_agent".into())),
+                    (attr::AGENT_NAME, Value::Text("loom".into())),
+                    (attr::AGENT_ID, Value::Text(run_id.into())),
+                    (attr::CONVERSATION_ID, Value::Text(session)),
+                    (attr::USAGE_INPUT_TOKENS, Value::Int(saturate(metrics.input_tokens))),
+                    (attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(metrics.output_tokens))),
+                    (attr::RUN_STATUS, Value::Text(status.as_str().into())),
+                    (attr::RUN_DEPTH, Value::Int(i64::from(depth))),
+                ];
+                if !model.is_empty() {
+                    attributes.push((attr::PROVIDER_NAME, Value::Text(provider.into())));
+                    attributes.push((attr::REQUEST_MODEL, Value::Text(model.into())));
+                }
+                if failed {
+                    attributes.push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                }
+                vec![FinishedSpan {
+                    name: "invoke_agent loom".into(),
+                    trace_id,
+                    span_id: run_span_id(run_id),
+                    parent,
+                    kind: Kind::Internal,
+                    start,
+                    end: at,
+                    attributes,
+                    error: failed.then(|| status.as_str().to_string()),
+                }]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Tools run by Loom are functions; an MCP server's (`server__tool`) are
+/// extensions.
+fn tool_type(name: &str) -> &'static str {
+    if name.contains("__") {
+        "extension"
+    } else {
+        "function"
+    }
+}
+
+fn saturate(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loom_core::{CallSummary, RunMetrics, Usage};
+
+    fn event(run_id: &str, parent: Option<&str>, seq: u64, millis: u64, kind: EventKind) -> Event {
+        Event {
+            run_id: run_id.into(),
+            turn_id: "t".into(),
+            parent_turn_id: None,
+            depth: u32::from(parent.is_some()),
+            parent_run_id: parent.map(Into::into),
+            seq,
+            ts: format!("2026-11-27T10:00:{:02}.{:03}Z", millis / 1000, millis % 1000),
+            kind,
+        }
+    }
+
+    fn call(id: &str, name: &str) -> CallSummary {
+        CallSummary {
+            call_id: id.into(),
+            name: name.into(),
+            args: serde_json::Value::Null,
+        }
+    }
+
+    fn result(id: &str, name: &str, status: ToolStatus) -> EventKind {
+        EventKind::ToolResult {
+            call_id: id.into(),
+            name: name.into(),
+            status,
+            content: "the output".into(),
+            duration_ms: 5,
+            stages: Default::default(),
+            decided_by: None,
+        }
+    }
+
+    fn start(model: &str) -> EventKind {
+        EventKind::LifecycleStart {
+            prompt: "secret prompt".into(),
+            model: model.into(),
+            max_steps: 10,
+            resumed: false,
+            forked_from: None,
+        }
+    }
+
+    fn end(status: RunStatus) -> EventKind {
+        EventKind::LifecycleEnd {
+            status,
+            content: Some("the answer".into()),
+            metrics: RunMetrics {
+                input_tokens: 30,
+                output_tokens: 7,
+                ..RunMetrics::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_run_with_tools_and_a_sub_agent_makes_one_tree_in_one_trace() {
+        let mut spans = Vec::new();
+        let mut assembler = SpanAssembler::default();
+        let child = loom_core::delegate::child_run_id("root", "c3");
+        let mut see = |event: Event| spans.extend(assembler.observe("s1", &event));
+        see(event("root", None, 1, 0, start("openai:gpt-4o")));
+        see(event(
+            "root",
+            None,
+            2,
+            10,
+            EventKind::LlmStart {
+                model: "openai:gpt-4o".into(),
+                message_count: 2,
+                tools_offered: true,
+                final_answer: None,
+            },
+        ));
+        see(event("root", None, 3, 40, EventKind::LlmDelta { text: "x".into() }));
+        see(event(
+            "root",
+            None,
+            4,
+            90,
+            EventKind::LlmFinish {
+                content: String::new(),
+                usage: Some(Usage {
+                    input_tokens: 30,
+                    output_tokens: 7,
+                }),
+                finish_reason: Some("tool_calls".into()),
+                cost_usd: None,
+                tool_call_count: 3,
+            },
+        ));
+        see(event(
+            "root",
+            None,
+            5,
+            100,
+            EventKind::ToolCallsStart {
+                calls: vec![call("c1", "bash"), call("c2", "github__search"), call("c3", "task")],
+            },
+        ));
+        see(event("root", None, 6, 150, result("c1", "bash", ToolStatus::Success)));
+        see(event(
+            "root",
+            None,
+            7,
+            160,
+            result("c2", "github__search", ToolStatus::Error),
+        ));
+        see(event(&child, Some("root"), 1, 170, start("openai:gpt-4o")));
+        see(event(&child, Some("root"), 2, 300, end(RunStatus::Done)));
+        see(event("root", None, 8, 310, result("c3", "task", ToolStatus::Success)));
+        see(event("root", None, 9, 400, end(RunStatus::Done)));
+
+        let named = |name: &str| {
+            spans
+                .iter()
+                .find(|span| span.name == name)
+                .unwrap_or_else(|| panic!("{name}: {spans:?}"))
+        };
+        let agent = |id: &str| {
+            spans
+                .iter()
+                .find(|span| span.attributes.contains(&(attr::AGENT_ID, Value::Text(id.into()))))
+                .unwrap()
+        };
+        let root = agent("root");
+        assert_eq!(root.parent, None);
+        assert!(spans.iter().all(|span| span.trace_id == trace_id_of("root")));
+        let chat = named("chat gpt-4o");
+        assert_eq!(chat.parent, Some(root.span_id));
+        assert!(chat
+            .attributes
+            .contains(&(attr::RESPONSE_TIME_TO_FIRST_CHUNK, Value::Float(0.03))));
+        assert!(chat.attributes.contains(&(attr::USAGE_INPUT_TOKENS, Value::Int(30))));
+        assert!(chat
+            .attributes
+            .contains(&(attr::PROVIDER_NAME, Value::Text("openai".into()))));
+        let failed = named("execute_tool github__search");
+        assert_eq!(failed.error.as_deref(), Some("error"));
+        assert!(failed
+            .attributes
+            .contains(&(attr::TOOL_TYPE, Value::Text("extension".into()))));
+        let task = named("execute_tool task");
+        let sub = agent(&child);
+        assert_eq!(
+            sub.parent,
+            Some(task.span_id),
+            "the sub-agent hangs beneath its task call"
+        );
+        assert!(
+            spans
+                .iter()
+                .all(|span| !format!("{:?}", span.attributes).contains("secret prompt")
+                    && !format!("{:?}", span.attributes).contains("the output")),
+            "no content"
+        );
+        assert_eq!(spans.len(), 6);
+    }
+
+    #[test]
+    fn a_resumed_run_makes_the_same_ids_in_another_process() {
+        let mut first = SpanAssembler::default();
+        first.observe("s", &event("r", None, 1, 0, start("openai:m")));
+        // The process dies; another resumes the run and ends it.
+        let mut second = SpanAssembler::default();
+        second.observe("s", &event("r", None, 5, 500, start("openai:m")));
+        let ended = second.observe("s", &event("r", None, 6, 900, end(RunStatus::Done)));
+        assert_eq!(ended[0].span_id, run_span_id("r"));
+        assert_eq!(ended[0].trace_id, trace_id_of("r"));
+    }
+
+    #[test]
+    fn event_times_parse() {
+        let at = parse_ts("1970-01-02T00:00:01.250Z").unwrap();
+        assert_eq!(
+            at.duration_since(UNIX_EPOCH).unwrap(),
+            Duration::from_millis(86_401_250)
+        );
+        let at = parse_ts("2026-11-27T04:55:54.550Z").unwrap();
+        assert_eq!(at.duration_since(UNIX_EPOCH).unwrap().as_millis(), 1_795_755_354_550);
+        assert_eq!(parse_ts("yesterday"), None);
+    }
+}

@@ -1,0 +1,272 @@
+//! Spans sent to an OTLP collector over HTTP/protobuf, from a thread of
+//! their own: a run hands a finished span over without waiting
+//! ([`Exporter::send`]); a line that is full (a slow or dead collector)
+//! drops it and counts it (`loom_telemetry_spans_dropped_total`), so a
+//! collector never slows a run. Spans go out in batches, at most a second
+//! after they ended; [`Exporter::flush`] sends what waits (at a process's
+//! end).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
+
+use crate::assemble::{FinishedSpan, Kind, Value};
+
+/// Spans sent in one request at most.
+const BATCH: usize = 512;
+
+/// How long a span waits for its batch at most.
+const BATCH_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a request to the collector may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where spans go and how.
+#[derive(Debug, Clone, Default)]
+pub struct ExportConfig {
+    /// The collector's base URL (`http://localhost:4318`); spans go to its
+    /// `/v1/traces`. `None`: the `OTEL_EXPORTER_OTLP_*` variables say.
+    pub endpoint: Option<String>,
+    /// Headers sent with every request (an API key).
+    pub headers: HashMap<String, String>,
+    /// The service the spans are of (`None`: `OTEL_SERVICE_NAME`, else `loom`).
+    pub service_name: Option<String>,
+    /// Spans that may wait to be sent; more are dropped (default 2048).
+    pub queue: usize,
+}
+
+/// The exporter could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The OTLP exporter refused its settings.
+    #[error("telemetry: {0}")]
+    Build(String),
+    /// Its thread could not start.
+    #[error("telemetry: cannot start the exporter's thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+enum Message {
+    Span(Box<FinishedSpan>),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The sending side of the exporter's thread.
+pub struct Exporter {
+    line: SyncSender<Message>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporter")
+            .field("dropped", &self.dropped.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Exporter {
+    /// Starts the exporter's thread; fails when the exporter cannot be made.
+    pub fn start(config: &ExportConfig) -> Result<Self, ExportError> {
+        let (line, waiting) = sync_channel(config.queue.max(1));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (ready, made) = std::sync::mpsc::channel();
+        let config = config.clone();
+        let counted = dropped.clone();
+        std::thread::Builder::new()
+            .name("loom-telemetry".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(err) => {
+                        let _ = ready.send(Err(ExportError::Build(err.to_string())));
+                        return;
+                    }
+                };
+                let exporter = runtime.block_on(async { build(&config) });
+                match exporter {
+                    Ok(exporter) => {
+                        let _ = ready.send(Ok(()));
+                        send_batches(&runtime, exporter, &waiting, &counted);
+                    }
+                    Err(err) => {
+                        let _ = ready.send(Err(err));
+                    }
+                }
+            })?;
+        made.recv()
+            .map_err(|_| ExportError::Build("the exporter's thread ended".into()))??;
+        Ok(Self { line, dropped })
+    }
+
+    /// Hands a span over without waiting; a full line drops it.
+    pub fn send(&self, span: FinishedSpan) {
+        match self.line.try_send(Message::Span(Box::new(span))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.drop_one("queue_full"),
+            Err(TrySendError::Disconnected(_)) => self.drop_one("stopped"),
+        }
+    }
+
+    fn drop_one(&self, reason: &'static str) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("loom_telemetry_spans_dropped_total", "reason" => reason).increment(1);
+    }
+
+    /// Spans dropped so far (a full line, a failed request).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Sends every span handed over so far; waits at most `patience`.
+    /// Whether it was done in time.
+    pub fn flush(&self, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        let (done, wait) = std::sync::mpsc::channel();
+        let mut message = Message::Flush(done);
+        loop {
+            match self.line.try_send(message) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    message = back;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return false,
+            }
+        }
+        wait.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
+    }
+}
+
+/// The OTLP exporter: HTTP/protobuf to the endpoint (or the variables').
+fn build(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_timeout(REQUEST_TIMEOUT);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')));
+    }
+    if !config.headers.is_empty() {
+        builder = builder.with_headers(config.headers.clone());
+    }
+    let mut exporter = builder.build().map_err(|err| ExportError::Build(err.to_string()))?;
+    let resource = match (&config.service_name, std::env::var_os("OTEL_SERVICE_NAME")) {
+        (Some(name), _) => opentelemetry_sdk::Resource::builder().with_service_name(name.clone()),
+        (None, Some(_)) => opentelemetry_sdk::Resource::builder(),
+        (None, None) => opentelemetry_sdk::Resource::builder().with_service_name("loom"),
+    };
+    exporter.set_resource(&resource.build());
+    Ok(exporter)
+}
+
+/// The thread's loop: a batch is sent when full, a second after its first
+/// span, or when a flush asks.
+fn send_batches(
+    runtime: &tokio::runtime::Runtime,
+    exporter: opentelemetry_otlp::SpanExporter,
+    waiting: &Receiver<Message>,
+    dropped: &AtomicU64,
+) {
+    let mut batch: Vec<SpanData> = Vec::new();
+    let mut since: Option<Instant> = None;
+    loop {
+        let wait = since.map_or(Duration::from_secs(3600), |since| {
+            BATCH_WAIT.saturating_sub(since.elapsed())
+        });
+        let mut flushed = None;
+        match waiting.recv_timeout(wait) {
+            Ok(Message::Span(span)) => {
+                batch.push(span_data(*span));
+                since.get_or_insert_with(Instant::now);
+            }
+            Ok(Message::Flush(done)) => flushed = Some(done),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                export(runtime, &exporter, &mut batch, dropped);
+                return;
+            }
+        }
+        let due = since.is_some_and(|since| since.elapsed() >= BATCH_WAIT);
+        if batch.len() >= BATCH || due || flushed.is_some() {
+            export(runtime, &exporter, &mut batch, dropped);
+            since = None;
+        }
+        if let Some(done) = flushed {
+            let _ = done.send(());
+        }
+    }
+}
+
+fn export(
+    runtime: &tokio::runtime::Runtime,
+    exporter: &opentelemetry_otlp::SpanExporter,
+    batch: &mut Vec<SpanData>,
+    dropped: &AtomicU64,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let spans = std::mem::take(batch);
+    let count = spans.len() as u64;
+    match runtime.block_on(exporter.export(spans)) {
+        Ok(()) => metrics::counter!("loom_telemetry_spans_exported_total").increment(count),
+        Err(err) => {
+            dropped.fetch_add(count, Ordering::Relaxed);
+            metrics::counter!("loom_telemetry_spans_dropped_total", "reason" => "export_failed").increment(count);
+            tracing::warn!(error = %err, spans = count, "telemetry: the collector did not take the spans");
+        }
+    }
+}
+
+/// A finished span as the SDK's exporter takes it.
+fn span_data(span: FinishedSpan) -> SpanData {
+    let attributes = span
+        .attributes
+        .into_iter()
+        .map(|(key, value)| match value {
+            Value::Text(text) => KeyValue::new(key, text),
+            Value::Int(number) => KeyValue::new(key, number),
+            Value::Float(number) => KeyValue::new(key, number),
+            Value::Bool(flag) => KeyValue::new(key, flag),
+            Value::Texts(texts) => KeyValue::new(
+                key,
+                opentelemetry::Value::Array(Array::String(texts.into_iter().map(StringValue::from).collect())),
+            ),
+        })
+        .collect();
+    SpanData {
+        span_context: SpanContext::new(
+            TraceId::from_bytes(span.trace_id),
+            SpanId::from_bytes(span.span_id),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::NONE,
+        ),
+        parent_span_id: span.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
+        parent_span_is_remote: false,
+        span_kind: match span.kind {
+            Kind::Internal => SpanKind::Internal,
+            Kind::Client => SpanKind::Client,
+        },
+        name: span.name.into(),
+        start_time: span.start,
+        end_time: span.end,
+        attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: span.error.map_or(Status::Unset, Status::error),
+        instrumentation_scope: InstrumentationScope::builder("loom")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build(),
+    }
+}
