@@ -68,7 +68,7 @@ def main():
     args = parser.parse_args()
     loom = os.path.abspath(args.loom)
     work = tempfile.mkdtemp()
-    script = [{"tool_calls": [{"name": "list_dir", "arguments": {}}]} for _ in range(args.steps)]
+    script = [{"tool_calls": [{"name": "glob", "arguments": {"pattern": f"*{i}*"}}]} for i in range(args.steps)]
     script.append({"content": "done"})
     with open(os.path.join(work, "script.json"), "w") as f:
         json.dump(script, f)
@@ -88,7 +88,7 @@ def main():
             )
             wall = time.monotonic() - started
             if out.returncode != 0:
-                raise SystemExit(f"{name}: {out.stderr}")
+                raise SystemExit(f"{name}: exit {out.returncode}: {out.stderr} {out.stdout[-500:]}")
             end = [json.loads(line) for line in out.stdout.splitlines() if '"lifecycle.end"' in line][-1]
             results[name][0].append(end["metrics"]["durationMs"])
             results[name][1].append(wall * 1000)

@@ -39,15 +39,11 @@ pub(crate) fn risky_settings(file: &FileConfig, dir: &Path) -> Vec<String> {
             risky.push(format!("[mcp.servers.{name}] starts a program"));
         }
     }
-    if let Some(endpoint) = file
-        .telemetry
-        .as_ref()
-        .and_then(|telemetry| telemetry.otlp_endpoint.as_deref())
-    {
-        risky.push(format!(
-            "[telemetry] sends the runs' traces to {}",
-            crate::text::shown(endpoint)
-        ));
+    if let Some(telemetry) = &file.telemetry {
+        risky.push(match telemetry.otlp_endpoint.as_deref() {
+            Some(endpoint) => format!("[telemetry] sends the runs' traces to {}", crate::text::shown(endpoint)),
+            None => "[telemetry] changes how the runs' traces are sent".to_string(),
+        });
     }
     if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
         if bash.sandbox.as_deref() == Some("none") {

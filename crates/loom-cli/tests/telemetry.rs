@@ -225,4 +225,35 @@ fn a_run_resumed_after_sigkill_continues_its_trace() {
         "beneath the run's span"
     );
     assert!(spans.len() > before.len(), "the resumed process sent its own");
+    let mut ids: Vec<&str> = spans.iter().map(|span| span.span_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        spans.len(),
+        "no span id sent twice by the two processes: {spans:#?}"
+    );
+}
+
+/// A project's loom.toml that names a collector (a model may have written
+/// it) sends nothing until a person trusts that file.
+#[test]
+fn a_projects_telemetry_settings_wait_for_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = common::script_at(dir.path(), "script.json", &json!([{"content": "Done."}]));
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        format!("[telemetry]\notlp_endpoint = \"{}\"\n", receiver.url()),
+    )
+    .unwrap();
+    let out = loom_in(dir.path())
+        .args(["run", "--yes", "--model", &model, "hello"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("[telemetry]") && said.contains("loom trust"), "{said}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(receiver.spans().is_empty());
 }

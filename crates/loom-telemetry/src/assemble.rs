@@ -125,19 +125,12 @@ pub fn parse_ts(ts: &str) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_millis(millis))
 }
 
-/// A run seen so far.
-struct OpenRun {
-    start: SystemTime,
-    model: String,
-    parent: Option<[u8; 8]>,
-    depth: u32,
-    session_id: String,
-}
-
 /// A model call under way.
 struct OpenChat {
     start: SystemTime,
     model: String,
+    /// Its `llm.start`'s seq: its span's id (a seq goes on across a resume).
+    seq: u64,
     first_chunk: Option<SystemTime>,
 }
 
@@ -147,123 +140,182 @@ struct OpenWait {
     tool: String,
 }
 
-/// Makes spans of the events of the runs it is shown, as they come.
+/// What is open of one run in this process.
+struct OpenRun {
+    /// When this process saw it begin (or resume).
+    start: SystemTime,
+    model: String,
+    depth: u32,
+    session_id: String,
+    chat: Option<OpenChat>,
+    /// Tool calls under way: when each began.
+    tools: HashMap<String, SystemTime>,
+    /// Questions under way, by request id.
+    waits: HashMap<String, OpenWait>,
+}
+
+/// Makes spans of the events of the runs it is shown, as they come. What
+/// a run leaves open goes with its `lifecycle.end`; what never ends here
+/// (a run interrupted in this process and resumed elsewhere) is forgotten
+/// a day after it began.
 #[derive(Default)]
 pub struct SpanAssembler {
     runs: HashMap<String, OpenRun>,
-    chats: HashMap<String, OpenChat>,
-    /// Tool calls under way: when each began.
-    tools: HashMap<(String, String), SystemTime>,
-    waits: HashMap<(String, String), OpenWait>,
-    /// A sub-agent's run id → the `task` call (its run and call id) that starts it.
-    children: HashMap<String, (String, String)>,
-    /// Model calls made so far per run (a chat span's id).
-    chat_counts: HashMap<String, u64>,
+    /// Events seen since the last sweep of what never ended here.
+    since_sweep: u32,
 }
+
+/// What is left open longer than this is forgotten.
+const FORGET_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Events between two sweeps.
+const SWEEP_EVERY: u32 = 4096;
 
 /// `provider:model` split (`openai`, `gpt-4o`).
 fn provider_and_model(model: &str) -> (&str, &str) {
     model.split_once(':').unwrap_or(("", model))
 }
 
+/// The span of the `task` call that starts the sub-agent `child_run_id`:
+/// derived from the child's id (itself derived from the parent's run and
+/// call), so the child finds its parent's span with nothing else known.
+fn task_span_id(child_run_id: &str) -> [u8; 8] {
+    span_id(&["sub-agent", child_run_id])
+}
+
+/// Whether an event can open or close a span (the rest — text deltas,
+/// tool output, phases — is passed over without taking any lock).
+pub fn makes_spans(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::LifecycleStart { .. }
+            | EventKind::LifecycleEnd { .. }
+            | EventKind::LlmStart { .. }
+            | EventKind::LlmDelta { .. }
+            | EventKind::LlmFinish { .. }
+            | EventKind::Error { .. }
+            | EventKind::ToolCallsStart { .. }
+            | EventKind::ToolResult { .. }
+            | EventKind::PermissionRequest { .. }
+            | EventKind::PermissionResolved { .. }
+            | EventKind::CompressionApplied { .. }
+    )
+}
+
 impl SpanAssembler {
     /// Takes `event` of a run of session `session_id`; the spans it ends.
     pub fn observe(&mut self, session_id: &str, event: &Event) -> Vec<FinishedSpan> {
+        if !makes_spans(&event.kind) {
+            return Vec::new();
+        }
         let run_id = event.run_id.as_ref();
         let Some(at) = parse_ts(&event.ts) else {
             return Vec::new();
         };
-        let trace_id = trace_id_of(run_id);
+        self.since_sweep += 1;
+        if self.since_sweep >= SWEEP_EVERY {
+            self.since_sweep = 0;
+            self.forget_before(at.checked_sub(FORGET_AFTER).unwrap_or(UNIX_EPOCH));
+        }
+        let span =
+            |name: String, span_id: [u8; 8], parent: Option<[u8; 8]>, kind: Kind, start: SystemTime| FinishedSpan {
+                name,
+                trace_id: trace_id_of(run_id),
+                span_id,
+                parent,
+                kind,
+                start,
+                end: at,
+                attributes: Vec::new(),
+                error: None,
+            };
+        if let EventKind::LifecycleStart { model, .. } = &event.kind {
+            self.runs.insert(
+                run_id.to_string(),
+                OpenRun {
+                    start: at,
+                    model: model.clone(),
+                    depth: event.depth,
+                    session_id: session_id.to_string(),
+                    chat: None,
+                    tools: HashMap::new(),
+                    waits: HashMap::new(),
+                },
+            );
+            return Vec::new();
+        }
+        // A run first seen by its later events began in another process:
+        // its spans still get the same ids and parents.
+        let run = self.runs.entry(run_id.to_string()).or_insert_with(|| OpenRun {
+            start: at,
+            model: String::new(),
+            depth: event.depth,
+            session_id: session_id.to_string(),
+            chat: None,
+            tools: HashMap::new(),
+            waits: HashMap::new(),
+        });
+        let mut finished = Vec::new();
         match &event.kind {
-            EventKind::LifecycleStart { model, .. } => {
-                let parent = match self.children.remove(run_id) {
-                    Some((parent_run, call_id)) => Some(tool_span_id(&parent_run, &call_id)),
-                    None => event.parent_run_id.as_deref().map(run_span_id),
-                };
-                self.runs.insert(
-                    run_id.to_string(),
-                    OpenRun {
-                        start: at,
-                        model: model.clone(),
-                        parent,
-                        depth: event.depth,
-                        session_id: session_id.to_string(),
-                    },
-                );
-                Vec::new()
-            }
             EventKind::LlmStart { model, .. } => {
-                self.chats.insert(
-                    run_id.to_string(),
-                    OpenChat {
-                        start: at,
-                        model: model.clone(),
-                        first_chunk: None,
-                    },
-                );
-                Vec::new()
+                // A call still open was given up (retried with a shorter context).
+                if let Some(chat) = run.chat.take() {
+                    finished.push(chat_span(&span, run_id, chat, None, None, Some("retried")));
+                }
+                run.chat = Some(OpenChat {
+                    start: at,
+                    model: model.clone(),
+                    seq: event.seq,
+                    first_chunk: None,
+                });
             }
             EventKind::LlmDelta { .. } => {
-                if let Some(chat) = self.chats.get_mut(run_id) {
+                if let Some(chat) = run.chat.as_mut() {
                     chat.first_chunk.get_or_insert(at);
                 }
-                Vec::new()
             }
             EventKind::LlmFinish {
                 usage, finish_reason, ..
             } => {
-                let Some(chat) = self.chats.remove(run_id) else {
-                    return Vec::new();
-                };
-                let count = self.chat_counts.entry(run_id.to_string()).or_default();
-                *count += 1;
-                let (provider, model) = provider_and_model(&chat.model);
-                let mut attributes = vec![
-                    (attr::OPERATION_NAME, Value::Text("chat".into())),
-                    (attr::PROVIDER_NAME, Value::Text(provider.into())),
-                    (attr::REQUEST_MODEL, Value::Text(model.into())),
-                    (attr::RESPONSE_MODEL, Value::Text(model.into())),
-                    (attr::REQUEST_STREAM, Value::Bool(true)),
-                ];
-                if let Some(reason) = finish_reason {
-                    attributes.push((attr::RESPONSE_FINISH_REASONS, Value::Texts(vec![reason.clone()])));
+                if let Some(chat) = run.chat.take() {
+                    finished.push(chat_span(
+                        &span,
+                        run_id,
+                        chat,
+                        usage.as_ref(),
+                        finish_reason.as_deref(),
+                        None,
+                    ));
                 }
-                if let Some(usage) = usage {
-                    attributes.push((attr::USAGE_INPUT_TOKENS, Value::Int(saturate(usage.input_tokens))));
-                    attributes.push((attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(usage.output_tokens))));
+            }
+            EventKind::Error { .. } => {
+                if let Some(chat) = run.chat.take() {
+                    finished.push(chat_span(&span, run_id, chat, None, None, Some("error")));
                 }
-                if let Some(first) = chat.first_chunk {
-                    let seconds = first.duration_since(chat.start).unwrap_or_default().as_secs_f64();
-                    attributes.push((attr::RESPONSE_TIME_TO_FIRST_CHUNK, Value::Float(seconds)));
-                }
-                vec![FinishedSpan {
-                    name: format!("chat {model}"),
-                    trace_id,
-                    span_id: span_id(&["chat", run_id, &count.to_string()]),
-                    parent: Some(run_span_id(run_id)),
-                    kind: Kind::Client,
-                    start: chat.start,
-                    end: at,
-                    attributes,
-                    error: None,
-                }]
             }
             EventKind::ToolCallsStart { calls } => {
                 for call in calls {
-                    self.tools.insert((run_id.to_string(), call.call_id.clone()), at);
-                    if call.name == "task" {
-                        let child = loom_core::delegate::child_run_id(run_id, &call.call_id);
-                        self.children.insert(child, (run_id.to_string(), call.call_id.clone()));
-                    }
+                    run.tools.insert(call.call_id.clone(), at);
                 }
-                Vec::new()
             }
             EventKind::ToolResult {
                 call_id, name, status, ..
             } => {
-                let start = self.tools.remove(&(run_id.to_string(), call_id.clone())).unwrap_or(at);
+                let start = run.tools.remove(call_id).unwrap_or(at);
                 let failed = !matches!(status, ToolStatus::Success | ToolStatus::Warning);
-                let mut attributes = vec![
+                let id = if name == "task" {
+                    task_span_id(&loom_core::delegate::child_run_id(run_id, call_id))
+                } else {
+                    tool_span_id(run_id, call_id)
+                };
+                let mut tool = span(
+                    format!("execute_tool {name}"),
+                    id,
+                    Some(run_span_id(run_id)),
+                    Kind::Internal,
+                    start,
+                );
+                tool.attributes = vec![
                     (attr::OPERATION_NAME, Value::Text("execute_tool".into())),
                     (attr::TOOL_NAME, Value::Text(name.clone())),
                     (attr::TOOL_CALL_ID, Value::Text(call_id.clone())),
@@ -271,65 +323,53 @@ impl SpanAssembler {
                     (attr::TOOL_STATUS, Value::Text(status.as_str().into())),
                 ];
                 if failed {
-                    attributes.push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                    tool.attributes
+                        .push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                    tool.error = Some(status.as_str().to_string());
                 }
-                vec![FinishedSpan {
-                    name: format!("execute_tool {name}"),
-                    trace_id,
-                    span_id: tool_span_id(run_id, call_id),
-                    parent: Some(run_span_id(run_id)),
-                    kind: Kind::Internal,
-                    start,
-                    end: at,
-                    attributes,
-                    error: failed.then(|| status.as_str().to_string()),
-                }]
+                finished.push(tool);
             }
             EventKind::PermissionRequest { request_id, tool, .. } => {
-                self.waits.insert(
-                    (run_id.to_string(), request_id.clone()),
+                run.waits.insert(
+                    request_id.clone(),
                     OpenWait {
                         start: at,
                         tool: tool.clone(),
                     },
                 );
-                Vec::new()
             }
             EventKind::PermissionResolved {
                 request_id, decision, ..
             } => {
-                let Some(wait) = self.waits.remove(&(run_id.to_string(), request_id.clone())) else {
-                    return Vec::new();
-                };
-                vec![FinishedSpan {
-                    name: "wait_for_person".into(),
-                    trace_id,
-                    span_id: span_id(&["wait", run_id, request_id]),
-                    parent: Some(run_span_id(run_id)),
-                    kind: Kind::Internal,
-                    start: wait.start,
-                    end: at,
-                    attributes: vec![
+                if let Some(wait) = run.waits.remove(request_id) {
+                    let mut waited = span(
+                        "wait_for_person".into(),
+                        span_id(&["wait", run_id, request_id]),
+                        Some(run_span_id(run_id)),
+                        Kind::Internal,
+                        wait.start,
+                    );
+                    waited.attributes = vec![
                         (attr::PERMISSION_TOOL, Value::Text(wait.tool)),
                         (attr::PERMISSION_DECISION, Value::Text(decision.as_str().into())),
-                    ],
-                    error: None,
-                }]
+                    ];
+                    finished.push(waited);
+                }
             }
             EventKind::CompressionApplied {
                 messages_before,
                 messages_after,
                 method,
                 ..
-            } => vec![FinishedSpan {
-                name: "compress_context".into(),
-                trace_id,
-                span_id: span_id(&["compression", run_id, &event.seq.to_string()]),
-                parent: Some(run_span_id(run_id)),
-                kind: Kind::Internal,
-                start: at,
-                end: at,
-                attributes: vec![
+            } => {
+                let mut compressed = span(
+                    "compress_context".into(),
+                    span_id(&["compression", run_id, &event.seq.to_string()]),
+                    Some(run_span_id(run_id)),
+                    Kind::Internal,
+                    at,
+                );
+                compressed.attributes = vec![
                     (
                         attr::COMPRESSION_MESSAGES_BEFORE,
                         Value::Int(saturate(*messages_before as u64)),
@@ -339,58 +379,118 @@ impl SpanAssembler {
                         Value::Int(saturate(*messages_after as u64)),
                     ),
                     (attr::COMPRESSION_METHOD, Value::Text(method.as_str().into())),
-                ],
-                error: None,
-            }],
+                ];
+                finished.push(compressed);
+            }
             EventKind::LifecycleEnd { status, metrics, .. } => {
-                self.chat_counts.remove(run_id);
-                self.chats.remove(run_id);
-                let run = self.runs.remove(run_id);
-                let (start, model, parent, depth, session) = match run {
-                    Some(run) => (run.start, run.model, run.parent, run.depth, run.session_id),
-                    // Began in another process (resumed here): the ids still match.
-                    None => (
-                        at,
-                        String::new(),
-                        event.parent_run_id.as_deref().map(run_span_id),
-                        event.depth,
-                        session_id.to_string(),
-                    ),
+                let Some(mut run) = self.runs.remove(run_id) else {
+                    return finished;
                 };
-                let (provider, model) = provider_and_model(&model);
+                // A model call the run ended in (cancelled, timed out).
+                if let Some(chat) = run.chat.take() {
+                    finished.push(chat_span(&span, run_id, chat, None, None, Some(status.as_str())));
+                }
+                let parent = event.parent_run_id.as_ref().map(|_| task_span_id(run_id));
+                let mut agent = span(
+                    "invoke_agent loom".into(),
+                    run_span_id(run_id),
+                    parent,
+                    Kind::Internal,
+                    run.start,
+                );
+                let (provider, model) = provider_and_model(&run.model);
                 let failed = matches!(status, RunStatus::Error | RunStatus::Timeout);
-                let mut attributes = vec![
+                agent.attributes = vec![
                     (attr::OPERATION_NAME, Value::Text("invoke_agent".into())),
                     (attr::AGENT_NAME, Value::Text("loom".into())),
                     (attr::AGENT_ID, Value::Text(run_id.into())),
-                    (attr::CONVERSATION_ID, Value::Text(session)),
+                    (attr::CONVERSATION_ID, Value::Text(run.session_id)),
                     (attr::USAGE_INPUT_TOKENS, Value::Int(saturate(metrics.input_tokens))),
                     (attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(metrics.output_tokens))),
                     (attr::RUN_STATUS, Value::Text(status.as_str().into())),
-                    (attr::RUN_DEPTH, Value::Int(i64::from(depth))),
+                    (attr::RUN_DEPTH, Value::Int(i64::from(run.depth))),
                 ];
                 if !model.is_empty() {
-                    attributes.push((attr::PROVIDER_NAME, Value::Text(provider.into())));
-                    attributes.push((attr::REQUEST_MODEL, Value::Text(model.into())));
+                    agent
+                        .attributes
+                        .push((attr::PROVIDER_NAME, Value::Text(provider.into())));
+                    agent.attributes.push((attr::REQUEST_MODEL, Value::Text(model.into())));
                 }
                 if failed {
-                    attributes.push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                    agent
+                        .attributes
+                        .push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
+                    agent.error = Some(status.as_str().to_string());
                 }
-                vec![FinishedSpan {
-                    name: "invoke_agent loom".into(),
-                    trace_id,
-                    span_id: run_span_id(run_id),
-                    parent,
-                    kind: Kind::Internal,
-                    start,
-                    end: at,
-                    attributes,
-                    error: failed.then(|| status.as_str().to_string()),
-                }]
+                finished.push(agent);
             }
-            _ => Vec::new(),
+            _ => {}
         }
+        finished
     }
+
+    /// Forgets what was opened before `cutoff` and never closed here: a
+    /// run interrupted in this process (its end is another's), a call of a
+    /// run that stopped, a question nobody answered here.
+    fn forget_before(&mut self, cutoff: SystemTime) {
+        self.runs.retain(|_, run| run.start >= cutoff);
+    }
+
+    /// How many runs are open here: what a sweep bounds.
+    pub fn open(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+/// A model call's span: ended by its `llm.finish` (with the usage and the
+/// finish reason), or given up (`failed`: why).
+fn chat_span(
+    span: &impl Fn(String, [u8; 8], Option<[u8; 8]>, Kind, SystemTime) -> FinishedSpan,
+    run_id: &str,
+    chat: OpenChat,
+    usage: Option<&loom_core::Usage>,
+    finish_reason: Option<&str>,
+    failed: Option<&str>,
+) -> FinishedSpan {
+    let (provider, model) = provider_and_model(&chat.model);
+    let mut finished = span(
+        format!("chat {model}"),
+        span_id(&["chat", run_id, &chat.seq.to_string()]),
+        Some(run_span_id(run_id)),
+        Kind::Client,
+        chat.start,
+    );
+    finished.attributes = vec![
+        (attr::OPERATION_NAME, Value::Text("chat".into())),
+        (attr::PROVIDER_NAME, Value::Text(provider.into())),
+        (attr::REQUEST_MODEL, Value::Text(model.into())),
+    ];
+    if let Some(reason) = finish_reason {
+        finished
+            .attributes
+            .push((attr::RESPONSE_FINISH_REASONS, Value::Texts(vec![reason.to_string()])));
+    }
+    if let Some(usage) = usage {
+        finished
+            .attributes
+            .push((attr::USAGE_INPUT_TOKENS, Value::Int(saturate(usage.input_tokens))));
+        finished
+            .attributes
+            .push((attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(usage.output_tokens))));
+    }
+    if let Some(first) = chat.first_chunk {
+        let seconds = first.duration_since(chat.start).unwrap_or_default().as_secs_f64();
+        finished
+            .attributes
+            .push((attr::RESPONSE_TIME_TO_FIRST_CHUNK, Value::Float(seconds)));
+    }
+    if let Some(why) = failed {
+        finished
+            .attributes
+            .push((attr::ERROR_TYPE, Value::Text(why.to_string())));
+        finished.error = Some(why.to_string());
+    }
+    finished
 }
 
 /// Tools run by Loom are functions; an MCP server's (`server__tool`) are
@@ -581,6 +681,27 @@ mod tests {
         let ended = second.observe("s", &event("r", None, 6, 900, end(RunStatus::Done)));
         assert_eq!(ended[0].span_id, run_span_id("r"));
         assert_eq!(ended[0].trace_id, trace_id_of("r"));
+    }
+
+    #[test]
+    fn what_never_ends_here_is_forgotten_a_day_later() {
+        let mut assembler = SpanAssembler::default();
+        assembler.observe("s", &event("gone", None, 1, 0, start("openai:m")));
+        assembler.observe(
+            "s",
+            &event(
+                "gone",
+                None,
+                2,
+                10,
+                EventKind::ToolCallsStart {
+                    calls: vec![call("c", "task")],
+                },
+            ),
+        );
+        assert_eq!(assembler.open(), 1, "the run, with its call");
+        assembler.forget_before(parse_ts("2026-11-28T10:00:00.000Z").unwrap());
+        assert_eq!(assembler.open(), 0);
     }
 
     #[test]

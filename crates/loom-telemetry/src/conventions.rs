@@ -15,14 +15,10 @@ pub const AGENT_ID: &str = "gen_ai.agent.id";
 pub const CONVERSATION_ID: &str = "gen_ai.conversation.id";
 /// The model asked for.
 pub const REQUEST_MODEL: &str = "gen_ai.request.model";
-/// The model that answered.
-pub const RESPONSE_MODEL: &str = "gen_ai.response.model";
 /// Why the model stopped, one per choice.
 pub const RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
 /// Seconds from the request to the first chunk of the answer.
 pub const RESPONSE_TIME_TO_FIRST_CHUNK: &str = "gen_ai.response.time_to_first_chunk";
-/// Whether the answer was streamed.
-pub const REQUEST_STREAM: &str = "gen_ai.request.stream";
 /// Prompt tokens.
 pub const USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
 /// Completion tokens.

@@ -73,36 +73,33 @@ impl std::fmt::Debug for Exporter {
 }
 
 impl Exporter {
-    /// Starts the exporter's thread; fails when the exporter cannot be made.
+    /// Starts the exporter's thread, without waiting for it: an exporter
+    /// that cannot be made is said in the log, and every span is then
+    /// dropped and counted.
     pub fn start(config: &ExportConfig) -> Result<Self, ExportError> {
         let (line, waiting) = sync_channel(config.queue.max(1));
         let dropped = Arc::new(AtomicU64::new(0));
-        let (ready, made) = std::sync::mpsc::channel();
         let config = config.clone();
         let counted = dropped.clone();
         std::thread::Builder::new()
             .name("loom-telemetry".into())
             .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(runtime) => runtime,
+                let made = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|err| ExportError::Build(err.to_string()))
+                    .and_then(|runtime| {
+                        let exporter = runtime.block_on(async { build(&config) })?;
+                        Ok((runtime, exporter))
+                    });
+                match made {
+                    Ok((runtime, exporter)) => send_batches(&runtime, exporter, &waiting, &counted),
                     Err(err) => {
-                        let _ = ready.send(Err(ExportError::Build(err.to_string())));
-                        return;
-                    }
-                };
-                let exporter = runtime.block_on(async { build(&config) });
-                match exporter {
-                    Ok(exporter) => {
-                        let _ = ready.send(Ok(()));
-                        send_batches(&runtime, exporter, &waiting, &counted);
-                    }
-                    Err(err) => {
-                        let _ = ready.send(Err(err));
+                        tracing::warn!(error = %err, "telemetry: no traces are sent");
+                        drain(&waiting, &counted);
                     }
                 }
             })?;
-        made.recv()
-            .map_err(|_| ExportError::Build("the exporter's thread ended".into()))??;
         Ok(Self { line, dropped })
     }
 
@@ -146,6 +143,22 @@ impl Exporter {
     }
 }
 
+/// Without an exporter: every span is dropped and counted; flushes are
+/// answered.
+fn drain(waiting: &Receiver<Message>, dropped: &AtomicU64) {
+    while let Ok(message) = waiting.recv() {
+        match message {
+            Message::Span(_) => {
+                dropped.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("loom_telemetry_spans_dropped_total", "reason" => "no_exporter").increment(1);
+            }
+            Message::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
 /// The OTLP exporter: HTTP/protobuf to the endpoint (or the variables').
 fn build(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
@@ -159,10 +172,12 @@ fn build(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, Expo
         builder = builder.with_headers(config.headers.clone());
     }
     let mut exporter = builder.build().map_err(|err| ExportError::Build(err.to_string()))?;
-    let resource = match (&config.service_name, std::env::var_os("OTEL_SERVICE_NAME")) {
-        (Some(name), _) => opentelemetry_sdk::Resource::builder().with_service_name(name.clone()),
-        (None, Some(_)) => opentelemetry_sdk::Resource::builder(),
-        (None, None) => opentelemetry_sdk::Resource::builder().with_service_name("loom"),
+    let named_by_environment = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attributes| attributes.contains("service.name="));
+    let resource = match &config.service_name {
+        Some(name) => opentelemetry_sdk::Resource::builder().with_service_name(name.clone()),
+        None if named_by_environment => opentelemetry_sdk::Resource::builder(),
+        None => opentelemetry_sdk::Resource::builder().with_service_name("loom"),
     };
     exporter.set_resource(&resource.build());
     Ok(exporter)

@@ -88,6 +88,10 @@ impl Telemetry {
 
 impl EventObserver for Telemetry {
     fn observe(&self, session_id: &str, event: &Event) {
+        // Most events (text deltas, tool output, phases) make no span: no lock.
+        if !assemble::makes_spans(&event.kind) {
+            return;
+        }
         let spans = match self.assembler.lock() {
             Ok(mut assembler) => assembler.observe(session_id, event),
             Err(poisoned) => poisoned.into_inner().observe(session_id, event),
