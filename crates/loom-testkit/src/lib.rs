@@ -10,6 +10,7 @@
 // Test support only: a fake server that cannot bind fails the test that uses it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod http_thread;
 pub mod mcp_servers;
 mod model_server;
 mod noop;

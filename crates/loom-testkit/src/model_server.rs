@@ -110,24 +110,12 @@ impl PromptModel {
             options,
             ..Shared::default()
         });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        listener.set_nonblocking(true).expect("non-blocking listener");
-        let port = listener.local_addr().expect("local addr").port();
-        let state = shared.clone();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("the fake model's runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                let app = Router::new()
-                    .route("/v1/chat/completions", post(answer))
-                    .route("/chat/completions", post(answer))
-                    .with_state(state);
-                let _ = axum::serve(listener, app).await;
-            });
-        });
+        let port = crate::http_thread::serve(
+            Router::new()
+                .route("/v1/chat/completions", post(answer))
+                .route("/chat/completions", post(answer))
+                .with_state(shared.clone()),
+        );
         Self { port, shared }
     }
 
