@@ -177,15 +177,20 @@ async fn post(gateway: &Gateway, path: &str, body: Value) -> Value {
         .unwrap()
 }
 
-async fn view(gateway: &Gateway, run: &str) -> Value {
+/// GETs `path` on `gateway` as alice; the answer's JSON.
+async fn get(gateway: &Gateway, path: &str) -> Value {
     http(ALICE)
-        .get(gateway.url(&format!("/v1/runs/{run}")))
+        .get(gateway.url(path))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap()
+}
+
+async fn view(gateway: &Gateway, run: &str) -> Value {
+    get(gateway, &format!("/v1/runs/{run}")).await
 }
 
 /// Waits until `run` has ended; its view.
@@ -1016,14 +1021,7 @@ async fn a_run_a_worker_executed_is_rewound_and_forked_through_the_gateway() {
     assert_eq!(recorded, [0, 1, 2, 3], "the worker recorded each step: {stored:?}");
 
     // The gateway reads a step's file from the snapshots in Redis.
-    let file: Value = http(ALICE)
-        .get(gateway.url(&format!("/v1/runs/{run}/files?step=1&path=effects.txt")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let file = get(&gateway, &format!("/v1/runs/{run}/files?step=1&path=effects.txt")).await;
     assert_eq!(file["content"], "1\n", "{file}");
 
     // A dry run, then the rewind: done by the worker, on its machine.
