@@ -389,6 +389,7 @@ mod tests {
         let usage = Usage {
             input_tokens: 10,
             output_tokens: 3,
+            ..Usage::default()
         };
         let finish = |run_id: &str, seq| {
             event(
@@ -400,6 +401,7 @@ mod tests {
                     finish_reason: None,
                     cost_usd: None,
                     tool_call_count: 0,
+                    response_model: None,
                 },
             )
         };

@@ -110,6 +110,17 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// Prompt tokens read from the provider's prompt cache, when it said
+    /// (OpenAI counts them in `input_tokens` too; Anthropic does not).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_input_tokens: u64,
+    /// Prompt tokens written to the provider's prompt cache, when it said.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_creation_input_tokens: u64,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 /// Why the model stopped producing.
@@ -160,6 +171,9 @@ pub enum LlmChunk {
     },
     /// Token counts.
     Usage(Usage),
+    /// The model that answered, as the provider named it (it may name a
+    /// dated version of the model asked for).
+    Model(String),
     /// The model stopped.
     Finish(FinishReason),
 }

@@ -46,6 +46,7 @@ struct Answer {
     indices: Vec<usize>,
     usage: Option<ScriptUsage>,
     finish: Option<String>,
+    model: Option<String>,
 }
 
 impl Answer {
@@ -81,8 +82,11 @@ impl Answer {
                 self.usage = Some(ScriptUsage {
                     input_tokens: usage.input_tokens,
                     output_tokens: usage.output_tokens,
+                    cache_read_input_tokens: usage.cache_read_input_tokens,
+                    cache_creation_input_tokens: usage.cache_creation_input_tokens,
                 })
             }
+            LlmChunk::Model(model) => self.model = Some(model.clone()),
             LlmChunk::Finish(reason) => self.finish = Some(reason.as_str().to_string()),
         }
     }
@@ -110,6 +114,7 @@ impl Answer {
             finish_reason: self.finish,
             delay_ms: None,
             usage: self.usage,
+            model: self.model,
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct ScriptTurn {
     /// Token counts to report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ScriptUsage>,
+    /// The model to say answered (a recorded provider's own name for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// A tool call in a script.
@@ -68,6 +71,16 @@ pub struct ScriptUsage {
     /// Completion tokens.
     #[serde(default, alias = "completion_tokens")]
     pub output_tokens: u64,
+    /// Prompt tokens read from a prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_input_tokens: u64,
+    /// Prompt tokens written to a prompt cache.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_creation_input_tokens: u64,
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
 }
 
 fn empty_object() -> Value {
@@ -263,10 +276,15 @@ fn chunks_of(turn: &ScriptTurn, turn_index: usize, offer_tools: bool) -> Vec<Llm
             arguments,
         });
     }
+    if let Some(model) = &turn.model {
+        chunks.push(LlmChunk::Model(model.clone()));
+    }
     if let Some(usage) = turn.usage {
         chunks.push(LlmChunk::Usage(Usage {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
+            cache_read_input_tokens: usage.cache_read_input_tokens,
+            cache_creation_input_tokens: usage.cache_creation_input_tokens,
         }));
     }
     chunks.push(LlmChunk::Finish(match turn.finish_reason.as_deref() {

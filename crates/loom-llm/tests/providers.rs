@@ -104,6 +104,9 @@ fn finish_of(chunks: &[LlmChunk]) -> Option<FinishReason> {
 
 // ---- recorded streams, byte for byte ----
 
+/// The model plain_text.sse was answered by.
+const PLAIN_MODEL: &str = "gpt-4o-2024-08-06";
+
 #[tokio::test]
 async fn openai_recorded_streams_parse() {
     let server = FakeServer::start(
@@ -127,6 +130,9 @@ async fn openai_recorded_streams_parse() {
     assert!(plain
         .iter()
         .any(|c| matches!(c, LlmChunk::Usage(u) if u.input_tokens == 14 && u.output_tokens == 30)));
+    // The answering model, told once though every chunk repeats it.
+    let told: Vec<&LlmChunk> = plain.iter().filter(|c| matches!(c, LlmChunk::Model(_))).collect();
+    assert_eq!(told, [&LlmChunk::Model(PLAIN_MODEL.into())]);
 
     let parallel = chunks(&model).await.unwrap();
     let calls = calls_of(&parallel);
@@ -172,6 +178,7 @@ async fn anthropic_recorded_streams_parse() {
 
     let tool = chunks(&model).await.unwrap();
     assert_eq!(text_of(&tool), "I'll check the current weather in Paris for you.");
+    assert!(tool.contains(&LlmChunk::Model("claude-sonnet-4-20250514".into())));
     let calls = calls_of(&tool);
     assert_eq!(
         calls,
@@ -199,7 +206,15 @@ async fn anthropic_recorded_streams_parse() {
         Some(FinishReason::Stop),
         "unknown events are skipped"
     );
-    assert!(!text_of(&chunks(&model).await.unwrap()).is_empty());
+    // The prompt cache's reads and writes, told in `message_start` only.
+    let cached = chunks(&model).await.unwrap();
+    assert!(!text_of(&cached).is_empty());
+    assert!(
+        cached.iter().any(|c| matches!(c, LlmChunk::Usage(u)
+            if (u.input_tokens, u.output_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens)
+                == (25, 8, 5, 10))),
+        "{cached:?}"
+    );
     assert_eq!(
         finish_of(&chunks(&model).await.unwrap()),
         Some(FinishReason::ContentFilter)

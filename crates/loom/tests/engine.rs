@@ -675,6 +675,7 @@ fn costing(mut turn: loom::models::ScriptTurn, input: u64, output: u64) -> loom:
     turn.usage = Some(loom::models::ScriptUsage {
         input_tokens: input,
         output_tokens: output,
+        ..loom::models::ScriptUsage::default()
     });
     turn
 }

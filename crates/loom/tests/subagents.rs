@@ -62,6 +62,7 @@ fn costing(mut turn: ScriptTurn, tokens: u64) -> ScriptTurn {
     turn.usage = Some(ScriptUsage {
         input_tokens: tokens,
         output_tokens: 0,
+        ..ScriptUsage::default()
     });
     turn
 }

@@ -28,7 +28,7 @@ pub fn run(data: &[u8]) {
                     assert_eq!(*reason, FinishReason::ToolCalls, "{out:?}");
                 }
             }
-            Ok(LlmChunk::Usage(_)) | Err(_) => {}
+            Ok(LlmChunk::Usage(_) | LlmChunk::Model(_)) | Err(_) => {}
         }
     }
     assert_eq!(finishes, 1, "{out:?}");

@@ -159,6 +159,7 @@ impl Driver {
         let mut slots: HashMap<usize, usize> = HashMap::new();
         let mut usage: Option<Usage> = None;
         let mut finish: Option<FinishReason> = None;
+        let mut response_model: Option<String> = None;
         loop {
             let chunk = tokio::select! {
                 biased;
@@ -194,6 +195,7 @@ impl Driver {
                 Some(Ok(LlmChunk::Usage(reported))) => {
                     usage = Some(reported);
                 }
+                Some(Ok(LlmChunk::Model(model))) => response_model = Some(model),
                 Some(Ok(LlmChunk::Finish(reason))) => finish = Some(reason),
             }
         }
@@ -216,6 +218,7 @@ impl Driver {
                 finish_reason: finish.as_ref().map(|reason| reason.as_str().to_string()),
                 cost_usd,
                 tool_call_count: tool_calls.len(),
+                response_model,
             },
         );
         Ok(ModelResponse {

@@ -108,6 +108,9 @@ impl Llm for AnthropicModel {
 #[derive(Debug, Default)]
 pub(crate) struct AnthropicParser {
     input_tokens: u64,
+    /// Prompt-cache reads and writes, told in `message_start`.
+    cache_read_input_tokens: u64,
+    cache_creation_input_tokens: u64,
     /// Content block index → tool call index.
     tool_blocks: HashMap<u64, usize>,
     stopped: bool,
@@ -124,7 +127,13 @@ impl StreamParser for AnthropicParser {
         let mut out = Vec::new();
         match kind {
             "message_start" => {
-                self.input_tokens = event["message"]["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                let usage = &event["message"]["usage"];
+                self.input_tokens = usage["input_tokens"].as_u64().unwrap_or(0);
+                self.cache_read_input_tokens = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                self.cache_creation_input_tokens = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+                if let Some(model) = event["message"]["model"].as_str().filter(|model| !model.is_empty()) {
+                    out.push(LlmChunk::Model(model.to_string()));
+                }
             }
             "content_block_start" => {
                 let block = &event["content_block"];
@@ -181,6 +190,13 @@ impl StreamParser for AnthropicParser {
                     out.push(LlmChunk::Usage(Usage {
                         input_tokens: event["usage"]["input_tokens"].as_u64().unwrap_or(self.input_tokens),
                         output_tokens: output.unwrap_or(0),
+                        // The final counts, when the delta repeats them.
+                        cache_read_input_tokens: event["usage"]["cache_read_input_tokens"]
+                            .as_u64()
+                            .unwrap_or(self.cache_read_input_tokens),
+                        cache_creation_input_tokens: event["usage"]["cache_creation_input_tokens"]
+                            .as_u64()
+                            .unwrap_or(self.cache_creation_input_tokens),
                     }));
                 }
             }

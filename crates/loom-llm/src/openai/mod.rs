@@ -180,6 +180,8 @@ impl Llm for OpenAiModel {
 #[derive(Deserialize)]
 struct StreamChunk<'a> {
     #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     choices: Vec<StreamChoice<'a>>,
     #[serde(default)]
     usage: Option<UsageJson>,
@@ -231,6 +233,15 @@ struct UsageJson {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// Of the prompt's tokens, those read from the prompt cache.
+#[derive(Deserialize)]
+struct PromptTokensDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 /// Parses `data:` lines of a chat completions stream.
@@ -238,6 +249,8 @@ struct UsageJson {
 pub(crate) struct OpenAiParser {
     done: bool,
     finished: bool,
+    /// The answering model was told (every chunk repeats it).
+    model_told: bool,
 }
 
 impl StreamParser for OpenAiParser {
@@ -256,6 +269,10 @@ impl StreamParser for OpenAiParser {
             return Err(error_from_body(500, None, error));
         }
         let mut out = Vec::new();
+        if let Some(model) = chunk.model.filter(|model| !self.model_told && !model.is_empty()) {
+            self.model_told = true;
+            out.push(LlmChunk::Model(model.into_owned()));
+        }
         if let Some(choice) = chunk.choices.into_iter().find(|c| c.index == 0) {
             let delta = choice.delta;
             for text in [delta.content, delta.refusal].into_iter().flatten() {
@@ -284,6 +301,11 @@ impl StreamParser for OpenAiParser {
             out.push(LlmChunk::Usage(Usage {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
+                cache_read_input_tokens: usage
+                    .prompt_tokens_details
+                    .and_then(|details| details.cached_tokens)
+                    .unwrap_or(0),
+                cache_creation_input_tokens: 0,
             }));
         }
         Ok(out)
@@ -308,6 +330,9 @@ pub(crate) fn parse_completion(answer: &Value) -> Result<Vec<LlmChunk>, LlmError
         return Err(error_from_body(500, None, error));
     }
     let mut out = Vec::new();
+    if let Some(model) = answer["model"].as_str().filter(|model| !model.is_empty()) {
+        out.push(LlmChunk::Model(model.to_string()));
+    }
     // No choices is an empty answer (the engine retries it once, then
     // reports EMPTY_ANSWER), as it is when a stream brings none.
     let Some(choice) = answer["choices"].get(0) else {
@@ -344,6 +369,8 @@ fn usage(value: &Value) -> Option<Usage> {
     Some(Usage {
         input_tokens: value["prompt_tokens"].as_u64().unwrap_or(0),
         output_tokens: value["completion_tokens"].as_u64().unwrap_or(0),
+        cache_read_input_tokens: value["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+        cache_creation_input_tokens: 0,
     })
 }
 
@@ -658,6 +685,29 @@ mod tests {
     }
 
     #[test]
+    fn cached_prompt_tokens_are_read_from_a_stream_and_an_answer() {
+        let mut parser = OpenAiParser::default();
+        let chunks = parser
+            .event(
+                "",
+                r#"{"choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1920}}}"#,
+            )
+            .unwrap();
+        assert!(chunks.contains(&LlmChunk::Usage(Usage {
+            input_tokens: 2006,
+            output_tokens: 300,
+            cache_read_input_tokens: 1920,
+            cache_creation_input_tokens: 0,
+        })));
+        let answer = parse_completion(
+            &json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 2}}}),
+        )
+        .unwrap();
+        assert!(matches!(&answer[0], LlmChunk::Usage(u) if u.cache_read_input_tokens == 2));
+    }
+
+    #[test]
     fn an_answer_without_choices_is_empty() {
         let chunks =
             parse_completion(&json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 0}})).unwrap();
@@ -665,7 +715,8 @@ mod tests {
             chunks,
             vec![LlmChunk::Usage(Usage {
                 input_tokens: 3,
-                output_tokens: 0
+                output_tokens: 0,
+                ..Usage::default()
             })]
         );
     }
