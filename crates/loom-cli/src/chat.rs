@@ -214,6 +214,7 @@ async fn one_task(
         session_id: Some(session.id.clone()),
         // With a store the run loads the session's conversation itself.
         history: (!with_store).then(|| session.history.clone()),
+        trace_parent: crate::telemetry::trace_parent_from_environment(),
         ..RunRequest::default()
     });
     let outcome = follow(handle, input, args).await?;

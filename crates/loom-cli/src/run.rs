@@ -52,6 +52,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let handle = agent.run(loom::RunRequest {
         prompt,
         session_id: args.session.clone(),
+        trace_parent: crate::telemetry::trace_parent_from_environment(),
         ..loom::RunRequest::default()
     });
     let session_id = handle.controller().session_id().to_string();
@@ -79,6 +80,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
             .store()
             .is_none()
             .then(|| loom::history::without_system_prompt(plan.messages)),
+        trace_parent: crate::telemetry::trace_parent_from_environment(),
         ..loom::RunRequest::default()
     });
     Ok(follow_to_end(handle, args.json, &carrying, &mut lines).await?.0)

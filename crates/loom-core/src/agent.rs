@@ -710,6 +710,10 @@ pub struct RunRequest {
     /// The run this one was forked from (with `history` as of its step),
     /// told in `lifecycle.start` ([`crate::rewind::fork`]).
     pub forked_from: Option<crate::event::ForkLink>,
+    /// The client's W3C trace context: the run's trace span becomes its
+    /// child (docs/telemetry.md). Told in `lifecycle.start`, inherited by
+    /// the run's sub-agents, kept across a resume.
+    pub trace_parent: Option<crate::trace_context::TraceParent>,
 }
 
 impl From<&str> for RunRequest {
@@ -808,6 +812,7 @@ impl Agent {
             history: request.history,
             principal: request.principal,
             forked_from: request.forked_from,
+            trace_parent: request.trace_parent,
         }))
     }
 
@@ -837,16 +842,21 @@ impl Agent {
         crate::recovery::check_resumable(&record)?;
         // Read once here for what the run shows while it waits; not kept
         // (a long log held by every run waiting in line would add up).
-        let mut state = LiveState::from_log(run_id, &store.events(run_id, 0).await?);
+        let log = store.events(run_id, 0).await?;
+        let mut state = LiveState::from_log(run_id, &log);
+        // Its place in a client's trace, told again when it resumes.
+        let trace_parent = crate::trace_context::told_in(&log);
+        drop(log);
         // Its usage as of its checkpoint: what came after it is done again.
         state.metrics = record.metrics.clone();
         let last_seq = state.last_seq;
-        let (driver, handle) = self.prepare(
+        let (mut driver, handle) = self.prepare(
             Some(record.run_id.clone()),
             Some(record.session_id.clone()),
             state,
             self.limits.clone(),
         );
+        driver.trace_parent = trace_parent;
         Ok(ResumingRun {
             run_id: run_id.to_string(),
             store,
@@ -926,6 +936,7 @@ impl Agent {
             children: tokio_util::task::TaskTracker::new(),
             step_deadline: None,
             principal: None,
+            trace_parent: None,
             instructions: None,
         };
         (
@@ -959,6 +970,12 @@ impl ResumingRun {
     /// The run's id.
     pub fn run_id(&self) -> &str {
         &self.run_id
+    }
+
+    /// The client's trace context the run was started with, as its log
+    /// tells it (docs/telemetry.md).
+    pub fn trace_parent(&self) -> Option<crate::trace_context::TraceParent> {
+        self.driver.trace_parent
     }
 
     /// The run's controls and state, before it starts and after.

@@ -142,6 +142,11 @@ pub enum EventKind {
         /// (docs/rewind.md).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         forked_from: Option<ForkLink>,
+        /// The W3C trace context a client started the run tree with: the
+        /// run's trace span is its child (a sub-agent's carries its root's).
+        /// Stored with the run's log, told again when it is resumed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        trace_parent: Option<crate::trace_context::TraceParent>,
     },
     /// The retriever is asked for context.
     "retrieval.start" => RetrievalStart {
@@ -235,6 +240,9 @@ pub enum EventKind {
         cost_usd: Option<f64>,
         /// Tool calls requested.
         tool_call_count: usize,
+        /// The model that answered, as the provider named it, when it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response_model: Option<String>,
     },
     /// The model asked for tools.
     "tool_calls.start" => ToolCallsStart {
@@ -356,6 +364,9 @@ pub enum EventKind {
         /// a secret in them, or unreadable.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         skipped: Vec<crate::snapshots::SkippedFile>,
+        /// How long recording took (0 in logs written before it was told).
+        #[serde(default)]
+        duration_ms: u64,
     },
     /// The run was rewound after it ended (docs/rewind.md): its workspace
     /// restored to a step, its session continued from that step, or both.

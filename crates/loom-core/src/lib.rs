@@ -57,6 +57,7 @@ pub mod tool;
 pub mod tool_result;
 pub mod tool_schema;
 pub mod tool_source;
+pub mod trace_context;
 pub mod turn_state;
 mod wire;
 pub mod workspace_jobs;
@@ -103,6 +104,7 @@ pub use tool::{
 };
 pub use tool_result::{Authority, ErrorKind, StageTimings, ToolResult, ToolStatus};
 pub use tool_source::ToolSource;
+pub use trace_context::{InvalidTraceParent, TraceParent};
 pub use turn_state::TurnState;
 pub use workspace_jobs::{workspace_line, JobOutcome, WorkspaceJob, WorkspaceJobs};
 

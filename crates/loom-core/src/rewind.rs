@@ -586,6 +586,7 @@ async fn seed_run(
             max_steps: 0,
             resumed: false,
             forked_from: Some(link),
+            trace_parent: None,
         },
     );
     events.emit(

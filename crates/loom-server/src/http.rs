@@ -155,6 +155,15 @@ pub(crate) async fn start_run(
         }
         params.idempotency_key = Some(key.to_string());
     }
+    // The standard header, as any instrumented HTTP client sends it. One
+    // that is not valid is ignored, as the W3C recommendation asks; the
+    // body's own `traceparent` wins (it was written on purpose).
+    if params.traceparent.is_none() {
+        params.traceparent = headers
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok());
+    }
     answer(&app, &caller, Request::Run(params), StatusCode::ACCEPTED).await
 }
 

@@ -54,6 +54,11 @@ pub struct StartRun {
     /// What happens when the session has a live run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_busy: Option<OnBusy>,
+    /// A W3C trace context: the run's trace span becomes the child of
+    /// this span (docs/telemetry.md). Over HTTP the `traceparent` header
+    /// gives it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<loom_core::TraceParent>,
 }
 
 /// A run id.

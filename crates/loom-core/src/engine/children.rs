@@ -47,6 +47,8 @@ pub(crate) struct Children {
     step_deadline: Option<crate::context::Deadline>,
     /// Whose the parent is: its children are the same token's.
     principal: Option<String>,
+    /// The trace context of the run tree, which its children carry.
+    trace_parent: Option<crate::trace_context::TraceParent>,
     slots: Arc<tokio::sync::Semaphore>,
     tracker: tokio_util::task::TaskTracker,
 }
@@ -84,6 +86,7 @@ impl Driver {
             steps_left,
             step_deadline: self.step_deadline.clone(),
             principal: self.principal.clone(),
+            trace_parent: self.trace_parent,
             slots: self.child_slots.clone(),
             tracker: self.children.clone(),
         }))
@@ -288,6 +291,7 @@ impl Children {
             budget_warned: Vec::new(),
             step_deadline: None,
             principal: self.principal.clone(),
+            trace_parent: self.trace_parent,
             instructions: request
                 .agent
                 .as_ref()
@@ -336,6 +340,7 @@ impl SubAgents for Children {
                     history: Some(Vec::new()),
                     principal: self.principal.clone(),
                     forked_from: None,
+                    trace_parent: self.trace_parent,
                 },
                 0,
             ),

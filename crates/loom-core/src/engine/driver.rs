@@ -15,6 +15,7 @@ use crate::outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode
 use crate::status::RunStatus;
 use crate::store::{Checkpoint, RunRecord, RunSnapshot};
 use crate::tool_result::ToolStatus;
+use crate::trace_context::TraceParent;
 use crate::turn_state::TurnState;
 
 use super::Driver;
@@ -30,6 +31,8 @@ pub(crate) enum Start {
         principal: Option<String>,
         /// The run it was forked from, told in `lifecycle.start`.
         forked_from: Option<crate::event::ForkLink>,
+        /// The client's trace context (a sub-agent: its root's).
+        trace_parent: Option<TraceParent>,
     },
     /// A stored run whose process died, from its last checkpoint. The
     /// store already shows it `RUNNING` under this process.
@@ -60,7 +63,11 @@ impl Driver {
                 history,
                 principal,
                 forked_from,
-            } => self.begin(prompt, history, principal, forked_from).await,
+                trace_parent,
+            } => {
+                self.trace_parent = trace_parent;
+                self.begin(prompt, history, principal, forked_from).await
+            }
             Start::Resumed(snapshot) => self.reenter(*snapshot).await,
         };
         let ending = self.run(&mut machine).await;
@@ -139,6 +146,8 @@ impl Driver {
         self.principal.clone_from(&run.principal);
         let state = state.with_metrics(run.metrics);
         self.log.open();
+        // Its trace context was read with its log when it was made ready
+        // (`Agent::prepare_resume`), or is its parent's (a sub-agent).
         self.emit_start(&state, &run.prompt, true, None);
         if !journal.is_empty() {
             self.caches.logged_results = self.logged_results().await;
@@ -315,6 +324,7 @@ impl Driver {
                 max_steps: self.ctx.limits().max_steps,
                 resumed,
                 forked_from,
+                trace_parent: self.trace_parent,
             },
         );
     }

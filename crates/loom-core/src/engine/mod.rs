@@ -151,6 +151,9 @@ pub(crate) struct Driver {
     pub step_deadline: Option<crate::context::Deadline>,
     /// Who the run belongs to (a server token's name); its sub-agents too.
     pub principal: Option<String>,
+    /// The client's trace context the run tree was started with (told in
+    /// `lifecycle.start`); its sub-agents carry it too.
+    pub trace_parent: Option<crate::trace_context::TraceParent>,
     /// A sub-agent defined in a file: its instructions, added to the
     /// system prompt (docs/agents.md).
     pub instructions: Option<Arc<str>>,

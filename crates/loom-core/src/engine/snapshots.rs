@@ -73,6 +73,7 @@ impl Driver {
 
     /// Records `step`, then tells it: the event follows the stored snapshot.
     async fn record_snapshot(&self, snapshots: &dyn WorkspaceSnapshots, step: u32, turn: &TurnIds) {
+        let began = std::time::Instant::now();
         match snapshots
             .record(self.ctx.run_id(), step, self.store.write_fence().as_ref())
             .await
@@ -84,6 +85,7 @@ impl Driver {
                     changed: files.changed,
                     removed: files.removed,
                     skipped: files.skipped,
+                    duration_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                 },
             ),
             Err(err) => self.snapshot_failed(step, &err, turn),

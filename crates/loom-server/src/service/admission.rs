@@ -25,10 +25,13 @@ pub(super) enum AfterStored {
     Cancel(Box<LiveRun>),
 }
 
-/// A stable digest of a start request without its key (FNV-1a over its JSON).
+/// A stable digest of a start request without its key (FNV-1a over its
+/// JSON). Without its trace context too: a client's retry of the same
+/// request is traced as a new span of its own.
 pub(super) fn digest(params: &StartRun) -> u64 {
     let mut params = params.clone();
     params.idempotency_key = None;
+    params.traceparent = None;
     let text = serde_json::to_string(&params).unwrap_or_default();
     loom_core::text::fnv1a(text.bytes())
 }
@@ -324,6 +327,7 @@ impl Service {
             max_steps: params.max_steps,
             principal: Some(principal.name().to_string()),
             forked_from: None,
+            trace_parent: params.traceparent,
         };
         let (done, _) = watch::channel(None);
         LiveRun {
@@ -634,5 +638,12 @@ mod tests {
         assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", Some("b"))));
         assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", None)));
         assert_ne!(digest(&request("hi", Some("a"))), digest(&request("hello", Some("a"))));
+        // A retry traced as another span of the client's is the same request.
+        let traced = StartRun {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().ok(),
+            ..request("hi", Some("a"))
+        };
+        assert!(traced.traceparent.is_some());
+        assert_eq!(digest(&traced), digest(&request("hi", Some("a"))));
     }
 }

@@ -268,6 +268,7 @@ pub(super) mod testing {
             tools: None,
             idempotency_key: None,
             on_busy: None,
+            traceparent: None,
         }
     }
 }

@@ -15,7 +15,19 @@ impl Service {
             return;
         }
         // A root span: a run launched when another ends is not part of it.
-        let span = tracing::info_span!(parent: None, "run", run_id = %run_id);
+        // Its log lines carry the ids of the run's trace and span.
+        let span = tracing::info_span!(
+            parent: None,
+            "run",
+            run_id = %run_id,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty
+        );
+        let trace_parent = match &start {
+            Start::New(_, request) => request.trace_parent,
+            Start::Resume(resuming) => resuming.trace_parent(),
+        };
+        loom_telemetry::record_ids(&span, &run_id, trace_parent.as_ref());
         match start {
             Start::New(agent, request) => {
                 let handle = {

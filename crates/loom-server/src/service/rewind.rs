@@ -266,6 +266,7 @@ impl Service {
                         mode: None,
                         idempotency_key: None,
                         on_busy: None,
+                        traceparent: None,
                     },
                 )
                 .await?,

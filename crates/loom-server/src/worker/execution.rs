@@ -9,6 +9,10 @@ use loom_core::{Agent, Claim, RunHandle, RunRequest, Store};
 use crate::agents::Agents;
 use crate::protocol::StartRun;
 
+/// A run started: its handle, and the client's trace context it was
+/// started with (docs/telemetry.md).
+pub(crate) type Started = (RunHandle, Option<loom_core::TraceParent>);
+
 /// Why a claimed run did not start.
 pub(crate) enum NotStarted {
     /// It never can (its request is unreadable): it is cancelled, with the reason.
@@ -40,7 +44,7 @@ pub(crate) async fn start(
     store: Arc<dyn Store>,
     records: &dyn Store,
     allowed_modes: &[loom_core::Mode],
-) -> Result<RunHandle, NotStarted> {
+) -> Result<Started, NotStarted> {
     // A mode the cluster no longer allows (taken off `allowed_modes` since
     // the run was accepted): never executed.
     let allowed = |mode: loom_core::Mode| {
@@ -69,7 +73,8 @@ pub(crate) async fn start(
                 store,
             )
             .await?;
-            Ok(agent.run(RunRequest {
+            let trace_parent = params.traceparent;
+            let handle = agent.run(RunRequest {
                 prompt: params.prompt,
                 run_id: Some(record.run_id),
                 session_id: Some(record.session_id),
@@ -78,7 +83,9 @@ pub(crate) async fn start(
                 max_steps: params.max_steps,
                 principal: record.principal,
                 forked_from: None,
-            }))
+                trace_parent,
+            });
+            Ok((handle, trace_parent))
         }
         Claim::Resume { .. } => {
             // The tools and the mode its request was given, no more.
@@ -96,10 +103,16 @@ pub(crate) async fn start(
             };
             allowed(mode)?;
             let agent = agent_for(agents, Some(&record.model), tools.as_deref(), mode, store).await?;
-            agent
-                .resume(run_id)
+            let resuming = agent
+                .prepare_resume(run_id)
                 .await
-                .map_err(|err| NotStarted::NotNow(err.to_string()))
+                .map_err(|err| NotStarted::NotNow(err.to_string()))?;
+            let trace_parent = resuming.trace_parent();
+            let handle = resuming
+                .start()
+                .await
+                .map_err(|err| NotStarted::NotNow(err.to_string()))?;
+            Ok((handle, trace_parent))
         }
     }
 }

@@ -309,13 +309,23 @@ impl Worker {
         let guard = Arc::new(loom_core::LeaseGuard::default());
         self.keeper.hold(lease.clone(), guard.clone(), claimed);
         let worker = self.clone();
-        // The run's trace (docs/telemetry.md): a log line leads to its spans.
-        let trace_id: String = loom_telemetry::trace_id_of(&lease.run_id)
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        let span =
-            tracing::info_span!(parent: None, "run", run_id = %lease.run_id, epoch = lease.epoch, trace_id = %trace_id);
+        // The run's trace (docs/telemetry.md): a log line leads to its
+        // spans. A new run's is known from its request; a resumed run's
+        // once its log is read (`carry`).
+        let span = tracing::info_span!(
+            parent: None,
+            "run",
+            run_id = %lease.run_id,
+            epoch = lease.epoch,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty
+        );
+        if let Claim::Start { request, .. } = &claim {
+            let given = serde_json::from_str::<crate::protocol::StartRun>(request)
+                .ok()
+                .and_then(|params| params.traceparent);
+            loom_telemetry::record_ids(&span, &lease.run_id, given.as_ref());
+        }
         self.runs.spawn(
             async move {
                 let holding = Holding {
@@ -342,7 +352,10 @@ impl Worker {
         let lease = claim.lease();
         let store = self.leases.fenced(lease, guard.clone());
         match self.start(claim, store.clone()).await {
-            Ok(handle) => {
+            Ok((handle, trace_parent)) => {
+                if matches!(claim, Claim::Resume { .. }) {
+                    loom_telemetry::record_ids(&tracing::Span::current(), &lease.run_id, trace_parent.as_ref());
+                }
                 let (status, parked_heard) = self.follow(handle, guard).await;
                 if guard.revoked.load(Ordering::SeqCst) {
                     // It goes on elsewhere: how it stopped here is no end.
@@ -376,7 +389,7 @@ impl Worker {
 
     /// Starts the claimed run, within `START_PATIENCE`; a run that failed
     /// to start `MAX_FAILED_STARTS` times (on any worker) never will.
-    async fn start(&self, claim: &Claim, store: Arc<dyn Store>) -> Result<loom_core::RunHandle, execution::NotStarted> {
+    async fn start(&self, claim: &Claim, store: Arc<dyn Store>) -> Result<execution::Started, execution::NotStarted> {
         let starting = execution::start(
             &self.agents,
             claim,
