@@ -6,6 +6,8 @@
   off      no [telemetry]
   live     a collector on loopback that answers every export at once
   hanging  a collector on loopback that accepts and never answers
+  content  like live, with capture_content = true (every prompt, answer,
+           argument and result redacted into the spans)
 
 Prints the run's own duration (lifecycle.end's durationMs: the run, not
 the command's end, which waits up to 5 s for the last spans) and the
@@ -72,7 +74,8 @@ def main():
     script.append({"content": "done"})
     with open(os.path.join(work, "script.json"), "w") as f:
         json.dump(script, f)
-    configs = {"off": None, "live": live_collector(), "hanging": hanging_collector()}
+    live = live_collector()
+    configs = {"off": None, "live": live, "hanging": hanging_collector(), "content": live}
     results = {name: ([], []) for name in configs}
     for _ in range(args.rounds):
         for name, endpoint in configs.items():
@@ -80,6 +83,8 @@ def main():
             with open(config, "w") as f:
                 if endpoint:
                     f.write(f'[telemetry]\notlp_endpoint = "{endpoint}"\n')
+                if name == "content":
+                    f.write("capture_content = true\n")
             started = time.monotonic()
             out = subprocess.run(
                 [loom, "run", "--json", "--yes", "--max-steps", str(args.steps + 5),

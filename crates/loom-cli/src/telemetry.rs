@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use loom::telemetry::{ExportConfig, Telemetry, TelemetryConfig};
+use loom::telemetry::{Content, ExportConfig, Telemetry, TelemetryConfig, Transport, GRPC_BUILT};
 
 /// How long a command's end waits for its last spans to go out.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(5);
@@ -33,6 +33,23 @@ fn start(config: Option<&loom_config::TelemetryConfig>) -> Option<Arc<Telemetry>
         say!("loom: warning: [telemetry] sampling_ratio {ratio} is not between 0 and 1: no traces are sent");
         return None;
     }
+    // The protocol is settled here, so that a bad one is said where the
+    // person sees it, rather than in the exporter thread's log.
+    let transport = match config.and_then(|config| config.protocol.as_deref()) {
+        Some(name) => name.parse::<Transport>().map(Some),
+        None => Transport::from_environment().map_err(|err| err.to_string()),
+    };
+    let transport = match transport {
+        Ok(transport) => transport.unwrap_or_default(),
+        Err(why) => {
+            say!("loom: warning: no traces are sent: {why}");
+            return None;
+        }
+    };
+    if transport == Transport::Grpc && !GRPC_BUILT {
+        say!("loom: warning: no traces are sent: this loom was built without gRPC export (`cargo install --features grpc`); use protocol = \"http/protobuf\"");
+        return None;
+    }
     let settings = TelemetryConfig {
         export: ExportConfig {
             endpoint,
@@ -41,8 +58,15 @@ fn start(config: Option<&loom_config::TelemetryConfig>) -> Option<Arc<Telemetry>
                 .unwrap_or_default(),
             service_name: config.and_then(|config| config.service_name.clone()),
             queue: 2048,
+            transport: Some(transport),
         },
         sampling_ratio: ratio,
+        content: if config.and_then(|config| config.capture_content).unwrap_or(false) {
+            // The same redactor the runs' tool output goes through.
+            Content::Captured(loom::Redactor::from_env())
+        } else {
+            Content::Left
+        },
     };
     match Telemetry::start(&settings) {
         Ok(telemetry) => Some(Arc::new(telemetry)),
@@ -58,6 +82,21 @@ pub(crate) fn flush() {
     if let Some(Some(telemetry)) = STARTED.get() {
         if !telemetry.flush(FLUSH_PATIENCE) {
             say!("loom: warning: the last traces could not be sent in time");
+        }
+    }
+}
+
+/// The trace a command runs in, from `TRACEPARENT` (OpenTelemetry's
+/// variable for a trace context handed to a child process, as a traced CI
+/// job or script sets it): its run's span becomes that span's child. One
+/// that is not valid is ignored, as for the header.
+pub(crate) fn trace_parent_from_environment() -> Option<loom::TraceParent> {
+    let given = std::env::var("TRACEPARENT").ok()?;
+    match given.parse() {
+        Ok(parent) => Some(parent),
+        Err(err) => {
+            say!("loom: warning: TRACEPARENT is ignored: {err}");
+            None
         }
     }
 }

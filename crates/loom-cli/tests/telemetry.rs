@@ -23,6 +23,11 @@ fn config(dir: &std::path::Path, endpoint: &str) -> std::path::PathBuf {
     path
 }
 
+/// A client's trace context, as an instrumented caller sends it.
+const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const GIVEN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const GIVEN_PARENT: &str = "00f067aa0ba902b7";
+
 fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
     spans.iter().filter(|span| span.name == name).collect()
 }
@@ -38,7 +43,8 @@ fn a_run_with_two_tool_calls_and_a_sub_agent_is_one_trace_in_the_genai_conventio
             {"tool_calls": [
                 {"name": "list_dir", "arguments": {}},
                 {"name": "read_file", "arguments": {"path": "missing.txt"}}
-            ], "usage": {"input_tokens": 120, "output_tokens": 9}},
+            ], "usage": {"input_tokens": 120, "output_tokens": 9, "cache_read_input_tokens": 100,
+                         "cache_creation_input_tokens": 20}},
             {"tool_calls": [{"name": "task", "arguments": {
                 "description": "look", "prompt": "List the workspace, privately.", "tools": ["list_dir"]}}],
              "usage": {"input_tokens": 150, "output_tokens": 12}},
@@ -100,6 +106,10 @@ fn a_run_with_two_tool_calls_and_a_sub_agent_is_one_trace_in_the_genai_conventio
             json!([finish["finishReason"]])
         );
     }
+    // The prompt cache, where the provider counted it.
+    assert_eq!(chats[0].attributes["gen_ai.usage.cache_read.input_tokens"], 100);
+    assert_eq!(chats[0].attributes["gen_ai.usage.cache_creation.input_tokens"], 20);
+    assert!(!chats[1].attributes.contains_key("gen_ai.usage.cache_read.input_tokens"));
 
     // The two calls and the task, beneath the run; the failed one says so.
     let tools: Vec<&ReceivedSpan> = spans
@@ -175,10 +185,13 @@ fn a_run_resumed_after_sigkill_continues_its_trace() {
         ]),
     );
     let config = config(dir.path(), &receiver.url());
+    // The first process runs inside a traced job; the one that resumes
+    // does not: the run's place in that trace is stored with the run.
     let mut first = loom_in(dir.path())
         .args(["run", "--json", "--yes", "--model", &model, "--config"])
         .arg(&config)
         .arg("survive a crash")
+        .env("TRACEPARENT", GIVEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -215,9 +228,10 @@ fn a_run_resumed_after_sigkill_continues_its_trace() {
         .unwrap_or_else(|| panic!("{spans:#?}"));
     assert_eq!(run.attributes["gen_ai.agent.id"], run_id.as_str());
     assert!(
-        spans.iter().all(|span| span.trace_id == run.trace_id),
-        "one trace: {spans:#?}"
+        spans.iter().all(|span| span.trace_id == GIVEN_TRACE),
+        "one trace, the one the first process was given: {spans:#?}"
     );
+    assert_eq!(run.parent.as_deref(), Some(GIVEN_PARENT), "beneath the job's span");
     let first_chat = before.iter().find(|span| span.name.starts_with("chat ")).unwrap();
     assert_eq!(
         first_chat.parent.as_deref(),
@@ -255,5 +269,201 @@ fn a_projects_telemetry_settings_wait_for_trust() {
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(said.contains("[telemetry]") && said.contains("loom trust"), "{said}");
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(receiver.spans().is_empty());
+}
+
+/// The spans received once the run `run_id`'s own span has arrived.
+fn spans_of_ended_run(receiver: &OtlpReceiver, run_id: &str) -> Vec<ReceivedSpan> {
+    let started = std::time::Instant::now();
+    loop {
+        let spans = receiver.spans();
+        let ended = spans
+            .iter()
+            .any(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run_id);
+        if ended {
+            return spans;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no span of {run_id}: {spans:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A client's W3C `traceparent` on `POST /v1/runs` (the header, or the
+/// body's field) makes the run's span its child, is stored with the run,
+/// and the gateway's log lines about the run carry the trace's ids; one
+/// that is not valid is refused in the body and ignored in the header.
+/// With `capture_content`, spans carry the conversation, redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_to_it() {
+    use common::gateway::{config as gateway_config, http, Gateway, ALICE};
+
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = loom_testkit::PromptModel::start(loom_testkit::PromptModelOptions::default());
+    gateway_config(
+        dir.path(),
+        &model.url(),
+        &format!(
+            "[telemetry]\notlp_endpoint = \"{}\"\ncapture_content = true\n",
+            receiver.url()
+        ),
+    );
+    let gateway = Gateway::start(dir.path(), &[]);
+    let client = http(ALICE);
+
+    // The standard header, as an instrumented HTTP client sends it.
+    let accepted: Value = client
+        .post(gateway.url("/v1/runs"))
+        .header("traceparent", GIVEN)
+        .json(&json!({"prompt": "hello with token ghp_abcdefghijklmnopqrstuvwxyz0123456789"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run_id = accepted["runId"].as_str().unwrap().to_string();
+    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &run_id));
+    let run = spans
+        .iter()
+        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run_id.as_str())
+        .unwrap();
+    assert_eq!(run.trace_id, GIVEN_TRACE);
+    assert_eq!(run.parent.as_deref(), Some(GIVEN_PARENT));
+    let chat = spans.iter().find(|span| span.name.starts_with("chat ")).unwrap();
+    assert_eq!(
+        (chat.trace_id.as_str(), chat.parent.as_deref()),
+        (GIVEN_TRACE, Some(run.span_id.as_str()))
+    );
+
+    // capture_content: the prompt and the answer are there, the secret is not.
+    let input = run.attributes["gen_ai.input.messages"].as_str().unwrap();
+    let input: Value = serde_json::from_str(input).unwrap();
+    let prompt = input[0]["parts"][0]["content"].as_str().unwrap();
+    assert!(
+        prompt.starts_with("hello with token") && !prompt.contains("ghp_"),
+        "{prompt}"
+    );
+    assert!(chat.attributes.contains_key("gen_ai.output.messages"), "{chat:#?}");
+
+    // Stored with the run: its lifecycle.start tells it.
+    let events = client
+        .get(gateway.url(&format!("/v1/runs/{run_id}/events")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let first: Value = events
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .map(|data| serde_json::from_str(data.trim()).unwrap())
+        .unwrap();
+    assert_eq!(first["type"], "lifecycle.start");
+    assert_eq!(first["traceParent"], GIVEN);
+
+    // The gateway's log lines about the run lead to its trace and span.
+    let log = gateway.log_text();
+    let line = log
+        .lines()
+        .find(|line| line.contains(&run_id) && line.contains("run started"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(&format!("trace_id={GIVEN_TRACE}")), "{line}");
+    assert!(line.contains(&format!("span_id={}", run.span_id)), "{line}");
+
+    // The body's field, which wins over the header.
+    let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let accepted: Value = client
+        .post(gateway.url("/v1/runs"))
+        .header("traceparent", GIVEN)
+        .json(&json!({"prompt": "hello again", "traceparent": other}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second = accepted["runId"].as_str().unwrap().to_string();
+    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &second));
+    let run = spans
+        .iter()
+        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == second.as_str())
+        .unwrap();
+    assert_eq!(run.trace_id, "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(run.parent.as_deref(), Some("b7ad6b7169203331"));
+
+    // Not a traceparent: refused in the body, ignored in the header.
+    let refused = client
+        .post(gateway.url("/v1/runs"))
+        .json(&json!({"prompt": "hello", "traceparent": "00-zz-01"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let accepted: Value = client
+        .post(gateway.url("/v1/runs"))
+        .header("traceparent", "00-00000000000000000000000000000000-b7ad6b7169203331-01")
+        .json(&json!({"prompt": "hello once more"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let third = accepted["runId"].as_str().unwrap().to_string();
+    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &third));
+    let run = spans
+        .iter()
+        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == third.as_str())
+        .unwrap();
+    assert_eq!(run.parent, None, "its own trace");
+    assert_ne!(run.trace_id, "00000000000000000000000000000000");
+}
+
+/// A protocol this build cannot send over is said, and the run goes on
+/// without traces. (OTLP/gRPC itself: loom-telemetry's `export_grpc` test,
+/// with the `grpc` feature.)
+#[test]
+fn a_protocol_this_build_cannot_send_over_is_said_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = common::script_at(dir.path(), "script.json", &json!([{"content": "Done."}]));
+    let cases = [
+        (
+            "grpc",
+            cfg!(feature = "grpc").then_some("").unwrap_or("built without gRPC"),
+        ),
+        ("http/json", "http/json"),
+    ];
+    for (protocol, said) in cases {
+        if said.is_empty() {
+            continue;
+        }
+        let config = dir.path().join("protocol.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[telemetry]\notlp_endpoint = \"{}\"\nprotocol = \"{protocol}\"\n",
+                receiver.url()
+            ),
+        )
+        .unwrap();
+        let out = loom_in(dir.path())
+            .args(["run", "--yes", "--model", &model, "--config"])
+            .arg(&config)
+            .arg("hello")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("no traces are sent") && stderr.contains(said),
+            "{stderr}"
+        );
+    }
     assert!(receiver.spans().is_empty());
 }

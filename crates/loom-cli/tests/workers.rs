@@ -1092,3 +1092,77 @@ async fn a_run_a_worker_executed_is_rewound_and_forked_through_the_gateway() {
         .unwrap();
     assert!(lines.stdout.is_empty(), "{}", String::from_utf8_lossy(&lines.stdout));
 }
+
+/// A run a client started inside its trace (`traceparent`), executed by a
+/// worker killed with SIGKILL mid-run and taken over by another, is one
+/// trace beneath the client's span: the trace context is stored with the
+/// run, and both workers' log lines about it carry its trace id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_taken_over_by_another_worker_stays_in_its_clients_trace() {
+    use loom_testkit::otlp_receiver::OtlpReceiver;
+
+    const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const GIVEN_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let (_server, _model, gateway) = cluster_with(
+        dir.path(),
+        &format!("\n[telemetry]\notlp_endpoint = \"{}\"\n", receiver.url()),
+    );
+    let first = WorkerProcess::start(dir.path(), 1);
+    let accepted: Value = http(ALICE)
+        .post(gateway.url("/v1/runs"))
+        .header("traceparent", GIVEN)
+        .json(&json!({"prompt": prompt("t", 3, 1.5)}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let run = accepted["runId"].as_str().unwrap().to_string();
+    effect(dir.path(), "t-1", || first.log_text()).await;
+    first.signal("-KILL");
+    let second = WorkerProcess::start(dir.path(), 1);
+    let why = || format!("first:\n{}\nsecond:\n{}", first.log_text(), second.log_text());
+    let end = ended(&gateway, &run, Duration::from_secs(60), why).await;
+    assert_eq!(end["status"], "DONE", "{}", why());
+
+    // The second worker resumed it, knowing nothing but what was stored.
+    assert!(second.log_text().contains("run started"), "{}", why());
+    let started = Instant::now();
+    let spans = loop {
+        let spans = receiver.spans();
+        if spans
+            .iter()
+            .any(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run.as_str())
+        {
+            break spans;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{spans:#?}\n{}", why());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(spans.iter().all(|span| span.trace_id == GIVEN_TRACE), "{spans:#?}");
+    let root = spans.iter().find(|span| span.name == "invoke_agent loom").unwrap();
+    assert_eq!(root.parent.as_deref(), Some("00f067aa0ba902b7"));
+    assert!(
+        spans
+            .iter()
+            .filter(|span| span.name.starts_with("execute_tool bash"))
+            .count()
+            >= 2,
+        "calls of both workers: {spans:#?}"
+    );
+    let mut ids: Vec<&str> = spans.iter().map(|span| span.span_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), spans.len(), "no span sent twice: {spans:#?}");
+    for worker in [&first, &second] {
+        let log = worker.log_text();
+        let line = log
+            .lines()
+            .find(|line| line.contains(&run) && line.contains("run started"))
+            .unwrap_or_else(|| panic!("{log}"));
+        assert!(line.contains(&format!("trace_id={GIVEN_TRACE}")), "{line}");
+    }
+}

@@ -81,6 +81,13 @@ pub struct TelemetryConfig {
     pub sampling_ratio: Option<f64>,
     /// The service the spans are of (default `OTEL_SERVICE_NAME`, else `loom`).
     pub service_name: Option<String>,
+    /// `http/protobuf` (default) or `grpc` (a build with the `grpc`
+    /// feature); default: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub protocol: Option<String>,
+    /// Record message text, tool arguments and results in the spans,
+    /// redacted as the events are (default false).
+    pub capture_content: Option<bool>,
 }
 
 /// `[snapshots]` (docs/rewind.md).

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use loom_core::{Event, EventKind, RunStatus, ToolStatus};
+use loom_core::{Event, EventKind, RunStatus, ToolStatus, TraceParent};
 use sha2::{Digest, Sha256};
 
 use crate::conventions as attr;
@@ -53,6 +53,12 @@ pub struct FinishedSpan {
     pub span_id: [u8; 8],
     /// Its parent's id, if any.
     pub parent: Option<[u8; 8]>,
+    /// Its parent is a client's span (a `traceparent` given with the run),
+    /// not one of Loom's.
+    pub parent_is_remote: bool,
+    /// The client's sampling decision for the trace, when a client gave
+    /// the trace context: it is followed, whatever the ratio.
+    pub sampled_by_client: Option<bool>,
     /// What it is.
     pub kind: Kind,
     /// When it began.
@@ -125,6 +131,51 @@ pub fn parse_ts(ts: &str) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_millis(millis))
 }
 
+/// The text of a span's content attributes at most, in bytes: a span is
+/// not a transcript, and a collector refuses large ones.
+const CONTENT_LIMIT: usize = 16 * 1024;
+
+/// What spans record of a run's contents: nothing (the default), or its
+/// messages, tool arguments and results, redacted as the events are.
+#[derive(Debug, Clone, Default)]
+pub enum Content {
+    /// No message text, arguments or results in any span.
+    #[default]
+    Left,
+    /// Recorded, each value through this redactor and cut to 16 KiB.
+    Captured(loom_core::Redactor),
+}
+
+impl Content {
+    /// `text` as a span may carry it, when contents are captured.
+    fn keep(&self, text: &str) -> Option<String> {
+        let Self::Captured(redactor) = self else {
+            return None;
+        };
+        let redacted = redactor.redact(text);
+        if redacted.len() <= CONTENT_LIMIT {
+            return Some(redacted.into_owned());
+        }
+        let mut cut = CONTENT_LIMIT;
+        while !redacted.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        Some(format!("{}…[cut]", &redacted[..cut]))
+    }
+}
+
+/// One message in the GenAI conventions' JSON form.
+fn message_json(role: &str, text: &str, finish_reason: Option<&str>) -> String {
+    let mut message = serde_json::json!({
+        "role": role,
+        "parts": [{"type": "text", "content": text}],
+    });
+    if let Some(reason) = finish_reason {
+        message["finish_reason"] = reason.into();
+    }
+    serde_json::Value::Array(vec![message]).to_string()
+}
+
 /// A model call under way.
 struct OpenChat {
     start: SystemTime,
@@ -147,9 +198,14 @@ struct OpenRun {
     model: String,
     depth: u32,
     session_id: String,
+    /// The client's trace context the run tree was started with.
+    trace_parent: Option<TraceParent>,
+    /// Its prompt, when contents are captured.
+    prompt: Option<String>,
     chat: Option<OpenChat>,
-    /// Tool calls under way: when each began.
-    tools: HashMap<String, SystemTime>,
+    /// Tool calls under way: when each began, and its arguments when
+    /// contents are captured.
+    tools: HashMap<String, (SystemTime, Option<String>)>,
     /// Questions under way, by request id.
     waits: HashMap<String, OpenWait>,
 }
@@ -161,6 +217,7 @@ struct OpenRun {
 #[derive(Default)]
 pub struct SpanAssembler {
     runs: HashMap<String, OpenRun>,
+    content: Content,
     /// Events seen since the last sweep of what never ended here.
     since_sweep: u32,
 }
@@ -199,10 +256,19 @@ pub fn makes_spans(kind: &EventKind) -> bool {
             | EventKind::PermissionRequest { .. }
             | EventKind::PermissionResolved { .. }
             | EventKind::CompressionApplied { .. }
+            | EventKind::SnapshotRecorded { .. }
     )
 }
 
 impl SpanAssembler {
+    /// An assembler that records contents as `content` says.
+    pub fn new(content: Content) -> Self {
+        Self {
+            content,
+            ..Self::default()
+        }
+    }
+
     /// Takes `event` of a run of session `session_id`; the spans it ends.
     pub fn observe(&mut self, session_id: &str, event: &Event) -> Vec<FinishedSpan> {
         if !makes_spans(&event.kind) {
@@ -217,19 +283,13 @@ impl SpanAssembler {
             self.since_sweep = 0;
             self.forget_before(at.checked_sub(FORGET_AFTER).unwrap_or(UNIX_EPOCH));
         }
-        let span =
-            |name: String, span_id: [u8; 8], parent: Option<[u8; 8]>, kind: Kind, start: SystemTime| FinishedSpan {
-                name,
-                trace_id: trace_id_of(run_id),
-                span_id,
-                parent,
-                kind,
-                start,
-                end: at,
-                attributes: Vec::new(),
-                error: None,
-            };
-        if let EventKind::LifecycleStart { model, .. } = &event.kind {
+        if let EventKind::LifecycleStart {
+            model,
+            prompt,
+            trace_parent,
+            ..
+        } = &event.kind
+        {
             self.runs.insert(
                 run_id.to_string(),
                 OpenRun {
@@ -237,6 +297,8 @@ impl SpanAssembler {
                     model: model.clone(),
                     depth: event.depth,
                     session_id: session_id.to_string(),
+                    trace_parent: *trace_parent,
+                    prompt: self.content.keep(prompt),
                     chat: None,
                     tools: HashMap::new(),
                     waits: HashMap::new(),
@@ -244,6 +306,7 @@ impl SpanAssembler {
             );
             return Vec::new();
         }
+        let content = &self.content;
         // A run first seen by its later events began in another process:
         // its spans still get the same ids and parents.
         let run = self.runs.entry(run_id.to_string()).or_insert_with(|| OpenRun {
@@ -251,10 +314,31 @@ impl SpanAssembler {
             model: String::new(),
             depth: event.depth,
             session_id: session_id.to_string(),
+            trace_parent: None,
+            prompt: None,
             chat: None,
             tools: HashMap::new(),
             waits: HashMap::new(),
         });
+        // A client's trace context puts the tree in the client's trace.
+        let trace_id = run
+            .trace_parent
+            .map_or_else(|| trace_id_of(run_id), |given| given.trace_id);
+        let sampled_by_client = run.trace_parent.map(|given| given.sampled());
+        let span =
+            |name: String, span_id: [u8; 8], parent: Option<[u8; 8]>, kind: Kind, start: SystemTime| FinishedSpan {
+                name,
+                trace_id,
+                span_id,
+                parent,
+                parent_is_remote: false,
+                sampled_by_client,
+                kind,
+                start,
+                end: at,
+                attributes: Vec::new(),
+                error: None,
+            };
         let mut finished = Vec::new();
         match &event.kind {
             EventKind::LlmStart { model, .. } => {
@@ -275,17 +359,22 @@ impl SpanAssembler {
                 }
             }
             EventKind::LlmFinish {
-                usage, finish_reason, ..
+                usage,
+                finish_reason,
+                content: answer,
+                response_model,
+                ..
             } => {
                 if let Some(chat) = run.chat.take() {
-                    finished.push(chat_span(
-                        &span,
-                        run_id,
-                        chat,
-                        usage.as_ref(),
-                        finish_reason.as_deref(),
-                        None,
-                    ));
+                    let mut call = chat_span(&span, run_id, chat, usage.as_ref(), finish_reason.as_deref(), None);
+                    if let Some(model) = response_model {
+                        call.attributes.push((attr::RESPONSE_MODEL, Value::Text(model.clone())));
+                    }
+                    if let Some(text) = content.keep(answer) {
+                        let output = message_json("assistant", &text, finish_reason.as_deref());
+                        call.attributes.push((attr::OUTPUT_MESSAGES, Value::Text(output)));
+                    }
+                    finished.push(call);
                 }
             }
             EventKind::Error { .. } => {
@@ -295,13 +384,18 @@ impl SpanAssembler {
             }
             EventKind::ToolCallsStart { calls } => {
                 for call in calls {
-                    run.tools.insert(call.call_id.clone(), at);
+                    let arguments = content.keep(&call.args.to_string());
+                    run.tools.insert(call.call_id.clone(), (at, arguments));
                 }
             }
             EventKind::ToolResult {
-                call_id, name, status, ..
+                call_id,
+                name,
+                status,
+                content: output,
+                ..
             } => {
-                let start = run.tools.remove(call_id).unwrap_or(at);
+                let (start, arguments) = run.tools.remove(call_id).unwrap_or((at, None));
                 let failed = !matches!(status, ToolStatus::Success | ToolStatus::Warning);
                 let id = if name == "task" {
                     task_span_id(&loom_core::delegate::child_run_id(run_id, call_id))
@@ -326,6 +420,13 @@ impl SpanAssembler {
                     tool.attributes
                         .push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
                     tool.error = Some(status.as_str().to_string());
+                }
+                if let Some(arguments) = arguments {
+                    tool.attributes
+                        .push((attr::TOOL_CALL_ARGUMENTS, Value::Text(arguments)));
+                }
+                if let Some(output) = content.keep(output) {
+                    tool.attributes.push((attr::TOOL_CALL_RESULT, Value::Text(output)));
                 }
                 finished.push(tool);
             }
@@ -382,7 +483,43 @@ impl SpanAssembler {
                 ];
                 finished.push(compressed);
             }
-            EventKind::LifecycleEnd { status, metrics, .. } => {
+            EventKind::SnapshotRecorded {
+                step,
+                changed,
+                removed,
+                skipped,
+                duration_ms,
+            } => {
+                let began = at.checked_sub(Duration::from_millis(*duration_ms)).unwrap_or(at);
+                let mut checkpoint = span(
+                    "checkpoint".into(),
+                    span_id(&["checkpoint", run_id, &step.to_string()]),
+                    Some(run_span_id(run_id)),
+                    Kind::Internal,
+                    began,
+                );
+                checkpoint.attributes = vec![
+                    (attr::CHECKPOINT_STEP, Value::Int(i64::from(*step))),
+                    (
+                        attr::CHECKPOINT_FILES_CHANGED,
+                        Value::Int(saturate(changed.len() as u64)),
+                    ),
+                    (
+                        attr::CHECKPOINT_FILES_REMOVED,
+                        Value::Int(saturate(removed.len() as u64)),
+                    ),
+                    (
+                        attr::CHECKPOINT_FILES_SKIPPED,
+                        Value::Int(saturate(skipped.len() as u64)),
+                    ),
+                ];
+                finished.push(checkpoint);
+            }
+            EventKind::LifecycleEnd {
+                status,
+                metrics,
+                content: answer,
+            } => {
                 let Some(mut run) = self.runs.remove(run_id) else {
                     return finished;
                 };
@@ -390,7 +527,13 @@ impl SpanAssembler {
                 if let Some(chat) = run.chat.take() {
                     finished.push(chat_span(&span, run_id, chat, None, None, Some(status.as_str())));
                 }
-                let parent = event.parent_run_id.as_ref().map(|_| task_span_id(run_id));
+                // A sub-agent hangs beneath its `task` call; a top-level run
+                // beneath the client's span, when a client gave one.
+                let (parent, remote) = match (&event.parent_run_id, run.trace_parent) {
+                    (Some(_), _) => (Some(task_span_id(run_id)), false),
+                    (None, Some(given)) => (Some(given.parent_id), true),
+                    (None, None) => (None, false),
+                };
                 let mut agent = span(
                     "invoke_agent loom".into(),
                     run_span_id(run_id),
@@ -398,6 +541,7 @@ impl SpanAssembler {
                     Kind::Internal,
                     run.start,
                 );
+                agent.parent_is_remote = remote;
                 let (provider, model) = provider_and_model(&run.model);
                 let failed = matches!(status, RunStatus::Error | RunStatus::Timeout);
                 agent.attributes = vec![
@@ -421,6 +565,17 @@ impl SpanAssembler {
                         .attributes
                         .push((attr::ERROR_TYPE, Value::Text(status.as_str().into())));
                     agent.error = Some(status.as_str().to_string());
+                }
+                if let Some(prompt) = run.prompt.take() {
+                    agent
+                        .attributes
+                        .push((attr::INPUT_MESSAGES, Value::Text(message_json("user", &prompt, None))));
+                }
+                if let Some(text) = answer.as_deref().and_then(|answer| content.keep(answer)) {
+                    agent.attributes.push((
+                        attr::OUTPUT_MESSAGES,
+                        Value::Text(message_json("assistant", &text, None)),
+                    ));
                 }
                 finished.push(agent);
             }
@@ -477,6 +632,19 @@ fn chat_span(
         finished
             .attributes
             .push((attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(usage.output_tokens))));
+        // Told only when the provider counted any.
+        if usage.cache_read_input_tokens > 0 {
+            finished.attributes.push((
+                attr::USAGE_CACHE_READ_INPUT_TOKENS,
+                Value::Int(saturate(usage.cache_read_input_tokens)),
+            ));
+        }
+        if usage.cache_creation_input_tokens > 0 {
+            finished.attributes.push((
+                attr::USAGE_CACHE_CREATION_INPUT_TOKENS,
+                Value::Int(saturate(usage.cache_creation_input_tokens)),
+            ));
+        }
     }
     if let Some(first) = chat.first_chunk {
         let seconds = first.duration_since(chat.start).unwrap_or_default().as_secs_f64();
@@ -552,7 +720,188 @@ mod tests {
             max_steps: 10,
             resumed: false,
             forked_from: None,
+            trace_parent: None,
         }
+    }
+
+    fn traced_start(trace_parent: &str) -> EventKind {
+        EventKind::LifecycleStart {
+            prompt: "fix it with sk-proj-abcdefghijklmnopqrstuvwxyz0123".into(),
+            model: "openai:gpt-4o".into(),
+            max_steps: 10,
+            resumed: false,
+            forked_from: None,
+            trace_parent: trace_parent.parse().ok(),
+        }
+    }
+
+    /// A run whose tool call starts a sub-agent, with the events that
+    /// carry contents: its spans.
+    fn run_with_a_sub_agent(assembler: &mut SpanAssembler, first: EventKind) -> Vec<FinishedSpan> {
+        let child = loom_core::delegate::child_run_id("root", "c1");
+        let mut spans = Vec::new();
+        let mut see = |event: Event| spans.extend(assembler.observe("s1", &event));
+        let child_start = match &first {
+            EventKind::LifecycleStart { trace_parent, .. } => EventKind::LifecycleStart {
+                prompt: "look".into(),
+                model: "openai:gpt-4o".into(),
+                max_steps: 3,
+                resumed: false,
+                forked_from: None,
+                trace_parent: *trace_parent,
+            },
+            _ => unreachable!(),
+        };
+        see(event("root", None, 1, 0, first));
+        let llm_start = EventKind::LlmStart {
+            model: "openai:gpt-4o".into(),
+            message_count: 2,
+            tools_offered: true,
+            final_answer: None,
+        };
+        see(event("root", None, 2, 10, llm_start));
+        see(event(
+            "root",
+            None,
+            3,
+            90,
+            EventKind::LlmFinish {
+                content: "I will look; the token is ghp_abcdefghijklmnopqrstuvwxyz0123456789".into(),
+                usage: None,
+                finish_reason: Some("tool_calls".into()),
+                cost_usd: None,
+                tool_call_count: 1,
+                response_model: Some("gpt-4o-2024-08-06".into()),
+            },
+        ));
+        let task = CallSummary {
+            call_id: "c1".into(),
+            name: "task".into(),
+            args: serde_json::json!({"prompt": "look", "password": "hunter2-correct-horse"}),
+        };
+        see(event(
+            "root",
+            None,
+            4,
+            100,
+            EventKind::ToolCallsStart { calls: vec![task] },
+        ));
+        see(event(&child, Some("root"), 1, 110, child_start));
+        see(event(&child, Some("root"), 2, 200, end(RunStatus::Done)));
+        see(event("root", None, 5, 210, result("c1", "task", ToolStatus::Success)));
+        see(event(
+            "root",
+            None,
+            6,
+            260,
+            EventKind::SnapshotRecorded {
+                step: 1,
+                changed: vec!["a.txt".into(), "b.txt".into()],
+                removed: vec!["c.txt".into()],
+                skipped: Vec::new(),
+                duration_ms: 40,
+            },
+        ));
+        see(event("root", None, 7, 300, end(RunStatus::Done)));
+        spans
+    }
+
+    const GIVEN: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_client_trace_context_is_the_parent_of_the_whole_tree() {
+        let spans = run_with_a_sub_agent(&mut SpanAssembler::default(), traced_start(GIVEN));
+        let given: TraceParent = GIVEN.parse().unwrap();
+        assert_eq!(spans.len(), 5, "{spans:?}");
+        assert!(spans.iter().all(|span| span.trace_id == given.trace_id));
+        assert!(spans.iter().all(|span| span.sampled_by_client == Some(true)));
+        let root = spans.iter().find(|span| span.span_id == run_span_id("root")).unwrap();
+        assert_eq!(root.parent, Some(given.parent_id));
+        assert!(root.parent_is_remote);
+        // Only the root hangs beneath the client's span.
+        let child = loom_core::delegate::child_run_id("root", "c1");
+        let sub = spans.iter().find(|span| span.span_id == run_span_id(&child)).unwrap();
+        assert_eq!(sub.parent, Some(task_span_id(&child)));
+        assert!(!sub.parent_is_remote);
+        assert!(spans
+            .iter()
+            .filter(|span| span.span_id != root.span_id)
+            .all(|span| span.parent != Some(given.parent_id) && !span.parent_is_remote));
+
+        // A client that did not sample the trace: nothing is exported.
+        let unsampled = GIVEN.replace("-01", "-00");
+        let spans = run_with_a_sub_agent(&mut SpanAssembler::default(), traced_start(&unsampled));
+        assert!(spans.iter().all(|span| span.sampled_by_client == Some(false)));
+    }
+
+    #[test]
+    fn a_checkpoint_is_a_span_that_lasted_its_recording() {
+        let spans = run_with_a_sub_agent(&mut SpanAssembler::default(), start("openai:gpt-4o"));
+        let checkpoint = spans.iter().find(|span| span.name == "checkpoint").unwrap();
+        assert_eq!(checkpoint.parent, Some(run_span_id("root")));
+        assert_eq!(
+            checkpoint.end.duration_since(checkpoint.start).unwrap(),
+            Duration::from_millis(40)
+        );
+        assert!(checkpoint.attributes.contains(&(attr::CHECKPOINT_STEP, Value::Int(1))));
+        assert!(checkpoint
+            .attributes
+            .contains(&(attr::CHECKPOINT_FILES_CHANGED, Value::Int(2))));
+        assert!(checkpoint
+            .attributes
+            .contains(&(attr::CHECKPOINT_FILES_REMOVED, Value::Int(1))));
+    }
+
+    fn texts(spans: &[FinishedSpan]) -> String {
+        format!("{:?}", spans.iter().map(|span| &span.attributes).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn contents_are_left_out_unless_captured_and_then_redacted() {
+        let left = run_with_a_sub_agent(&mut SpanAssembler::default(), traced_start(GIVEN));
+        let left = texts(&left);
+        for text in ["fix it", "I will look", "hunter2", "the output", "the answer"] {
+            assert!(!left.contains(text), "{text} in {left}");
+        }
+
+        let mut captured = SpanAssembler::new(Content::Captured(loom_core::Redactor::default()));
+        let spans = run_with_a_sub_agent(&mut captured, traced_start(GIVEN));
+        let attribute = |name: &str, key: &str| -> String {
+            let span = spans.iter().find(|span| span.name == name).unwrap();
+            match span.attributes.iter().find(|(k, _)| *k == key) {
+                Some((_, Value::Text(text))) => text.clone(),
+                other => panic!("{name} {key}: {other:?}"),
+            }
+        };
+        let root = spans.iter().find(|span| span.span_id == run_span_id("root")).unwrap();
+        let input = root
+            .attributes
+            .iter()
+            .find_map(|(k, v)| (*k == attr::INPUT_MESSAGES).then_some(v))
+            .unwrap();
+        let Value::Text(input) = input else { panic!() };
+        let input: serde_json::Value = serde_json::from_str(input).unwrap();
+        assert_eq!(input[0]["role"], "user");
+        let prompt = input[0]["parts"][0]["content"].as_str().unwrap();
+        assert!(
+            prompt.starts_with("fix it with ") && !prompt.contains("sk-proj"),
+            "{prompt}"
+        );
+        assert_eq!(attribute("chat gpt-4o", attr::RESPONSE_MODEL), "gpt-4o-2024-08-06");
+        let output = attribute("chat gpt-4o", attr::OUTPUT_MESSAGES);
+        assert!(output.contains("I will look") && !output.contains("ghp_"), "{output}");
+        assert!(output.contains("\"finish_reason\":\"tool_calls\""), "{output}");
+        let arguments = attribute("execute_tool task", attr::TOOL_CALL_ARGUMENTS);
+        assert!(
+            arguments.contains("look") && !arguments.contains("hunter2"),
+            "{arguments}"
+        );
+        assert_eq!(attribute("execute_tool task", attr::TOOL_CALL_RESULT), "the output");
+
+        // A long value is cut, on a character's boundary.
+        let long = Content::Captured(loom_core::Redactor::disabled()).keep(&"é".repeat(CONTENT_LIMIT));
+        let long = long.unwrap();
+        assert!(long.ends_with("…[cut]") && long.len() <= CONTENT_LIMIT + "…[cut]".len());
     }
 
     fn end(status: RunStatus) -> EventKind {
@@ -597,10 +946,12 @@ mod tests {
                 usage: Some(Usage {
                     input_tokens: 30,
                     output_tokens: 7,
+                    ..Usage::default()
                 }),
                 finish_reason: Some("tool_calls".into()),
                 cost_usd: None,
                 tool_call_count: 3,
+                response_model: None,
             },
         ));
         see(event(

@@ -40,6 +40,54 @@ pub struct ExportConfig {
     pub service_name: Option<String>,
     /// Spans that may wait to be sent; more are dropped (default 2048).
     pub queue: usize,
+    /// How spans travel (`None`: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, or
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, else HTTP/protobuf).
+    pub transport: Option<Transport>,
+}
+
+/// Whether this build can send over gRPC (the `grpc` feature).
+pub const GRPC_BUILT: bool = cfg!(feature = "grpc");
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// OTLP over HTTP with protobuf bodies, to `ENDPOINT/v1/traces`
+    /// (port 4318 by convention).
+    #[default]
+    HttpProtobuf,
+    /// OTLP over gRPC, to `ENDPOINT` (port 4317 by convention). Only in a
+    /// build with the crate's `grpc` feature.
+    Grpc,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+
+    /// OpenTelemetry's names: `http/protobuf`, `grpc`.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "http/protobuf" => Ok(Self::HttpProtobuf),
+            "grpc" => Ok(Self::Grpc),
+            other => Err(format!(
+                "the OTLP protocol {other:?} is not one Loom sends: \"http/protobuf\" or \"grpc\""
+            )),
+        }
+    }
+}
+
+impl Transport {
+    /// The protocol the standard variables name, if any.
+    pub fn from_environment() -> Result<Option<Self>, ExportError> {
+        for name in ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"] {
+            if let Some(value) = std::env::var(name).ok().filter(|value| !value.trim().is_empty()) {
+                return value
+                    .parse()
+                    .map(Some)
+                    .map_err(|why| ExportError::Build(format!("{name}: {why}")));
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// The exporter could not be made.
@@ -159,8 +207,29 @@ fn drain(waiting: &Receiver<Message>, dropped: &AtomicU64) {
     }
 }
 
-/// The OTLP exporter: HTTP/protobuf to the endpoint (or the variables').
+/// The OTLP exporter: HTTP/protobuf or gRPC to the endpoint (or the
+/// variables').
 fn build(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
+    let transport = match config.transport {
+        Some(transport) => transport,
+        None => Transport::from_environment()?.unwrap_or_default(),
+    };
+    let mut exporter = match transport {
+        Transport::HttpProtobuf => http_exporter(config)?,
+        Transport::Grpc => grpc_exporter(config)?,
+    };
+    let named_by_environment = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attributes| attributes.contains("service.name="));
+    let resource = match &config.service_name {
+        Some(name) => opentelemetry_sdk::Resource::builder().with_service_name(name.clone()),
+        None if named_by_environment => opentelemetry_sdk::Resource::builder(),
+        None => opentelemetry_sdk::Resource::builder().with_service_name("loom"),
+    };
+    exporter.set_resource(&resource.build());
+    Ok(exporter)
+}
+
+fn http_exporter(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
@@ -171,16 +240,42 @@ fn build(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, Expo
     if !config.headers.is_empty() {
         builder = builder.with_headers(config.headers.clone());
     }
-    let mut exporter = builder.build().map_err(|err| ExportError::Build(err.to_string()))?;
-    let named_by_environment = std::env::var_os("OTEL_SERVICE_NAME").is_some()
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attributes| attributes.contains("service.name="));
-    let resource = match &config.service_name {
-        Some(name) => opentelemetry_sdk::Resource::builder().with_service_name(name.clone()),
-        None if named_by_environment => opentelemetry_sdk::Resource::builder(),
-        None => opentelemetry_sdk::Resource::builder().with_service_name("loom"),
-    };
-    exporter.set_resource(&resource.build());
-    Ok(exporter)
+    builder.build().map_err(|err| ExportError::Build(err.to_string()))
+}
+
+/// gRPC to the endpoint as given (a gRPC collector serves traces at its
+/// root); the headers as metadata.
+#[cfg(feature = "grpc")]
+fn grpc_exporter(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
+    use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+    use opentelemetry_otlp::WithTonicConfig;
+
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_timeout(REQUEST_TIMEOUT);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
+    }
+    if !config.headers.is_empty() {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in &config.headers {
+            let bad = |what: &str| ExportError::Build(format!("the header {name:?} is not a valid gRPC {what}"));
+            headers.insert(
+                http::HeaderName::try_from(name.to_ascii_lowercase()).map_err(|_| bad("name"))?,
+                http::HeaderValue::try_from(value.as_str()).map_err(|_| bad("value"))?,
+            );
+        }
+        builder = builder.with_metadata(MetadataMap::from_headers(headers));
+    }
+    builder.build().map_err(|err| ExportError::Build(err.to_string()))
+}
+
+#[cfg(not(feature = "grpc"))]
+fn grpc_exporter(_: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
+    Err(ExportError::Build(
+        "this loom was built without gRPC export (the `grpc` feature); send over \"http/protobuf\" or rebuild with it"
+            .into(),
+    ))
 }
 
 /// The thread's loop: a batch is sent when full, a second after its first
@@ -267,7 +362,7 @@ fn span_data(span: FinishedSpan) -> SpanData {
             TraceState::NONE,
         ),
         parent_span_id: span.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
-        parent_span_is_remote: false,
+        parent_span_is_remote: span.parent_is_remote,
         span_kind: match span.kind {
             Kind::Internal => SpanKind::Internal,
             Kind::Client => SpanKind::Client,

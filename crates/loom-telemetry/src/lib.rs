@@ -14,8 +14,23 @@ use std::time::Duration;
 
 use loom_core::{Event, EventObserver};
 
-pub use assemble::{trace_id_of, FinishedSpan, SpanAssembler};
-pub use export::{ExportConfig, ExportError, Exporter};
+pub use assemble::{trace_id_of, Content, FinishedSpan, SpanAssembler};
+pub use export::{ExportConfig, ExportError, Exporter, Transport, GRPC_BUILT};
+
+/// Records the ids of run `run_id`'s trace and `invoke_agent` span in
+/// `span` (a gateway's or worker's `tracing` span of the run, declared
+/// with empty `trace_id` and `span_id` fields), so that its log lines lead
+/// to its spans. `trace_parent`: the client's trace context, if any.
+pub fn record_ids(span: &tracing::Span, run_id: &str, trace_parent: Option<&loom_core::TraceParent>) {
+    let trace_id = trace_parent.map_or_else(|| trace_id_of(run_id), |given| given.trace_id);
+    span.record("trace_id", tracing::field::display(hex(&trace_id)));
+    span.record("span_id", tracing::field::display(hex(&assemble::run_span_id(run_id))));
+}
+
+/// Bytes as lowercase hexadecimal, as OpenTelemetry writes ids.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
 
 /// What to export and where.
 #[derive(Debug, Clone)]
@@ -26,6 +41,9 @@ pub struct TelemetryConfig {
     /// trace id, so a tree is exported whole or not at all, in every
     /// process that sees a part of it.
     pub sampling_ratio: f64,
+    /// Whether spans record message text, tool arguments and results
+    /// (`[telemetry] capture_content`; default: they do not).
+    pub content: Content,
 }
 
 impl Default for TelemetryConfig {
@@ -36,6 +54,7 @@ impl Default for TelemetryConfig {
                 ..ExportConfig::default()
             },
             sampling_ratio: 1.0,
+            content: Content::Left,
         }
     }
 }
@@ -58,15 +77,21 @@ impl Telemetry {
     /// Starts exporting with `config`.
     pub fn start(config: &TelemetryConfig) -> Result<Self, ExportError> {
         Ok(Self {
-            assembler: Mutex::default(),
+            assembler: Mutex::new(SpanAssembler::new(config.content.clone())),
             exporter: Exporter::start(&config.export)?,
             ratio: config.sampling_ratio.clamp(0.0, 1.0),
         })
     }
 
-    /// Whether the tree of trace `trace_id` is exported: the low 64 bits
-    /// of the id against the ratio, as OpenTelemetry's ratio sampler does.
-    fn sampled(&self, trace_id: &[u8; 16]) -> bool {
+    /// Whether `span` is exported: as the client decided, when a client
+    /// gave the trace context; otherwise the low 64 bits of the trace id
+    /// against the ratio, as OpenTelemetry's ratio sampler does. A tree is
+    /// exported whole or not at all either way.
+    fn sampled(&self, span: &FinishedSpan) -> bool {
+        if let Some(decided) = span.sampled_by_client {
+            return decided;
+        }
+        let trace_id = &span.trace_id;
         if self.ratio >= 1.0 {
             return true;
         }
@@ -97,7 +122,7 @@ impl EventObserver for Telemetry {
             Err(poisoned) => poisoned.into_inner().observe(session_id, event),
         };
         for span in spans {
-            if self.sampled(&span.trace_id) {
+            if self.sampled(&span) {
                 self.exporter.send(span);
             }
         }

@@ -16,6 +16,8 @@ fn span(n: u8) -> FinishedSpan {
         trace_id: [7; 16],
         span_id: [n + 1; 8],
         parent: None,
+        parent_is_remote: false,
+        sampled_by_client: None,
         kind: Kind::Internal,
         start: UNIX_EPOCH + Duration::from_secs(1_800_000_000),
         end: UNIX_EPOCH + Duration::from_secs(1_800_000_001),
