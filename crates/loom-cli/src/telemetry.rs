@@ -36,7 +36,7 @@ fn start(config: Option<&loom_config::TelemetryConfig>) -> Option<Arc<Telemetry>
     // The protocol is settled here, so that a bad one is said where the
     // person sees it, rather than in the exporter thread's log.
     let transport = match config.and_then(|config| config.protocol.as_deref()) {
-        Some(name) => name.parse::<Transport>().map(Some),
+        Some(name) => name.parse::<Transport>().map(Some).map_err(|err| err.to_string()),
         None => Transport::from_environment().map_err(|err| err.to_string()),
     };
     let transport = match transport {
@@ -63,9 +63,9 @@ fn start(config: Option<&loom_config::TelemetryConfig>) -> Option<Arc<Telemetry>
         sampling_ratio: ratio,
         content: if config.and_then(|config| config.capture_content).unwrap_or(false) {
             // The same redactor the runs' tool output goes through.
-            Content::Captured(loom::Redactor::from_env())
+            Content::captured(loom::Redactor::from_env())
         } else {
-            Content::Left
+            Content::left()
         },
     };
     match Telemetry::start(&settings) {
@@ -91,12 +91,16 @@ pub(crate) fn flush() {
 /// job or script sets it): its run's span becomes that span's child. One
 /// that is not valid is ignored, as for the header.
 pub(crate) fn trace_parent_from_environment() -> Option<loom::TraceParent> {
-    let given = std::env::var("TRACEPARENT").ok()?;
-    match given.parse() {
-        Ok(parent) => Some(parent),
-        Err(err) => {
-            say!("loom: warning: TRACEPARENT is ignored: {err}");
-            None
+    // Read once: `loom chat` asks for each task, and says a bad one once.
+    static GIVEN: OnceLock<Option<loom::TraceParent>> = OnceLock::new();
+    *GIVEN.get_or_init(|| {
+        let given = std::env::var("TRACEPARENT").ok()?;
+        match given.parse() {
+            Ok(parent) => Some(parent),
+            Err(err) => {
+                say!("loom: warning: TRACEPARENT is ignored: {err}");
+                None
+            }
         }
-    }
+    })
 }

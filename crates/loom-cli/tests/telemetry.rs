@@ -272,16 +272,18 @@ fn a_projects_telemetry_settings_wait_for_trust() {
     assert!(receiver.spans().is_empty());
 }
 
-/// The spans received once the run `run_id`'s own span has arrived.
-fn spans_of_ended_run(receiver: &OtlpReceiver, run_id: &str) -> Vec<ReceivedSpan> {
+/// The spans received once the run `run_id`'s own span has arrived, and
+/// that span.
+fn spans_of_ended_run(receiver: &OtlpReceiver, run_id: &str) -> (Vec<ReceivedSpan>, ReceivedSpan) {
     let started = std::time::Instant::now();
     loop {
         let spans = receiver.spans();
-        let ended = spans
+        let run = spans
             .iter()
-            .any(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run_id);
-        if ended {
-            return spans;
+            .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run_id)
+            .cloned();
+        if let Some(run) = run {
+            return (spans, run);
         }
         assert!(
             started.elapsed() < std::time::Duration::from_secs(30),
@@ -291,11 +293,22 @@ fn spans_of_ended_run(receiver: &OtlpReceiver, run_id: &str) -> Vec<ReceivedSpan
     }
 }
 
+/// `POST /v1/runs` with `body` and these `traceparent` headers; the run's id.
+async fn start_traced(gateway: &common::gateway::Gateway, headers: &[&str], body: Value) -> String {
+    let mut request = common::gateway::http(common::gateway::ALICE).post(gateway.url("/v1/runs"));
+    for header in headers {
+        request = request.header("traceparent", *header);
+    }
+    let accepted: Value = request.json(&body).send().await.unwrap().json().await.unwrap();
+    accepted["runId"].as_str().unwrap().to_string()
+}
+
 /// A client's W3C `traceparent` on `POST /v1/runs` (the header, or the
 /// body's field) makes the run's span its child, is stored with the run,
 /// and the gateway's log lines about the run carry the trace's ids; one
-/// that is not valid is refused in the body and ignored in the header.
-/// With `capture_content`, spans carry the conversation, redacted.
+/// that is not valid is refused in the body and ignored in the header, and
+/// so are two headers. With `capture_content`, spans carry the
+/// conversation, redacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_to_it() {
     use common::gateway::{config as gateway_config, http, Gateway, ALICE};
@@ -312,25 +325,12 @@ async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_t
         ),
     );
     let gateway = Gateway::start(dir.path(), &[]);
-    let client = http(ALICE);
+    let ended = |run_id: String| tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &run_id));
 
     // The standard header, as an instrumented HTTP client sends it.
-    let accepted: Value = client
-        .post(gateway.url("/v1/runs"))
-        .header("traceparent", GIVEN)
-        .json(&json!({"prompt": "hello with token ghp_abcdefghijklmnopqrstuvwxyz0123456789"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let run_id = accepted["runId"].as_str().unwrap().to_string();
-    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &run_id));
-    let run = spans
-        .iter()
-        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == run_id.as_str())
-        .unwrap();
+    let prompt = json!({"prompt": "hello with token ghp_abcdefghijklmnopqrstuvwxyz0123456789"});
+    let run_id = start_traced(&gateway, &[GIVEN], prompt).await;
+    let (spans, run) = ended(run_id.clone());
     assert_eq!(run.trace_id, GIVEN_TRACE);
     assert_eq!(run.parent.as_deref(), Some(GIVEN_PARENT));
     let chat = spans.iter().find(|span| span.name.starts_with("chat ")).unwrap();
@@ -340,17 +340,13 @@ async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_t
     );
 
     // capture_content: the prompt and the answer are there, the secret is not.
-    let input = run.attributes["gen_ai.input.messages"].as_str().unwrap();
-    let input: Value = serde_json::from_str(input).unwrap();
+    let input: Value = serde_json::from_str(run.attributes["gen_ai.input.messages"].as_str().unwrap()).unwrap();
     let prompt = input[0]["parts"][0]["content"].as_str().unwrap();
-    assert!(
-        prompt.starts_with("hello with token") && !prompt.contains("ghp_"),
-        "{prompt}"
-    );
+    assert!(prompt.starts_with("hello with token") && !prompt.contains("ghp_"), "{prompt}");
     assert!(chat.attributes.contains_key("gen_ai.output.messages"), "{chat:#?}");
 
     // Stored with the run: its lifecycle.start tells it.
-    let events = client
+    let events = http(ALICE)
         .get(gateway.url(&format!("/v1/runs/{run_id}/events")))
         .send()
         .await
@@ -377,49 +373,26 @@ async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_t
 
     // The body's field, which wins over the header.
     let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let accepted: Value = client
-        .post(gateway.url("/v1/runs"))
-        .header("traceparent", GIVEN)
-        .json(&json!({"prompt": "hello again", "traceparent": other}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let second = accepted["runId"].as_str().unwrap().to_string();
-    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &second));
-    let run = spans
-        .iter()
-        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == second.as_str())
-        .unwrap();
+    let run_id = start_traced(&gateway, &[GIVEN], json!({"prompt": "hello again", "traceparent": other})).await;
+    let (_, run) = ended(run_id);
     assert_eq!(run.trace_id, "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(run.parent.as_deref(), Some("b7ad6b7169203331"));
 
+    // Two headers: which one the client meant cannot be known; ignored.
+    let run_id = start_traced(&gateway, &[GIVEN, other], json!({"prompt": "hello twice"})).await;
+    assert_eq!(ended(run_id).1.parent, None, "its own trace");
+
     // Not a traceparent: refused in the body, ignored in the header.
-    let refused = client
+    let refused = http(ALICE)
         .post(gateway.url("/v1/runs"))
         .json(&json!({"prompt": "hello", "traceparent": "00-zz-01"}))
         .send()
         .await
         .unwrap();
     assert_eq!(refused.status(), 400);
-    let accepted: Value = client
-        .post(gateway.url("/v1/runs"))
-        .header("traceparent", "00-00000000000000000000000000000000-b7ad6b7169203331-01")
-        .json(&json!({"prompt": "hello once more"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let third = accepted["runId"].as_str().unwrap().to_string();
-    let spans = tokio::task::block_in_place(|| spans_of_ended_run(&receiver, &third));
-    let run = spans
-        .iter()
-        .find(|span| span.name == "invoke_agent loom" && span.attributes["gen_ai.agent.id"] == third.as_str())
-        .unwrap();
+    let zeros = "00-00000000000000000000000000000000-b7ad6b7169203331-01";
+    let run_id = start_traced(&gateway, &[zeros], json!({"prompt": "hello once more"})).await;
+    let (_, run) = ended(run_id);
     assert_eq!(run.parent, None, "its own trace");
     assert_ne!(run.trace_id, "00000000000000000000000000000000");
 }
@@ -466,4 +439,66 @@ fn a_protocol_this_build_cannot_send_over_is_said_and_the_run_goes_on() {
         );
     }
     assert!(receiver.spans().is_empty());
+}
+
+/// `capture_content = true`: the prompt, the answers, a call's arguments
+/// and its result are in the spans, and every secret in them is redacted —
+/// an assignment on a line of a file's content among the arguments too.
+#[test]
+fn captured_contents_are_redacted_arguments_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::start();
+    let model = common::script_at(
+        dir.path(),
+        "script.json",
+        &json!([
+            {"tool_calls": [{"name": "write_file", "arguments": {
+                "path": ".env", "content": "APP=demo\nDB_PASSWORD=hunter2-correct-horse\n"}}]},
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": ".env"}}]},
+            {"content": "Written; the key is sk-proj-abcdefghijklmnopqrstuvwxyz0123."}
+        ]),
+    );
+    let config = dir.path().join("capture.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[telemetry]\notlp_endpoint = \"{}\"\ncapture_content = true\n",
+            receiver.url()
+        ),
+    )
+    .unwrap();
+    let out = loom_in(dir.path())
+        .args(["run", "--yes", "--model", &model, "--config"])
+        .arg(&config)
+        .arg("write the env file; my token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let spans = receiver.spans();
+    let everything = format!("{spans:?}");
+    for secret in ["hunter2", "ghp_", "sk-proj"] {
+        assert!(!everything.contains(secret), "{secret} reached a span: {everything}");
+    }
+    let write = named(&spans, "execute_tool write_file")[0];
+    let arguments: Value =
+        serde_json::from_str(write.attributes["gen_ai.tool.call.arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments["path"], ".env");
+    assert!(
+        arguments["content"].as_str().unwrap().contains("APP=demo"),
+        "{arguments}"
+    );
+    let read = named(&spans, "execute_tool read_file")[0];
+    assert!(read.attributes["gen_ai.tool.call.result"]
+        .as_str()
+        .unwrap()
+        .contains("APP=demo"));
+    let run = named(&spans, "invoke_agent loom")[0];
+    assert!(run.attributes["gen_ai.input.messages"]
+        .as_str()
+        .unwrap()
+        .contains("write the env file"));
+    assert!(run.attributes["gen_ai.output.messages"]
+        .as_str()
+        .unwrap()
+        .contains("Written; the key is"));
 }

@@ -1122,6 +1122,16 @@ async fn a_run_taken_over_by_another_worker_stays_in_its_clients_trace() {
         .unwrap();
     let run = accepted["runId"].as_str().unwrap().to_string();
     effect(dir.path(), "t-1", || first.log_text()).await;
+    // The first worker's spans of the run have gone out (within a second).
+    let waited = Instant::now();
+    let before = loop {
+        let spans = receiver.spans();
+        if !spans.is_empty() {
+            break spans;
+        }
+        assert!(waited.elapsed() < Duration::from_secs(10), "{}", first.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     first.signal("-KILL");
     let second = WorkerProcess::start(dir.path(), 1);
     let why = || format!("first:\n{}\nsecond:\n{}", first.log_text(), second.log_text());
@@ -1145,13 +1155,17 @@ async fn a_run_taken_over_by_another_worker_stays_in_its_clients_trace() {
     assert!(spans.iter().all(|span| span.trace_id == GIVEN_TRACE), "{spans:#?}");
     let root = spans.iter().find(|span| span.name == "invoke_agent loom").unwrap();
     assert_eq!(root.parent.as_deref(), Some("00f067aa0ba902b7"));
+    // Both workers' spans, in one trace beneath the same run span.
+    assert!(spans.len() > before.len(), "the second worker sent its own: {spans:#?}");
+    for sent in &before {
+        assert!(spans.contains(sent), "{sent:#?}");
+        assert_eq!(sent.trace_id, GIVEN_TRACE);
+    }
     assert!(
-        spans
+        before
             .iter()
-            .filter(|span| span.name.starts_with("execute_tool bash"))
-            .count()
-            >= 2,
-        "calls of both workers: {spans:#?}"
+            .any(|span| span.parent.as_deref() == Some(root.span_id.as_str())),
+        "the first worker's spans hang beneath the run span the second sent: {before:#?}"
     );
     let mut ids: Vec<&str> = spans.iter().map(|span| span.span_id.as_str()).collect();
     ids.sort_unstable();

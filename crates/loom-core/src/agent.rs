@@ -938,6 +938,7 @@ impl Agent {
             principal: None,
             trace_parent: None,
             instructions: None,
+            agent_name: None,
         };
         (
             driver,

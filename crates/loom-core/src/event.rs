@@ -147,6 +147,10 @@ pub enum EventKind {
         /// Stored with the run's log, told again when it is resumed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         trace_parent: Option<crate::trace_context::TraceParent>,
+        /// The agent defined in a file that the run is (a sub-agent started
+        /// as one, docs/agents.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<String>,
     },
     /// The retriever is asked for context.
     "retrieval.start" => RetrievalStart {

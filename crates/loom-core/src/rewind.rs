@@ -587,6 +587,7 @@ async fn seed_run(
             resumed: false,
             forked_from: Some(link),
             trace_parent: None,
+            agent: None,
         },
     );
     events.emit(

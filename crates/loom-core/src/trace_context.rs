@@ -113,8 +113,8 @@ impl schemars::JsonSchema for TraceParent {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "type": "string",
-            "description": "A W3C traceparent: 00-<trace id>-<parent span id>-<flags>.",
-            "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+            "description": "A W3C traceparent: 00-<trace id>-<parent span id>-<flags>, lowercase hexadecimal; version ff and ids of zeros are refused, a later version's extra fields ignored.",
+            "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$"
         })
     }
 }

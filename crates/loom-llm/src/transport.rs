@@ -214,8 +214,11 @@ impl Transport {
         let mut events: EventStream = Box::pin(bytes.eventsource());
         let mut pending = VecDeque::new();
         let mut ended = false;
-        // Wait for the first chunk: until then a failure can still be retried.
-        while pending.is_empty() && !ended {
+        // Wait for the first chunk of the answer: until then a failure can
+        // still be retried. What only describes the answer (the model that
+        // gives it, as `message_start` or a role-only first chunk tells it)
+        // is no part of it yet.
+        while !pending.iter().any(is_answer) && !ended {
             match tokio::time::timeout(self.settings.first_byte_timeout, events.next()).await {
                 Err(_) => return Err(LlmError::Timeout("the stream sent nothing in time".into())),
                 Ok(None) => {
@@ -234,6 +237,11 @@ impl Transport {
         };
         Ok(Box::pin(stream::unfold(state, Streaming::next)))
     }
+}
+
+/// Whether `chunk` is the answer itself, not what describes it.
+fn is_answer(chunk: &LlmChunk) -> bool {
+    !matches!(chunk, LlmChunk::Model(_))
 }
 
 struct Streaming<P> {

@@ -440,6 +440,34 @@ async fn a_reset_before_any_answer_is_retried_but_not_after() {
     assert_eq!(server.requests().len(), 1, "no retry once the answer had started");
 }
 
+/// A stream that told only which model answers (Anthropic's
+/// `message_start`, OpenAI's role-only first chunk) has not begun its
+/// answer: a failure then is retried like one before any byte.
+#[tokio::test]
+async fn a_failure_after_the_model_was_named_and_before_the_answer_is_retried() {
+    let full = String::from_utf8(anthropic_text("second try")).unwrap();
+    let opened = full.split("event: content_block_start").next().unwrap().to_string();
+    assert!(opened.contains("message_start"), "{opened}");
+    let overloaded = format!(
+        "{opened}event: error\ndata: {}\n\n",
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    );
+    let server = FakeServer::start(vec![
+        Reply::Sse(overloaded.into_bytes()),
+        Reply::Sse(full.clone().into_bytes()),
+    ]);
+    assert_eq!(text_of(&chunks(&anthropic(&server)).await.unwrap()), "second try");
+    assert_eq!(server.requests().len(), 2, "retried");
+
+    let openai_full = openai_text("second try", 3);
+    let first_chunk = String::from_utf8(openai_full.clone()).unwrap();
+    let first_chunk = first_chunk.split("\n\n").next().unwrap().to_string() + "\n\n";
+    assert!(first_chunk.contains("\"model\""), "{first_chunk}");
+    let server = FakeServer::start(vec![Reply::Reset(first_chunk.into_bytes()), Reply::Sse(openai_full)]);
+    assert_eq!(text_of(&chunks(&openai(&server)).await.unwrap()), "second try");
+    assert_eq!(server.requests().len(), 2, "retried");
+}
+
 #[tokio::test]
 async fn a_stream_cut_before_its_end_is_an_error_not_a_short_answer() {
     let full = String::from_utf8(openai_text("a complete sentence here", 4)).unwrap();

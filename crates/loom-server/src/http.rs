@@ -156,13 +156,15 @@ pub(crate) async fn start_run(
         params.idempotency_key = Some(key.to_string());
     }
     // The standard header, as any instrumented HTTP client sends it. One
-    // that is not valid is ignored, as the W3C recommendation asks; the
-    // body's own `traceparent` wins (it was written on purpose).
+    // that is not valid, or more than one, is ignored, as the W3C
+    // recommendation asks; the body's own `traceparent` wins (it was
+    // written on purpose).
     if params.traceparent.is_none() {
-        params.traceparent = headers
-            .get("traceparent")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse().ok());
+        let mut given = headers.get_all("traceparent").iter();
+        params.traceparent = match (given.next(), given.next()) {
+            (Some(value), None) => value.to_str().ok().and_then(|value| value.parse().ok()),
+            _ => None,
+        };
     }
     answer(&app, &caller, Request::Run(params), StatusCode::ACCEPTED).await
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use loom_core::{Event, EventKind, RunStatus, ToolStatus, TraceParent};
 use sha2::{Digest, Sha256};
 
+use crate::content::{message_json, Content, Kept};
 use crate::conventions as attr;
 
 /// A value of an attribute.
@@ -131,51 +132,6 @@ pub fn parse_ts(ts: &str) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_millis(millis))
 }
 
-/// The text of a span's content attributes at most, in bytes: a span is
-/// not a transcript, and a collector refuses large ones.
-const CONTENT_LIMIT: usize = 16 * 1024;
-
-/// What spans record of a run's contents: nothing (the default), or its
-/// messages, tool arguments and results, redacted as the events are.
-#[derive(Debug, Clone, Default)]
-pub enum Content {
-    /// No message text, arguments or results in any span.
-    #[default]
-    Left,
-    /// Recorded, each value through this redactor and cut to 16 KiB.
-    Captured(loom_core::Redactor),
-}
-
-impl Content {
-    /// `text` as a span may carry it, when contents are captured.
-    fn keep(&self, text: &str) -> Option<String> {
-        let Self::Captured(redactor) = self else {
-            return None;
-        };
-        let redacted = redactor.redact(text);
-        if redacted.len() <= CONTENT_LIMIT {
-            return Some(redacted.into_owned());
-        }
-        let mut cut = CONTENT_LIMIT;
-        while !redacted.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        Some(format!("{}…[cut]", &redacted[..cut]))
-    }
-}
-
-/// One message in the GenAI conventions' JSON form.
-fn message_json(role: &str, text: &str, finish_reason: Option<&str>) -> String {
-    let mut message = serde_json::json!({
-        "role": role,
-        "parts": [{"type": "text", "content": text}],
-    });
-    if let Some(reason) = finish_reason {
-        message["finish_reason"] = reason.into();
-    }
-    serde_json::Value::Array(vec![message]).to_string()
-}
-
 /// A model call under way.
 struct OpenChat {
     start: SystemTime,
@@ -195,11 +151,17 @@ struct OpenWait {
 struct OpenRun {
     /// When this process saw it begin (or resume).
     start: SystemTime,
+    /// When it was last heard of here: a run is forgotten a day after
+    /// that, not after its start (a run waiting on a person for a day
+    /// keeps its trace).
+    seen: SystemTime,
     model: String,
     depth: u32,
     session_id: String,
     /// The client's trace context the run tree was started with.
     trace_parent: Option<TraceParent>,
+    /// The agent defined in a file the run is, if any.
+    agent: Option<String>,
     /// Its prompt, when contents are captured.
     prompt: Option<String>,
     chat: Option<OpenChat>,
@@ -270,7 +232,15 @@ impl SpanAssembler {
     }
 
     /// Takes `event` of a run of session `session_id`; the spans it ends.
+    /// Its contents are redacted here (see [`Self::observe_kept`]).
     pub fn observe(&mut self, session_id: &str, event: &Event) -> Vec<FinishedSpan> {
+        let kept = self.content.kept(&event.kind);
+        self.observe_kept(session_id, event, kept)
+    }
+
+    /// [`Self::observe`] with `event`'s contents already redacted, as
+    /// [`Content::kept`] made them (outside any lock).
+    pub fn observe_kept(&mut self, session_id: &str, event: &Event, kept: Kept) -> Vec<FinishedSpan> {
         if !makes_spans(&event.kind) {
             return Vec::new();
         }
@@ -285,8 +255,8 @@ impl SpanAssembler {
         }
         if let EventKind::LifecycleStart {
             model,
-            prompt,
             trace_parent,
+            agent,
             ..
         } = &event.kind
         {
@@ -294,11 +264,13 @@ impl SpanAssembler {
                 run_id.to_string(),
                 OpenRun {
                     start: at,
+                    seen: at,
                     model: model.clone(),
                     depth: event.depth,
                     session_id: session_id.to_string(),
                     trace_parent: *trace_parent,
-                    prompt: self.content.keep(prompt),
+                    agent: agent.clone(),
+                    prompt: kept.prompt,
                     chat: None,
                     tools: HashMap::new(),
                     waits: HashMap::new(),
@@ -306,20 +278,22 @@ impl SpanAssembler {
             );
             return Vec::new();
         }
-        let content = &self.content;
         // A run first seen by its later events began in another process:
         // its spans still get the same ids and parents.
         let run = self.runs.entry(run_id.to_string()).or_insert_with(|| OpenRun {
             start: at,
+            seen: at,
             model: String::new(),
             depth: event.depth,
             session_id: session_id.to_string(),
             trace_parent: None,
+            agent: None,
             prompt: None,
             chat: None,
             tools: HashMap::new(),
             waits: HashMap::new(),
         });
+        run.seen = at;
         // A client's trace context puts the tree in the client's trace.
         let trace_id = run
             .trace_parent
@@ -361,7 +335,6 @@ impl SpanAssembler {
             EventKind::LlmFinish {
                 usage,
                 finish_reason,
-                content: answer,
                 response_model,
                 ..
             } => {
@@ -370,8 +343,8 @@ impl SpanAssembler {
                     if let Some(model) = response_model {
                         call.attributes.push((attr::RESPONSE_MODEL, Value::Text(model.clone())));
                     }
-                    if let Some(text) = content.keep(answer) {
-                        let output = message_json("assistant", &text, finish_reason.as_deref());
+                    if let Some(text) = &kept.answer {
+                        let output = message_json("assistant", text, finish_reason.as_deref());
                         call.attributes.push((attr::OUTPUT_MESSAGES, Value::Text(output)));
                     }
                     finished.push(call);
@@ -383,17 +356,14 @@ impl SpanAssembler {
                 }
             }
             EventKind::ToolCallsStart { calls } => {
+                let mut arguments: HashMap<String, String> = kept.arguments.into_iter().collect();
                 for call in calls {
-                    let arguments = content.keep(&call.args.to_string());
-                    run.tools.insert(call.call_id.clone(), (at, arguments));
+                    run.tools
+                        .insert(call.call_id.clone(), (at, arguments.remove(&call.call_id)));
                 }
             }
             EventKind::ToolResult {
-                call_id,
-                name,
-                status,
-                content: output,
-                ..
+                call_id, name, status, ..
             } => {
                 let (start, arguments) = run.tools.remove(call_id).unwrap_or((at, None));
                 let failed = !matches!(status, ToolStatus::Success | ToolStatus::Warning);
@@ -402,8 +372,11 @@ impl SpanAssembler {
                 } else {
                     tool_span_id(run_id, call_id)
                 };
+                // As the spans show them: redacted (a model may make a name up).
+                let shown_name = kept.tool.unwrap_or_else(|| name.clone());
+                let shown_call = kept.call_id.unwrap_or_else(|| call_id.clone());
                 let mut tool = span(
-                    format!("execute_tool {name}"),
+                    format!("execute_tool {shown_name}"),
                     id,
                     Some(run_span_id(run_id)),
                     Kind::Internal,
@@ -411,8 +384,8 @@ impl SpanAssembler {
                 );
                 tool.attributes = vec![
                     (attr::OPERATION_NAME, Value::Text("execute_tool".into())),
-                    (attr::TOOL_NAME, Value::Text(name.clone())),
-                    (attr::TOOL_CALL_ID, Value::Text(call_id.clone())),
+                    (attr::TOOL_NAME, Value::Text(shown_name)),
+                    (attr::TOOL_CALL_ID, Value::Text(shown_call)),
                     (attr::TOOL_TYPE, Value::Text(tool_type(name).into())),
                     (attr::TOOL_STATUS, Value::Text(status.as_str().into())),
                 ];
@@ -425,7 +398,7 @@ impl SpanAssembler {
                     tool.attributes
                         .push((attr::TOOL_CALL_ARGUMENTS, Value::Text(arguments)));
                 }
-                if let Some(output) = content.keep(output) {
+                if let Some(output) = kept.result {
                     tool.attributes.push((attr::TOOL_CALL_RESULT, Value::Text(output)));
                 }
                 finished.push(tool);
@@ -435,7 +408,7 @@ impl SpanAssembler {
                     request_id.clone(),
                     OpenWait {
                         start: at,
-                        tool: tool.clone(),
+                        tool: kept.tool.unwrap_or_else(|| tool.clone()),
                     },
                 );
             }
@@ -493,7 +466,8 @@ impl SpanAssembler {
                 let began = at.checked_sub(Duration::from_millis(*duration_ms)).unwrap_or(at);
                 let mut checkpoint = span(
                     "checkpoint".into(),
-                    span_id(&["checkpoint", run_id, &step.to_string()]),
+                    // By seq: a step recorded again after a crash is another span.
+                    span_id(&["checkpoint", run_id, &event.seq.to_string()]),
                     Some(run_span_id(run_id)),
                     Kind::Internal,
                     began,
@@ -515,11 +489,7 @@ impl SpanAssembler {
                 ];
                 finished.push(checkpoint);
             }
-            EventKind::LifecycleEnd {
-                status,
-                metrics,
-                content: answer,
-            } => {
+            EventKind::LifecycleEnd { status, metrics, .. } => {
                 let Some(mut run) = self.runs.remove(run_id) else {
                     return finished;
                 };
@@ -534,8 +504,9 @@ impl SpanAssembler {
                     (None, Some(given)) => (Some(given.parent_id), true),
                     (None, None) => (None, false),
                 };
+                let name = run.agent.take().unwrap_or_else(|| "loom".to_string());
                 let mut agent = span(
-                    "invoke_agent loom".into(),
+                    format!("invoke_agent {name}"),
                     run_span_id(run_id),
                     parent,
                     Kind::Internal,
@@ -546,7 +517,7 @@ impl SpanAssembler {
                 let failed = matches!(status, RunStatus::Error | RunStatus::Timeout);
                 agent.attributes = vec![
                     (attr::OPERATION_NAME, Value::Text("invoke_agent".into())),
-                    (attr::AGENT_NAME, Value::Text("loom".into())),
+                    (attr::AGENT_NAME, Value::Text(name)),
                     (attr::AGENT_ID, Value::Text(run_id.into())),
                     (attr::CONVERSATION_ID, Value::Text(run.session_id)),
                     (attr::USAGE_INPUT_TOKENS, Value::Int(saturate(metrics.input_tokens))),
@@ -571,10 +542,10 @@ impl SpanAssembler {
                         .attributes
                         .push((attr::INPUT_MESSAGES, Value::Text(message_json("user", &prompt, None))));
                 }
-                if let Some(text) = answer.as_deref().and_then(|answer| content.keep(answer)) {
+                if let Some(text) = &kept.answer {
                     agent.attributes.push((
                         attr::OUTPUT_MESSAGES,
-                        Value::Text(message_json("assistant", &text, None)),
+                        Value::Text(message_json("assistant", text, None)),
                     ));
                 }
                 finished.push(agent);
@@ -584,11 +555,11 @@ impl SpanAssembler {
         finished
     }
 
-    /// Forgets what was opened before `cutoff` and never closed here: a
+    /// Forgets what was last heard of before `cutoff` and never closed here: a
     /// run interrupted in this process (its end is another's), a call of a
     /// run that stopped, a question nobody answered here.
     fn forget_before(&mut self, cutoff: SystemTime) {
-        self.runs.retain(|_, run| run.start >= cutoff);
+        self.runs.retain(|_, run| run.seen >= cutoff);
     }
 
     /// How many runs are open here: what a sweep bounds.
@@ -626,9 +597,10 @@ fn chat_span(
             .push((attr::RESPONSE_FINISH_REASONS, Value::Texts(vec![reason.to_string()])));
     }
     if let Some(usage) = usage {
-        finished
-            .attributes
-            .push((attr::USAGE_INPUT_TOKENS, Value::Int(saturate(usage.input_tokens))));
+        finished.attributes.push((
+            attr::USAGE_INPUT_TOKENS,
+            Value::Int(saturate(input_tokens(provider, usage))),
+        ));
         finished
             .attributes
             .push((attr::USAGE_OUTPUT_TOKENS, Value::Int(saturate(usage.output_tokens))));
@@ -659,6 +631,20 @@ fn chat_span(
         finished.error = Some(why.to_string());
     }
     finished
+}
+
+/// A call's prompt tokens as the conventions count them, cached ones
+/// included: OpenAI's already are; Anthropic tells its cache reads and
+/// writes apart from `input_tokens`.
+fn input_tokens(provider: &str, usage: &loom_core::Usage) -> u64 {
+    if provider == "anthropic" {
+        usage
+            .input_tokens
+            .saturating_add(usage.cache_read_input_tokens)
+            .saturating_add(usage.cache_creation_input_tokens)
+    } else {
+        usage.input_tokens
+    }
 }
 
 /// Tools run by Loom are functions; an MCP server's (`server__tool`) are
@@ -721,6 +707,7 @@ mod tests {
             resumed: false,
             forked_from: None,
             trace_parent: None,
+            agent: None,
         }
     }
 
@@ -732,6 +719,7 @@ mod tests {
             resumed: false,
             forked_from: None,
             trace_parent: trace_parent.parse().ok(),
+            agent: None,
         }
     }
 
@@ -749,6 +737,7 @@ mod tests {
                 resumed: false,
                 forked_from: None,
                 trace_parent: *trace_parent,
+                agent: Some("reviewer".into()),
             },
             _ => unreachable!(),
         };
@@ -821,6 +810,11 @@ mod tests {
         // Only the root hangs beneath the client's span.
         let child = loom_core::delegate::child_run_id("root", "c1");
         let sub = spans.iter().find(|span| span.span_id == run_span_id(&child)).unwrap();
+        // A sub-agent defined in a file is named after it.
+        assert_eq!(sub.name, "invoke_agent reviewer");
+        assert!(sub
+            .attributes
+            .contains(&(attr::AGENT_NAME, Value::Text("reviewer".into()))));
         assert_eq!(sub.parent, Some(task_span_id(&child)));
         assert!(!sub.parent_is_remote);
         assert!(spans
@@ -864,7 +858,7 @@ mod tests {
             assert!(!left.contains(text), "{text} in {left}");
         }
 
-        let mut captured = SpanAssembler::new(Content::Captured(loom_core::Redactor::default()));
+        let mut captured = SpanAssembler::new(Content::captured(loom_core::Redactor::default()));
         let spans = run_with_a_sub_agent(&mut captured, traced_start(GIVEN));
         let attribute = |name: &str, key: &str| -> String {
             let span = spans.iter().find(|span| span.name == name).unwrap();
@@ -897,11 +891,6 @@ mod tests {
             "{arguments}"
         );
         assert_eq!(attribute("execute_tool task", attr::TOOL_CALL_RESULT), "the output");
-
-        // A long value is cut, on a character's boundary.
-        let long = Content::Captured(loom_core::Redactor::disabled()).keep(&"é".repeat(CONTENT_LIMIT));
-        let long = long.unwrap();
-        assert!(long.ends_with("…[cut]") && long.len() <= CONTENT_LIMIT + "…[cut]".len());
     }
 
     fn end(status: RunStatus) -> EventKind {
@@ -1053,6 +1042,18 @@ mod tests {
         assert_eq!(assembler.open(), 1, "the run, with its call");
         assembler.forget_before(parse_ts("2026-11-28T10:00:00.000Z").unwrap());
         assert_eq!(assembler.open(), 0);
+    }
+
+    #[test]
+    fn cached_prompt_tokens_count_as_input_tokens_as_the_conventions_ask() {
+        let usage = Usage {
+            input_tokens: 25,
+            output_tokens: 8,
+            cache_read_input_tokens: 5,
+            cache_creation_input_tokens: 10,
+        };
+        assert_eq!(input_tokens("anthropic", &usage), 40, "Anthropic tells them apart");
+        assert_eq!(input_tokens("openai", &usage), 25, "OpenAI counts them in already");
     }
 
     #[test]

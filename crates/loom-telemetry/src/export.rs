@@ -60,17 +60,20 @@ pub enum Transport {
     Grpc,
 }
 
+/// An OTLP protocol Loom does not send (`http/json`, a typo).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the OTLP protocol {0:?} is not one Loom sends: \"http/protobuf\" or \"grpc\"")]
+pub struct UnknownTransport(String);
+
 impl std::str::FromStr for Transport {
-    type Err = String;
+    type Err = UnknownTransport;
 
     /// OpenTelemetry's names: `http/protobuf`, `grpc`.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match name.trim().to_ascii_lowercase().as_str() {
             "http/protobuf" => Ok(Self::HttpProtobuf),
             "grpc" => Ok(Self::Grpc),
-            other => Err(format!(
-                "the OTLP protocol {other:?} is not one Loom sends: \"http/protobuf\" or \"grpc\""
-            )),
+            _ => Err(UnknownTransport(name.trim().chars().take(40).collect())),
         }
     }
 }
@@ -83,7 +86,7 @@ impl Transport {
                 return value
                     .parse()
                     .map(Some)
-                    .map_err(|why| ExportError::Build(format!("{name}: {why}")));
+                    .map_err(|err| ExportError::Build(format!("{name}: {err}")));
             }
         }
         Ok(None)
@@ -256,6 +259,17 @@ fn grpc_exporter(config: &ExportConfig) -> Result<opentelemetry_otlp::SpanExport
     if let Some(endpoint) = &config.endpoint {
         builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
     }
+    // A collector over TLS is verified against the system's roots (tonic
+    // trusts none by itself).
+    let endpoint = config.endpoint.clone().or_else(|| {
+        ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+            .iter()
+            .find_map(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))
+    });
+    if endpoint.is_some_and(|endpoint| endpoint.trim().to_ascii_lowercase().starts_with("https://")) {
+        builder = builder
+            .with_tls_config(opentelemetry_otlp::tonic_types::transport::ClientTlsConfig::new().with_native_roots());
+    }
     if !config.headers.is_empty() {
         let mut headers = http::HeaderMap::new();
         for (name, value) in &config.headers {
@@ -378,5 +392,37 @@ fn span_data(span: FinishedSpan) -> SpanData {
         instrumentation_scope: InstrumentationScope::builder("loom")
             .with_version(env!("CARGO_PKG_VERSION"))
             .build(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocols_are_read_by_their_opentelemetry_names() {
+        assert_eq!("grpc".parse::<Transport>(), Ok(Transport::Grpc));
+        assert_eq!(" HTTP/Protobuf ".parse::<Transport>(), Ok(Transport::HttpProtobuf));
+        assert!("http/json".parse::<Transport>().is_err());
+    }
+
+    /// A collector over TLS can be reached: the exporter is made (it is
+    /// not refused for want of TLS), as for one without.
+    #[cfg(feature = "grpc")]
+    #[test]
+    fn a_grpc_collector_over_tls_is_an_exporter_that_can_be_made() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for endpoint in ["https://collector.example.com:4317", "http://127.0.0.1:4317"] {
+            let config = ExportConfig {
+                endpoint: Some(endpoint.into()),
+                transport: Some(Transport::Grpc),
+                ..ExportConfig::default()
+            };
+            let made = runtime.block_on(async { build(&config) });
+            assert!(made.is_ok(), "{endpoint}: {:?}", made.err());
+        }
     }
 }

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod assemble;
+pub mod content;
 pub mod conventions;
 pub mod export;
 
@@ -14,8 +15,9 @@ use std::time::Duration;
 
 use loom_core::{Event, EventObserver};
 
-pub use assemble::{trace_id_of, Content, FinishedSpan, SpanAssembler};
-pub use export::{ExportConfig, ExportError, Exporter, Transport, GRPC_BUILT};
+pub use assemble::{trace_id_of, FinishedSpan, SpanAssembler};
+pub use content::{Content, Kept};
+pub use export::{ExportConfig, ExportError, Exporter, Transport, UnknownTransport, GRPC_BUILT};
 
 /// Records the ids of run `run_id`'s trace and `invoke_agent` span in
 /// `span` (a gateway's or worker's `tracing` span of the run, declared
@@ -54,7 +56,7 @@ impl Default for TelemetryConfig {
                 ..ExportConfig::default()
             },
             sampling_ratio: 1.0,
-            content: Content::Left,
+            content: Content::left(),
         }
     }
 }
@@ -63,6 +65,7 @@ impl Default for TelemetryConfig {
 #[derive(Debug)]
 pub struct Telemetry {
     assembler: Mutex<SpanAssembler>,
+    content: Content,
     exporter: Exporter,
     ratio: f64,
 }
@@ -77,7 +80,9 @@ impl Telemetry {
     /// Starts exporting with `config`.
     pub fn start(config: &TelemetryConfig) -> Result<Self, ExportError> {
         Ok(Self {
-            assembler: Mutex::new(SpanAssembler::new(config.content.clone())),
+            // Contents are redacted before the assembler's lock (`observe`).
+            assembler: Mutex::new(SpanAssembler::new(Content::left())),
+            content: config.content.clone(),
             exporter: Exporter::start(&config.export)?,
             ratio: config.sampling_ratio.clamp(0.0, 1.0),
         })
@@ -117,9 +122,12 @@ impl EventObserver for Telemetry {
         if !assemble::makes_spans(&event.kind) {
             return;
         }
+        // Redacted before the lock: one run's long result does not hold
+        // back the others' events.
+        let kept = self.content.kept(&event.kind);
         let spans = match self.assembler.lock() {
-            Ok(mut assembler) => assembler.observe(session_id, event),
-            Err(poisoned) => poisoned.into_inner().observe(session_id, event),
+            Ok(mut assembler) => assembler.observe_kept(session_id, event, kept),
+            Err(poisoned) => poisoned.into_inner().observe_kept(session_id, event, kept),
         };
         for span in spans {
             if self.sampled(&span) {

@@ -19,7 +19,7 @@ use prost::Message;
 use serde_json::Value;
 
 /// A span as the receiver got it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReceivedSpan {
     /// Its name.
     pub name: String,

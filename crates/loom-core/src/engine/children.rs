@@ -296,6 +296,7 @@ impl Children {
                 .agent
                 .as_ref()
                 .map(|agent| Arc::from(agent.instructions.as_str())),
+            agent_name: request.agent.as_ref().map(|agent| Arc::from(agent.name.as_str())),
         };
         (driver, inherited)
     }

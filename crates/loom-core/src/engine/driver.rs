@@ -325,6 +325,7 @@ impl Driver {
                 resumed,
                 forked_from,
                 trace_parent: self.trace_parent,
+                agent: self.agent_name.as_deref().map(str::to_string),
             },
         );
     }

@@ -157,6 +157,8 @@ pub(crate) struct Driver {
     /// A sub-agent defined in a file: its instructions, added to the
     /// system prompt (docs/agents.md).
     pub instructions: Option<Arc<str>>,
+    /// That agent's name, told in `lifecycle.start`.
+    pub agent_name: Option<Arc<str>>,
 }
 
 /// What the driver works out once and reuses.
