@@ -342,7 +342,10 @@ async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_t
     // capture_content: the prompt and the answer are there, the secret is not.
     let input: Value = serde_json::from_str(run.attributes["gen_ai.input.messages"].as_str().unwrap()).unwrap();
     let prompt = input[0]["parts"][0]["content"].as_str().unwrap();
-    assert!(prompt.starts_with("hello with token") && !prompt.contains("ghp_"), "{prompt}");
+    assert!(
+        prompt.starts_with("hello with token") && !prompt.contains("ghp_"),
+        "{prompt}"
+    );
     assert!(chat.attributes.contains_key("gen_ai.output.messages"), "{chat:#?}");
 
     // Stored with the run: its lifecycle.start tells it.
@@ -373,8 +376,33 @@ async fn a_clients_traceparent_is_the_parent_of_the_run_and_its_log_lines_lead_t
 
     // The body's field, which wins over the header.
     let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let run_id = start_traced(&gateway, &[GIVEN], json!({"prompt": "hello again", "traceparent": other})).await;
+    let run_id = start_traced(
+        &gateway,
+        &[GIVEN],
+        json!({"prompt": "hello again", "traceparent": other}),
+    )
+    .await;
     let (_, run) = ended(run_id);
+    assert_eq!(run.trace_id, "0af7651916cd43dd8448eb211c80319c");
+    assert_eq!(run.parent.as_deref(), Some("b7ad6b7169203331"));
+
+    // The run a fork starts, with the header.
+    let looked = start_traced(&gateway, &[], json!({"prompt": "look around steps=1"})).await;
+    ended(looked.clone());
+    let forked: Value = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{looked}/fork")))
+        .header("traceparent", other)
+        .json(&json!({"step": 1, "prompt": "go on from there"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let fork_run = forked["started"]["runId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{forked}"));
+    let (_, run) = ended(fork_run.to_string());
     assert_eq!(run.trace_id, "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(run.parent.as_deref(), Some("b7ad6b7169203331"));
 

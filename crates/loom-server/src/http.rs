@@ -155,17 +155,7 @@ pub(crate) async fn start_run(
         }
         params.idempotency_key = Some(key.to_string());
     }
-    // The standard header, as any instrumented HTTP client sends it. One
-    // that is not valid, or more than one, is ignored, as the W3C
-    // recommendation asks; the body's own `traceparent` wins (it was
-    // written on purpose).
-    if params.traceparent.is_none() {
-        let mut given = headers.get_all("traceparent").iter();
-        params.traceparent = match (given.next(), given.next()) {
-            (Some(value), None) => value.to_str().ok().and_then(|value| value.parse().ok()),
-            _ => None,
-        };
-    }
+    params.traceparent = params.traceparent.or_else(|| traceparent_header(&headers));
     answer(&app, &caller, Request::Run(params), StatusCode::ACCEPTED).await
 }
 
@@ -241,10 +231,25 @@ pub(crate) async fn rewind_run(
 pub(crate) async fn fork_run(
     State(app): State<Arc<App>>,
     caller: Caller,
+    headers: HeaderMap,
     ApiPath(run_id): ApiPath<String>,
     JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
-    answer(&app, &caller, Request::Fork(run_params(body, run_id)?), StatusCode::OK).await
+    let mut params: crate::protocol::ForkParams = run_params(body, run_id)?;
+    params.traceparent = params.traceparent.or_else(|| traceparent_header(&headers));
+    answer(&app, &caller, Request::Fork(params), StatusCode::OK).await
+}
+
+/// The standard `traceparent` header, as any instrumented HTTP client sends
+/// it (docs/telemetry.md). One that is not valid, or more than one, is
+/// ignored, as the W3C recommendation asks; a body's own `traceparent`
+/// wins over it (it was written on purpose).
+fn traceparent_header(headers: &HeaderMap) -> Option<loom_core::TraceParent> {
+    let mut given = headers.get_all("traceparent").iter();
+    match (given.next(), given.next()) {
+        (Some(value), None) => value.to_str().ok().and_then(|value| value.parse().ok()),
+        _ => None,
+    }
 }
 
 /// `GET /v1/runs/{id}/files?step=N&path=P`: `run.file`.

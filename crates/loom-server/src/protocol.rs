@@ -113,6 +113,9 @@ pub struct ForkParams {
     /// Restore files changed outside Loom since it last recorded them.
     #[serde(default)]
     pub force: bool,
+    /// A W3C trace context for the prompt's run, as in `agent.run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<loom_core::TraceParent>,
 }
 
 /// `run.file` (docs/rewind.md): one file as a step's snapshot holds it.

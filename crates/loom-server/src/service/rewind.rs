@@ -266,7 +266,7 @@ impl Service {
                         mode: None,
                         idempotency_key: None,
                         on_busy: None,
-                        traceparent: None,
+                        traceparent: params.traceparent,
                     },
                 )
                 .await?,
