@@ -13,7 +13,11 @@ Prints the run's own duration (lifecycle.end's durationMs: the run, not
 the command's end, which waits up to 5 s for the last spans) and the
 command's wall time, median and worst of each.
 
-  python3 bench/telemetry/run.py [--loom target/release/loom] [--rounds 5] [--steps 30]
+  python3 bench/telemetry/run.py [--loom target/release/loom] [--rounds 5] [--steps 30] [--read-bytes N]
+
+With --read-bytes N each step reads a file of N bytes (`read_file`)
+instead of a `glob`: results large enough for capture_content's second
+redaction pass to show.
 """
 
 import argparse
@@ -67,10 +71,21 @@ def main():
     parser.add_argument("--loom", default="target/release/loom")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--read-bytes", type=int, default=0)
     args = parser.parse_args()
     loom = os.path.abspath(args.loom)
     work = tempfile.mkdtemp()
-    script = [{"tool_calls": [{"name": "glob", "arguments": {"pattern": f"*{i}*"}}]} for i in range(args.steps)]
+    if args.read_bytes:
+        line = "export const value = compute(alpha, beta, gamma); // a line of ordinary code\n"
+        # One file per step: the same call again and again would be
+        # stopped as a loop.
+        for i in range(args.steps):
+            with open(os.path.join(work, f"big{i}.txt"), "w") as f:
+                f.write((line * (args.read_bytes // len(line) + 1))[: args.read_bytes])
+        script = [{"tool_calls": [{"name": "read_file", "arguments": {"path": f"big{i}.txt"}}]}
+                  for i in range(args.steps)]
+    else:
+        script = [{"tool_calls": [{"name": "glob", "arguments": {"pattern": f"*{i}*"}}]} for i in range(args.steps)]
     script.append({"content": "done"})
     with open(os.path.join(work, "script.json"), "w") as f:
         json.dump(script, f)
