@@ -14,13 +14,28 @@ use loom_testkit::otlp_receiver::{OtlpReceiver, ReceivedSpan};
 use serde_json::{json, Value};
 
 fn config(dir: &std::path::Path, endpoint: &str) -> std::path::PathBuf {
+    config_with(dir, endpoint, "service_name = \"loom-under-test\"\n")
+}
+
+/// A loom.toml whose `[telemetry]` names `endpoint`, with `settings` besides.
+fn config_with(dir: &std::path::Path, endpoint: &str, settings: &str) -> std::path::PathBuf {
     let path = dir.join("telemetry.toml");
     std::fs::write(
         &path,
-        format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"loom-under-test\"\n"),
+        format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n{settings}"),
     )
     .unwrap();
     path
+}
+
+/// `loom run --yes` of `prompt` on the scripted `model` with `config`.
+fn run_with(dir: &std::path::Path, model: &str, config: &std::path::Path, prompt: &str) -> std::process::Output {
+    loom_in(dir)
+        .args(["run", "--yes", "--model", model, "--config"])
+        .arg(config)
+        .arg(prompt)
+        .output()
+        .unwrap()
 }
 
 /// A client's trace context, as an instrumented caller sends it.
@@ -154,12 +169,7 @@ fn a_collector_that_never_answers_does_not_keep_a_run_from_ending() {
     receiver.hang();
     let model = common::script_at(dir.path(), "script.json", &json!([{"content": "Done."}]));
     let config = config(dir.path(), &receiver.url());
-    let out = loom_in(dir.path())
-        .args(["run", "--yes", "--model", &model, "--config"])
-        .arg(&config)
-        .arg("hello")
-        .output()
-        .unwrap();
+    let out = run_with(dir.path(), &model, &config, "hello");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Done.");
 }
@@ -433,32 +443,13 @@ fn a_protocol_this_build_cannot_send_over_is_said_and_the_run_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = OtlpReceiver::start();
     let model = common::script_at(dir.path(), "script.json", &json!([{"content": "Done."}]));
-    let cases = [
-        (
-            "grpc",
-            cfg!(feature = "grpc").then_some("").unwrap_or("built without gRPC"),
-        ),
-        ("http/json", "http/json"),
-    ];
+    let mut cases = vec![("http/json", "http/json")];
+    if !cfg!(feature = "grpc") {
+        cases.push(("grpc", "built without gRPC"));
+    }
     for (protocol, said) in cases {
-        if said.is_empty() {
-            continue;
-        }
-        let config = dir.path().join("protocol.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[telemetry]\notlp_endpoint = \"{}\"\nprotocol = \"{protocol}\"\n",
-                receiver.url()
-            ),
-        )
-        .unwrap();
-        let out = loom_in(dir.path())
-            .args(["run", "--yes", "--model", &model, "--config"])
-            .arg(&config)
-            .arg("hello")
-            .output()
-            .unwrap();
+        let config = config_with(dir.path(), &receiver.url(), &format!("protocol = \"{protocol}\"\n"));
+        let out = run_with(dir.path(), &model, &config, "hello");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert!(
@@ -486,21 +477,9 @@ fn captured_contents_are_redacted_arguments_included() {
             {"content": "Written; the key is sk-proj-abcdefghijklmnopqrstuvwxyz0123."}
         ]),
     );
-    let config = dir.path().join("capture.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[telemetry]\notlp_endpoint = \"{}\"\ncapture_content = true\n",
-            receiver.url()
-        ),
-    )
-    .unwrap();
-    let out = loom_in(dir.path())
-        .args(["run", "--yes", "--model", &model, "--config"])
-        .arg(&config)
-        .arg("write the env file; my token is ghp_abcdefghijklmnopqrstuvwxyz0123456789")
-        .output()
-        .unwrap();
+    let config = config_with(dir.path(), &receiver.url(), "capture_content = true\n");
+    let prompt = "write the env file; my token is ghp_abcdefghijklmnopqrstuvwxyz0123456789";
+    let out = run_with(dir.path(), &model, &config, prompt);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let spans = receiver.spans();
     let everything = format!("{spans:?}");
