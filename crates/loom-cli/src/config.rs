@@ -27,6 +27,9 @@ pub(crate) struct LoadedConfig {
     pub file: FileConfig,
     /// The file's directory, for paths written in it.
     pub dir: Option<PathBuf>,
+    /// The file's keys as written, which trust judges one by one
+    /// (`trust_rules.rs`).
+    pub table: toml::Table,
     /// The file itself.
     pub path: Option<PathBuf>,
     pub origin: Origin,
@@ -71,10 +74,11 @@ fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let digest = crate::trust::sha256_hex(text.as_bytes());
     // One line that says where: the file, the line, the key when known.
-    let file = loom_config::parse(&text).map_err(|err| {
+    let (file, table) = parse(&text).map_err(|err| {
         let gap = if err.line.is_some() { "" } else { " " };
         anyhow::anyhow!("{}:{gap}{err}", path.display())
     })?;
+    remember_secrets(&file);
     let notes = Vec::new();
     let dir = path.parent().map(|dir| {
         if dir.as_os_str().is_empty() {
@@ -86,12 +90,46 @@ fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
     let path = resolved_dir(&path);
     Ok(LoadedConfig {
         file,
+        table,
         dir,
         path: Some(path),
         origin,
         digest,
         notes,
     })
+}
+
+/// The values `file` gives Loom to pass on — tokens, headers sent with an
+/// API key or to a collector, the environment of commands, hooks and MCP
+/// servers — redacted by value wherever they appear from now on, whatever
+/// their shape (docs/cli.md, "Output safety").
+fn remember_secrets(file: &FileConfig) {
+    let mut given: Vec<String> = Vec::new();
+    if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
+        given.extend(bash.env.values().cloned());
+    }
+    for server in file.mcp.iter().flat_map(|mcp| mcp.servers.values()) {
+        given.extend(server.env.values().cloned());
+    }
+    if let Some(provider) = &file.provider {
+        given.extend(provider.headers.values().cloned());
+    }
+    if let Some(telemetry) = &file.telemetry {
+        given.extend(telemetry.headers.values().cloned());
+    }
+    for token in file.server.iter().flat_map(|server| server.tokens.iter()) {
+        given.extend(token.token.clone());
+    }
+    loom::remember_secrets(given);
+}
+
+/// `text` as loom.toml's keys, and as the table of what it says (the same
+/// text, so trust judges what takes effect).
+pub(crate) fn parse(text: &str) -> Result<(FileConfig, toml::Table), loom_config::ParseError> {
+    let file = loom_config::parse(text)?;
+    // It parsed as keys, so it is a table.
+    let table = text.parse::<toml::Table>().unwrap_or_default();
+    Ok((file, table))
 }
 
 /// `path` with its directory resolved and its own name kept: a

@@ -25,6 +25,7 @@ mod cli;
 mod config;
 mod definitions;
 mod follow;
+mod hidden;
 mod hooks;
 mod lines;
 mod mcp;
@@ -47,6 +48,7 @@ mod store;
 mod telemetry;
 mod text;
 mod trust;
+mod trust_rules;
 mod tuning;
 mod turn_tree;
 mod worker;
@@ -75,6 +77,12 @@ fn main() -> ExitCode {
         let err = loom::tools::landlock_helper_main(args);
         say!("loom: the sandbox could not start the command: {err}");
         return ExitCode::from(126);
+    }
+    // No other process of this user reads Loom's memory or environment
+    // (its API keys, LOOM_TOKEN) through /proc or ptrace, and a crash
+    // leaves no core file (docs/security.md).
+    if let Err(err) = loom::tools::make_process_undumpable() {
+        say!("loom: warning: cannot keep other processes out of Loom's memory: {err}");
     }
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_) | Command::Worker(_));

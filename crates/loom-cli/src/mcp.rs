@@ -21,7 +21,11 @@ static CLIENTS: tokio::sync::OnceCell<Option<Arc<McpClients>>> = tokio::sync::On
 /// The process's MCP servers, started on first use (a failed start is a
 /// warning: the server is tried again when one of its tools is called).
 /// `None` when loom.toml configures none.
-pub(crate) async fn clients(file: &FileConfig, workspace: &Path) -> Result<Option<Arc<McpClients>>> {
+pub(crate) async fn clients(
+    file: &FileConfig,
+    workspace: &Path,
+    isolation: loom::tools::Isolation,
+) -> Result<Option<Arc<McpClients>>> {
     let clients = CLIENTS
         .get_or_try_init(|| async {
             let Some(servers) = file
@@ -32,7 +36,9 @@ pub(crate) async fn clients(file: &FileConfig, workspace: &Path) -> Result<Optio
             else {
                 return Ok(None);
             };
-            let clients = Arc::new(McpClients::new(servers, workspace).map_err(|err| anyhow!("loom.toml: {err}"))?);
+            let clients = Arc::new(
+                McpClients::isolated(servers, workspace, isolation).map_err(|err| anyhow!("loom.toml: {err}"))?,
+            );
             for report in clients.start().await {
                 if let Err(why) = report.outcome {
                     say!("loom: warning: MCP server '{}' is not available: {why}", report.server);
@@ -71,8 +77,15 @@ pub(crate) async fn list(
         .as_ref()
         .map(|mcp| mcp.servers.clone())
         .unwrap_or_default();
-    let clients =
-        Arc::new(McpClients::new(&servers, &workspace).map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?);
+    let hidden = crate::hidden::Hidden::of(&loaded, &workspace);
+    let bwrap = crate::run::bash_settings(&loaded.file, &workspace, false)
+        .map_err(Failure::Usage)?
+        .0
+        .bwrap;
+    let clients = Arc::new(
+        McpClients::isolated(&servers, &workspace, hidden.isolation(bwrap))
+            .map_err(|err| Failure::Usage(anyhow!("loom.toml: {err}")))?,
+    );
     // Kept where `shutdown` finds it: a signal that ends the listing early
     // still stops every server that is up (stdin closed, then SIGTERM and
     // SIGKILL); one still in its handshake is killed with its group.

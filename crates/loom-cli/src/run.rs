@@ -297,7 +297,9 @@ pub(crate) async fn configure_agent(
     if let Some(skill) = &skills {
         tools.push(Arc::new(skill.clone()));
     }
-    let (shell, bash_enabled) = bash_settings(file, &workspace)?;
+    let (shell, bash_enabled) = bash_settings(file, &workspace, server.is_some())?;
+    let hidden = crate::hidden::Hidden::of(loaded, &workspace);
+    let shell_bwrap = shell.bwrap.clone();
     if bash_enabled {
         tools.push(Arc::new(loom::tools::Bash::new(shell.clone())));
     }
@@ -313,7 +315,7 @@ pub(crate) async fn configure_agent(
     let mcp = if planning {
         None
     } else {
-        crate::mcp::clients(file, &workspace).await?
+        crate::mcp::clients(file, &workspace, hidden.isolation(shell_bwrap)).await?
     };
     let mcp_names = mcp.as_ref().map(|clients| clients.tool_names()).unwrap_or_default();
     let mcp_servers: Vec<String> = file
@@ -355,44 +357,15 @@ pub(crate) async fn configure_agent(
         .model_arc(llm)
         .tools(tools)
         .workspace(PathBuf::from(&workspace))
-        .permissions(policy)
-        // A project's configuration in the workspace may be read but never
-        // changed (docs/security.md).
-        .read_only(workspace.join("loom.toml"));
+        .permissions(policy);
     if let Some(why) = permissions::nobody_to_ask(args, server.is_some()) {
         builder = builder.nobody_to_ask(why);
     }
-    // Loom's state (every workspace's database, session keys, the trust
-    // records) is out of every tool's reach. Made now if missing, so that
-    // `bash` gets an empty mount there rather than a place to plant trust
-    // records; without a home for it there is nothing there to protect.
-    if let Ok(base) = crate::state::base_dir() {
-        let _ = crate::state::private_dir(&base);
-        builder = builder.protect(base);
+    for path in &hidden.protected {
+        builder = builder.protect(path.clone());
     }
-    if let Some(path) = &loaded.path {
-        // The operator's own file (named with --config, or the user's) may
-        // hold tokens: hidden wherever it is. A project's ./loom.toml is
-        // only read-only.
-        builder = if loaded.origin == config::Origin::Project {
-            builder.read_only(path.clone())
-        } else {
-            builder.protect(path.clone())
-        };
-    }
-    if let Some(dir) = config::user_config_dir() {
-        // Made if missing (when its parent exists, or is the default
-        // `~/.config` of an existing home), so that `bash` gets an empty
-        // mount there instead of a place to plant a config file; and
-        // pinned with its parents (a mount point cannot be renamed aside).
-        if let Some(parent) = dir.parent() {
-            let default_base = std::env::var_os("XDG_CONFIG_HOME").is_none_or(|v| v.is_empty());
-            let makeable = parent.is_dir() || (default_base && parent.parent().is_some_and(Path::is_dir));
-            if makeable && std::fs::create_dir_all(parent).is_ok() {
-                let _ = crate::state::private_dir(&dir);
-            }
-        }
-        builder = builder.protect(dir);
+    for path in &hidden.read_only {
+        builder = builder.read_only(path.clone());
     }
     if let Some(clients) = mcp {
         builder = builder.tool_source(match wanted {
@@ -508,7 +481,14 @@ async fn defined_in_files(workspace: &Path) -> loom::tools::definitions::Definit
 
 /// How `[tools.bash]` says commands run (the `bash` tool's and hooks'), and
 /// whether the model gets the `bash` tool.
-fn bash_settings(file: &config::FileConfig, workspace: &Path) -> Result<(loom::tools::BashSettings, bool)> {
+/// `[tools.bash]` as settings, and whether the tool is on. A served
+/// gateway's commands are sandboxed unless the operator wrote `sandbox =
+/// "none"` ([`default_sandbox`]).
+pub(crate) fn bash_settings(
+    file: &config::FileConfig,
+    workspace: &Path,
+    serving: bool,
+) -> Result<(loom::tools::BashSettings, bool)> {
     let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
     // This binary applies Landlock inside the sandbox's namespaces — unless
     // it lies in the workspace (`cargo run` there), where a command could
@@ -519,12 +499,14 @@ fn bash_settings(file: &config::FileConfig, workspace: &Path) -> Result<(loom::t
     let Some(config) = config else {
         let settings = loom::tools::BashSettings {
             landlock_helper: helper,
+            sandbox: default_sandbox(serving),
             ..Default::default()
         };
         return Ok((settings, true));
     };
     let mut settings = loom::tools::BashSettings {
         landlock_helper: helper,
+        sandbox: default_sandbox(serving),
         require_namespaces: config.require_namespaces.unwrap_or(false),
         bwrap: config.bwrap.clone(),
         ..Default::default()
@@ -542,6 +524,34 @@ fn bash_settings(file: &config::FileConfig, workspace: &Path) -> Result<(loom::t
     }
     settings.env = config.env.clone();
     Ok((settings, config.enabled != Some(false)))
+}
+
+/// The sandbox when `[tools.bash] sandbox` says none: `loom serve` runs
+/// commands for whoever holds a token, so they are sandboxed
+/// (namespaces + Landlock, no network); `loom run` and `loom chat` ask a
+/// person before each command and run it as the user would
+/// (docs/security.md, "Defaults").
+fn default_sandbox(serving: bool) -> loom::tools::SandboxMode {
+    if serving {
+        loom::tools::SandboxMode::Landlock
+    } else {
+        loom::tools::SandboxMode::None
+    }
+}
+
+/// Warns, at a gateway's or a worker's start, when its operator wrote
+/// `[tools.bash] sandbox = "none"` with the tool on: what that gives
+/// away to whoever holds a token.
+pub(crate) fn warn_if_unconfined(file: &config::FileConfig) {
+    let bash = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
+    let unconfined = bash.is_some_and(|bash| bash.sandbox.as_deref() == Some("none") && bash.enabled != Some(false));
+    if unconfined {
+        // SAFETY: a plain system call.
+        let uid = unsafe { libc::geteuid() };
+        say!(
+            "loom: warning: [tools.bash] sandbox = \"none\": commands (bash, hooks) run unconfined as uid {uid}: they read and change whatever that user can outside the workspace and reach the network; only Loom's state and other processes are hidden. Without that line they are sandboxed (namespaces + Landlock, no network; docs/security.md)"
+        );
+    }
 }
 
 /// 0 means no limit.

@@ -73,6 +73,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
+    crate::run::warn_if_unconfined(&loaded.file);
     let settings = loaded.file.server.clone().unwrap_or_default();
     let env_token = std::env::var("LOOM_TOKEN").ok();
     let mut config =

@@ -18,107 +18,52 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{FileConfig, LoadedConfig, Origin};
 
-/// Tools that only read: allowing them widens nothing.
-const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
-
 /// SHA-256 of `bytes` as 64 hex digits.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The settings of `file` (found in `dir`) that run commands, widen
-/// permissions, send the user's credentials elsewhere or write outside
-/// the project, in words, one per setting.
-pub(crate) fn risky_settings(file: &FileConfig, dir: &Path) -> Vec<String> {
-    let mut risky = Vec::new();
-    if file.store.as_deref().is_some_and(|store| store != "none") {
-        risky.push("store writes the run database (prompts, answers, tool output) where it says".to_string());
-    }
-    if let Some(mcp) = &file.mcp {
-        for name in mcp.servers.keys() {
-            risky.push(format!("[mcp.servers.{name}] starts a program"));
-        }
-    }
-    if let Some(telemetry) = &file.telemetry {
-        risky.push(match telemetry.otlp_endpoint.as_deref() {
-            Some(endpoint) => format!("[telemetry] sends the runs' traces to {}", crate::text::shown(endpoint)),
-            None => "[telemetry] changes how the runs' traces are sent".to_string(),
-        });
-    }
-    if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
-        if bash.sandbox.as_deref() == Some("none") {
-            risky.push("[tools.bash] sandbox = \"none\" runs commands unconfined".to_string());
-        }
-        if bash.bwrap.is_some() {
-            risky.push("[tools.bash] bwrap names the program that builds the sandbox".to_string());
-        }
-        if !bash.env.is_empty() {
-            risky.push("[tools.bash] env sets the commands' environment".to_string());
-        }
-    }
-    for hook in &file.hooks {
-        risky.push(format!(
-            "[[hooks]] runs `{}` at {}",
-            crate::text::shown(&hook.command),
-            hook.event
-        ));
-    }
-    for (rule, decision) in file.permissions.iter().flatten() {
-        if decision != "allow" {
-            continue;
-        }
-        let tool = rule.split('(').next().unwrap_or(rule);
-        if rule == "default" {
-            risky.push("[permissions] default = \"allow\" runs every tool without asking".to_string());
-        } else if !READ_ONLY_TOOLS.contains(&tool) {
-            risky.push(format!("[permissions] \"{rule}\" = \"allow\" runs it without asking"));
-        }
-    }
-    if let Some(provider) = &file.provider {
-        if provider.base_url.is_some() {
-            risky.push("[provider] base_url sends requests (and the API key) to another server".to_string());
-        }
-        if !provider.headers.is_empty() {
-            risky.push("[provider] headers are sent with the API key".to_string());
-        }
-    }
-    if let Some(retrieval) = &file.retrieval {
-        // Judged where it really is: a link in the project may lead out.
-        // A folder that is not there reads nothing (retrieval says so).
-        let inside = match (dir.join(&retrieval.dir).canonicalize(), dir.canonicalize()) {
-            (Ok(real), Ok(project)) => real.starts_with(project),
-            (Err(err), _) if err.kind() == std::io::ErrorKind::NotFound => {
-                !retrieval.dir.is_absolute()
-                    && !retrieval
-                        .dir
-                        .components()
-                        .any(|c| matches!(c, std::path::Component::ParentDir))
-            }
-            _ => false,
-        };
-        if !inside {
-            risky.push("[retrieval] dir reads documents outside the project".to_string());
-        }
-    }
-    risky
-}
-
-/// Programs `file`'s MCP servers would run from the project itself: files
-/// a tool may have written, which trusting the configuration does not
-/// vouch for.
+/// Programs that `file`'s MCP servers and hooks would run from the
+/// project itself: files a tool may have written, which trusting the
+/// configuration does not vouch for.
 fn project_programs(file: &FileConfig, dir: &Path) -> Vec<String> {
     let mut found = Vec::new();
     for (name, server) in file.mcp.iter().flat_map(|mcp| mcp.servers.iter()) {
         let words = server.command.iter().chain(server.args.iter());
-        for word in words {
-            let candidate = Path::new(word);
-            let in_project = candidate.is_relative() && (word.contains('/') || dir.join(candidate).is_file());
-            if in_project && dir.join(candidate).exists() {
-                found.push(format!("[mcp.servers.{name}] runs {word}, a file of the project"));
-            }
+        for word in words.filter(|word| project_file(word, dir)) {
+            found.push(format!(
+                "[mcp.servers.{}] runs {}, a file of the project",
+                crate::text::shown(name),
+                crate::text::shown(word)
+            ));
+        }
+    }
+    for hook in &file.hooks {
+        // `bash -c` reads the words between the shell's operators and quotes.
+        let words = hook
+            .command
+            .split(|c: char| c.is_whitespace() || "'\";|&()<>`$".contains(c));
+        for word in words.filter(|word| project_file(word, dir)) {
+            found.push(format!(
+                "[[hooks]] at {} runs {}, a file of the project",
+                crate::text::shown(&hook.event),
+                crate::text::shown(word)
+            ));
         }
     }
     found
+}
+
+/// Whether `word` names a file of the project in `dir` that tools may
+/// change. Files in `.loom/` are read-only to every tool (docs/security.md).
+fn project_file(word: &str, dir: &Path) -> bool {
+    let candidate = Path::new(word);
+    let named = candidate.is_relative() && (word.contains('/') || dir.join(candidate).is_file());
+    let in_loom = candidate
+        .components()
+        .find(|c| !matches!(c, std::path::Component::CurDir))
+        .is_some_and(|first| first.as_os_str() == ".loom");
+    named && !in_loom && dir.join(candidate).exists()
 }
 
 /// The user's trust records: canonical path → SHA-256 of the trusted text.
@@ -222,7 +167,7 @@ pub(crate) fn require(loaded: &LoadedConfig, ask: bool) -> Result<Option<Trusted
         return Ok(None);
     };
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut risky = risky_settings(&loaded.file, dir);
+    let mut risky = crate::trust_rules::risky_settings(&loaded.table, dir);
     // Found first, it is read instead of the user's own file, whose
     // sandbox and deny rules it would quietly drop.
     if let Some(own) = crate::config::user_config_file().filter(|own| own.is_file()) {
@@ -275,7 +220,7 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
         Err(err) => return Err(err).with_context(|| format!("cannot read {}", real.display())),
     };
     let file = match &text {
-        Some(text) => Some(loom_config::parse(text).map_err(|err| anyhow!("{}: {err}", real.display()))?),
+        Some(text) => Some(crate::config::parse(text).map_err(|err| anyhow!("{}: {err}", real.display()))?),
         None => None,
     };
     let definitions = {
@@ -287,7 +232,7 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
         println!("trusted the project's {names} (in {})", trusted.file.display());
         audit(trusted).await;
     }
-    let (Some(text), Some(file)) = (text, file) else {
+    let (Some(text), Some((file, table))) = (text, file) else {
         if found_definitions {
             return Ok(std::process::ExitCode::SUCCESS);
         }
@@ -305,9 +250,9 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
     })
     .await;
     let dir = real.parent().unwrap_or(Path::new("."));
-    let risky = risky_settings(&file, dir);
+    let risky = crate::trust_rules::risky_settings(&table, dir);
     for note in project_programs(&file, dir) {
-        println!("note: {note}: a tool may change it, and trust does not cover it");
+        println!("note: {note}: a tool may change it, and trust does not cover it (review it, and keep it where tools cannot write, such as .loom/)");
     }
     println!("trusted {} (sha256 {})", real.display(), &digest[..16]);
     if risky.is_empty() {
@@ -319,45 +264,4 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn settings_that_run_commands_or_widen_permissions_are_risky() {
-        let file: FileConfig = toml::from_str(
-            r#"
-[permissions]
-default = "allow"
-read_file = "allow"
-"bash(command=git *)" = "allow"
-write_file = "ask"
-[tools.bash]
-sandbox = "none"
-[mcp.servers.x]
-command = "id"
-"#,
-        )
-        .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let risky = risky_settings(&file, dir.path());
-        assert_eq!(risky.len(), 4, "{risky:?}");
-        assert!(risky.iter().any(|line| line.contains("mcp.servers.x")));
-        assert!(risky.iter().any(|line| line.contains("bash(command=git *)")));
-        let plain: FileConfig =
-            toml::from_str("model = \"scripted:x.json\"\n[permissions]\ngrep = \"allow\"\n").unwrap();
-        assert!(risky_settings(&plain, dir.path()).is_empty());
-        let stored: FileConfig = toml::from_str("store = \"sqlite:../../.ssh/authorized_keys\"\n").unwrap();
-        assert_eq!(risky_settings(&stored, dir.path()).len(), 1);
-        let off: FileConfig = toml::from_str("store = \"none\"\n").unwrap();
-        assert!(risky_settings(&off, dir.path()).is_empty());
-        std::fs::create_dir(dir.path().join("kb")).unwrap();
-        std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
-        let inside: FileConfig = toml::from_str("[retrieval]\ndir = \"kb\"\n").unwrap();
-        assert!(risky_settings(&inside, dir.path()).is_empty());
-        let linked: FileConfig = toml::from_str("[retrieval]\ndir = \"out\"\n").unwrap();
-        assert_eq!(risky_settings(&linked, dir.path()).len(), 1, "a link that leads out");
-    }
 }

@@ -662,3 +662,64 @@ fn loom_serve_without_config_refuses_rather_than_drop_the_users_tokens() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("reads only the file named with --config"), "{stderr}");
 }
+
+/// A project file that only names a Redis (`[cluster] redis`) would have
+/// every prompt, answer, file content and snapshot recorded there — and
+/// snapshots read back from it on a rewind: it waits for trust like `store`.
+#[test]
+fn a_project_config_that_sends_the_runs_to_a_redis_waits_for_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis_dir = dir.path().join("redis");
+    std::fs::create_dir(&redis_dir).unwrap();
+    let redis = loom_testkit::redis_server::RedisServer::start(&redis_dir).unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    std::fs::write(
+        ws.join("loom.toml"),
+        format!("[cluster]\nredis = \"{}\"\n", redis.url(0)),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    for args in [
+        vec!["run", "--model", "scripted:s.json", "x"],
+        vec!["chat", "--model", "scripted:s.json"],
+    ] {
+        let refused = loom_in(&ws).env("LOOM_STATE_DIR", &state).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("[cluster] redis"), "{args:?}: {stderr}");
+    }
+    let port = redis
+        .url(0)
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let keys = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "dbsize"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&keys.stdout).trim(),
+        "0",
+        "the untrusted file's Redis got the run"
+    );
+    // Trusted, it takes effect.
+    assert!(loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .arg("trust")
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let ran = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .args(["run", "--model", "scripted:s.json", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{}", String::from_utf8_lossy(&ran.stderr));
+}

@@ -124,3 +124,69 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// Values Loom was given to pass on, each of a shape no pattern knows (no
+/// digits, no prefix, no secret-looking name): redacted by value.
+const GIVEN: [(&str, &str); 4] = [
+    ("[tools.bash] env", "wJalrXUtnFEMIKbPxRfiCYEXAMPLEKEYabcdefgh"),
+    ("[mcp.servers] env", "plainwordsecretforthemcpserverxyz"),
+    ("[provider] headers", "teamheadervaluequiteplainindeed"),
+    ("[[server.tokens]] token", "gatewaytokenplainlettersonlyabc"),
+];
+
+#[test]
+fn every_value_loom_was_given_as_a_secret_is_redacted_by_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let bare: Vec<String> = GIVEN
+        .iter()
+        .map(|(_, value)| format!("\"bare\": \"{value}\""))
+        .collect();
+    std::fs::write(ws.join("found.json"), bare.join("\n")).unwrap();
+    let config = dir.path().join("operator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tools.bash]\nenv = {{ KEY = \"{}\" }}\n[mcp.servers.off]\ncommand = \"true\"\nenabled = false\nenv = {{ X = \"{}\" }}\n\
+             [provider.headers]\nX-Team = \"{}\"\n[[server.tokens]]\nname = \"op\"\ntoken = \"{}\"\n",
+            GIVEN[0].1, GIVEN[1].1, GIVEN[2].1, GIVEN[3].1
+        ),
+    )
+    .unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[
+            ("c1", "read_file", r#"{"path": "found.json"}"#),
+            (
+                "c2",
+                "bash",
+                r#"{"command": "echo $KEY; echo $KEY | base64 -d 2>/dev/null | wc -c"}"#,
+            ),
+        ])),
+        Reply::Sse(openai_text("read", 4)),
+    ]);
+    let output = succeeded(
+        loom_in(&ws)
+            .args(["run", "--json", "--yes", "--model", "openai:m", "--config"])
+            .arg(&config)
+            .arg("--base-url")
+            .arg(server.url())
+            .arg("read found.json"),
+    );
+    let events = String::from_utf8_lossy(&output.stdout);
+    let sent = server.requests()[1].body.to_string();
+    assert!(events.contains("[REDACTED]"), "{events}");
+    let state = common::database_of(&ws).parent().unwrap().to_path_buf();
+    let stored: Vec<Vec<u8>> = walk(&state).iter().map(|file| std::fs::read(file).unwrap()).collect();
+    assert!(!stored.is_empty(), "nothing stored in {}", state.display());
+    for (from, value) in GIVEN {
+        assert!(!events.contains(value), "{from}: the events have it: {events}");
+        assert!(!sent.contains(value), "{from}: the model got it: {sent}");
+        for bytes in &stored {
+            assert!(
+                !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+                "{from}: stored"
+            );
+        }
+    }
+}

@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// The keys of loom.toml. Keys the contract defines for later features are
 /// accepted so one file serves every version; unknown keys are an error so
 /// typos do not pass silently.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub model: Option<String>,
@@ -67,7 +68,7 @@ pub struct FileConfig {
 }
 
 /// `[telemetry]` (docs/telemetry.md).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// The OTLP collector's base URL (`http://localhost:4318`); spans go to
@@ -91,7 +92,7 @@ pub struct TelemetryConfig {
 }
 
 /// `[snapshots]` (docs/rewind.md).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotsConfig {
     /// `false`: runs record no snapshots (and cannot rewind files).
@@ -112,7 +113,7 @@ pub struct SnapshotsConfig {
 }
 
 /// One `[[hooks]]` entry (docs/extending.md).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HookConfig {
     /// `session_start`, `user_prompt_submit`, `pre_tool_use`,
@@ -127,7 +128,7 @@ pub struct HookConfig {
 }
 
 /// `[cluster]` (docs/cluster.md).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
     /// `redis://HOST:PORT/DB`: runs are recorded there.
@@ -155,7 +156,7 @@ impl FileConfig {
 }
 
 /// `[mcp]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
     #[serde(default)]
@@ -163,14 +164,14 @@ pub struct McpConfig {
 }
 
 /// `[tools]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsConfig {
     pub bash: Option<BashConfig>,
 }
 
 /// `[tools.bash]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BashConfig {
     /// `false` leaves the tool out.
@@ -194,7 +195,7 @@ pub struct BashConfig {
 /// `[feedback]`: guidance for the next request (`enabled`) and the
 /// recursion monitor (`monitor` and its thresholds). Counts are read as
 /// signed numbers so that a negative one gets a clear message.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackConfig {
     pub enabled: Option<bool>,
@@ -207,7 +208,7 @@ pub struct FeedbackConfig {
 }
 
 /// `[retrieval]`: a folder of documents searched with the user's request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalConfig {
     /// The folder, relative to the config file.
@@ -217,7 +218,7 @@ pub struct RetrievalConfig {
 }
 
 /// `[provider]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     pub base_url: Option<String>,
@@ -247,7 +248,7 @@ pub struct ProviderConfig {
 }
 
 /// `[prices."MODEL"]`, US dollars per million tokens.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PriceConfig {
     pub input_per_mtok: f64,
@@ -255,7 +256,7 @@ pub struct PriceConfig {
 }
 
 /// `[scheduler]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     pub max_concurrency: Option<usize>,

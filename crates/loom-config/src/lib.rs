@@ -8,9 +8,11 @@
 
 mod keys;
 mod parse;
+mod schema;
 
 pub use keys::{
     BashConfig, ClusterConfig, FeedbackConfig, FileConfig, McpConfig, PriceConfig, ProviderConfig, RetrievalConfig,
     SchedulerConfig, SnapshotsConfig, TelemetryConfig, ToolsConfig,
 };
 pub use parse::{parse, ParseError};
+pub use schema::{keys, schema, ANY};

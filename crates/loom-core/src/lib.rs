@@ -89,7 +89,7 @@ pub use model_source::{ModelSource, SourcedModel};
 pub use observe::EventObserver;
 pub use outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
 pub use permission::{Decision, Mode, PermissionPolicy, PolicyError};
-pub use pipeline::{is_secret_name, PipelineConfig, Redactor};
+pub use pipeline::{is_secret_name, remember_secrets, PipelineConfig, Redactor};
 pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use snapshots::{RestorePlan, SkipReason, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};

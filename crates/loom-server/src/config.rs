@@ -7,7 +7,7 @@ use serde::Deserialize;
 use crate::auth::{Grant, Role, TokenError, Tokens};
 
 /// `[server]` as written in loom.toml.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// `[[server.tokens]]`: who may use the gateway.
@@ -64,7 +64,7 @@ pub struct ServerSettings {
 
 /// One `[[server.tokens]]` entry: a name and the token, or its SHA-256;
 /// its role and limits.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
     /// Who holds it: runs are recorded under this name.

@@ -28,7 +28,7 @@ pub use hooks::{CommandHooks, HookCommand, HookConfigError};
 pub use jail::{Jail, OpenError, PathError, WriteMode};
 pub use mcp::{McpClients, McpServerConfig};
 pub use retrieval::FolderRetriever;
-pub use shell::{landlock_helper_main, Bash, BashSettings, SandboxMode};
+pub use shell::{landlock_helper_main, make_process_undumpable, Bash, BashSettings, Isolation, SandboxMode};
 pub use skill::Skill;
 pub use task::Task;
 

@@ -32,7 +32,7 @@ use crate::permission::{PermissionGate, PermissionPolicy};
 use crate::tool::{RegisteredTool, ToolRegistry};
 use crate::tool_result::{Authority, ErrorKind, StageTimings, ToolResult, ToolStatus};
 
-pub use redact::{is_secret_name, Redactor, REDACTED};
+pub use redact::{is_secret_name, remember_secrets, Redactor, REDACTED};
 
 pub use truncate::truncate;
 

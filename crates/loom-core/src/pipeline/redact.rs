@@ -96,6 +96,29 @@ pub fn is_secret_name(name: &str) -> bool {
 /// Values shorter than this are not redacted by value (too likely to be ordinary text).
 const MIN_SECRET_VALUE_LEN: usize = 8;
 
+/// Values this process was given as secrets, whatever their names and
+/// shapes: redacted by value wherever they appear ([`Redactor::from_env`]).
+static GIVEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Remembers `values` as secrets of this process — what it was given to
+/// pass on: tokens, headers sent with an API key, the environment of the
+/// commands and MCP servers it starts — so that every redactor made from
+/// now on ([`Redactor::from_env`]) masks them wherever they appear, a
+/// value of any shape (a bare AWS secret key, `echo $KEY`) included.
+/// Values too short to tell from ordinary text, absolute paths and text
+/// with blanks are left out: an `env` entry such as `PATH` is no secret.
+pub fn remember_secrets(values: impl IntoIterator<Item = String>) {
+    let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+    for value in values {
+        let plainly_not_secret = value.trim().len() < MIN_SECRET_VALUE_LEN
+            || value.starts_with('/')
+            || value.chars().any(char::is_whitespace);
+        if !plainly_not_secret && !given.contains(&value) {
+            given.push(value);
+        }
+    }
+}
+
 /// Replaces secrets in text with `[REDACTED]`.
 ///
 /// Clones share the compiled patterns and their search caches: a `Regex`
@@ -127,12 +150,14 @@ impl Default for Redactor {
 }
 
 impl Redactor {
-    /// Known secret shapes, secret-looking assignments, and the values of
+    /// Known secret shapes, secret-looking assignments, the values of
     /// this process's environment variables whose names look secret
-    /// ([`is_secret_name`]).
+    /// ([`is_secret_name`]), and every value this process was given as a
+    /// secret ([`remember_secrets`]).
     pub fn from_env() -> Self {
         let values = std::env::vars().filter_map(|(name, value)| is_secret_name(&name).then_some(value));
-        Self::with_secrets(values)
+        let given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        Self::with_secrets(values.chain(given))
     }
 
     /// Known secret shapes, secret-looking assignments, and the given literal values.

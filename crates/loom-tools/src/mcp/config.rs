@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// One server's settings: `command` (stdio) or `url` (streamable HTTP).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// The program of a stdio server.

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::Endpoint;
 use crate::shell::env::INHERITED;
 use crate::shell::process::{die_with_parent, ProcessGroup};
+use crate::shell::Isolation;
 
 /// Lines of a server's stderr kept for `loom mcp list` and start-up errors.
 const STDERR_KEPT: usize = 20;
@@ -152,13 +153,36 @@ impl Connection {
         endpoint: &Endpoint,
         env: &std::collections::BTreeMap<String, String>,
         dir: &Path,
+        isolation: &Isolation,
         handler: Handler,
         stderr: StderrTail,
         limit: Duration,
     ) -> Result<Self, ConnectError> {
         match endpoint {
             Endpoint::Stdio { command, args } => {
-                let mut cmd = Command::new(command);
+                // Its own PID namespace, Loom's state hidden, no privilege
+                // (shell/isolation.rs); without bwrap, no privilege still.
+                let launcher = {
+                    let (isolation, dir) = (isolation.clone(), dir.to_path_buf());
+                    tokio::task::spawn_blocking(move || isolation.launcher(&dir))
+                        .await
+                        .map_err(|err| ConnectError::Handshake(format!("could not prepare the process: {err}")))?
+                };
+                let unprivileged = launcher.is_err();
+                if let Err(why) = &launcher {
+                    tracing::warn!(
+                        server = name,
+                        "started without namespaces (Loom's state NOT hidden): {why}"
+                    );
+                }
+                let mut cmd = match launcher.as_deref().ok().and_then(|l| l.split_first()) {
+                    Some((bwrap, rest)) => {
+                        let mut cmd = Command::new(bwrap);
+                        cmd.args(rest).arg(command);
+                        cmd
+                    }
+                    None => Command::new(command),
+                };
                 cmd.args(args)
                     .current_dir(dir)
                     .env_clear()
@@ -168,9 +192,16 @@ impl Connection {
                     .stderr(Stdio::piped())
                     .process_group(0);
                 let parent = std::process::id() as libc::pid_t;
-                // SAFETY: the closure only makes system calls (see die_with_parent).
+                // SAFETY: the closure only makes system calls (see die_with_parent
+                // and privileges::drop_in_child).
                 unsafe {
-                    cmd.pre_exec(move || die_with_parent(parent));
+                    cmd.pre_exec(move || {
+                        die_with_parent(parent)?;
+                        if unprivileged {
+                            crate::shell::privileges::drop_in_child()?;
+                        }
+                        Ok(())
+                    });
                 }
                 let mut child = cmd.spawn().map_err(|source| ConnectError::Spawn {
                     command: command.clone(),

@@ -31,6 +31,8 @@ use server::CallError;
 pub use server::{McpServer, ServerState};
 use tool::McpTool;
 
+use crate::shell::Isolation;
+
 /// The configured MCP servers, as one source of tools.
 #[derive(Debug)]
 pub struct McpClients {
@@ -48,13 +50,32 @@ pub struct StartReport {
 
 impl McpClients {
     /// The servers of `configs`; stdio servers run in `workspace` unless
-    /// they name a `cwd`. Nothing starts yet.
+    /// they name a `cwd`, in namespaces of their own without privileges
+    /// (see [`McpClients::isolated`]). Nothing starts yet.
     pub fn new(configs: &BTreeMap<String, McpServerConfig>, workspace: &Path) -> Result<Self, McpConfigError> {
+        Self::isolated(configs, workspace, Isolation::default())
+    }
+
+    /// As [`McpClients::new`], with stdio servers kept from `isolation`'s
+    /// paths (Loom's state hidden, its configuration read-only), as
+    /// `bash`'s commands are (docs/security.md).
+    pub fn isolated(
+        configs: &BTreeMap<String, McpServerConfig>,
+        workspace: &Path,
+        isolation: Isolation,
+    ) -> Result<Self, McpConfigError> {
+        let isolation = Arc::new(isolation);
         let mut servers = Vec::new();
         for (name, config) in configs {
             let endpoint = config.endpoint(name)?;
             let dir = config.cwd.clone().unwrap_or_else(|| workspace.to_path_buf());
-            servers.push(McpServer::new(name.clone(), config.clone(), endpoint, dir));
+            servers.push(McpServer::new(
+                name.clone(),
+                config.clone(),
+                endpoint,
+                dir,
+                isolation.clone(),
+            ));
         }
         Ok(Self { servers })
     }

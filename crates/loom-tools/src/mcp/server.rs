@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{Endpoint, McpServerConfig};
 use super::connection::{Connection, Handler, StderrTail};
 use super::tool::{tool_infos, ToolInfo};
+use crate::shell::Isolation;
 
 /// Restart delays after consecutive failures: the first restart is at
 /// once, then 1, 2, 4 … s, at most this.
@@ -92,6 +93,8 @@ pub struct McpServer {
     config: McpServerConfig,
     endpoint: Endpoint,
     dir: PathBuf,
+    /// What a stdio server's process is kept from.
+    isolation: Arc<Isolation>,
     session: tokio::sync::Mutex<Session>,
     state: Mutex<ServerState>,
     tools: Mutex<Arc<Vec<ToolInfo>>>,
@@ -115,7 +118,13 @@ impl std::fmt::Debug for McpServer {
 }
 
 impl McpServer {
-    pub(crate) fn new(name: String, config: McpServerConfig, endpoint: Endpoint, dir: PathBuf) -> Arc<Self> {
+    pub(crate) fn new(
+        name: String,
+        config: McpServerConfig,
+        endpoint: Endpoint,
+        dir: PathBuf,
+        isolation: Arc<Isolation>,
+    ) -> Arc<Self> {
         let state = if config.is_enabled() {
             ServerState::Idle
         } else {
@@ -126,6 +135,7 @@ impl McpServer {
             config,
             endpoint,
             dir,
+            isolation,
             session: tokio::sync::Mutex::new(Session::Idle),
             state: Mutex::new(state),
             tools: Mutex::new(Arc::new(Vec::new())),
@@ -292,6 +302,7 @@ impl McpServer {
             &self.endpoint,
             &self.config.env,
             &self.dir,
+            &self.isolation,
             handler,
             self.stderr.clone(),
             limit,

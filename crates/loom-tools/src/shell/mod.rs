@@ -10,7 +10,9 @@
 
 mod capture;
 pub mod env;
+mod isolation;
 pub mod namespaces;
+pub(crate) mod privileges;
 pub(crate) mod process;
 pub mod sandbox;
 
@@ -28,7 +30,9 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, ChildStdout};
 
 use capture::{HeadTail, LineSplitter};
+pub use isolation::Isolation;
 pub use namespaces::namespaces_available;
+pub use privileges::make_process_undumpable;
 use process::{ProcessGroup, KILL_GRACE};
 use sandbox::Confinement;
 pub use sandbox::{landlock_available, landlock_helper_main, SandboxMode};

@@ -6,7 +6,7 @@
 //!
 //! What the command sees of the file system depends on the mode:
 //! - sandboxed: the system directories read-only (`/usr`, `/bin`, `/lib*`,
-//!   `/etc`, `/opt`), the workspace and the call's temp dir writable, and
+//!   `/etc`), the workspace and the call's temp dir writable, and
 //!   empty, private `/tmp`, `/run` and `$HOME`. No pathname socket outside
 //!   the workspace (a Docker daemon, an ssh-agent, the session bus, X11)
 //!   is there to connect to, and no file of Loom's own.
@@ -16,8 +16,11 @@
 //! In both, Loom's state (`ToolContext::protected`) is covered by an empty
 //! mount and the configuration Loom reads (`ToolContext::read_only`) is
 //! bound read-only over itself: a mount point cannot be replaced, renamed
-//! or written from inside. bwrap drops every capability, so the command
-//! cannot undo a mount.
+//! or written from inside. bwrap drops every capability (bounding set
+//! included) and sets `no_new_privs`, so the command cannot undo a mount
+//! nor gain a privilege from a setuid program, and the kernel's settings
+//! (`/proc/sys`, `/sys`) are read-only, which uid 0 without capabilities
+//! could otherwise still write.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -35,9 +38,26 @@ const BWRAP_PLACES: &[&str] = &["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/
 /// Where the Landlock helper is bound inside the namespaces.
 pub(crate) const HELPER_INSIDE: &str = "/run/loom-sandbox/helper";
 
-/// System directories a sandboxed command may read and run from.
-const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+/// System directories a sandboxed command may read and run from: the
+/// system's programs and libraries and `/etc`. Not `/opt`, `/srv`,
+/// `/home`, `/root` or `/var`, where another program's (or another
+/// Loom's) files and secrets live.
+const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
+
+/// The kernel's settings and triggers, read-only in every mode: a command
+/// runs without capabilities, but a root Loom's command is still uid 0,
+/// which the file modes there let write — `/proc/sys/kernel/core_pattern`
+/// names a program the kernel runs as real root, outside every namespace,
+/// on the next crash. What does not exist is skipped.
+const KERNEL_READ_ONLY: &[&str] = &[
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/acpi",
+    "/proc/scsi",
+    "/sys",
 ];
 
 /// The bwrap to use: `configured` (`[tools.bash] bwrap`), else the first
@@ -169,6 +189,9 @@ impl View<'_> {
             for dir in pinned(self.workspace, self.protected, self.read_only) {
                 args.bind("--dev-bind", &dir, &dir);
             }
+        }
+        for path in KERNEL_READ_ONLY {
+            args.extend(["--ro-bind-try", path, path]);
         }
         // Only what is in the command's view needs covering; a mount on a
         // path outside it would create directories in read-only places.

@@ -45,8 +45,11 @@ pub(crate) fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let ruleset = confinement.map(Confinement::raw_fd);
+    // bwrap drops every privilege itself, and needs a root Loom's to build
+    // the namespaces; a command started without it drops them here.
+    let unprivileged = launcher.is_empty();
     // SAFETY: the closure only makes system calls (setsid, prctl, getppid,
-    // landlock_restrict_self); it allocates nothing and takes no lock, as
+    // landlock_restrict_self, capset); it allocates nothing and takes no lock, as
     // required between fork and exec.
     let parent = std::process::id() as libc::pid_t;
     unsafe {
@@ -57,6 +60,9 @@ pub(crate) fn spawn(
             die_with_parent(parent)?;
             if let Some(fd) = ruleset {
                 Confinement::apply_in_child(fd)?;
+            }
+            if unprivileged {
+                super::privileges::drop_in_child()?;
             }
             Ok(())
         });

@@ -1,0 +1,69 @@
+//! What the tools, and every program Loom starts (`bash`, hooks, stdio MCP
+//! servers), never see or never change (docs/security.md): Loom's state
+//! and the operator's configuration are hidden, wherever they are; the
+//! project's configuration is read-only.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{self, LoadedConfig};
+
+/// Paths hidden from the tools and the programs Loom starts, and paths
+/// they may read but never change.
+#[derive(Debug, Default)]
+pub(crate) struct Hidden {
+    pub protected: Vec<PathBuf>,
+    pub read_only: Vec<PathBuf>,
+}
+
+impl Hidden {
+    /// For a run in `workspace` under `loaded`. Folders are made now if
+    /// missing, so that a command gets an empty mount there rather than a
+    /// place to plant trust records or a config file.
+    pub(crate) fn of(loaded: &LoadedConfig, workspace: &Path) -> Self {
+        let mut hidden = Self::default();
+        // A project's configuration in the workspace may be read but
+        // never changed.
+        hidden.read_only.push(workspace.join("loom.toml"));
+        hidden.read_only.push(workspace.join(".loom"));
+        // Loom's state: every workspace's database, session keys, the
+        // trust records. Without a home for it there is nothing to protect.
+        if let Ok(base) = crate::state::base_dir() {
+            let _ = crate::state::private_dir(&base);
+            hidden.protected.push(base);
+        }
+        if let Some(path) = &loaded.path {
+            // The operator's own file (named with --config, or the user's)
+            // may hold tokens: hidden wherever it is. A project's
+            // ./loom.toml is only read-only.
+            if loaded.origin == config::Origin::Project {
+                hidden.read_only.push(path.clone());
+            } else {
+                hidden.protected.push(path.clone());
+            }
+        }
+        if let Some(dir) = config::user_config_dir() {
+            // Made if missing (when its parent exists, or is the default
+            // `~/.config` of an existing home), and pinned with its parents
+            // (a mount point cannot be renamed aside).
+            if let Some(parent) = dir.parent() {
+                let default_base = std::env::var_os("XDG_CONFIG_HOME").is_none_or(|v| v.is_empty());
+                let makeable = parent.is_dir() || (default_base && parent.parent().is_some_and(Path::is_dir));
+                if makeable && std::fs::create_dir_all(parent).is_ok() {
+                    let _ = crate::state::private_dir(&dir);
+                }
+            }
+            hidden.protected.push(dir);
+        }
+        hidden
+    }
+
+    /// What a stdio MCP server is kept from, with `bwrap` (`[tools.bash]
+    /// bwrap`) building its namespaces.
+    pub(crate) fn isolation(&self, bwrap: Option<PathBuf>) -> loom::tools::Isolation {
+        loom::tools::Isolation {
+            bwrap,
+            protected: self.protected.clone(),
+            read_only: self.read_only.clone(),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! No program Loom starts gets a privilege, and nothing of Loom's own can
+//! be read from one (docs/security.md, "A hostile model"): run as root,
+//! as Loom is in most containers, a command (`bash`, sandboxed or not) and
+//! a stdio MCP server have no capability, `no_new_privs`, a PID namespace
+//! of their own, and the kernel's settings read-only — a root command
+//! that could write `/proc/sys/kernel/core_pattern` would have the kernel
+//! run its program as real root outside every namespace. Loom itself is
+//! not dumpable: another process of its user cannot read its environment.
+//! A served gateway sandboxes commands unless its operator says otherwise.
+//! Judged from outside: what the commands print, what a server wrote.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::gateway::{config, Gateway, ALICE};
+use common::{json_lines, loom_in, tool_results};
+use loom_testkit::{PromptModel, PromptModelOptions};
+use serde_json::json;
+
+const API_KEY: &str = "sk-privilegemarker0123456789abcdefgh";
+const GATEWAY_TOKEN: &str = "token-privilege-marker-4444444444";
+
+fn require_bwrap() {
+    let found = std::process::Command::new("bwrap").arg("--version").output();
+    assert!(
+        found.is_ok_and(|out| out.status.success()),
+        "bwrap is not installed: these tests need `apt-get install -y bubblewrap` (.ci/run does it)"
+    );
+}
+
+fn is_root() -> bool {
+    // SAFETY: a plain system call.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// What a command finds of its privileges and of the kernel's settings,
+/// one `NAME VALUE` line each. `[ -w ]` asks the kernel (a read-only
+/// mount answers no, even to root); the write puts back the value that is
+/// there, so on a machine where it lands nothing changes.
+const PROBE: &str = "grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; \
+    for f in /proc/sys/kernel/core_pattern /proc/sysrq-trigger /proc/sys/kernel/modprobe /sys/kernel/uevent_helper /sys/kernel/mm; do \
+      if [ -w \"$f\" ]; then echo \"writable $f\"; fi; done; \
+    v=$(cat /proc/sys/kernel/core_pattern); \
+    if (printf '%s\\n' \"$v\" > /proc/sys/kernel/core_pattern) 2>/dev/null; then echo 'wrote core_pattern'; fi; \
+    for d in /opt /srv; do if [ -n \"$(ls -A $d 2>/dev/null)\" ]; then echo \"sees $d\"; fi; done; \
+    echo \"pid $$\"";
+
+/// The probe's findings that say a privilege was had.
+fn privileges_seen(output: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    for line in output.lines() {
+        let line = line.trim();
+        if let Some((name, value)) = line.split_once(':') {
+            let value = value.trim();
+            match name {
+                "NoNewPrivs" if value != "1" => seen.push(line.to_string()),
+                "CapEff" | "CapPrm" | "CapBnd" | "CapAmb" if value != "0000000000000000" => seen.push(line.to_string()),
+                _ => {}
+            }
+        }
+        if line.starts_with("writable ") || line.starts_with("wrote ") {
+            seen.push(line.to_string());
+        }
+    }
+    seen
+}
+
+#[test]
+fn no_command_gets_a_privilege_nor_writes_the_kernels_settings_in_any_mode() {
+    require_bwrap();
+    for sandbox in ["landlock", "none"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let config_path = dir.path().join("loom.toml");
+        std::fs::write(&config_path, format!("[tools.bash]\nsandbox = \"{sandbox}\"\n")).unwrap();
+        let script = dir.path().join("s.json");
+        let turns = json!([
+            {"tool_calls": [{"name": "bash", "arguments": {"command": PROBE}}]},
+            {"content": "done"}
+        ]);
+        std::fs::write(&script, turns.to_string()).unwrap();
+        let output = loom_in(&ws)
+            .env("LOOM_STATE_DIR", dir.path().join("state"))
+            .args(["run", "--json", "--yes", "--config"])
+            .arg(&config_path)
+            .arg("--model")
+            .arg(format!("scripted:{}", script.display()))
+            .arg("probe")
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let results = tool_results(&json_lines(&output.stdout));
+        let content = &results[0].1;
+        assert!(content.contains("CapEff:"), "{sandbox}: the probe ran: {content}");
+        assert_eq!(
+            privileges_seen(content),
+            Vec::<String>::new(),
+            "{sandbox} (root: {}): {content}",
+            is_root()
+        );
+        assert!(
+            content.contains("pid 2") || content.contains("pid 1\n"),
+            "{sandbox}: own PID namespace: {content}"
+        );
+        if sandbox == "landlock" {
+            // The sandboxed view holds the system's programs, no one's files.
+            assert!(!content.contains("sees "), "{sandbox}: {content}");
+        }
+    }
+}
+
+#[test]
+fn a_stdio_mcp_server_sees_neither_loom_nor_its_environment_and_has_no_privilege() {
+    require_bwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let state = dir.path().join("state");
+    let found = dir.path().join("found.txt");
+    // The server reads its parent's environment and command line (Loom's,
+    // were it the parent) and every process's it can see, then its own
+    // privileges; then exits (its start fails, which is fine).
+    let snoop = format!(
+        "{{ cat /proc/$PPID/environ /proc/$PPID/cmdline; for f in /proc/[0-9]*/environ; do cat $f; done; \
+         ls {state}; {PROBE}; }} > {found} 2>&1",
+        state = state.display(),
+        found = found.display()
+    );
+    let config_path = dir.path().join("operator.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[mcp.servers.snoop]\ncommand = \"sh\"\nargs = [\"-c\", {}]\nstartup_timeout_secs = 5\n",
+            serde_json::to_string(&snoop).unwrap()
+        ),
+    )
+    .unwrap();
+    let output = loom_in(&ws)
+        .env("LOOM_STATE_DIR", &state)
+        .env("OPENAI_API_KEY", API_KEY)
+        .env("LOOM_TOKEN", GATEWAY_TOKEN)
+        .args(["mcp", "list", "--config"])
+        .arg(&config_path)
+        .arg("--workspace")
+        .arg(&ws)
+        .output()
+        .unwrap();
+    let seen = std::fs::read_to_string(&found).unwrap_or_else(|err| {
+        panic!(
+            "the server did not run ({err}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    for secret in [API_KEY, GATEWAY_TOKEN, "--config"] {
+        assert!(!seen.contains(secret), "{secret} reached the MCP server:\n{seen}");
+    }
+    assert!(seen.contains("CapEff:"), "{seen}");
+    assert_eq!(privileges_seen(&seen), Vec::<String>::new(), "{seen}");
+    // Loom's state is an empty mount in its view.
+    assert!(!seen.contains("workspaces"), "{seen}");
+}
+
+/// `loom serve` with `LOOM_TOKEN` in its environment; its pid.
+fn serving(dir: &Path) -> (std::process::Child, u32) {
+    std::fs::write(dir.join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let mut child = loom_in(dir)
+        .env("LOOM_STATE_DIR", dir.join("state"))
+        .env("LOOM_TOKEN", GATEWAY_TOKEN)
+        .env("OPENAI_API_KEY", API_KEY)
+        .args(["serve", "--addr", "127.0.0.1:0", "--model", "scripted:s.json"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "loom serve did not start"
+    );
+    let pid = child.id();
+    (child, pid)
+}
+
+#[test]
+fn another_process_of_the_user_cannot_read_looms_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, pid) = serving(dir.path());
+    // The same user without capabilities (as a non-root user is): what a
+    // program the user runs, or one Loom started, could do.
+    let read = std::process::Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "cat"])
+        .arg(format!("/proc/{pid}/environ"))
+        .output()
+        .unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let environ = String::from_utf8_lossy(&read.stdout);
+    assert!(!environ.contains(GATEWAY_TOKEN), "LOOM_TOKEN was read: {environ}");
+    assert!(!read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    // Not dumpable: /proc shows its files as root's, and no core is left.
+    assert!(status.contains("Name:"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_gateways_commands_are_sandboxed_unless_its_operator_says_none() {
+    require_bwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    // Default: bash allowed, nothing said of the sandbox.
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = config(dir.path(), &model.url(), "");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, format!("{text}\n[permissions]\nbash = \"allow\"\n")).unwrap();
+    let gateway = Gateway::start(dir.path(), &[]);
+    assert!(
+        !gateway.log_text().contains("sandbox = \"none\""),
+        "{}",
+        gateway.log_text()
+    );
+    let mut client = gateway.ws(ALICE).await;
+    let started = client
+        .ok(
+            "agent.run",
+            json!({"prompt": "steps=1 tool=bash bash=ls+-d+/opt+/proc/self"}),
+        )
+        .await;
+    let run_id = started["runId"].as_str().unwrap().to_string();
+    let result = client.until(&run_id, "tool.result").await;
+    let content = result["payload"]["content"].as_str().unwrap();
+    assert!(content.contains("sandbox: namespaces + landlock"), "{content}");
+    assert!(
+        content.contains("/proc/self") && !content.contains("/opt\n"),
+        "{content}"
+    );
+    drop(client);
+    drop(gateway);
+
+    // The operator's `sandbox = "none"`: taken, with a warning at start.
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = config(dir.path(), &model.url(), "");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(
+        &config_path,
+        format!("{text}\n[permissions]\nbash = \"allow\"\n[tools.bash]\nsandbox = \"none\"\n"),
+    )
+    .unwrap();
+    let gateway = Gateway::start(dir.path(), &[]);
+    let log = gateway.log_text();
+    assert!(
+        log.contains("sandbox = \"none\"") && log.contains("unconfined"),
+        "no warning at start: {log}"
+    );
+    let mut client = gateway.ws(ALICE).await;
+    let started = client
+        .ok("agent.run", json!({"prompt": "steps=1 tool=bash bash=true"}))
+        .await;
+    let run_id = started["runId"].as_str().unwrap().to_string();
+    let result = client.until(&run_id, "tool.result").await;
+    let content = result["payload"]["content"].as_str().unwrap();
+    assert!(content.contains("sandbox: none (own PID namespace"), "{content}");
+}
