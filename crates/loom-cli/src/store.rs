@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
-use loom::stores::{RedisStore, SqliteStore};
+use loom::stores::{redacted_url, RedisStore, SqliteStore};
 use loom::Store;
 
 /// Where a Redis URL came from: the command line (`--redis` or
@@ -80,31 +80,16 @@ pub(crate) async fn open(
     Ok(Some(Arc::new(store)))
 }
 
-/// Connects to the Redis at `url`, saying which one failed.
+/// Connects to the Redis at `url`, saying which one failed (never with
+/// its password: `redacted_url`).
 pub(crate) async fn open_redis(url: &str) -> Result<RedisStore> {
     RedisStore::connect(url)
         .await
         .map_err(|err| anyhow!("cannot use the Redis at {}: {err}", shown_url(url)))
 }
 
-/// `url` without a password it may carry (`redis://:SECRET@host`).
+/// `url` as the CLI shows it: [`redacted_url`], loom-redis's one function
+/// for every form of Redis URL (docs/cluster.md).
 pub(crate) fn shown_url(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://…@{}", &url[at + 1..]),
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_redis_password_is_not_shown() {
-        assert_eq!(
-            shown_url("redis://:hunter2@10.0.0.1:6379/0"),
-            "redis://…@10.0.0.1:6379/0"
-        );
-        assert_eq!(shown_url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
-    }
+    redacted_url(url)
 }

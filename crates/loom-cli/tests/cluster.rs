@@ -348,3 +348,82 @@ async fn a_gateway_whose_redis_is_down_answers_unavailable_and_recovers() {
     let accepted: Value = accepted.json().await.unwrap();
     ends_done(accepted["runId"].as_str().unwrap().to_string()).await;
 }
+
+/// The password of a Redis URL, in every form it takes (user info, `pass=`
+/// and `password=` of a socket's URL, `rediss`), is never printed: not by
+/// `loom run`, `loom runs`, `loom audit` or `loom worker` when the Redis
+/// cannot be used, nor by a worker's start line and log.
+#[test]
+fn no_command_prints_the_password_of_a_redis_url() {
+    const PASSWORD: &str = "SECRETPW";
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("work");
+    std::fs::create_dir(&workspace).unwrap();
+    std::fs::write(workspace.join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let gone = dir.path().join("gone.sock");
+    let gone = gone.display();
+    let printed = |args: &[&str]| {
+        let out = loom_in(&workspace).args(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let unusable = [
+        format!("redis+unix://{gone}?pass={PASSWORD}"),
+        format!("redis+unix://{gone}?db=1&pass={PASSWORD}"),
+        format!("unix://{gone}?password={PASSWORD}"),
+        format!("redis://:{PASSWORD}@127.0.0.1:1/0"),
+        format!("redis://loom:{PASSWORD}@127.0.0.1:1/0"),
+        format!("rediss://loom:{PASSWORD}@127.0.0.1:1/0"),
+    ];
+    for url in &unusable {
+        for args in [
+            vec!["run", "--redis", url, "--model", "scripted:s.json", "x"],
+            vec!["runs", "list", "--redis", url],
+            vec!["audit", "--redis", url],
+            vec!["worker", "--redis", url, "--model", "scripted:s.json"],
+        ] {
+            let (code, text) = printed(&args);
+            assert_eq!(code, Some(2), "{args:?}: {text}");
+            assert!(text.contains("cannot use the Redis at"), "{args:?}: {text}");
+            assert!(!text.contains(PASSWORD), "{args:?}: {text}");
+        }
+    }
+
+    // A Redis on a socket behind the password: the URL works, and the
+    // worker's start line and log show it without the password.
+    let files = dir.path().join("redis");
+    std::fs::create_dir_all(&files).unwrap();
+    let server = RedisServer::start_with_password(&files, PASSWORD).unwrap_or_else(|err| panic!("{err}"));
+    let url = format!("redis+unix://{}?pass={PASSWORD}", server.socket().display());
+    let (code, text) = printed(&["run", "--redis", &url, "--model", "scripted:s.json", "x"]);
+    assert_eq!((code, text.trim()), (Some(0), "hi"));
+    let (code, text) = printed(&["runs", "list", "--redis", &url]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains(PASSWORD), "{text}");
+    let mut worker = loom_in(&workspace)
+        .args(["worker", "--redis", &url, "--model", "scripted:s.json"])
+        .env("LOOM_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(worker.stderr.take().unwrap());
+    let mut seen = Vec::new();
+    for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+        let started = line.contains("taking runs from");
+        seen.push(line);
+        if started {
+            break;
+        }
+    }
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let log = seen.join("\n");
+    assert!(log.contains("taking runs from redis+unix://"), "{log}");
+    assert!(log.contains("pass=[REDACTED]"), "{log}");
+    assert!(!log.contains(PASSWORD), "{log}");
+}

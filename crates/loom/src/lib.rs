@@ -30,7 +30,7 @@ pub mod models {
 /// Durable storage: SQLite, and Redis with the `redis` feature.
 pub mod stores {
     #[cfg(feature = "redis")]
-    pub use loom_redis::{RedisSnapshots, RedisStore};
+    pub use loom_redis::{redacted_url, RedisSnapshots, RedisStore};
     pub use loom_store::*;
 }
 
