@@ -19,7 +19,10 @@
 //! (the bulk of the copying), then once more while holding the writer's
 //! connection between two of its groups and the readers' between two
 //! reads, which copies only what the last moment added. The writer's next
-//! commit starts the log over.
+//! commit starts the log over. Between two of these the log holds what the
+//! writer committed meanwhile (the gathering and the first copy): how much
+//! that is depends on the machine's speed, so it is no bound to test
+//! against; that the log starts over after each checkpoint is.
 
 use std::path::Path;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -74,15 +77,23 @@ fn run(conn: &Connection, writer: &Mutex<Connection>, reader: &Mutex<Connection>
         // Let the commits of the next moment join this checkpoint.
         std::thread::sleep(GATHER);
         let _ = notices.try_recv();
-        checkpoint(conn);
-        // Always the writer's first: a read never waits for the writer's
-        // connection, so the two cannot wait for each other.
-        let between_groups = writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let between_reads = reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        checkpoint(conn);
-        drop(between_reads);
-        drop(between_groups);
+        copy_the_whole_log(conn, writer, reader);
     }
+}
+
+/// One checkpoint done twice (see the module's doc): once alongside the
+/// writer and the readers, then between two of the writer's groups and two
+/// reads, so the log is all in the database and the writer's next commit
+/// starts it over, however busy the writer and the readers are.
+fn copy_the_whole_log(conn: &Connection, writer: &Mutex<Connection>, reader: &Mutex<Connection>) {
+    checkpoint(conn);
+    // Always the writer's first: a read never waits for the writer's
+    // connection, so the two cannot wait for each other.
+    let between_groups = writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let between_reads = reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    checkpoint(conn);
+    drop(between_reads);
+    drop(between_groups);
 }
 
 fn checkpoint(conn: &Connection) {
@@ -91,5 +102,87 @@ fn checkpoint(conn: &Connection) {
     // what callers hear about.
     if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
         tracing::warn!(error = %err, "the store's checkpoint failed; retrying after the next commit");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    fn open(path: &Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        conn.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        conn
+    }
+
+    fn commit_a_row(writer: &Mutex<Connection>) {
+        let conn = writer.lock().unwrap();
+        conn.execute("INSERT INTO t (v) VALUES (randomblob(1000))", []).unwrap();
+    }
+
+    /// How many times the log has started over: the checkpoint sequence
+    /// number in its header (https://www.sqlite.org/fileformat2.html#walformat).
+    fn times_the_log_started_over(path: &Path) -> u32 {
+        let log = std::fs::read(path.with_extension("db-wal")).unwrap();
+        u32::from_be_bytes(log[12..16].try_into().unwrap())
+    }
+
+    #[test]
+    fn after_a_checkpoint_the_writers_next_commit_starts_the_log_over_though_it_and_a_reader_were_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("loom.db");
+        let writer = Arc::new(Mutex::new(open(&path)));
+        writer.lock().unwrap().execute_batch("CREATE TABLE t (v BLOB)").unwrap();
+        let reader = Arc::new(Mutex::new(open(&path)));
+        let checkpointer = open(&path);
+        for _ in 0..10 {
+            commit_a_row(&writer);
+        }
+        // A read in progress, its snapshot older than the commits that
+        // follow: a checkpoint alongside it cannot copy those.
+        let read = reader.lock().unwrap();
+        read.execute_batch("BEGIN").unwrap();
+        let _: i64 = read.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
+        // A writer always busy: one commit after another until the end.
+        let writing = Arc::new(AtomicBool::new(true));
+        let busy = {
+            let (writer, writing) = (writer.clone(), writing.clone());
+            std::thread::spawn(move || {
+                while writing.load(Ordering::Relaxed) {
+                    commit_a_row(&writer);
+                    // As the group writer does between groups: let a
+                    // thread waiting for the connection have it.
+                    std::thread::yield_now();
+                }
+            })
+        };
+        for _ in 0..10 {
+            commit_a_row(&writer);
+        }
+        let before = times_the_log_started_over(&path);
+        let copying = {
+            let (writer, reader) = (writer.clone(), reader.clone());
+            std::thread::spawn(move || copy_the_whole_log(&checkpointer, &writer, &reader))
+        };
+        // Only so that, on most machines, the checkpoint meets the read in
+        // progress; the outcome must be the same when it does not.
+        std::thread::sleep(Duration::from_millis(100));
+        read.execute_batch("COMMIT").unwrap();
+        drop(read);
+        copying.join().unwrap();
+        commit_a_row(&writer);
+        writing.store(false, Ordering::Relaxed);
+        busy.join().unwrap();
+        assert_eq!(
+            times_the_log_started_over(&path),
+            before + 1,
+            "the log did not start over after the checkpoint"
+        );
     }
 }
