@@ -97,6 +97,9 @@ pub(crate) async fn fork(
     agent_args: &AgentArgs,
     json: bool,
 ) -> Result<ExitCode, Failure> {
+    if let Some(into) = &request.into {
+        refuse_unsafe_into(into)?;
+    }
     let (snapshots, workspace) = run_snapshots(store, &recorded_in, &request.run_id).await?;
     request.files = snapshots.is_some();
     if request.into.is_some() && snapshots.is_none() {
@@ -180,6 +183,100 @@ pub(crate) async fn fork(
         );
     }
     follow(agent.run(fork.run_request(prompt)), json, agent_args).await
+}
+
+/// A fork's copy goes only into a folder named by its real path — no
+/// component of it a symbolic link, which a run could have planted in the
+/// workspace to send the copy wherever it points — and never into the
+/// user's configuration or Loom's state, nor into a folder that holds them
+/// (the copy's files would be read as the user's own agents and
+/// instructions). Checked before anything is made; the restore itself
+/// then opens the folder without following a link (docs/rewind.md).
+fn refuse_unsafe_into(into: &Path) -> Result<(), Failure> {
+    let given = into.display().to_string();
+    let absolute = std::path::absolute(into)
+        .map_err(|err| Failure::Usage(anyhow!("--into {}: {err}", crate::text::shown(&given))))?;
+    let mut at = PathBuf::new();
+    for component in absolute.components() {
+        at.push(component);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(Failure::Usage(anyhow!(
+                    "--into {}: {} is a symbolic link; a fork's copy goes only into a folder named by its real path",
+                    crate::text::shown(&given),
+                    crate::text::shown(&at.display().to_string())
+                )))
+            }
+            Ok(_) => {}
+            // What does not exist yet is made by the fork, as folders.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => break,
+            Err(err) => {
+                return Err(Failure::Runtime(anyhow!(
+                    "--into {}: {}: {err}",
+                    crate::text::shown(&given),
+                    crate::text::shown(&at.display().to_string())
+                )))
+            }
+        }
+    }
+    // No link on the way: the path as written, its `..` taken away, is
+    // where the kernel goes.
+    let real = without_dot_dot(&absolute);
+    let home_config = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".config").join("loom"));
+    let protected = [
+        ("your Loom configuration", crate::config::user_config_dir()),
+        ("your Loom configuration", home_config),
+        ("Loom's state", crate::state::base_dir().ok()),
+    ];
+    for (what, dir) in protected {
+        let Some(dir) = dir else {
+            continue;
+        };
+        let dir = resolved_as_far_as_it_exists(&dir);
+        if real.starts_with(&dir) || dir.starts_with(&real) {
+            return Err(Failure::Usage(anyhow!(
+                "--into {}: {what} is there ({}); a fork's copy never goes into it",
+                crate::text::shown(&given),
+                crate::text::shown(&dir.display().to_string())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` (absolute) with its `.` and `..` components taken away.
+fn without_dot_dot(path: &Path) -> PathBuf {
+    let mut plain = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::ParentDir => {
+                plain.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => plain.push(other),
+        }
+    }
+    plain
+}
+
+/// `path` with the part of it that exists resolved (links followed), the
+/// rest as written.
+fn resolved_as_far_as_it_exists(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = without_dot_dot(&absolute);
+    let mut rest = Vec::new();
+    while std::fs::symlink_metadata(&existing).is_err() {
+        match (existing.file_name().map(|name| name.to_os_string()), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut resolved = std::fs::canonicalize(&existing).unwrap_or(existing);
+    resolved.extend(rest.iter().rev());
+    resolved
 }
 
 /// A fork's copy goes into a new or empty folder (checked before one is

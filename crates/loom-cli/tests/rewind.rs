@@ -16,7 +16,7 @@ use std::process::Stdio;
 
 use common::{json_lines, loom_in};
 use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Every file beneath `root`: its content and mode.
 fn tree(root: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
@@ -617,5 +617,316 @@ fn a_run_recorded_in_redis_is_rewound_from_the_snapshots_kept_there() {
     assert_eq!(tree(&ws), before);
     // Its conversation alone is the store's, rewound from anywhere.
     let out = ran.runs(&["rewind", &ran.run_id, "--step", "0", "--conversation", "--redis", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Where an attacker who reaches the snapshot store writes: the delta of
+/// a step of a run (a shared Redis's record, or the SQLite file's row),
+/// and contents by hash.
+enum Records {
+    Redis(String),
+    Sqlite(std::path::PathBuf),
+}
+
+impl Records {
+    fn redis(url: &str, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-u", url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn sqlite(db: &Path) -> rusqlite::Connection {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+        conn
+    }
+
+    /// The delta of `step` of `run`, as stored.
+    fn delta(&self, run: &str, step: u32) -> Value {
+        match self {
+            Self::Redis(url) => {
+                let record = Self::redis(url, &["HGET", &format!("loom:snap-point:{run}"), &step.to_string()]);
+                serde_json::from_str::<Value>(record.trim()).unwrap()["delta"].clone()
+            }
+            Self::Sqlite(db) => {
+                let text: String = Self::sqlite(db)
+                    .query_row(
+                        "SELECT delta FROM snapshot_points WHERE run_id = ?1 AND step = ?2",
+                        rusqlite::params![run, step],
+                        |row| row.get(0),
+                    )
+                    .unwrap();
+                serde_json::from_str(&text).unwrap()
+            }
+        }
+    }
+
+    fn set_delta(&self, run: &str, step: u32, delta: &Value) {
+        match self {
+            Self::Redis(url) => {
+                let (key, field) = (format!("loom:snap-point:{run}"), step.to_string());
+                let mut record: Value = serde_json::from_str(Self::redis(url, &["HGET", &key, &field]).trim()).unwrap();
+                record["delta"] = delta.clone();
+                Self::redis(url, &["HSET", &key, &field, &record.to_string()]);
+            }
+            Self::Sqlite(db) => {
+                Self::sqlite(db)
+                    .execute(
+                        "UPDATE snapshot_points SET delta = ?3 WHERE run_id = ?1 AND step = ?2",
+                        rusqlite::params![run, step, delta.to_string()],
+                    )
+                    .unwrap();
+            }
+        }
+    }
+
+    fn put_content(&self, hash: &str, content: &[u8]) {
+        match self {
+            Self::Redis(url) => {
+                let text = std::str::from_utf8(content).unwrap();
+                Self::redis(url, &["SET", &format!("loom:snap-content:{hash}"), text]);
+            }
+            Self::Sqlite(db) => {
+                Self::sqlite(db)
+                    .execute(
+                        "INSERT OR REPLACE INTO snapshot_contents (hash, data) VALUES (?1, ?2)",
+                        rusqlite::params![hash, content],
+                    )
+                    .unwrap();
+            }
+        }
+    }
+
+    /// A record of `path` in step 0 of `run`, gone again at step 1 (as if
+    /// the run had removed it): the workspace as Loom last recorded it
+    /// does not hold it, so a rewind to step 0 sees no change made
+    /// outside Loom, and would write it without `--force`.
+    fn plant(&self, run: &str, original: &[Value; 2], path: &str, entry: &Value) {
+        let mut zero = original[0].clone();
+        zero["changed"][path] = entry.clone();
+        self.set_delta(run, 0, &zero);
+        let mut one = original[1].clone();
+        let removed = one["removed"].as_array_mut().unwrap();
+        removed.push(json!(path));
+        self.set_delta(run, 1, &one);
+    }
+
+    fn put_back(&self, run: &str, original: &[Value; 2]) {
+        self.set_delta(run, 0, &original[0]);
+        self.set_delta(run, 1, &original[1]);
+    }
+}
+
+fn sha256(content: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(content)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Records an attacker wrote into the store (docs/security.md, "A crafted
+/// snapshot record"): each one refuses `loom runs rewind RUN --step 0`
+/// (no `--force`), naming it, and the workspace is left byte for byte and
+/// mode for mode as it was — no `.git/hooks` file, no setuid bit. The
+/// record put back as the run's scan wrote it, the rewind goes through.
+fn crafted_records_refuse_the_rewind(ran: &Ran, records: &Records, args: &[&str]) {
+    let ws = ran.ws();
+    std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    let original = [records.delta(&ran.run_id, 0), records.delta(&ran.run_id, 1)];
+    let hook: &[u8] = b"#!/bin/sh\nid > /tmp/loom-crafted-snapshot-pwned\n";
+    let entry = |content: &[u8], mode: u32| json!({"hash": sha256(content), "size": content.len(), "mode": mode});
+    let claimed: &[u8] = b"what the record claims";
+    let cases: Vec<(&str, Value, &[u8], &str)> = vec![
+        (".git/hooks/pre-commit", entry(hook, 0o755), hook, "no snapshot holds"),
+        (
+            "lib/.git/hooks/post-checkout",
+            entry(hook, 0o755),
+            hook,
+            "no snapshot holds",
+        ),
+        ("root-shell", entry(hook, 0o6755), hook, "0o6755"),
+        ("fifo", entry(hook, 0o010_644), hook, "file type"),
+        (".loom/x", entry(hook, 0o644), hook, "no snapshot holds"),
+        ("loom.toml", entry(hook, 0o644), hook, "no snapshot holds"),
+        (
+            "wrong-hash.txt",
+            entry(claimed, 0o644),
+            b"what the record CLAIMS",
+            "does not hash",
+        ),
+        (
+            "wrong-size.txt",
+            json!({"hash": sha256(hook), "size": 7, "mode": 0o644}),
+            hook,
+            "the record says 7",
+        ),
+        (
+            "escape",
+            json!({"hash": sha256(b"/etc"), "size": 4, "mode": 0o777, "link": true}),
+            b"/etc",
+            "leads out",
+        ),
+    ];
+    let before = tree(&ws);
+    for (path, entry, content, why) in cases {
+        records.plant(&ran.run_id, &original, path, &entry);
+        records.put_content(entry["hash"].as_str().unwrap(), content);
+        let out = ran.runs(&[&["rewind", &ran.run_id, "--step", "0"], args].concat());
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{path}: the rewind went through: {said}");
+        assert!(said.contains(path) && said.contains(why), "{path}: {said}");
+        assert_eq!(tree(&ws), before, "{path}: the workspace changed");
+    }
+    assert!(!ws.join(".git/hooks/pre-commit").exists());
+    assert!(
+        tree(&ws).values().all(|(_, mode)| mode & 0o7000 == 0),
+        "no setuid, setgid or sticky bit"
+    );
+
+    // `/undo` in `loom chat` is refused the same way.
+    records.plant(&ran.run_id, &original, ".git/hooks/pre-commit", &entry(hook, 0o755));
+    records.put_content(&sha256(hook), hook);
+    let mut chat = ran
+        .loom()
+        .args(["chat", "--yes", "--model", "openai:test", "--base-url"])
+        .arg(ran.server.url())
+        .args(args)
+        .args(["--session", &ran.session_id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    chat.stdin.take().unwrap().write_all(b"/undo\n/exit\n").unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(".git/hooks/pre-commit") && said.contains("refused"),
+        "{said}"
+    );
+    assert_eq!(tree(&ws), before, "/undo changed the workspace");
+
+    records.put_back(&ran.run_id, &original);
+    let out = ran.runs(&[&["rewind", &ran.run_id, "--step", "0", "--files"], args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut step_zero = after_step_one();
+    step_zero.remove("a.txt");
+    step_zero.insert(".git/config".to_string(), before[".git/config"].clone());
+    assert_eq!(tree(&ws), step_zero);
+}
+
+/// A run recorded with its snapshots in the cluster's Redis; then whoever
+/// reaches that Redis writes snapshot records.
+#[test]
+fn crafted_snapshot_records_in_redis_refuse_the_rewind_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("redis-files")).unwrap();
+    let redis = loom_testkit::redis_server::RedisServer::start(&dir.path().join("redis-files"))
+        .unwrap_or_else(|err| panic!("{err}"));
+    let url = redis.url(0);
+    let ran = three_steps_in(dir, &["--redis", &url]);
+    crafted_records_refuse_the_rewind(&ran, &Records::Redis(url.clone()), &["--redis", &url]);
+}
+
+/// The same, written into the SQLite file the snapshots are kept in.
+#[test]
+fn crafted_snapshot_records_in_sqlite_refuse_the_rewind_and_write_nothing() {
+    let ran = three_steps();
+    let db = common::database_of(&ran.ws()).with_file_name("loom-snapshots.db");
+    crafted_records_refuse_the_rewind(&ran, &Records::Sqlite(db), &[]);
+}
+
+/// `.git/` is in no snapshot: a step that changed `.git/config` is
+/// rewound, and `.git/` stays as the step left it.
+#[test]
+fn a_rewind_leaves_git_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join(".git/hooks")).unwrap();
+    std::fs::write(ws.join(".git/config"), "[core]\n").unwrap();
+    let server = FakeServer::start(vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "call_1",
+            "bash",
+            r#"{"command": "printf '[user]\\n' >> .git/config && echo y > b.txt"}"#,
+        )])),
+        Reply::Sse(openai_text("Changed.", 8)),
+    ]);
+    let out = loom_in(&ws)
+        .env("OPENAI_API_KEY", "sk-test")
+        .args(["run", "--json", "--yes", "--model", "openai:test", "--base-url"])
+        .arg(server.url())
+        .arg("change git's config")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let events = json_lines(&out.stdout);
+    for recorded in events.iter().filter(|e| e["type"] == "snapshot.recorded") {
+        assert!(!recorded.to_string().contains(".git/"), "{recorded}");
+    }
+    let run_id = events[0]["runId"].as_str().unwrap().to_string();
+    let git_before = tree(&ws.join(".git"));
+    assert_eq!(git_before["config"].0, b"[core]\n[user]\n");
+    let out = loom_in(&ws)
+        .args(["runs", "rewind", &run_id, "--step", "0", "--files"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!ws.join("b.txt").exists());
+    assert_eq!(tree(&ws.join(".git")), git_before, ".git/ untouched");
+}
+
+/// `--into` through a link the model planted in the workspace, to the
+/// user's configuration folder, is refused and writes nothing there; so is
+/// `--into` the configuration or Loom's state directly.
+#[test]
+fn a_fork_into_a_planted_link_or_the_users_configuration_or_state_is_refused() {
+    let ran = three_steps();
+    let ws = ran.ws();
+    let home = ran.dir.path().join("home");
+    let xdg = ran.dir.path().join("xdg");
+    let config = xdg.join("loom");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::create_dir_all(home.join(".config/loom")).unwrap();
+    std::os::unix::fs::symlink(&config, ws.join("planted")).unwrap();
+    std::os::unix::fs::symlink(home.join(".config"), ws.join("planted-home")).unwrap();
+    let state = common::state_base().join("copy");
+    let fork_into = |into: &Path| {
+        ran.loom()
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", &xdg)
+            .args(["runs", "fork", &ran.run_id, "--step", "1", "--into"])
+            .arg(into)
+            .output()
+            .unwrap()
+    };
+    let (link, config_there, state_there) = ("symbolic link", "your Loom configuration", "Loom's state");
+    for (into, why) in [
+        (ws.join("planted"), link),
+        (ws.join("planted/agents"), link),
+        (ws.join("planted-home/loom"), link),
+        (config.clone(), config_there),
+        (config.join("agents"), config_there),
+        (home.join(".config/loom"), config_there),
+        (home.join(".config"), config_there),
+        (state.clone(), state_there),
+        (common::state_base(), state_there),
+    ] {
+        let out = fork_into(&into);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {said}", into.display());
+        assert!(said.contains(why), "{}: {said}", into.display());
+    }
+    assert_eq!(std::fs::read_dir(&config).unwrap().count(), 0, "nothing written there");
+    assert_eq!(std::fs::read_dir(home.join(".config/loom")).unwrap().count(), 0);
+    assert!(!state.exists());
+    // Into a real folder elsewhere, the fork goes through.
+    let out = fork_into(&ran.dir.path().join("copy"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

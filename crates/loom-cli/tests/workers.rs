@@ -1093,6 +1093,71 @@ async fn a_run_a_worker_executed_is_rewound_and_forked_through_the_gateway() {
     assert!(lines.stdout.is_empty(), "{}", String::from_utf8_lossy(&lines.stdout));
 }
 
+/// A snapshot record written into the cluster's Redis by whoever reaches
+/// it (docs/security.md, "A crafted snapshot record"): the worker that
+/// restores the files for a gateway refuses the whole rewind, the answer
+/// names the record, and nothing in the workspace changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_a_crafted_snapshot_record_and_the_answer_names_it() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _model, gateway) = cluster(dir.path());
+    std::fs::write(dir.path().join(".gitignore"), "redis/\n").unwrap();
+    std::fs::create_dir_all(dir.path().join(".git/hooks")).unwrap();
+    let worker = WorkerProcess::start(dir.path(), 2);
+    let why = || worker.log_text();
+    let run = start(&gateway, "steps=1 tool=bash bash=echo+made+>+f1.txt").await;
+    let view = ended(&gateway, &run, Duration::from_secs(60), why).await;
+    assert_eq!(view["status"], "DONE", "{view}\n{}", why());
+
+    // The attacker's record: a hook at step 0, gone at step 1, so the
+    // workspace as last recorded does not hold it and no `force` is needed.
+    let url = server.url(0);
+    let redis = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-u", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let key = format!("loom:snap-point:{run}");
+    let hook = "#!/bin/sh\nid > /tmp/loom-crafted-snapshot-pwned\n";
+    let hash: String = sha2::Sha256::digest(hook).iter().map(|b| format!("{b:02x}")).collect();
+    let mut zero: Value = serde_json::from_str(redis(&["HGET", &key, "0"]).trim()).unwrap();
+    zero["delta"]["changed"][".git/hooks/pre-commit"] = json!({"hash": hash, "size": hook.len(), "mode": 0o755});
+    redis(&["HSET", &key, "0", &zero.to_string()]);
+    let mut one: Value = serde_json::from_str(redis(&["HGET", &key, "1"]).trim()).unwrap();
+    one["delta"]["removed"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!(".git/hooks/pre-commit"));
+    redis(&["HSET", &key, "1", &one.to_string()]);
+    redis(&["SET", &format!("loom:snap-content:{hash}"), hook]);
+
+    let answer = http(ALICE)
+        .post(gateway.url(&format!("/v1/runs/{run}/rewind")))
+        .json(&json!({"step": 0}))
+        .send()
+        .await
+        .unwrap();
+    let status = answer.status();
+    let answer: Value = answer.json().await.unwrap();
+    assert!(!status.is_success(), "{status} {answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(".git/hooks/pre-commit") && message.contains("refused"),
+        "{answer}"
+    );
+    assert!(!dir.path().join(".git/hooks/pre-commit").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("f1.txt")).unwrap(),
+        "made\n",
+        "nothing was restored"
+    );
+}
+
 /// A run a client started inside its trace (`traceparent`), executed by a
 /// worker killed with SIGKILL mid-run and taken over by another, is one
 /// trace beneath the client's span: the trace context is stored with the

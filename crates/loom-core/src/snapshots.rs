@@ -47,6 +47,13 @@ pub enum SnapshotError {
     /// now would be taken for their work.
     #[error("runs are executing in this workspace, or it is being restored: restore its files once they have ended")]
     InUse,
+    /// A record of the snapshot is not one a restore writes (a path under
+    /// `.git/`, a setuid mode, a content that is not what it claims — one
+    /// written into the store by someone else than the workspace's scans,
+    /// docs/rewind.md "Safety"): the whole restore is refused, nothing
+    /// written. The text names the record.
+    #[error("{0}")]
+    Refused(String),
     /// The files could not be scanned, stored or written.
     #[error("{0}")]
     Failed(String),

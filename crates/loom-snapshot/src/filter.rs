@@ -1,7 +1,7 @@
 //! Which files a snapshot holds: `.gitignore` (the walk's), the
-//! configured include/exclude globs, a size limit, never Loom's own files,
-//! and never a file that holds a secret — Loom keeps no copy of what
-//! redaction would hide (docs/rewind.md).
+//! configured include/exclude globs, a size limit, never `.git/` nor
+//! Loom's own files, and never a file that holds a secret — Loom keeps no
+//! copy of what redaction would hide (docs/rewind.md).
 
 use std::collections::HashSet;
 
@@ -108,13 +108,21 @@ impl Filter {
     }
 
     pub(crate) fn admits(&self, path: &str) -> bool {
-        !self.never.contains(path)
+        !self.never_holds(path)
             && !self.exclude.is_match(path)
             && self.include.as_ref().is_none_or(|include| include.is_match(path))
     }
 }
 
 impl Filter {
+    /// Whether `path` is never in a snapshot, whatever the globs say:
+    /// `.git/`, the workspace's `.loom/` and `loom.toml`
+    /// ([`crate::validate`]), and Loom's own files kept in the workspace.
+    /// A restore refuses a record that names one.
+    pub(crate) fn never_holds(&self, path: &str) -> bool {
+        self.never.contains(path) || crate::validate::is_reserved(path)
+    }
+
     /// Why a file of `bytes` bytes is left out before it is read.
     pub(crate) fn too_large(&self, bytes: u64) -> Option<SkipReason> {
         (bytes > self.max_file_bytes).then_some(SkipReason::Size)

@@ -1,17 +1,31 @@
 //! Bringing a workspace back to a snapshot: what would change
 //! ([`Plan`], for a dry run and for the refusal when a file changed
-//! outside Loom), and the change itself — every path opened beneath a
-//! handle of the workspace (no link leads out), each file written to a
-//! temporary name and renamed over the old one, `.loom/` never touched.
+//! outside Loom), and the change itself — every record it writes and its
+//! content judged first ([`crate::validate`]: one that fails refuses the
+//! whole restore, naming it, before anything is written), every path
+//! opened beneath a handle of the workspace (no link leads out, nor to the
+//! workspace itself), each file written to a new temporary name and
+//! renamed over the old one, `.git/`, `.loom/` and `loom.toml` never
+//! touched.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Component, Path};
 
 use cap_fs_ext::DirExt;
-use cap_std::fs::{Dir, Permissions};
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions};
 
 use crate::manifest::{Entry, Manifest};
 use crate::store::{SnapshotStore, StoreError};
+use crate::validate::{self, Refused, Why};
+
+/// Contents kept in memory between their check and their write, up to
+/// this many bytes in all; past it a content is read again as it is
+/// written, and checked again.
+const KEEP_CHECKED_BYTES: usize = 64 * 1024 * 1024;
 
 /// What restoring a snapshot changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,9 +64,14 @@ pub fn changed_outside(plan: &Plan, now: &Manifest, last: &Manifest) -> Vec<Stri
         .collect()
 }
 
-/// A restore that failed part way (the files before `path` are restored).
+/// A restore that was refused, or failed part way (the files before
+/// `path` are restored).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
+    /// A record of the snapshot, or its content, is not one a restore
+    /// writes: nothing was written.
+    #[error(transparent)]
+    Refused(#[from] Refused),
     /// A file could not be written or removed.
     #[error("cannot restore {path}: {source}")]
     File {
@@ -62,27 +81,29 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
-    /// The store lacks a content the snapshot needs, or failed.
-    #[error("cannot restore {path}: {reason}")]
-    Content {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 /// Carries out `plan` in the workspace at `root`, toward `target`, with
-/// contents from `store`. Every path is reached one folder at a time
+/// contents from `store`. Every record written and its content are judged
+/// first ([`crate::validate`]); one that fails refuses the restore before
+/// anything is written. `root` is reached without following a link in any
+/// of its components, and every path beneath it one folder at a time
 /// without following a link (a folder swapped for a link — to outside, or
-/// to `.loom/` — stops the restore of that path with an error), and no
-/// path under the workspace's `.loom/` is written or removed.
+/// to `.loom/` — stops the restore of that path with an error). No path
+/// under `.git/`, the workspace's `.loom/` or its `loom.toml` is written
+/// or removed.
 pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotStore) -> Result<(), RestoreError> {
-    let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority()).map_err(|source| RestoreError::File {
-        path: ".".to_string(),
+    let writes: Vec<(&str, &Entry)> = plan
+        .write
+        .iter()
+        .filter_map(|path| Some((path.as_str(), target.0.get(path)?)))
+        .collect();
+    let checked = check_all(&writes, store)?;
+    let dir = open_without_links(root).map_err(|source| RestoreError::File {
+        path: root.display().to_string(),
         source,
     })?;
     let failed = |path: &str| {
@@ -91,9 +112,10 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
     };
     // Removals first, and the folders they leave empty: a path that is a
     // folder now and a file in the snapshot (or the other way round) is
-    // free before it is written.
+    // free before it is written. They come from the scan of the workspace
+    // as it is; a path no snapshot holds is left alone all the same.
     for path in &plan.remove {
-        if is_loom_state(path) {
+        if validate::is_reserved(path) {
             continue;
         }
         let (folder, name) = match folder_of(&dir, path, false) {
@@ -107,21 +129,81 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
             Err(source) => return Err(failed(path)(source)),
         }
     }
-    for path in &plan.write {
-        if is_loom_state(path) {
-            continue;
-        }
-        let Some(entry) = target.0.get(path) else {
-            continue;
+    for (path, entry) in writes {
+        let content = match checked.get(entry.hash.as_str()) {
+            Some(content) => Cow::Borrowed(content.as_slice()),
+            // Past what is kept in memory: read again, and judged again.
+            None => Cow::Owned(checked_content(store, path, entry)?),
         };
-        let content = store.content(&entry.hash)?.ok_or_else(|| RestoreError::Content {
-            path: path.clone(),
-            reason: "its content is not in the snapshot store".to_string(),
-        })?;
         let (folder, name) = folder_of(&dir, path, true).map_err(failed(path))?;
         write(&folder, &name, entry, &content).map_err(failed(path))?;
     }
     Ok(())
+}
+
+/// Judges every record of `writes` and its content, before anything is
+/// written; the contents checked, by hash, as far as they fit in
+/// [`KEEP_CHECKED_BYTES`].
+fn check_all<'a>(
+    writes: &[(&str, &'a Entry)],
+    store: &dyn SnapshotStore,
+) -> Result<HashMap<&'a str, Vec<u8>>, RestoreError> {
+    let mut kept: HashMap<&str, Vec<u8>> = HashMap::new();
+    let mut kept_bytes = 0;
+    for (path, entry) in writes {
+        validate::record(path, entry)?;
+        match kept.get(entry.hash.as_str()) {
+            // Checked for another path: a link's target is judged for this one.
+            Some(content) => validate::content(path, entry, content)?,
+            None => {
+                let content = checked_content(store, path, entry)?;
+                if kept_bytes + content.len() <= KEEP_CHECKED_BYTES {
+                    kept_bytes += content.len();
+                    kept.insert(entry.hash.as_str(), content);
+                }
+            }
+        }
+    }
+    Ok(kept)
+}
+
+/// The content `entry` names, from `store`, judged against the record.
+fn checked_content(store: &dyn SnapshotStore, path: &str, entry: &Entry) -> Result<Vec<u8>, RestoreError> {
+    let content = store.content(&entry.hash)?.ok_or_else(|| Refused {
+        path: path.to_string(),
+        why: Why::Missing,
+    })?;
+    validate::content(path, entry, &content)?;
+    Ok(content)
+}
+
+/// The folder at `root`, opened one component at a time without following
+/// a link in any of them (a fork's `--into` reached through a link a run
+/// planted would lead wherever the link does).
+fn open_without_links(root: &Path) -> std::io::Result<Dir> {
+    use rustix::fs::{openat, Mode, OFlags, CWD};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let start = if root.is_absolute() { "/" } else { "." };
+    let mut at = openat(CWD, start, flags, Mode::empty())?;
+    for component in root.components() {
+        let name: &OsStr = match component {
+            Component::RootDir | Component::CurDir => continue,
+            Component::ParentDir => OsStr::new(".."),
+            Component::Normal(name) => name,
+            Component::Prefix(_) => return Err(std::io::ErrorKind::InvalidInput.into()),
+        };
+        at = openat(&at, name, flags, Mode::empty()).map_err(|errno| {
+            if errno == rustix::io::Errno::LOOP || errno == rustix::io::Errno::NOTDIR {
+                std::io::Error::other(format!(
+                    "{} is reached through a symbolic link, or is not a folder: a restore goes only into a folder named by its real path",
+                    root.display()
+                ))
+            } else {
+                errno.into()
+            }
+        })?;
+    }
+    Ok(Dir::from_std_file(std::fs::File::from(at)))
 }
 
 /// The folder holding `path` (opened one component at a time, never
@@ -166,31 +248,34 @@ fn prune_empty_parents(root: &Dir, path: &str) {
     }
 }
 
-fn is_loom_state(path: &str) -> bool {
-    path == ".loom" || path.starts_with(".loom/")
-}
-
 /// One file, atomically: written beside itself under a temporary name,
-/// then renamed over it (the temporary file removed if that fails).
+/// then renamed over it (the temporary file removed if that fails). A
+/// regular file is made new (never opened through a link planted at the
+/// temporary name), owner-only until its content is in, then given the
+/// record's permission bits — never more.
 fn write(folder: &Dir, name: &str, entry: &Entry, content: &[u8]) -> std::io::Result<()> {
     let temporary = format!(".{name}.loom-restore-{}", std::process::id());
     let _ = folder.remove_file(&temporary);
     let written = if entry.link {
-        let original = String::from_utf8_lossy(content).into_owned();
-        folder.symlink_contents(original, &temporary)
+        folder.symlink_contents(Path::new(OsStr::from_bytes(content)), &temporary)
     } else {
-        folder.write(&temporary, content).and_then(|()| {
-            folder.set_permissions(
-                &temporary,
-                Permissions::from_std(std::fs::Permissions::from_mode(entry.mode)),
-            )
-        })
+        write_new(folder, &temporary, content, entry.mode & validate::PERMISSION_BITS)
     };
     let renamed = written.and_then(|()| folder.rename(&temporary, folder, name));
     if renamed.is_err() {
         let _ = folder.remove_file(&temporary);
     }
     renamed
+}
+
+/// A new regular file `name` in `folder` holding `content`, with `mode`.
+fn write_new(folder: &Dir, name: &str, content: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true).mode(0o600);
+    let mut file = folder.open_with(name, &options)?;
+    file.write_all(content)?;
+    file.set_permissions(Permissions::from_std(std::fs::Permissions::from_mode(mode)))
 }
 
 #[cfg(test)]
@@ -320,5 +405,164 @@ mod tests {
         loom.sort();
         assert_eq!(loom, ["keep"], "nothing written or removed in .loom/");
         assert_eq!(std::fs::read_to_string(ws.join(".loom/keep")).unwrap(), "project");
+    }
+
+    fn entry_of(content: &[u8], mode: u32, link: bool) -> Entry {
+        use sha2::Digest;
+        Entry {
+            hash: crate::scan::hex(&sha2::Sha256::digest(content)),
+            size: content.len() as u64,
+            mode,
+            link,
+        }
+    }
+
+    /// Records written into the store by someone else than this
+    /// workspace's scans (whoever reaches a shared Redis): each bad one
+    /// refuses the whole restore, naming it, and nothing is written — not
+    /// even the good record that sorts before it.
+    #[test]
+    fn a_crafted_record_refuses_the_whole_restore_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("a.txt"), "as it is").unwrap();
+        let hook = b"#!/bin/sh\nid > /tmp/pwned\n".to_vec();
+        let wrong_size = Entry {
+            size: 3,
+            ..entry_of(&hook, 0o644, false)
+        };
+        let other = entry_of(b"what the record claims", 0o644, false);
+        let cases: Vec<(&str, Entry, Vec<u8>, &str)> = vec![
+            (
+                ".git/hooks/pre-commit",
+                entry_of(&hook, 0o755, false),
+                hook.clone(),
+                "no snapshot holds",
+            ),
+            (
+                "vendor/.git/hooks/pre-commit",
+                entry_of(&hook, 0o755, false),
+                hook.clone(),
+                "no snapshot holds",
+            ),
+            (
+                ".loom/x",
+                entry_of(&hook, 0o644, false),
+                hook.clone(),
+                "no snapshot holds",
+            ),
+            (
+                "loom.toml",
+                entry_of(&hook, 0o644, false),
+                hook.clone(),
+                "no snapshot holds",
+            ),
+            ("zz-root-shell", entry_of(&hook, 0o6755, false), hook.clone(), "0o6755"),
+            ("zz-fifo", entry_of(&hook, 0o010_644, false), hook.clone(), "file type"),
+            ("zz-size", wrong_size, hook.clone(), "the record says 3"),
+            (
+                "zz-hash",
+                other.clone(),
+                b"what the record CLAIMS".to_vec(),
+                "does not hash",
+            ),
+            ("zz-link", entry_of(b"/etc", 0o777, true), b"/etc".to_vec(), "leads out"),
+            (
+                "../zz-out",
+                entry_of(&hook, 0o644, false),
+                hook.clone(),
+                "plain relative path",
+            ),
+        ];
+        for (path, entry, content, said) in cases {
+            let mut store = SqliteSnapshots::open(&dir.path().join(format!("{}.db", path.replace('/', "_")))).unwrap();
+            let good = entry_of(b"from the snapshot", 0o644, false);
+            let delta = crate::manifest::Delta {
+                changed: [("a.txt".to_string(), good.clone()), (path.to_string(), entry.clone())].into(),
+                removed: Default::default(),
+            };
+            let contents = vec![
+                (good.hash.clone(), b"from the snapshot".to_vec()),
+                (entry.hash.clone(), content),
+            ];
+            store
+                .record(&crate::store::NewPoint {
+                    run: "r",
+                    step: 0,
+                    base: None,
+                    delta: &delta,
+                    contents: &contents,
+                    left_out: &[],
+                    head_of: None,
+                    fence: None,
+                })
+                .unwrap();
+            let target = store.manifest_at("r", 0).unwrap().unwrap();
+            let plan = Plan {
+                write: target.0.keys().cloned().collect(),
+                remove: Vec::new(),
+            };
+            let refused = apply(&ws, &plan, &target, &store).unwrap_err();
+            let told = refused.to_string();
+            assert!(
+                matches!(&refused, RestoreError::Refused(r) if r.path == path),
+                "{path}: {told}"
+            );
+            assert!(told.contains(said), "{path}: {told}");
+            assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "as it is", "{path}");
+            let names: Vec<_> = std::fs::read_dir(&ws)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, ["a.txt"], "{path}: nothing else written");
+        }
+        // A content the store lacks.
+        let store = SqliteSnapshots::open(&dir.path().join("missing.db")).unwrap();
+        let target = Manifest([("b.txt".to_string(), other)].into());
+        let plan = Plan::between(&Manifest::default(), &target);
+        let refused = apply(&ws, &plan, &target, &store).unwrap_err();
+        assert!(refused.to_string().contains("not in the snapshot store"), "{refused}");
+    }
+
+    /// A setuid, setgid or sticky file in the workspace is recorded with
+    /// its permission bits only, and restored without them.
+    #[test]
+    fn a_restore_gives_a_file_its_permission_bits_and_never_setuid_setgid_or_sticky() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("tool"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(ws.join("tool"), std::fs::Permissions::from_mode(0o7755)).unwrap();
+        let (store, mut scanner) = first_snapshot(dir.path(), &ws);
+        let target = store.manifest_at("r", 0).unwrap().unwrap();
+        assert_eq!(target.0["tool"].mode, 0o755);
+        std::fs::remove_file(ws.join("tool")).unwrap();
+        scanner.scan().unwrap();
+        let plan = Plan::between(&scanner.manifest(), &target);
+        apply(&ws, &plan, &target, &store).unwrap();
+        let mode = std::fs::metadata(ws.join("tool")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755, "{mode:o}");
+    }
+
+    /// A restore into a folder reached through a link (one a run planted,
+    /// to the user's configuration) is refused: nothing is written there.
+    #[test]
+    fn a_restore_into_a_folder_reached_through_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("AGENTS.md"), "the model's").unwrap();
+        let (store, _) = first_snapshot(dir.path(), &ws);
+        let target = store.manifest_at("r", 0).unwrap().unwrap();
+        let config = dir.path().join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::os::unix::fs::symlink(&config, ws.join("planted")).unwrap();
+        let plan = Plan::between(&Manifest::default(), &target);
+        for into in [ws.join("planted"), ws.join("planted/loom")] {
+            let refused = apply(&into, &plan, &target, &store).unwrap_err();
+            assert!(refused.to_string().contains("symbolic link"), "{refused}");
+        }
+        assert_eq!(std::fs::read_dir(&config).unwrap().count(), 0);
     }
 }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::filter::Filter;
 use crate::manifest::{Delta, Entry, Manifest};
+use crate::validate;
 use crate::walk::{walk, Scope};
 use crate::watch::{Changes, Watch};
 
@@ -228,8 +229,10 @@ impl Scanner {
                 }
             }
             let content = if link {
-                // The target as written (an absolute one too): a link is
-                // kept as a link, never followed.
+                // The target as written (an absolute one too, so that a
+                // rewind removes a link a step made; a restore never makes
+                // one that leads out, docs/rewind.md): a link is kept as a
+                // link, never followed.
                 beneath
                     .read_link_contents(path)
                     .map(|target| target.into_os_string().into_encoded_bytes())
@@ -262,7 +265,9 @@ impl Scanner {
             let entry = Entry {
                 hash: hex(&Sha256::digest(&content)),
                 size: content.len() as u64,
-                mode: meta.mode() & 0o7777,
+                // Permission bits only: a restore never makes a file setuid,
+                // setgid or sticky.
+                mode: meta.mode() & validate::PERMISSION_BITS,
                 link,
             };
             let known = Known {
@@ -522,6 +527,35 @@ mod tests {
         .unwrap();
         keeping.scan().unwrap();
         assert_eq!(keeping.manifest().0.len(), 2);
+    }
+
+    /// `.git/` at any depth, the workspace's own `.loom/` and `loom.toml`
+    /// are never held; a project's own below are.
+    #[test]
+    fn git_and_the_workspaces_loom_files_are_never_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for folder in [".git/hooks", "vendor/.git", "sub/.loom", ".loom"] {
+            std::fs::create_dir_all(root.join(folder)).unwrap();
+        }
+        for file in [
+            ".git/config",
+            "vendor/.git/HEAD",
+            ".loom/x",
+            "loom.toml",
+            "sub/.loom/x",
+            "sub/loom.toml",
+            "a",
+        ] {
+            std::fs::write(root.join(file), "x").unwrap();
+        }
+        std::fs::write(root.join(".GIT"), "x").unwrap();
+        let mut scanner = Scanner::new(root, Filter::default());
+        scanner.scan().unwrap();
+        assert_eq!(
+            scanner.manifest().0.keys().collect::<Vec<_>>(),
+            ["a", "sub/.loom/x", "sub/loom.toml"]
+        );
     }
 
     /// A folder swapped for a link to outside while scans run: nothing

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use cap_std::fs::{Dir, Metadata};
 
+use crate::validate::reserved_name;
 use crate::watch::Watch;
 
 /// What a scan looks at.
@@ -86,7 +87,9 @@ impl Scope {
 }
 
 /// Every file and link in `scope` that `.gitignore` does not leave out,
-/// with its `lstat`: never `.git/` (anywhere) or `root`'s own `.loom/`.
+/// with its `lstat`: never `.git/` (anywhere), `root`'s own `.loom/` and
+/// `loom.toml` ([`reserved_name`]), nor a name that is not UTF-8 (no path
+/// of a snapshot could name it).
 /// Each folder entered that `watch` does not know yet is watched before it
 /// is read. The walk runs on two threads: stat-ing files is most of a
 /// scan's cost.
@@ -117,7 +120,7 @@ pub(crate) fn walk(
         .filter_entry(move |entry| {
             let (scope, watch, relative, root) = (&entered, &watching, &at, &owned_root);
             let name = entry.file_name();
-            if name == ".git" || (name == ".loom" && entry.depth() == 1) {
+            if entry.depth() > 0 && name.to_str().is_none_or(|name| reserved_name(name, entry.depth())) {
                 return false;
             }
             if !entry.file_type().is_some_and(|kind| kind.is_dir()) || entry.depth() == 0 {

@@ -16,7 +16,7 @@ use loom_core::{async_trait, RestorePlan, SkippedFile, SnapshotError, StepFiles,
 
 use crate::filter::Filter;
 use crate::manifest::{Delta, Manifest};
-use crate::restore::{apply, changed_outside, Plan};
+use crate::restore::{apply, changed_outside, Plan, RestoreError};
 use crate::scan::Scanner;
 use crate::store::{NewPoint, Point, SnapshotStore, SqliteSnapshots};
 use sha2::Digest;
@@ -71,6 +71,10 @@ impl std::fmt::Debug for Snapshots {
 
 fn failed(err: impl std::fmt::Display) -> SnapshotError {
     SnapshotError::Failed(err.to_string())
+}
+
+fn refused(record: crate::validate::Refused) -> SnapshotError {
+    SnapshotError::Refused(record.to_string())
 }
 
 /// A SQLite file's companions: what Loom's protected paths must hold.
@@ -431,6 +435,10 @@ impl Snapshots {
         into: Option<&Path>,
     ) -> Result<(RestorePlan, Plan, Manifest), SnapshotError> {
         let target = Self::target(inner.store.as_ref(), run, step)?;
+        // A record this workspace's scans could not have written (one that
+        // whoever reaches a shared store wrote) refuses the whole restore
+        // before anything is read or written (docs/rewind.md, "Safety").
+        crate::validate::manifest(&target, &self.filter).map_err(refused)?;
         let recorded_in = inner.store.recorded_in(&(run.to_string(), step)).map_err(failed)?;
         if let Some(workspace) = recorded_in.filter(|workspace| into.is_none() && *workspace != self.key) {
             // Another folder's files, restored here, would remove this one's.
@@ -489,7 +497,9 @@ impl Snapshots {
                 && target.0.get(path).is_some_and(|entry| {
                     !entry.link
                         && entry.size == meta.len()
-                        && entry.mode == std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777
+                        && entry.mode
+                            == std::os::unix::fs::PermissionsExt::mode(&meta.permissions())
+                                & crate::validate::PERMISSION_BITS
                         && std::fs::read(root.join(path))
                             .is_ok_and(|content| crate::scan::hex(&sha2::Sha256::digest(&content)) == entry.hash)
                 });
@@ -725,7 +735,10 @@ impl WorkspaceSnapshots for Snapshots {
                 });
             }
             let root = into.as_deref().unwrap_or(&this.root);
-            let applied = apply(root, &plan, &target, inner.store.as_ref()).map_err(failed);
+            let applied = apply(root, &plan, &target, inner.store.as_ref()).map_err(|err| match err {
+                RestoreError::Refused(record) => refused(record),
+                other => failed(other),
+            });
             if into.is_none() {
                 // The workspace is that point now (or partly, after a
                 // failure: the scanner finds out by the files' stat).
