@@ -9,7 +9,7 @@ use loom::{AuditEntry, AuditQuery, Store};
 
 use crate::cli::AuditArgs;
 use crate::run::Failure;
-use crate::text::shown;
+use crate::text::{shown, shown_json};
 
 pub(crate) async fn audit(args: AuditArgs) -> Result<ExitCode, Failure> {
     crate::runs::restore_sigpipe();
@@ -36,7 +36,8 @@ pub(crate) async fn audit(args: AuditArgs) -> Result<ExitCode, Failure> {
     let mut out = String::new();
     for entry in &entries {
         if args.json {
-            out.push_str(&serde_json::to_string(entry).map_err(|err| Failure::Runtime(err.into()))?);
+            let json = serde_json::to_string(entry).map_err(|err| Failure::Runtime(err.into()))?;
+            out.push_str(&shown_json(&json));
         } else {
             out.push_str(&line(entry));
         }
@@ -60,9 +61,10 @@ fn since_ms(when: &str, now: SystemTime) -> anyhow::Result<u64> {
 }
 
 /// One record as a line: time, action, outcome, token, address, target,
-/// and the detail as JSON. A client chose the target (a run id, a path):
-/// its control and direction characters are shown escaped, so no record
-/// can print a line that looks like another record.
+/// and the detail as JSON. A client chose the target (a run id, a path)
+/// and values of the detail (a model, a session id): in every field,
+/// control and direction characters are shown escaped, so no record can
+/// print a line that looks like another record or reorder its own.
 fn line(entry: &AuditEntry) -> String {
     let time = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(entry.time_ms));
     let mut line = format!(
@@ -76,7 +78,7 @@ fn line(entry: &AuditEntry) -> String {
         line.push_str(&format!(" target={}", shown(target)));
     }
     if !entry.detail.is_null() {
-        line.push_str(&format!(" {}", entry.detail));
+        line.push_str(&format!(" {}", shown(&entry.detail.to_string())));
     }
     line
 }
@@ -103,6 +105,28 @@ mod tests {
             "{printed}"
         );
         assert!(printed.contains("\\u{a}") && printed.contains("\\u{1b}"), "{printed}");
+    }
+
+    #[test]
+    fn a_detail_chosen_by_a_client_is_shown_escaped() {
+        let entry = AuditEntry {
+            time_ms: 0,
+            action: "agent.run".into(),
+            token: Some("vic".into()),
+            address: None,
+            target: None,
+            outcome: "INVALID_PARAMS".into(),
+            detail: serde_json::json!({"model": "gpt\u{202e}\u{9b}2J\u{2066}x", "sessionId": "s\u{61c}"}),
+        };
+        let printed = line(&entry);
+        assert!(
+            !printed.chars().any(|c| "\u{202e}\u{9b}\u{2066}\u{61c}".contains(c)),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("\\u{202e}") && printed.contains("\\u{61c}"),
+            "{printed}"
+        );
     }
 
     #[test]

@@ -438,3 +438,88 @@ async fn a_change_is_recorded_even_when_its_client_hangs_up_before_the_answer() 
     assert_eq!(answer["detail"]["always"], true);
     assert_eq!(answer["target"], run.as_str());
 }
+
+/// What a client chose is kept without any configured token in it, even
+/// one glued to other text (`x:TOKEN`), given in clear or by its digest;
+/// and `loom audit` shows every field with its control and direction
+/// characters escaped, so U+202E cannot reorder a line of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_keeps_no_token_however_glued_and_loom_audit_prints_no_control_or_direction_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = PromptModel::start(PromptModelOptions::default());
+    config(dir.path(), &model.url(), &tokens("viewer"));
+    let db = dir.path().join("gateway.db");
+    let gateway = Gateway::start(dir.path(), &["--db", db.to_str().unwrap()]);
+    let mut alice = gateway.ws(ALICE).await;
+    // Bob's token is configured by its digest and not used yet: found
+    // where punctuation sets it apart. Alice's own, and the others given
+    // in clear, wherever they stand.
+    let refused = alice
+        .call(
+            "agent.run",
+            json!({
+                "prompt": "hello",
+                "model": format!("x:{BOB}\u{202e}gpt"),
+                "sessionId": format!("s{OPS}s\u{9b}31m"),
+            }),
+        )
+        .await;
+    assert_eq!(refused["ok"], false, "{refused}");
+    let refused = alice
+        .call("agent.cancel", json!({"runId": format!("x:{ALICE}\u{2066}{WATCHER}")}))
+        .await;
+    assert_eq!(refused["error"]["code"], "NOT_FOUND", "{refused}");
+    // Bob signs in: his token is now found glued to anything too.
+    let mut bob = gateway.ws(BOB).await;
+    let refused = bob.call("agent.cancel", json!({"runId": format!("q{BOB}q")})).await;
+    assert_eq!(refused["error"]["code"], "NOT_FOUND", "{refused}");
+    let secrets = [ALICE, BOB, OPS, WATCHER];
+
+    // As stored: what was chosen, without the tokens.
+    let stored: Vec<String> = {
+        let db = rusqlite::Connection::open(&db).unwrap();
+        let mut rows = db.prepare("SELECT body FROM audit").unwrap();
+        rows.query_map([], |row| row.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let stored = stored.join("\n");
+    for token in secrets {
+        assert!(!stored.contains(token), "{token} is stored: {stored}");
+    }
+    assert!(stored.contains("x:[a token]\u{202e}gpt"), "{stored}");
+    assert!(stored.contains("s[a token]s"), "{stored}");
+    assert!(stored.contains("x:[a token]\u{2066}[a token]"), "{stored}");
+    assert!(stored.contains("q[a token]q"), "{stored}");
+
+    // As `loom audit` prints it, in lines and in JSON.
+    for json in [false, true] {
+        let mut command = loom_in(dir.path());
+        command.arg("audit");
+        if json {
+            command.arg("--json");
+        }
+        let out = command.arg("--db").arg(&db).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let printed = String::from_utf8(out.stdout).unwrap();
+        for hidden in ['\u{202e}', '\u{2066}', '\u{9b}', '\u{1b}'] {
+            assert!(!printed.contains(hidden), "{hidden:?} printed raw: {printed}");
+        }
+        for token in secrets {
+            assert!(!printed.contains(token), "{token} printed: {printed}");
+        }
+        if json {
+            assert!(printed.contains(r"x:[a token]\u202egpt"), "{printed}");
+            let models: Vec<Value> = printed
+                .lines()
+                .map(|line| serde_json::from_str::<Value>(line).unwrap()["detail"]["model"].clone())
+                .collect();
+            assert!(models.contains(&json!("x:[a token]\u{202e}gpt")), "{models:?}");
+        } else {
+            assert!(printed.contains(r"x:[a token]\u{202e}gpt"), "{printed}");
+            assert!(printed.contains(r"x:[a token]\u{2066}[a token]"), "{printed}");
+            assert!(printed.contains(r"s[a token]s\u{9b}31m"), "{printed}");
+        }
+    }
+}

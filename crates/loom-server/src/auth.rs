@@ -1,6 +1,7 @@
 //! Bearer tokens: kept as SHA-256 digests and compared in constant time,
 //! so neither the file nor the timing of a refusal tells a token.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -11,7 +12,9 @@ use crate::error::{ApiError, Code};
 
 /// What a token may do (`role` in `[[server.tokens]]`, docs/server.md,
 /// "Roles").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Sees and controls every token's runs, and reads the audit trail.
@@ -166,6 +169,11 @@ pub enum TokenError {
 struct Entry {
     principal: Principal,
     digest: [u8; 32],
+    /// The token's length in bytes, 0 until known: at once for a token
+    /// given in clear, at its first use for one given by its digest. The
+    /// audit trail looks for tokens of these lengths in what it keeps
+    /// (`service/audit.rs`); the token's text is never kept.
+    length: Arc<AtomicUsize>,
 }
 
 /// The tokens the gateway accepts.
@@ -229,7 +237,11 @@ impl Tokens {
         if token.len() < 16 {
             return Err(TokenError::TooShort(name.to_string()));
         }
-        self.add(principal, digest(token))
+        self.add(principal, digest(token))?;
+        if let Some(added) = self.entries.last() {
+            added.length.store(token.len(), Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     fn add(&mut self, principal: Principal, digest: [u8; 32]) -> Result<(), TokenError> {
@@ -242,7 +254,11 @@ impl Tokens {
                 twin.principal.name().to_string(),
             ));
         }
-        self.entries.push(Entry { principal, digest });
+        self.entries.push(Entry {
+            principal,
+            digest,
+            length: Arc::new(AtomicUsize::new(0)),
+        });
         Ok(())
     }
 
@@ -270,14 +286,38 @@ impl Tokens {
     /// The principal `presented` belongs to. Every entry is compared, in
     /// constant time on fixed-length digests, whatever matches.
     pub fn check(&self, presented: &str) -> Option<Principal> {
-        let presented = digest(presented.trim());
+        let presented = presented.trim();
+        let presented_len = presented.len();
+        let presented = digest(presented);
         let mut found = None;
         for entry in &self.entries {
             if bool::from(entry.digest.ct_eq(&presented)) {
                 found = Some(entry.principal.clone());
+                entry.length.store(presented_len, Ordering::Relaxed);
             }
         }
         found
+    }
+
+    /// The lengths of the tokens whose length is known (`Entry::length`),
+    /// longest first, each once.
+    pub(crate) fn known_lengths(&self) -> Vec<usize> {
+        let mut lengths: Vec<usize> = self
+            .entries
+            .iter()
+            .map(|entry| entry.length.load(Ordering::Relaxed))
+            .filter(|length| *length > 0)
+            .collect();
+        lengths.sort_unstable_by(|a, b| b.cmp(a));
+        lengths.dedup();
+        lengths
+    }
+
+    /// Whether `text` is one of the tokens, exactly (not for signing in:
+    /// not in constant time).
+    pub(crate) fn is_token(&self, text: &[u8]) -> bool {
+        let candidate: [u8; 32] = Sha256::digest(text).into();
+        self.entries.iter().any(|entry| entry.digest == candidate)
     }
 }
 

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use loom_core::{AuditEntry, AuditQuery};
 
 use super::*;
-use crate::auth::Role;
+use crate::auth::{Role, Tokens};
 
 /// Records kept in memory without a store.
 const KEPT_IN_MEMORY: usize = 10_000;
@@ -69,6 +69,105 @@ impl Audited {
     }
 }
 
+/// What a configured token is replaced with in a record.
+const A_TOKEN: &str = "[a token]";
+
+/// `text` with each part that is a configured token replaced: a whole part
+/// between `/ ? & = ,` and blanks, or a piece of one between characters no
+/// common token holds (`x:TOKEN`). This finds a token given by its digest
+/// that no client has used yet, whose length is not known. Parts past
+/// what the record keeps are left out, unread: each part is whole, so no
+/// piece of a token is kept at the cut.
+fn whole_parts_kept(tokens: &Tokens, text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(FIELD_CHARS * 4 + 4));
+    let mut part = String::new();
+    for c in text.chars() {
+        if matches!(c, '/' | '?' | '&' | '=' | ',') || c.is_whitespace() {
+            part_kept(tokens, &part, &mut out);
+            part.clear();
+            out.push(c);
+            // More bytes than four per character kept: more characters
+            // than the record keeps.
+            if out.len() > FIELD_CHARS * 4 {
+                return out;
+            }
+        } else {
+            part.push(c);
+        }
+    }
+    part_kept(tokens, &part, &mut out);
+    out
+}
+
+/// `part` onto `out`, replaced if it is a token, else each of its pieces
+/// that is (pieces: runs of letters, digits and `-_.~+`).
+fn part_kept(tokens: &Tokens, part: &str, out: &mut String) {
+    let is_token = |text: &str| text.len() >= 16 && tokens.is_token(text.as_bytes());
+    if is_token(part) {
+        out.push_str(A_TOKEN);
+        return;
+    }
+    let mut piece_start = 0;
+    for (at, c) in part.char_indices() {
+        if !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '~' | '+')) {
+            let piece = &part[piece_start..at];
+            out.push_str(if is_token(piece) { A_TOKEN } else { piece });
+            out.push(c);
+            piece_start = at + c.len_utf8();
+        }
+    }
+    let piece = &part[piece_start..];
+    out.push_str(if piece_start > 0 && is_token(piece) {
+        A_TOKEN
+    } else {
+        piece
+    });
+}
+
+/// `text` cut to [`FIELD_CHARS`], each token of a known length in what is
+/// kept replaced wherever it stands, glued to other text or not
+/// (`x:TOKEN`): at each place, the text as long as each known length is
+/// compared with the tokens. A token that starts before the cut is
+/// replaced whole, so no part of one is kept.
+fn cut_without_tokens(tokens: &Tokens, text: &str) -> String {
+    let lengths = tokens.known_lengths();
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len().min(FIELD_CHARS * 4 + 3));
+    let (mut at, mut kept_chars) = (0, 0);
+    while at < bytes.len() && kept_chars <= FIELD_CHARS {
+        // Tokens are visible ASCII only: a token starts at such a byte (a
+        // character's boundary) and holds no other.
+        let token = lengths.iter().copied().find(|&length| {
+            bytes
+                .get(at..at + length)
+                .is_some_and(|candidate| candidate.iter().all(u8::is_ascii_graphic) && tokens.is_token(candidate))
+        });
+        match token {
+            Some(length) => {
+                out.push_str(A_TOKEN);
+                kept_chars += A_TOKEN.len();
+                at += length;
+            }
+            None => {
+                let Some(c) = text[at..].chars().next() else { break };
+                out.push(c);
+                kept_chars += 1;
+                at += c.len_utf8();
+            }
+        }
+    }
+    cut(out)
+}
+
+/// `text` cut to [`FIELD_CHARS`] characters, `…` marking the cut.
+fn cut(text: String) -> String {
+    if text.chars().count() > FIELD_CHARS {
+        text.chars().take(FIELD_CHARS).chain(['…']).collect()
+    } else {
+        text
+    }
+}
+
 /// The name of `code` as the protocol writes it (`FORBIDDEN`, …).
 fn code_name(code: Code) -> String {
     serde_json::to_value(code)
@@ -78,34 +177,14 @@ fn code_name(code: Code) -> String {
 }
 
 impl Service {
-    /// `text` as a record keeps it: a configured token in it (a whole part
-    /// between `/ ? & = ,` and blanks) replaced by `[a token]`, then cut to
-    /// [`FIELD_CHARS`].
+    /// `text` as a record keeps it: every configured token in it replaced
+    /// by `[a token]`, then cut to [`FIELD_CHARS`].
     fn kept(&self, text: &str) -> String {
         let tokens = &self.inner.config.tokens;
-        let mut out = String::with_capacity(text.len().min(FIELD_CHARS + 3));
-        let mut part = String::new();
-        let flush = |part: &mut String, out: &mut String| {
-            if !tokens.is_empty() && part.len() >= 16 && tokens.check(part).is_some() {
-                out.push_str("[a token]");
-            } else {
-                out.push_str(part);
-            }
-            part.clear();
-        };
-        for c in text.chars() {
-            if matches!(c, '/' | '?' | '&' | '=' | ',') || c.is_whitespace() {
-                flush(&mut part, &mut out);
-                out.push(c);
-            } else {
-                part.push(c);
-            }
+        if tokens.is_empty() {
+            return cut(text.to_string());
         }
-        flush(&mut part, &mut out);
-        if out.chars().count() > FIELD_CHARS {
-            out = out.chars().take(FIELD_CHARS).chain(['…']).collect();
-        }
-        out
+        cut_without_tokens(tokens, &whole_parts_kept(tokens, text))
     }
 
     /// [`Service::kept`] for every text in `detail`.
@@ -213,5 +292,78 @@ impl Service {
                 Ok(query.select(kept.iter()))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::token_sha256;
+    use crate::config::TokenEntry;
+
+    const CLEAR: &str = "clear-token-0123456789";
+    const DIGEST: &str = "digest-token-9876543210";
+
+    fn tokens() -> Tokens {
+        Tokens::from_entries(&[
+            TokenEntry {
+                name: "clear".into(),
+                token: Some(CLEAR.into()),
+                ..TokenEntry::default()
+            },
+            TokenEntry {
+                name: "digest".into(),
+                token_sha256: Some(token_sha256(DIGEST)),
+                ..TokenEntry::default()
+            },
+        ])
+        .unwrap()
+    }
+
+    fn kept(tokens: &Tokens, text: &str) -> String {
+        cut_without_tokens(tokens, &whole_parts_kept(tokens, text))
+    }
+
+    #[test]
+    fn a_token_given_in_clear_is_found_wherever_it_stands() {
+        let tokens = tokens();
+        for (text, expected) in [
+            (format!("x:{CLEAR}"), "x:[a token]".to_string()),
+            (format!("ab{CLEAR}cd{CLEAR}"), "ab[a token]cd[a token]".to_string()),
+            (
+                format!("/v1/runs?token={CLEAR}"),
+                "/v1/runs?token=[a token]".to_string(),
+            ),
+            (
+                format!("\u{202e}{CLEAR}\u{202e}"),
+                "\u{202e}[a token]\u{202e}".to_string(),
+            ),
+        ] {
+            assert_eq!(kept(&tokens, &text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_token_given_by_its_digest_is_found_apart_until_used_then_anywhere() {
+        let tokens = tokens();
+        assert_eq!(kept(&tokens, &format!("x:{DIGEST}")), "x:[a token]");
+        assert_eq!(kept(&tokens, &format!("a {DIGEST} b")), "a [a token] b");
+        // Its length is not known yet: glued to letters it is not found.
+        assert_eq!(kept(&tokens, &format!("x{DIGEST}")), format!("x{DIGEST}"));
+        assert!(tokens.check(DIGEST).is_some());
+        assert_eq!(kept(&tokens, &format!("x{DIGEST}y")), "x[a token]y");
+    }
+
+    #[test]
+    fn no_piece_of_a_token_is_kept_at_the_cut() {
+        let tokens = tokens();
+        let pad = "p".repeat(FIELD_CHARS - 5);
+        let text = format!("{pad}{CLEAR}tail");
+        let kept = kept(&tokens, &text);
+        assert_eq!(kept, format!("{pad}[a to…"));
+        let long = format!("{CLEAR} {}", "z".repeat(10_000));
+        let kept = self::kept(&tokens, &long);
+        assert_eq!(kept.chars().count(), FIELD_CHARS + 1);
+        assert!(kept.starts_with("[a token] zzz") && kept.ends_with('…'), "{kept}");
     }
 }
