@@ -1,7 +1,8 @@
 //! What the tools, and every program Loom starts (`bash`, hooks, stdio MCP
 //! servers), never see or never change (docs/security.md): Loom's state
-//! and the operator's configuration are hidden, wherever they are; the
-//! project's configuration is read-only.
+//! and the operator's configuration are hidden, wherever they are — this
+//! Loom's and every other's of the machine (`places.rs`); the project's
+//! configuration is read-only.
 
 use std::path::{Path, PathBuf};
 
@@ -25,20 +26,17 @@ impl Hidden {
         // never changed.
         hidden.read_only.push(workspace.join("loom.toml"));
         hidden.read_only.push(workspace.join(".loom"));
-        // Loom's state: every workspace's database, session keys, the
-        // trust records. Without a home for it there is nothing to protect.
-        if let Ok(base) = crate::state::base_dir() {
-            let _ = crate::state::private_dir(&base);
-            hidden.protected.push(base);
+        if let (Some(path), config::Origin::Project) = (&loaded.path, loaded.origin) {
+            hidden.read_only.push(path.clone());
         }
-        if let Some(path) = &loaded.path {
-            // The operator's own file (named with --config, or the user's)
-            // may hold tokens: hidden wherever it is. A project's
-            // ./loom.toml is only read-only.
-            if loaded.origin == config::Origin::Project {
-                hidden.read_only.push(path.clone());
-            } else {
-                hidden.protected.push(path.clone());
+        // Loom's state (every workspace's database, session keys, the
+        // trust records) and the operator's file; and every other Loom's
+        // of this machine: its state base may be anywhere, its gateway's
+        // file hold tokens.
+        let own = own_places(loaded);
+        for place in own.into_iter().chain(crate::places::known(workspace)) {
+            if !hidden.protected.contains(&place) {
+                hidden.protected.push(place);
             }
         }
         if let Some(dir) = config::user_config_dir() {
@@ -66,4 +64,22 @@ impl Hidden {
             read_only: self.read_only.clone(),
         }
     }
+}
+
+/// This Loom's places: its state base (made now if missing, so that a
+/// command gets an empty mount there rather than a place to plant trust
+/// records) and the operator's own file (named with --config, or the
+/// user's), which may hold tokens. Recorded for the other Looms of the
+/// machine to hide too (`places.rs`).
+pub(crate) fn own_places(loaded: &LoadedConfig) -> Vec<PathBuf> {
+    let mut own = Vec::new();
+    if let Ok(base) = crate::state::base_dir() {
+        let _ = crate::state::private_dir(&base);
+        own.push(base);
+    }
+    if let (Some(path), config::Origin::Explicit | config::Origin::User) = (&loaded.path, loaded.origin) {
+        own.push(path.clone());
+    }
+    crate::places::register(&own);
+    own
 }

@@ -30,6 +30,7 @@ mod hooks;
 mod lines;
 mod mcp;
 mod permissions;
+mod places;
 mod plan;
 mod project_definitions;
 mod prompt;

@@ -74,6 +74,8 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
         say!("loom: note: {note}");
     }
     crate::run::warn_if_unconfined(&loaded.file);
+    // Hidden from every other Loom's commands from now on.
+    crate::hidden::own_places(&loaded);
     let settings = loaded.file.server.clone().unwrap_or_default();
     let env_token = std::env::var("LOOM_TOKEN").ok();
     let mut config =

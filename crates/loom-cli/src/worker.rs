@@ -34,6 +34,8 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     // As `loom serve`: only the file named on the command line.
     let loaded = config::load_explicit(args.agent.config.as_deref()).map_err(Failure::Usage)?;
     crate::run::warn_if_unconfined(&loaded.file);
+    // Hidden from every other Loom's commands from now on.
+    crate::hidden::own_places(&loaded);
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }

@@ -723,3 +723,124 @@ fn a_project_config_that_sends_the_runs_to_a_redis_waits_for_trust() {
         .unwrap();
     assert_eq!(ran.status.code(), Some(0), "{}", String::from_utf8_lossy(&ran.stderr));
 }
+
+/// Trust covers the text of loom.toml, not the programs it starts: `loom
+/// trust` says so for a hook that runs a file of the project, as for an
+/// MCP server — a model may rewrite that file after the trust.
+#[test]
+fn trust_warns_that_a_hook_running_a_project_file_is_not_covered() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("scripts")).unwrap();
+    std::fs::write(dir.path().join("scripts/check.sh"), "exit 0\n").unwrap();
+    std::fs::create_dir_all(dir.path().join(".loom/hooks")).unwrap();
+    std::fs::write(dir.path().join(".loom/hooks/guard.sh"), "exit 0\n").unwrap();
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        "[[hooks]]\nevent = \"stop\"\ncommand = \"bash scripts/check.sh && echo ok\"\n\
+         [[hooks]]\nevent = \"pre_tool_use\"\ncommand = \"bash .loom/hooks/guard.sh\"\n",
+    )
+    .unwrap();
+    let trusted = loom_in(dir.path())
+        .env("LOOM_STATE_DIR", dir.path().join("state"))
+        .arg("trust")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&trusted.stdout);
+    assert!(trusted.status.success(), "{}", String::from_utf8_lossy(&trusted.stderr));
+    assert!(
+        stdout.contains("note: [[hooks]] at stop runs scripts/check.sh, a file of the project"),
+        "{stdout}"
+    );
+    // .loom/ is read-only to every tool: nothing to warn of.
+    assert!(
+        !stdout
+            .lines()
+            .any(|line| line.starts_with("note:") && line.contains("guard.sh")),
+        "{stdout}"
+    );
+}
+
+/// Another Loom of the machine — a gateway with a state base of its own
+/// (`LOOM_STATE_DIR`) and its `--config` holding a token in clear — is
+/// hidden from a plain `loom run`'s commands too, sandboxed or not.
+#[test]
+fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
+    require_bwrap();
+    let other = tempfile::tempdir().unwrap();
+    let other_state = other.path().join("gateway-state");
+    let other_config = other.path().join("gateway.toml");
+    std::fs::write(
+        &other_config,
+        format!("[[server.tokens]]\nname = \"ops\"\ntoken = \"{CONFIG_TOKEN}\"\n"),
+    )
+    .unwrap();
+    std::fs::write(other.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
+    let mut gateway = loom_in(other.path())
+        .env("LOOM_STATE_DIR", &other_state)
+        .args([
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--model",
+            "scripted:s.json",
+            "--config",
+        ])
+        .arg(&other_config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = gateway.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let started = rx.recv_timeout(Duration::from_secs(30));
+    let key = walk_files(&other_state)
+        .into_iter()
+        .find(|path| path.ends_with("web-session.key"));
+    let probe = format!(
+        "{{ cat {config}; ls -R {state}; echo KEYBYTES=$(cat {key} | wc -c); }} 2>&1 | base64 -w0",
+        config = other_config.display(),
+        state = other_state.display(),
+        key = key.as_deref().unwrap_or(Path::new("/nonexistent")).display()
+    );
+    let mut seen = Vec::new();
+    for config in [SANDBOXED, UNSANDBOXED] {
+        let layout = layout(config);
+        let events = run(&layout, &json!([bash(&probe), {"content": "done"}]));
+        seen.push((config, decoded(&tool_results(&events)[0].1)));
+    }
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+    assert!(started.is_ok(), "the other Loom did not start");
+    assert!(
+        key.is_some(),
+        "the other Loom keeps a session key under {}",
+        other_state.display()
+    );
+    for (config, seen) in seen {
+        assert!(
+            !seen.contains(CONFIG_TOKEN),
+            "{config}: the other gateway's token:\n{seen}"
+        );
+        assert!(
+            seen.contains("KEYBYTES=0"),
+            "{config}: the other Loom's session key:\n{seen}"
+        );
+        assert!(
+            !seen
+                .lines()
+                .any(|line| line.trim() == "web-session.key" || line.trim() == "loom.db"),
+            "{config}: the other Loom's state:\n{seen}"
+        );
+    }
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    snapshot(dir).into_iter().map(|(path, _)| path).collect()
+}

@@ -104,6 +104,15 @@ pub(crate) enum ConnectError {
     Exited(std::process::ExitStatus),
 }
 
+/// How a stdio server's process is started: its `env` beside the
+/// allowlist, its folder, and what it is kept from.
+#[derive(Clone, Copy)]
+pub(crate) struct ProcessSetup<'a> {
+    pub env: &'a std::collections::BTreeMap<String, String>,
+    pub dir: &'a Path,
+    pub isolation: &'a Isolation,
+}
+
 /// How long a server that broke the handshake gets to be seen exiting:
 /// its exit status says more than the broken pipe that revealed it.
 const EXIT_SEEN_WITHIN: Duration = Duration::from_millis(300);
@@ -151,13 +160,12 @@ impl Connection {
     pub(crate) async fn open(
         name: &str,
         endpoint: &Endpoint,
-        env: &std::collections::BTreeMap<String, String>,
-        dir: &Path,
-        isolation: &Isolation,
+        process: ProcessSetup<'_>,
         handler: Handler,
         stderr: StderrTail,
         limit: Duration,
     ) -> Result<Self, ConnectError> {
+        let ProcessSetup { env, dir, isolation } = process;
         match endpoint {
             Endpoint::Stdio { command, args } => {
                 // Its own PID namespace, Loom's state hidden, no privilege

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{Endpoint, McpServerConfig};
-use super::connection::{Connection, Handler, StderrTail};
+use super::connection::{Connection, Handler, ProcessSetup, StderrTail};
 use super::tool::{tool_infos, ToolInfo};
 use crate::shell::Isolation;
 
@@ -300,9 +300,11 @@ impl McpServer {
         let connection = Connection::open(
             &self.name,
             &self.endpoint,
-            &self.config.env,
-            &self.dir,
-            &self.isolation,
+            ProcessSetup {
+                env: &self.config.env,
+                dir: &self.dir,
+                isolation: &self.isolation,
+            },
             handler,
             self.stderr.clone(),
             limit,
