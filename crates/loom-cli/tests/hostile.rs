@@ -662,3 +662,56 @@ fn a_configured_max_connections_is_held_under_the_descriptor_limit() {
         "no word of the cap being lowered: {seen}"
     );
 }
+
+/// A request that repeats a key — the last value a mode every token may
+/// use — is refused with `INVALID_PARAMS` over WebSocket and HTTP, in the
+/// payload, in the frame itself, or deeper in a body; no run is made from
+/// it. Before, the last value was taken and the run started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_repeating_a_key_is_refused_and_makes_no_run() {
+    let (_dir, _model, gateway) = gateway("");
+    let mut client = gateway.ws(ALICE).await;
+    for (id, frame) in [
+        (
+            "payload",
+            r#"{"type":"request","id":"payload","method":"agent.run","payload":{"prompt":"hello answer=hi","mode":"bypass","mode":"default"}}"#,
+        ),
+        (
+            "escaped",
+            r#"{"type":"request","id":"escaped","method":"agent.run","payload":{"prompt":"hello answer=hi","mode":"bypass","mo\u0064e":"default"}}"#,
+        ),
+        (
+            "frame",
+            r#"{"type":"request","id":"frame","method":"agent.cancel","method":"agent.run","payload":{"prompt":"hello answer=hi"}}"#,
+        ),
+    ] {
+        client.send_text(frame.to_string()).await;
+        let answer = client.response(id).await;
+        assert_eq!(
+            (answer["ok"].as_bool(), answer["error"]["code"].as_str()),
+            (Some(false), Some("INVALID_PARAMS")),
+            "{frame}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("duplicate key"), "{message}");
+    }
+    for body in [
+        r#"{"prompt":"hello answer=hi","mode":"bypass","mode":"default"}"#,
+        r#"{"prompt":"hello answer=hi","traceparent":{"a":1,"a":2}}"#,
+    ] {
+        let answer = http(ALICE)
+            .post(gateway.url("/v1/runs"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 400, "{body}");
+        let error: Value = answer.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "INVALID_PARAMS", "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("duplicate key"), "{body}: {message}");
+    }
+    let runs = client.ok("run.list", json!({})).await;
+    assert_eq!(runs["runs"], json!([]), "{runs}");
+}

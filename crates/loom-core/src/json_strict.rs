@@ -1,6 +1,8 @@
-//! Strict JSON for tool arguments: like `serde_json`, but an object with a
-//! repeated key is an error instead of silently keeping the last value —
-//! a model that sends `{"path": "a", "path": "b"}` must be told, not guessed.
+//! Strict JSON for tool arguments and the gateway's requests: like
+//! `serde_json`, but an object with a repeated key is an error instead of
+//! silently keeping the last value — a model that sends `{"path": "a",
+//! "path": "b"}`, or a client that sends `{"mode": "bypass", "mode":
+//! "default"}`, must be told, not guessed.
 
 use std::fmt;
 
@@ -10,6 +12,15 @@ use serde_json::{Map, Number, Value};
 /// Parses `text` as one JSON value, refusing duplicate object keys.
 pub fn parse_strict(text: &str) -> Result<Value, serde_json::Error> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = Strict.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(value)
+}
+
+/// [`parse_strict`] for bytes (an HTTP body): text that is not UTF-8 is
+/// an error, as with `serde_json::from_slice`.
+pub fn parse_strict_slice(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = Strict.deserialize(&mut deserializer)?;
     deserializer.end()?;
     Ok(value)
@@ -107,5 +118,11 @@ mod tests {
         assert!(parse_strict(r#"{"path": "a""#).is_err(), "truncated");
         assert!(parse_strict(r#"{} trailing"#).is_err());
         assert_eq!(parse_strict("{}").unwrap(), json!({}));
+        assert_eq!(
+            parse_strict_slice(text.as_bytes()).unwrap(),
+            parse_strict(text).unwrap()
+        );
+        assert!(parse_strict_slice(br#"[{"a": 1, "a": 1}]"#).is_err());
+        assert!(parse_strict_slice(b"\"\xff\"").is_err(), "not UTF-8");
     }
 }

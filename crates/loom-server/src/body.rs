@@ -1,7 +1,8 @@
 //! Request bodies: a layer that reads each body once within the size limit
 //! and the body timeout (`max_frame_bytes`, `body_timeout_secs`), and the
 //! extractor that parses it strictly (`Content-Type: application/json`, an
-//! object, unknown fields refused by each type). Handlers only name the
+//! object, no key repeated in any object, unknown fields refused by each
+//! type). Handlers only name the
 //! type they take: `JsonBody<StartRun>`.
 
 use std::sync::Arc;
@@ -71,14 +72,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             .await
             .map_err(|err| ApiError::internal("the body could not be read", err))?;
         // Not JSON at all is a parse error whatever it was labelled; JSON
-        // must also say so.
-        let value: serde_json::Value = serde_json::from_slice(if bytes.is_empty() { b"{}" } else { &bytes })
+        // must also say so; a key repeated in any of its objects is
+        // refused, not settled by keeping one value.
+        let (value, repeated_key) = crate::protocol::read_strictly(if bytes.is_empty() { b"{}" } else { &bytes })
             .map_err(|err| ApiError::new(Code::ParseError, format!("not JSON: {err}")))?;
         if !bytes.is_empty() && !is_json(&parts.headers) {
             return Err(ApiError::new(
                 Code::InvalidRequest,
                 "a body must be sent with Content-Type: application/json",
             ));
+        }
+        if let Some(why) = repeated_key {
+            return Err(ApiError::new(Code::InvalidParams, why));
         }
         crate::protocol::object_params(value).map(JsonBody)
     }
@@ -139,6 +144,13 @@ mod tests {
         );
         assert_eq!(
             parse(Some("application/json"), r#"["hi"]"#).await.unwrap_err(),
+            Code::InvalidParams
+        );
+        // A key repeated: refused, not settled by keeping the last.
+        assert_eq!(
+            parse(Some("application/json"), r#"{"message":"hi","message":"ho"}"#)
+                .await
+                .unwrap_err(),
             Code::InvalidParams
         );
         assert_eq!(

@@ -570,15 +570,20 @@ pub struct FrameEnvelope {
     pub method: String,
     /// Its payload.
     pub payload: Value,
+    /// Why the frame is refused with `INVALID_PARAMS` once admitted, when
+    /// one of its objects repeats a key (`{"mode":"bypass","mode":"default"}`):
+    /// `duplicate key "mode" at line 1 column 33`.
+    pub repeated_key: Option<String>,
 }
 
 impl RequestFrame {
     /// Reads the text of a WebSocket frame: `PARSE_ERROR` for text that is
     /// not JSON, `INVALID_REQUEST` for JSON that is not a request frame (a
     /// field it does not have; no `type: request`, `id` or `method`), with
-    /// the id when one could be read.
+    /// the id when one could be read. A key repeated in any object of the
+    /// frame is told in [`FrameEnvelope::repeated_key`].
     pub fn read(text: &str) -> Result<FrameEnvelope, (Option<FrameId>, ApiError)> {
-        let frame: Value = serde_json::from_str(text)
+        let (frame, repeated_key) = read_strictly(text.as_bytes())
             .map_err(|err| (None, ApiError::new(Code::ParseError, format!("not JSON: {err}"))))?;
         let id = frame
             .get("id")
@@ -605,7 +610,23 @@ impl RequestFrame {
             id,
             method: method.to_string(),
             payload: frame.get("payload").cloned().unwrap_or(Value::Null),
+            repeated_key,
         })
+    }
+}
+
+/// JSON text (a frame, a body) read once, refusing no repeated key yet:
+/// the value, and why it is to be refused if one of its objects repeats a
+/// key. Only such text is read a second time (as `serde_json` reads it,
+/// the last value of a key kept), for what the refusal needs (a frame's
+/// id) and to tell it from text that is not JSON at all.
+pub(crate) fn read_strictly(text: &[u8]) -> Result<(Value, Option<String>), serde_json::Error> {
+    match loom_core::json_strict::parse_strict_slice(text) {
+        Ok(value) => Ok((value, None)),
+        Err(strict) => {
+            let value = serde_json::from_slice(text)?;
+            Ok((value, Some(format!("a key may appear once in an object: {strict}"))))
+        }
     }
 }
 
@@ -721,6 +742,25 @@ mod tests {
             assert_eq!(refused.code, Code::InvalidParams, "{why}");
         }
         assert!(Request::parse("run.list", Value::Null).is_ok(), "absent is {{}}");
+    }
+
+    #[test]
+    fn a_frame_repeating_a_key_is_read_with_its_id_and_marked_for_refusal() {
+        let envelope = RequestFrame::read(
+            r#"{"type":"request","id":"r7","method":"agent.run","payload":{"prompt":"hi","mode":"bypass","mode":"default"}}"#,
+        )
+        .unwrap();
+        assert!(
+            matches!(&envelope.id, FrameId::Text(id) if id == "r7"),
+            "{:?}",
+            envelope.id
+        );
+        let why = envelope.repeated_key.unwrap_or_default();
+        assert!(why.contains("duplicate key \"mode\""), "{why}");
+        let clean = RequestFrame::read(r#"{"type":"request","id":1,"method":"run.list"}"#).unwrap();
+        assert_eq!(clean.repeated_key, None);
+        let (_, broken) = RequestFrame::read(r#"{"type":"request","id":1,"id":2"#).unwrap_err();
+        assert_eq!(broken.code, Code::ParseError, "not JSON, repeated key or not");
     }
 
     #[test]

@@ -368,13 +368,22 @@ impl Conn {
             );
             return self.respond(None, Err(error)).await;
         }
-        let FrameEnvelope { id, method, payload } = match RequestFrame::read(text) {
+        let FrameEnvelope {
+            id,
+            method,
+            payload,
+            repeated_key,
+        } = match RequestFrame::read(text) {
             Ok(envelope) => envelope,
             Err((id, error)) => return self.respond(id, Err(error)).await,
         };
         let id = Some(id);
         if let Err(error) = self.app.service.admit_request(&self.caller.principal) {
             return self.respond(id, Err(error)).await;
+        }
+        // Refused as a bad payload is, once it has paid the rate.
+        if let Some(why) = repeated_key {
+            return self.respond(id, Err(ApiError::new(Code::InvalidParams, why))).await;
         }
         let (result, follow) = match self.call(&method, payload).await {
             Ok((answer, follow)) => (Ok(answer), follow),

@@ -269,3 +269,38 @@ async fn past_the_rate_the_layer_answers_rate_limited_with_retry_after() {
     let other = send(&router, empty(Method::GET, "/v1/permissions")).await;
     assert_eq!(other.code(), "RATE_LIMITED");
 }
+
+/// A key repeated in a body, at the top or deeper, is refused whatever
+/// value came last (docs/server.md, "Errors"): no run is made from it.
+#[tokio::test]
+async fn a_key_repeated_in_a_body_is_refused_and_makes_no_run() {
+    let router = router(json!({}));
+    for body in [
+        // The last value would be a mode every token may use.
+        r#"{"prompt": "hi", "mode": "bypass", "mode": "default"}"#,
+        // The same key, escaped the second time.
+        r#"{"prompt": "hi", "mode": "bypass", "mo\u0064e": "default"}"#,
+        r#"{"prompt": "hi", "prompt": "hi"}"#,
+        // Deeper down: refused for the repetition, not for the field.
+        r#"{"prompt": "hi", "x": [{"a": 1, "a": 2}]}"#,
+    ] {
+        let answer = send(&router, json_body(Method::POST, "/v1/runs", body)).await;
+        assert_eq!(
+            (answer.status, answer.code()),
+            (StatusCode::BAD_REQUEST, "INVALID_PARAMS"),
+            "{body}: {}",
+            answer.body
+        );
+        let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("duplicate key"), "{body}: {message}");
+    }
+    let steer = send(
+        &router,
+        json_body(Method::POST, "/v1/runs/r/steer", r#"{"message": "a", "message": "b"}"#),
+    )
+    .await;
+    assert_eq!(steer.code(), "INVALID_PARAMS");
+    let runs = send(&router, empty(Method::GET, "/v1/runs")).await;
+    assert_eq!(runs.status, StatusCode::OK);
+    assert_eq!(runs.body["runs"], json!([]), "{}", runs.body);
+}
