@@ -656,11 +656,14 @@ mod while_another_process_holds_the_database {
     async fn events_a_refused_write_left_are_shown_only_once_stored_and_the_run_stays_resumable() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("loom.db");
-        // Writes give up after 300 ms; the lock is held twice that: the
-        // events after the call are refused (unless their write starts
-        // 300 ms late), the run stops at once (INTERRUPTED), and its end's write, begun
-        // after the refusal, outlasts the lock and holds.
-        let store = Arc::new(SqliteStore::open_with_timeout(&path, Duration::from_millis(300)).unwrap());
+        // Writes give up after 400 ms; the lock is held 600 ms: the events
+        // after the call are refused (their write begins within 200 ms of
+        // the lock), the run stops at once (INTERRUPTED), and its end's
+        // write, begun after the refusal (400 ms or more into the lock),
+        // waits until 800 ms or later: past the lock, by 200 ms at least.
+        // (A lock held twice the timeout left that write a margin of only
+        // the moments between the writes.)
+        let store = Arc::new(SqliteStore::open_with_timeout(&path, Duration::from_millis(400)).unwrap());
         let model = ScriptedModel::new(vec![
             ScriptTurn {
                 tool_calls: vec![ScriptToolCall {

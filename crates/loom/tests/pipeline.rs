@@ -179,7 +179,9 @@ async fn ask_always_is_not_asked_again_in_the_session() {
         .model_arc(model)
         .tool(echo.clone())
         .permissions(PermissionPolicy::new(Decision::Ask))
-        .permission_timeout(Some(Duration::from_millis(200)))
+        // No timeout: an ask waits for its answer however slow the test's
+        // thread (a 200 ms one could run out before the answer came).
+        .permission_timeout(None)
         .build()
         .unwrap();
     let in_session = |session: &str| loom::RunRequest {
@@ -204,8 +206,13 @@ async fn ask_always_is_not_asked_again_in_the_session() {
     assert_eq!(asks(&events), 0);
     assert_eq!(echo.calls.load(Ordering::SeqCst), 3);
 
-    // ...another session does not (its unanswered ask times out into a deny).
-    let (events, _) = agent.run(in_session("s2")).collect().await;
+    // ...another session does not: it is asked again (and denied).
+    let mut handle = agent.run(in_session("s2"));
+    let mut events = Vec::new();
+    let request = next_request(&mut handle, &mut events).await;
+    handle.respond_permission(&request, PermissionDecision::Deny).unwrap();
+    let (rest, _) = handle.collect().await;
+    events.extend(rest);
     assert_eq!(asks(&events), 1);
     assert_eq!(tool_results(&events)[0].1, "denied");
     assert_eq!(echo.calls.load(Ordering::SeqCst), 3);
@@ -223,7 +230,9 @@ async fn ask_deny_and_timeout_become_denied_results() {
         .model_arc(model)
         .tool(echo.clone())
         .permissions(PermissionPolicy::new(Decision::Ask))
-        .permission_timeout(Some(Duration::from_millis(200)))
+        // Long enough that the first ask is answered before it runs out
+        // however slow the test's thread; the second waits it out.
+        .permission_timeout(Some(Duration::from_secs(2)))
         .build()
         .unwrap();
     let mut handle = agent.run("go");
@@ -709,58 +718,61 @@ async fn output_is_redacted_and_truncated_visibly() {
 
 #[tokio::test]
 async fn a_persons_time_does_not_count_against_the_run_or_step_limit() {
-    // Limits of 150 ms a step and 300 ms a run; the person answers after 500 ms.
+    // Limits of 600 ms a step and 1.2 s a run; the person answers after
+    // 1.5 s. (The run's own work takes milliseconds: the limits leave it
+    // half a second at least, so a slow machine does not run them out.)
     let model = scripted(vec![call("echo", json!({"text": "hi"})), answer("done")]);
     let echo = Echo::default();
     let agent = Agent::builder()
         .model_arc(model)
         .tool(echo.clone())
         .permissions(PermissionPolicy::new(Decision::Ask))
-        .step_timeout(Some(Duration::from_millis(150)))
-        .run_timeout(Some(Duration::from_millis(300)))
+        .step_timeout(Some(Duration::from_millis(600)))
+        .run_timeout(Some(Duration::from_millis(1200)))
         .permission_timeout(Some(Duration::from_secs(5)))
         .build()
         .unwrap();
     let mut handle = agent.run("go");
     let mut seen = Vec::new();
     let request = next_request(&mut handle, &mut seen).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     handle.respond_permission(&request, PermissionDecision::Allow).unwrap();
     let (rest, outcome) = handle.collect().await;
     seen.extend(rest);
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
     assert_eq!(tool_results(&seen)[0].1, "success");
 
-    // Unanswered, the ask is denied at its own timeout (400 ms), long after
-    // the step limit, and the model is told.
+    // Unanswered, the ask is denied at its own timeout (1 s), long after
+    // the step limit (500 ms), and the model is told.
     let model = scripted(vec![call("echo", json!({"text": "hi"})), answer("no permission")]);
     let agent = Agent::builder()
         .model_arc(model)
         .tool(Echo::default())
         .permissions(PermissionPolicy::new(Decision::Ask))
-        .step_timeout(Some(Duration::from_millis(100)))
-        .permission_timeout(Some(Duration::from_millis(400)))
+        .step_timeout(Some(Duration::from_millis(500)))
+        .permission_timeout(Some(Duration::from_secs(1)))
         .build()
         .unwrap();
     let started = Instant::now();
     let (events, outcome) = agent.run("go").collect().await;
-    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
     let (_, status, content) = &tool_results(&events)[0];
     assert_eq!(status, "denied");
     assert!(content.contains("not given in time"), "{content}");
 
-    // A paused run's clocks stop too: paused for 400 ms of a 200 ms limit.
+    // A paused run's clocks stop too: paused for 1 s of a 600 ms limit
+    // (the model takes 50 ms of it).
     let model = scripted(vec![delayed(call("echo", json!({"text": "a"})), 50), answer("done")]);
     let agent = Agent::builder()
         .model_arc(model)
         .tool(Echo::default())
-        .run_timeout(Some(Duration::from_millis(200)))
+        .run_timeout(Some(Duration::from_millis(600)))
         .build()
         .unwrap();
     let handle = agent.run("go");
     handle.pause();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     handle.unpause();
     let (_, outcome) = handle.collect().await;
     assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
