@@ -98,6 +98,9 @@ fn cluster_redis_in_loom_toml_and_its_conflicts() {
         format!("[cluster]\nredis = \"{}\"\n", server.url(0)),
     )
     .unwrap();
+    // A project's [cluster] sends the runs elsewhere: it waits for trust
+    // (tests/attacks.rs tries it untrusted).
+    common::trust(&workspace);
     let ran = loom_in(&workspace)
         .args(["run", "--model", "scripted:s.json", "x"])
         .output()
@@ -138,6 +141,7 @@ fn cluster_redis_in_loom_toml_and_its_conflicts() {
         format!("store = \"none\"\n[cluster]\nredis = \"{}\"\n", server.url(0)),
     )
     .unwrap();
+    common::trust(&workspace);
     let contradiction = loom_in(&workspace)
         .args(["run", "--model", "scripted:s.json", "x"])
         .output()
