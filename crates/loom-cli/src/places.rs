@@ -76,15 +76,19 @@ fn add(places: &[PathBuf]) -> std::io::Result<()> {
 }
 
 /// The places on the list that exist, and the list's own folder; none
-/// that holds `workspace` (covering it would hide the work itself).
+/// that holds the workspace, the temp folder or the home folder (a state
+/// base put there: covering it would hide the work itself, or every
+/// command's temp files).
 pub(crate) fn known(workspace: &Path) -> Vec<PathBuf> {
     let Some(dir) = list_dir() else {
         return Vec::new();
     };
     let text = std::fs::read_to_string(dir.join("places")).unwrap_or_default();
-    let workspace = workspace.canonicalize().unwrap_or_else(|_| workspace.to_path_buf());
+    let real = |path: PathBuf| path.canonicalize().unwrap_or(path);
+    let mut needed = vec![real(workspace.to_path_buf()), real(std::env::temp_dir())];
+    needed.extend(std::env::var_os("HOME").map(|home| real(PathBuf::from(home))));
     std::iter::once(dir)
         .chain(text.lines().map(PathBuf::from))
-        .filter(|place| place.is_absolute() && place.exists() && !workspace.starts_with(place))
+        .filter(|place| place.is_absolute() && place.exists() && !needed.iter().any(|path| path.starts_with(place)))
         .collect()
 }

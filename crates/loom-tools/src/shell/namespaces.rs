@@ -186,8 +186,10 @@ impl View<'_> {
             // place (which the next hook, trust check or `loom` would read).
             // Their contents stay as writable as they were.
             // `--dev-bind`, as `/` is: `--bind` would remount them nodev.
+            // `-try`: a folder removed since it was seen (another Loom's
+            // state, gone with it) is no reason to refuse the command.
             for dir in pinned(self.workspace, self.protected, self.read_only) {
-                args.bind("--dev-bind", &dir, &dir);
+                args.bind("--dev-bind-try", &dir, &dir);
             }
         }
         for path in KERNEL_READ_ONLY {
@@ -353,7 +355,7 @@ mod tests {
         // The workspace and every folder above it and above the state are
         // mount points (they cannot be renamed aside), before the state's
         // cover is mounted.
-        let pin = |path: &Path| format!("--dev-bind {0} {0} ", path.display());
+        let pin = |path: &Path| format!("--dev-bind-try {0} {0} ", path.display());
         for dir in dir.path().ancestors().filter(|dir| dir.parent().is_some()) {
             assert!(args.contains(&pin(dir)), "{} in {args}", dir.display());
         }
@@ -367,7 +369,7 @@ mod tests {
         };
         let args = joined(&odd.bwrap_args(Path::new("bwrap"), None));
         for dir in ["/proc", "/proc/self", "/dev", "/dev/shm"] {
-            assert!(!args.contains(&format!("--dev-bind {dir} {dir}")), "{args}");
+            assert!(!args.contains(&format!("--dev-bind-try {dir} {dir}")), "{args}");
         }
     }
 }
