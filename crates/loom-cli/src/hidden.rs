@@ -52,6 +52,12 @@ impl Hidden {
             }
             hidden.protected.push(dir);
         }
+        // As the kernel will find them: a link among them is covered where
+        // it leads (bwrap cannot mount over a link to a folder), and
+        // moving the link later uncovers nothing.
+        for path in hidden.protected.iter_mut().chain(hidden.read_only.iter_mut()) {
+            *path = crate::places::resolved(path);
+        }
         hidden
     }
 

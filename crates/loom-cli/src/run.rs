@@ -430,7 +430,7 @@ pub(crate) async fn configure_agent(
     if let Some(secs) = file.step_timeout_secs {
         builder = builder.step_timeout(seconds(secs));
     }
-    builder = tuning::apply(builder, file, dir.as_deref(), args.common.base_url.as_deref()).await?;
+    builder = tuning::apply(builder, file, dir.as_deref(), &model, args.common.base_url.as_deref()).await?;
     let store = match server {
         Some(server) => server.store,
         None => {
@@ -445,6 +445,11 @@ pub(crate) async fn configure_agent(
             .await?
         }
     };
+    // Where this run's store keeps prompts and answers (`--db` or `store`
+    // may put it anywhere): hidden from every other Loom's commands too.
+    if let Some(store) = &store {
+        crate::places::register(&store.files());
+    }
     let snapshots = crate::snapshots::open(
         file.snapshots.as_ref(),
         store.as_deref(),
@@ -453,6 +458,7 @@ pub(crate) async fn configure_agent(
     )
     .await?;
     if let Some(snapshots) = snapshots {
+        crate::places::register(&loom::WorkspaceSnapshots::files(snapshots.as_ref()));
         builder = builder.snapshots(snapshots);
     }
     if let Some(telemetry) = crate::telemetry::observer(file.telemetry.as_ref()) {
@@ -544,7 +550,10 @@ fn default_sandbox(serving: bool) -> loom::tools::SandboxMode {
 /// away to whoever holds a token.
 pub(crate) fn warn_if_unconfined(file: &config::FileConfig) {
     let bash = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
-    let unconfined = bash.is_some_and(|bash| bash.sandbox.as_deref() == Some("none") && bash.enabled != Some(false));
+    // Hooks run as the shell's commands do, whether or not the tool is on.
+    let unconfined = bash.is_some_and(|bash| {
+        bash.sandbox.as_deref() == Some("none") && (bash.enabled != Some(false) || !file.hooks.is_empty())
+    });
     if unconfined {
         // SAFETY: a plain system call.
         let uid = unsafe { libc::geteuid() };

@@ -95,6 +95,19 @@ pub(crate) fn record(file: &Path, digest: &str) -> Result<()> {
     if let Some(dir) = path.parent() {
         crate::state::private_dir(dir)?;
     }
+    // One writer at a time (two `loom trust` at once would each write the
+    // records they read, and one record would be lost): a lock file
+    // beside them, held until this function returns.
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path.with_extension("json.lock"))
+        .with_context(|| format!("cannot lock {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("cannot lock {}", path.display()));
+    }
     let mut records = read_records(&path)?;
     records.insert(file.display().to_string(), digest.to_string());
     let text = serde_json::to_string_pretty(&records)?;

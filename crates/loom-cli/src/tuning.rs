@@ -11,11 +11,12 @@ use loom::{AgentBuilder, MemoryConfig, MonitorConfig};
 use crate::config::{self, FileConfig};
 use crate::provider;
 
-/// Applies loom.toml's context keys to `builder`.
+/// Applies loom.toml's context keys to `builder`, for a run of `model`.
 pub(crate) async fn apply(
     mut builder: AgentBuilder,
     file: &FileConfig,
     config_dir: Option<&Path>,
+    model: &str,
     base_url: Option<&str>,
 ) -> Result<AgentBuilder> {
     let defaults = MemoryConfig::default();
@@ -28,6 +29,17 @@ pub(crate) async fn apply(
     });
     if let Some(spec) = &file.compression_model {
         let spec = config::model_from_file(spec, config_dir);
+        // The summaries are written with the run's address and key (the
+        // flag's or [provider]'s base URL): a model of another provider
+        // would send one provider's key to the other's address.
+        let provider = |spec: &str| spec.split_once(':').map(|(provider, _)| provider.to_string());
+        if provider(&spec) != provider(model) {
+            return Err(anyhow!(
+                "compression_model = \"{}\" is not of the run's provider ({}:…): the summaries are written with the run's address and API key",
+                crate::text::shown(&spec),
+                provider(model).unwrap_or_default()
+            ));
+        }
         builder = builder.summarizer(provider::model(&spec, base_url, file, None).context("compression_model")?);
     }
     if let Some(budget) = file.system_prompt_budget {

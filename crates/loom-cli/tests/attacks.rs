@@ -761,22 +761,34 @@ fn trust_warns_that_a_hook_running_a_project_file_is_not_covered() {
 }
 
 /// Another Loom of the machine — a gateway with a state base of its own
-/// (`LOOM_STATE_DIR`) and its `--config` holding a token in clear — is
-/// hidden from a plain `loom run`'s commands too, sandboxed or not.
+/// (`LOOM_STATE_DIR`), its `--config` holding a token in clear, and its
+/// run database elsewhere (`store`), the first two reached through links —
+/// is hidden from a plain `loom run`'s commands too, sandboxed or not;
+/// and a command that moves those links aside first uncovers nothing.
 #[test]
 fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
     require_bwrap();
     let other = tempfile::tempdir().unwrap();
-    let other_state = other.path().join("gateway-state");
-    let other_config = other.path().join("gateway.toml");
+    let real = other.path().join("real");
+    std::fs::create_dir_all(real.join("gateway-state")).unwrap();
+    let real_config = real.join("gateway.toml");
+    let database = other.path().join("gwdata/runs.db");
     std::fs::write(
-        &other_config,
-        format!("[[server.tokens]]\nname = \"ops\"\ntoken = \"{CONFIG_TOKEN}\"\n"),
+        &real_config,
+        format!(
+            "store = \"sqlite:{}\"\n[[server.tokens]]\nname = \"ops\"\ntoken = \"{CONFIG_TOKEN}\"\n",
+            database.display()
+        ),
     )
     .unwrap();
+    // Reached through links, as configuration management often does.
+    let state_link = other.path().join("gateway-state");
+    let config_link = other.path().join("gateway.toml");
+    std::os::unix::fs::symlink(real.join("gateway-state"), &state_link).unwrap();
+    std::os::unix::fs::symlink(&real_config, &config_link).unwrap();
     std::fs::write(other.path().join("s.json"), r#"[{"content":"hi"}]"#).unwrap();
     let mut gateway = loom_in(other.path())
-        .env("LOOM_STATE_DIR", &other_state)
+        .env("LOOM_STATE_DIR", &state_link)
         .args([
             "serve",
             "--addr",
@@ -785,7 +797,7 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
             "scripted:s.json",
             "--config",
         ])
-        .arg(&other_config)
+        .arg(&config_link)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -800,18 +812,29 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
         }
     });
     let started = rx.recv_timeout(Duration::from_secs(30));
-    let key = walk_files(&other_state)
+    let key = walk_files(&real.join("gateway-state"))
         .into_iter()
         .find(|path| path.ends_with("web-session.key"));
+    // First the links are moved aside (they are no mount points), then
+    // what they led to is read, by its own path and by the links.
+    let unlink = format!(
+        "ln -sfn /nonexistent {s}.new && mv -T {s}.new {s}; ln -sfn /nonexistent {c}.new && mv -T {c}.new {c}; echo moved",
+        s = state_link.display(),
+        c = config_link.display()
+    );
     let probe = format!(
-        "{{ cat {config}; ls -R {state}; echo KEYBYTES=$(cat {key} | wc -c); }} 2>&1 | base64 -w0",
-        config = other_config.display(),
-        state = other_state.display(),
-        key = key.as_deref().unwrap_or(Path::new("/nonexistent")).display()
+        "{{ cat {config} {config_link}; ls -R {state} {state_link}; echo KEYBYTES=$(cat {key} | wc -c); echo DBBYTES=$(cat {db} | wc -c); }} 2>&1 | base64 -w0",
+        config = real_config.display(),
+        config_link = config_link.display(),
+        state = real.join("gateway-state").display(),
+        state_link = state_link.display(),
+        key = key.as_deref().unwrap_or(Path::new("/nonexistent")).display(),
+        db = database.display(),
     );
     let mut seen = Vec::new();
     for config in [SANDBOXED, UNSANDBOXED] {
         let layout = layout(config);
+        run(&layout, &json!([bash(&unlink), {"content": "done"}]));
         let events = run(&layout, &json!([bash(&probe), {"content": "done"}]));
         seen.push((config, decoded(&tool_results(&events)[0].1)));
     }
@@ -821,7 +844,12 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
     assert!(
         key.is_some(),
         "the other Loom keeps a session key under {}",
-        other_state.display()
+        real.display()
+    );
+    assert!(
+        database.is_file(),
+        "the other Loom's database is at {}",
+        database.display()
     );
     for (config, seen) in seen {
         assert!(
@@ -831,6 +859,10 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
         assert!(
             seen.contains("KEYBYTES=0"),
             "{config}: the other Loom's session key:\n{seen}"
+        );
+        assert!(
+            seen.contains("DBBYTES=0"),
+            "{config}: the other Loom's database:\n{seen}"
         );
         assert!(
             !seen
@@ -843,4 +875,30 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
 
 fn walk_files(dir: &Path) -> Vec<PathBuf> {
     snapshot(dir).into_iter().map(|(path, _)| path).collect()
+}
+
+/// A model named in loom.toml to write the summaries gets the run's
+/// address and API key: one of another provider would carry a key to an
+/// address that is not its provider's (an Anthropic key to the user's
+/// OpenAI-compatible server).
+#[test]
+fn a_compression_model_of_another_provider_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("loom.toml"),
+        "compression_model = \"anthropic:claude-x\"\n",
+    )
+    .unwrap();
+    let refused = loom_in(dir.path())
+        .env("ANTHROPIC_API_KEY", "sk-ant-user-key-1111111111111111")
+        .env("OPENAI_API_KEY", "sk-openai-user-key-22222222222222")
+        .args(["run", "--model", "openai:m", "--base-url", "http://127.0.0.1:9/v1", "x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_ne!(refused.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("compression_model") && stderr.contains("provider"),
+        "{stderr}"
+    );
 }

@@ -166,8 +166,9 @@ fn a_stdio_mcp_server_sees_neither_loom_nor_its_environment_and_has_no_privilege
     }
     assert!(seen.contains("CapEff:"), "{seen}");
     assert_eq!(privileges_seen(&seen), Vec::<String>::new(), "{seen}");
-    // Loom's state is an empty mount in its view.
-    assert!(!seen.contains("workspaces"), "{seen}");
+    // Loom's state is an empty mount in its view (its path is no secret:
+    // bwrap's arguments name it).
+    assert!(!seen.lines().any(|line| line.trim() == "workspaces"), "{seen}");
 }
 
 /// The same user without capabilities (as any non-root user is, and as a
@@ -192,6 +193,7 @@ fn serving(dir: &Path) -> (std::process::Child, u32) {
         .env_remove("OPENAI_API_KEY")
         .env("XDG_CONFIG_HOME", dir.join("xdg"))
         .env("LOOM_STATE_DIR", dir.join("state"))
+        .env("LOOM_PLACES", dir.join("places"))
         .env("LOOM_TOKEN", GATEWAY_TOKEN)
         .env("OPENAI_API_KEY", API_KEY)
         .args(["serve", "--addr", "127.0.0.1:0", "--model", "scripted:s.json"])
@@ -290,4 +292,93 @@ async fn a_served_gateways_commands_are_sandboxed_unless_its_operator_says_none(
     let result = client.until(&run_id, "tool.result").await;
     let content = result["payload"]["content"].as_str().unwrap();
     assert!(content.contains("sandbox: none (own PID namespace"), "{content}");
+}
+
+#[test]
+fn a_hook_gets_no_privilege_either() {
+    require_bwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let found = dir.path().join("found.txt");
+    let config_path = dir.path().join("operator.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[[hooks]]\nevent = \"session_start\"\ncommand = {}\n",
+            serde_json::to_string(&format!("{{ {PROBE}; }} > {} 2>&1", found.display())).unwrap()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("s.json"), r#"[{"content":"done"}]"#).unwrap();
+    let output = loom_in(&ws)
+        .env("LOOM_STATE_DIR", dir.path().join("state"))
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .arg("--model")
+        .arg(format!("scripted:{}", dir.path().join("s.json").display()))
+        .arg("x")
+        .output()
+        .unwrap();
+    let seen = std::fs::read_to_string(&found).unwrap_or_else(|err| {
+        panic!(
+            "the hook did not run ({err}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert!(seen.contains("CapEff:"), "{seen}");
+    assert_eq!(privileges_seen(&seen), Vec::<String>::new(), "{seen}");
+}
+
+/// A hidden place that is a link (an operator's `--config` linked from
+/// elsewhere, a state base reached through a link) is hidden where it
+/// leads; it keeps no stdio MCP server from starting.
+#[test]
+fn an_mcp_server_starts_when_a_hidden_place_is_a_link() {
+    require_bwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir_all(real.join("state")).unwrap();
+    std::fs::write(
+        real.join("operator.toml"),
+        loom_testkit::mcp_servers::fixture().toml("fixture", &[], ""),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(real.join("operator.toml"), dir.path().join("operator.toml")).unwrap();
+    std::os::unix::fs::symlink(real.join("state"), dir.path().join("state")).unwrap();
+    let output = loom_in(&ws)
+        .env("LOOM_STATE_DIR", dir.path().join("state"))
+        .args(["mcp", "list", "--config"])
+        .arg(dir.path().join("operator.toml"))
+        .arg("--workspace")
+        .arg(&ws)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("fixture  ready"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_hooks_run_unconfined_says_so_even_without_bash() {
+    let model = PromptModel::start(PromptModelOptions::default());
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = config(dir.path(), &model.url(), "");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(
+        &config_path,
+        format!("{text}\n[tools.bash]\nenabled = false\nsandbox = \"none\"\n[[hooks]]\nevent = \"stop\"\ncommand = \"true\"\n"),
+    )
+    .unwrap();
+    let gateway = Gateway::start(dir.path(), &[]);
+    let log = gateway.log_text();
+    assert!(
+        log.contains("sandbox = \"none\"") && log.contains("hooks"),
+        "no warning at start: {log}"
+    );
 }

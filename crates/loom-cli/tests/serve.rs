@@ -1005,7 +1005,12 @@ async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway
         .await;
     let result = client.until(&run, "tool.result").await;
     assert_eq!(result["payload"]["status"], "success", "{result}");
-    assert!(result["payload"]["content"].as_str().unwrap().contains(&marker));
+    // The server's `env` value, redacted by value as a secret Loom was given.
+    let content = result["payload"]["content"].as_str().unwrap();
+    assert!(
+        content.contains(&format!("{MARKER}=[REDACTED]")) && !content.contains(&marker),
+        "{content}"
+    );
     assert_eq!(client.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
 
     // Stopping the gateway stops the server.

@@ -37,6 +37,9 @@ fn isolate(cmd: &mut Command) {
     // Loom's state goes to a directory of this test process, not the
     // developer's ~/.local/state (each workspace has its own under it).
     cmd.env("LOOM_STATE_DIR", state_base());
+    // The list of every Loom's places is this test process's own: the
+    // machine's would gather every test's state base.
+    cmd.env("LOOM_PLACES", state_base().join("places"));
 }
 
 /// The state base every `loom` of this test process uses.

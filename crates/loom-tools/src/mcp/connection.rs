@@ -170,12 +170,22 @@ impl Connection {
             Endpoint::Stdio { command, args } => {
                 // Its own PID namespace, Loom's state hidden, no privilege
                 // (shell/isolation.rs); without bwrap, no privilege still.
-                let launcher = {
-                    let (isolation, dir) = (isolation.clone(), dir.to_path_buf());
-                    tokio::task::spawn_blocking(move || isolation.launcher(&dir))
-                        .await
-                        .map_err(|err| ConnectError::Handshake(format!("could not prepare the process: {err}")))?
+                // The program is found first, as the process would find it:
+                // one that is not there is said as such, not as bwrap's failure.
+                let env = server_env(env);
+                let (launcher, program) = {
+                    let (isolation, dir, command, search) =
+                        (isolation.clone(), dir.to_path_buf(), command.clone(), env.clone());
+                    tokio::task::spawn_blocking(move || {
+                        (isolation.launcher(&dir), find_program(&command, &dir, &search))
+                    })
+                    .await
+                    .map_err(|err| ConnectError::Handshake(format!("could not prepare the process: {err}")))?
                 };
+                let program = program.map_err(|source| ConnectError::Spawn {
+                    command: command.clone(),
+                    source,
+                })?;
                 let unprivileged = launcher.is_err();
                 if let Err(why) = &launcher {
                     tracing::warn!(
@@ -186,15 +196,15 @@ impl Connection {
                 let mut cmd = match launcher.as_deref().ok().and_then(|l| l.split_first()) {
                     Some((bwrap, rest)) => {
                         let mut cmd = Command::new(bwrap);
-                        cmd.args(rest).arg(command);
+                        cmd.args(rest).arg(&program);
                         cmd
                     }
-                    None => Command::new(command),
+                    None => Command::new(&program),
                 };
                 cmd.args(args)
                     .current_dir(dir)
                     .env_clear()
-                    .envs(server_env(env))
+                    .envs(env)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
@@ -321,6 +331,34 @@ async fn stop_process(mut process: ServerProcess) {
         .terminate(&mut process.child, crate::shell::process::KILL_GRACE)
         .await;
     process.group.kill_rest();
+}
+
+/// `command` as an executable file: a path (relative to `dir`) as it is,
+/// a name looked up in the `PATH` of `env`, as `execvp` would.
+fn find_program(command: &str, dir: &Path, env: &[(String, String)]) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |path: &Path| {
+        std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if command.contains('/') {
+        let path = dir.join(command);
+        return if runnable(&path) {
+            Ok(path)
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such executable file",
+            ))
+        };
+    }
+    let search = env
+        .iter()
+        .find(|(name, _)| name == "PATH")
+        .map_or("/usr/local/bin:/usr/bin:/bin", |(_, value)| value.as_str());
+    std::env::split_paths(search)
+        .map(|folder| dir.join(folder).join(command))
+        .find(|path| runnable(path))
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "not found in PATH"))
 }
 
 /// The environment of a stdio server: the allowlist and its `env`.
