@@ -22,7 +22,7 @@ pub(crate) enum Origin {
 }
 
 /// A loaded configuration and where it came from.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct LoadedConfig {
     pub file: FileConfig,
     /// The file's directory, for paths written in it.
@@ -105,17 +105,35 @@ fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
 /// their shape (docs/cli.md, "Output safety").
 fn remember_secrets(file: &FileConfig) {
     let mut given: Vec<String> = Vec::new();
-    if let Some(bash) = file.tools.as_ref().and_then(|tools| tools.bash.as_ref()) {
-        given.extend(bash.env.values().cloned());
+    // An environment holds settings as well as keys (`NODE_ENV =
+    // "production"`): a value is taken when its name looks secret or it
+    // looks like a key itself.
+    let env = file
+        .tools
+        .iter()
+        .flat_map(|tools| tools.bash.iter())
+        .flat_map(|bash| bash.env.iter())
+        .chain(
+            file.mcp
+                .iter()
+                .flat_map(|mcp| mcp.servers.values())
+                .flat_map(|server| server.env.iter()),
+        );
+    for (name, value) in env {
+        if loom::is_secret_name(name) || looks_like_a_key(value) {
+            given.push(value.clone());
+        }
     }
-    for server in file.mcp.iter().flat_map(|mcp| mcp.servers.values()) {
-        given.extend(server.env.values().cloned());
-    }
-    if let Some(provider) = &file.provider {
-        given.extend(provider.headers.values().cloned());
-    }
-    if let Some(telemetry) = &file.telemetry {
-        given.extend(telemetry.headers.values().cloned());
+    // Headers and tokens are credentials whatever they look like; a
+    // header's scheme (`Bearer KEY`) is not, its words are.
+    let headers = file
+        .provider
+        .iter()
+        .flat_map(|provider| provider.headers.values())
+        .chain(file.telemetry.iter().flat_map(|telemetry| telemetry.headers.values()));
+    for value in headers {
+        given.push(value.clone());
+        given.extend(value.split_whitespace().skip(1).map(str::to_string));
     }
     for token in file.server.iter().flat_map(|server| server.tokens.iter()) {
         given.extend(token.token.clone());
@@ -123,12 +141,26 @@ fn remember_secrets(file: &FileConfig) {
     loom::remember_secrets(given);
 }
 
+/// Whether `value` looks like a key rather than a setting: 16 characters
+/// or more without blanks, mixing letters with digits or capitals with
+/// small letters (`wJalrXUtnFEMI…`, a UUID), which words and paths do not.
+fn looks_like_a_key(value: &str) -> bool {
+    let has = |test: fn(&char) -> bool| value.chars().any(|c| test(&c));
+    let letters = has(char::is_ascii_alphabetic);
+    value.chars().count() >= 16
+        && !has(|c| c.is_whitespace())
+        && ((letters && has(char::is_ascii_digit)) || (has(char::is_ascii_uppercase) && has(char::is_ascii_lowercase)))
+}
+
 /// `text` as loom.toml's keys, and as the table of what it says (the same
 /// text, so trust judges what takes effect).
 pub(crate) fn parse(text: &str) -> Result<(FileConfig, toml::Table), loom_config::ParseError> {
     let file = loom_config::parse(text)?;
-    // It parsed as keys, so it is a table.
-    let table = text.parse::<toml::Table>().unwrap_or_default();
+    // It parsed as keys, so it is a table; were it not, a key no rule
+    // judges makes trust fail closed rather than see nothing.
+    let table = text
+        .parse::<toml::Table>()
+        .unwrap_or_else(|_| toml::Table::from_iter([("unreadable".to_string(), toml::Value::Boolean(true))]));
     Ok((file, table))
 }
 

@@ -17,11 +17,15 @@ pub(crate) struct Hidden {
 }
 
 impl Hidden {
-    /// For a run in `workspace` under `loaded`. Folders are made now if
-    /// missing, so that a command gets an empty mount there rather than a
-    /// place to plant trust records or a config file.
-    pub(crate) fn of(loaded: &LoadedConfig, workspace: &Path) -> Self {
-        let mut hidden = Self::default();
+    /// For a run in `workspace` under `loaded`, whose store keeps `kept`.
+    /// Folders are made now if missing, so that a command gets an empty
+    /// mount there rather than a place to plant trust records or a config
+    /// file. Blocking: files, and the places' list.
+    pub(crate) fn of(loaded: &LoadedConfig, workspace: &Path, kept: Vec<PathBuf>) -> Self {
+        let mut hidden = Self {
+            protected: kept,
+            ..Self::default()
+        };
         // A project's configuration in the workspace may be read but
         // never changed.
         hidden.read_only.push(workspace.join("loom.toml"));

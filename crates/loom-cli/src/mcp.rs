@@ -77,7 +77,12 @@ pub(crate) async fn list(
         .as_ref()
         .map(|mcp| mcp.servers.clone())
         .unwrap_or_default();
-    let hidden = crate::hidden::Hidden::of(&loaded, &workspace);
+    let hidden = {
+        let (loaded, workspace) = (loaded.clone(), workspace.clone());
+        tokio::task::spawn_blocking(move || crate::hidden::Hidden::of(&loaded, &workspace, Vec::new()))
+            .await
+            .map_err(|err| Failure::Usage(anyhow!("finding Loom's places failed: {err}")))?
+    };
     let bwrap = crate::run::bash_settings(&loaded.file, &workspace, false)
         .map_err(Failure::Usage)?
         .0

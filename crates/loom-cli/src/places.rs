@@ -12,7 +12,7 @@
 //! the state base of the Loom reading it (`LOOM_PLACES` names another). It holds paths only, one a line;
 //! places that no longer exist are dropped as it is written.
 
-use std::io::{Read, Seek, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -76,34 +76,53 @@ fn add(places: &[PathBuf]) -> std::io::Result<()> {
     if let Some(dir) = list.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    // One writer at a time, through a lock file beside the list: the list
+    // is read, pruned and written whole, then renamed over the old one,
+    // so a reader (`known`) sees the old list or the new, never a part.
     let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(true).create(true).truncate(false);
+    options.write(true).create(true).truncate(false);
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(&list)?;
-    // One writer at a time: the list is read, pruned and written whole.
+    let lock = options.open(list.with_extension("lock"))?;
     // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let mut text = String::new();
-    file.read_to_string(&mut text)?;
-    let mut listed: Vec<PathBuf> = text.lines().map(PathBuf::from).filter(|path| path.exists()).collect();
+    let text = match std::fs::read_to_string(&list) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(err) => return Err(err),
+    };
+    // A place is dropped only with its folder: a database's `-wal` comes
+    // and goes, and stays listed while the database's folder is there.
+    let mut listed: Vec<PathBuf> = text
+        .lines()
+        .map(PathBuf::from)
+        .filter(|path| path.exists() || path.parent().is_some_and(Path::exists))
+        .collect();
     for place in places {
         if !listed.contains(place) {
             listed.push(place.clone());
         }
     }
-    let written: String = listed
-        .iter()
-        .filter_map(|path| path.to_str())
-        .filter(|path| !path.contains('\n'))
-        .map(|path| format!("{path}\n"))
-        .collect();
-    file.set_len(0)?;
-    file.rewind()?;
+    let mut written = String::new();
+    for path in &listed {
+        match path.to_str().filter(|path| !path.contains('\n')) {
+            Some(path) => {
+                written.push_str(path);
+                written.push('\n');
+            }
+            None => tracing::warn!(
+                "cannot record {} for other Looms to hide: not a path of one line of UTF-8",
+                path.display()
+            ),
+        }
+    }
+    let partial = list.with_extension("partial");
+    let mut file = options.truncate(true).open(&partial)?;
     file.write_all(written.as_bytes())?;
-    file.sync_all()
-    // The lock goes with the descriptor.
+    file.sync_all()?;
+    std::fs::rename(&partial, &list)
+    // The lock goes with its descriptor.
 }
 
 /// The places on the list that exist, and the list's own folder; none

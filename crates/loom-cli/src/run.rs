@@ -298,7 +298,45 @@ pub(crate) async fn configure_agent(
         tools.push(Arc::new(skill.clone()));
     }
     let (shell, bash_enabled) = bash_settings(file, &workspace, server.is_some())?;
-    let hidden = crate::hidden::Hidden::of(loaded, &workspace);
+    let store = match &server {
+        Some(server) => server.store.clone(),
+        None => {
+            let redis = store::RedisFrom::pick(place.redis.as_deref(), file.cluster_redis());
+            store::open(
+                place.db.as_deref(),
+                redis,
+                file.store.as_deref(),
+                dir.as_deref(),
+                &workspace,
+            )
+            .await?
+        }
+    };
+    let snapshots = crate::snapshots::open(
+        file.snapshots.as_ref(),
+        store.as_deref(),
+        &workspace,
+        crate::snapshots::Purpose::Runs,
+    )
+    .await?;
+    // Where this run's store keeps prompts and answers (`--db` or `store`
+    // may put it anywhere): hidden from the programs it starts and from
+    // every other Loom's. Files and a lock: off the async thread.
+    let mut kept: Vec<PathBuf> = store.iter().flat_map(|store| store.files()).collect();
+    kept.extend(
+        snapshots
+            .iter()
+            .flat_map(|snapshots| loom::WorkspaceSnapshots::files(snapshots.as_ref())),
+    );
+    let hidden = {
+        let (loaded, workspace) = (loaded.clone(), workspace.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::places::register(&kept);
+            crate::hidden::Hidden::of(&loaded, &workspace, kept)
+        })
+        .await
+        .map_err(|err| anyhow!("finding Loom's places failed: {err}"))?
+    };
     let shell_bwrap = shell.bwrap.clone();
     if bash_enabled {
         tools.push(Arc::new(loom::tools::Bash::new(shell.clone())));
@@ -431,34 +469,7 @@ pub(crate) async fn configure_agent(
         builder = builder.step_timeout(seconds(secs));
     }
     builder = tuning::apply(builder, file, dir.as_deref(), &model, args.common.base_url.as_deref()).await?;
-    let store = match server {
-        Some(server) => server.store,
-        None => {
-            let redis = store::RedisFrom::pick(place.redis.as_deref(), file.cluster_redis());
-            store::open(
-                place.db.as_deref(),
-                redis,
-                file.store.as_deref(),
-                dir.as_deref(),
-                &workspace,
-            )
-            .await?
-        }
-    };
-    // Where this run's store keeps prompts and answers (`--db` or `store`
-    // may put it anywhere): hidden from every other Loom's commands too.
-    if let Some(store) = &store {
-        crate::places::register(&store.files());
-    }
-    let snapshots = crate::snapshots::open(
-        file.snapshots.as_ref(),
-        store.as_deref(),
-        &workspace,
-        crate::snapshots::Purpose::Runs,
-    )
-    .await?;
     if let Some(snapshots) = snapshots {
-        crate::places::register(&loom::WorkspaceSnapshots::files(snapshots.as_ref()));
         builder = builder.snapshots(snapshots);
     }
     if let Some(telemetry) = crate::telemetry::observer(file.telemetry.as_ref()) {
@@ -506,6 +517,9 @@ pub(crate) fn bash_settings(
         let settings = loom::tools::BashSettings {
             landlock_helper: helper,
             sandbox: default_sandbox(serving),
+            // Served: Landlock alone reads every file (tokens, other
+            // tenants' runs); refused unless the operator says otherwise.
+            require_namespaces: serving,
             ..Default::default()
         };
         return Ok((settings, true));
@@ -513,7 +527,7 @@ pub(crate) fn bash_settings(
     let mut settings = loom::tools::BashSettings {
         landlock_helper: helper,
         sandbox: default_sandbox(serving),
-        require_namespaces: config.require_namespaces.unwrap_or(false),
+        require_namespaces: config.require_namespaces.unwrap_or(serving),
         bwrap: config.bwrap.clone(),
         ..Default::default()
     };

@@ -75,7 +75,12 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     }
     crate::run::warn_if_unconfined(&loaded.file);
     // Hidden from every other Loom's commands from now on.
-    crate::hidden::own_places(&loaded);
+    {
+        let loaded = loaded.clone();
+        tokio::task::spawn_blocking(move || crate::hidden::own_places(&loaded))
+            .await
+            .map_err(|err| Failure::Runtime(err.into()))?;
+    }
     let settings = loaded.file.server.clone().unwrap_or_default();
     let env_token = std::env::var("LOOM_TOKEN").ok();
     let mut config =

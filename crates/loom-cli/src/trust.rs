@@ -255,7 +255,11 @@ pub(crate) async fn trust(path: Option<&Path>) -> Result<std::process::ExitCode>
         );
     };
     let digest = sha256_hex(text.as_bytes());
-    record(&real, &digest)?;
+    {
+        // Files and a lock: off the async thread.
+        let (real, digest) = (real.clone(), digest.clone());
+        tokio::task::spawn_blocking(move || record(&real, &digest)).await??;
+    }
     audit(Trusted {
         file: real.clone(),
         digest: digest.clone(),

@@ -29,11 +29,14 @@ pub(crate) async fn apply(
     });
     if let Some(spec) = &file.compression_model {
         let spec = config::model_from_file(spec, config_dir);
-        // The summaries are written with the run's address and key (the
-        // flag's or [provider]'s base URL): a model of another provider
-        // would send one provider's key to the other's address.
+        // With a base URL (the flag's or [provider]'s) the summaries are
+        // written at the run's address: a model of another provider would
+        // send its key there. Without one each provider has its own.
         let provider = |spec: &str| spec.split_once(':').map(|(provider, _)| provider.to_string());
-        if provider(&spec) != provider(model) {
+        let one_address = base_url.is_some() || file.provider.as_ref().is_some_and(|p| p.base_url.is_some());
+        // A scripted model reaches no address.
+        let reaches_out = provider(&spec).as_deref() != Some("scripted");
+        if one_address && reaches_out && provider(&spec) != provider(model) {
             return Err(anyhow!(
                 "compression_model = \"{}\" is not of the run's provider ({}:…): the summaries are written with the run's address and API key",
                 crate::text::shown(&spec),

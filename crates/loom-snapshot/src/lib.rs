@@ -15,6 +15,7 @@
 
 mod filter;
 pub mod manifest;
+mod reserved;
 pub mod restore;
 pub mod scan;
 pub mod store;

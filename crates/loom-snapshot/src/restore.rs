@@ -115,7 +115,7 @@ pub fn apply(root: &Path, plan: &Plan, target: &Manifest, store: &dyn SnapshotSt
     // free before it is written. They come from the scan of the workspace
     // as it is; a path no snapshot holds is left alone all the same.
     for path in &plan.remove {
-        if validate::is_reserved(path) {
+        if crate::reserved::is_reserved(path) {
             continue;
         }
         let (folder, name) = match folder_of(&dir, path, false) {
@@ -259,7 +259,9 @@ fn write(folder: &Dir, name: &str, entry: &Entry, content: &[u8]) -> std::io::Re
     let written = if entry.link {
         folder.symlink_contents(Path::new(OsStr::from_bytes(content)), &temporary)
     } else {
-        write_new(folder, &temporary, content, entry.mode & validate::PERMISSION_BITS)
+        // Never writable by group or others from a record: a crafted one
+        // must not hand the file to every local user.
+        write_new(folder, &temporary, content, entry.mode & validate::PERMISSION_BITS & !0o022)
     };
     let renamed = written.and_then(|()| folder.rename(&temporary, folder, name));
     if renamed.is_err() {

@@ -6,7 +6,7 @@
 //! its kind and mode, and its content against the size and SHA-256 it
 //! claims — and one that fails refuses the whole restore, naming it.
 //!
-//! The same rule decides which paths a scan takes in ([`reserved_name`]),
+//! The same rule decides which paths a scan takes in ([`crate::reserved`]),
 //! so a snapshot this workspace recorded never names a path a restore
 //! would refuse. A scan does hold a link that leads out of the workspace
 //! (a rewind then removes one a step made), but a restore never makes
@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::filter::Filter;
 use crate::manifest::{Entry, Manifest};
+use crate::reserved::{is_reserved, reserved_name};
 
 /// The permission bits a restored file may have: read, write and execute
 /// for its owner, group and others — never setuid, setgid or sticky, and
@@ -76,24 +77,6 @@ impl Refused {
             why,
         }
     }
-}
-
-/// Whether an entry named `name`, `depth` folders down (1: in the
-/// workspace's own folder), is never in a snapshot nor written by a
-/// restore: `.git` anywhere (its hooks and config run as whoever runs
-/// `git` next; any case, for file systems that fold it), and the
-/// workspace's own `.loom/` and `loom.toml` (a rewind never takes a
-/// person's configuration back).
-pub(crate) fn reserved_name(name: &str, depth: usize) -> bool {
-    name.eq_ignore_ascii_case(".git") || (depth == 1 && (name == ".loom" || name == "loom.toml"))
-}
-
-/// Whether `path` (`/`-separated, relative) is, or is beneath, a reserved
-/// name ([`reserved_name`]).
-pub(crate) fn is_reserved(path: &str) -> bool {
-    path.split('/')
-        .enumerate()
-        .any(|(at, name)| reserved_name(name, at + 1))
 }
 
 /// Whether `path` is a relative path of plain names.

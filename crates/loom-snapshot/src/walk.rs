@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use cap_std::fs::{Dir, Metadata};
 
-use crate::validate::reserved_name;
+use crate::reserved::reserved_name;
 use crate::watch::Watch;
 
 /// What a scan looks at.

@@ -340,6 +340,8 @@ fn find_program(command: &str, dir: &Path, env: &[(String, String)]) -> std::io:
     let runnable = |path: &Path| {
         std::fs::metadata(path).is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
     };
+    // Absolute: the program is started after a change into `dir`.
+    let dir = &std::path::absolute(dir)?;
     if command.contains('/') {
         let path = dir.join(command);
         return if runnable(&path) {

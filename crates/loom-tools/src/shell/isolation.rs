@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::namespaces::{namespaces_available, View};
-use super::SandboxMode;
+use super::sandbox::SandboxMode;
 
 /// Paths hidden from, or read-only to, the programs Loom starts, and the
 /// bwrap that builds their namespaces.

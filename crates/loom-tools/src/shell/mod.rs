@@ -283,6 +283,14 @@ fn prepare(
             None,
             "none (own PID namespace; Loom's state hidden)".to_string(),
         ),
+        // Uid 0 without namespaces would write the kernel's settings
+        // (`/proc/sys/kernel/core_pattern`: a program the kernel runs as
+        // real root on the next crash), capabilities or not.
+        (SandboxMode::None, Err(why)) if namespaces::is_root() => {
+            return Err(ToolError::Failed(format!(
+                "{why}; Loom runs as root, and without namespaces a command could write the kernel's settings, so it was not run (install bubblewrap, or set [tools.bash] sandbox = \"landlock\")"
+            )));
+        }
         (SandboxMode::None, Err(why)) => (Vec::new(), None, format!("none (Loom's state NOT hidden: {why})")),
         (SandboxMode::Landlock, Ok(bwrap)) => {
             // Landlock is checked here too: the helper would only fail

@@ -27,7 +27,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use super::SandboxMode;
+use super::sandbox::SandboxMode;
 
 /// Where bwrap is looked for, by absolute path only: never through PATH,
 /// on which a command run earlier (unsandboxed, or a project's
@@ -179,6 +179,12 @@ impl View<'_> {
         } else {
             // Everything as Loom sees it, with a /proc of its own.
             args.extend(["--share-net", "--dev-bind", "/", "/", "--proc", "/proc"]);
+            if is_root() {
+                // Uid 0 without capabilities still opens root's device
+                // files (a disk, read around every hidden file): only the
+                // harmless ones.
+                args.extend(["--dev", "/dev"]);
+            }
             // The workspace, Loom's state and its configuration, and every
             // folder above them, each made a mount point: a mount point
             // cannot be renamed, so a command cannot move the workspace or
@@ -192,7 +198,11 @@ impl View<'_> {
                 args.bind("--dev-bind-try", &dir, &dir);
             }
         }
-        for path in KERNEL_READ_ONLY {
+        // The sandboxed view has no /sys at all, and its /proc is its own.
+        for path in KERNEL_READ_ONLY
+            .iter()
+            .filter(|path| !sandboxed || path.starts_with("/proc/"))
+        {
             args.extend(["--ro-bind-try", path, path]);
         }
         // Only what is in the command's view needs covering; a mount on a
@@ -230,6 +240,13 @@ impl View<'_> {
         args.push("--");
         args.0
     }
+}
+
+/// Whether Loom runs as root: its commands are then uid 0, which the file
+/// modes of the kernel's and the system's files let write.
+pub(crate) fn is_root() -> bool {
+    // SAFETY: a plain system call.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// The existing directories to pin as mount points ([`View::bwrap_args`]):
