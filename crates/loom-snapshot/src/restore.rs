@@ -261,7 +261,12 @@ fn write(folder: &Dir, name: &str, entry: &Entry, content: &[u8]) -> std::io::Re
     } else {
         // Never writable by group or others from a record: a crafted one
         // must not hand the file to every local user.
-        write_new(folder, &temporary, content, entry.mode & validate::PERMISSION_BITS & !0o022)
+        write_new(
+            folder,
+            &temporary,
+            content,
+            entry.mode & validate::PERMISSION_BITS & !0o022,
+        )
     };
     let renamed = written.and_then(|()| folder.rename(&temporary, folder, name));
     if renamed.is_err() {
