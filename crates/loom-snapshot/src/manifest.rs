@@ -69,6 +69,12 @@ impl Manifest {
     }
 }
 
+/// The permission bits a record's mode holds, and a restored file may
+/// have: read, write and execute for its owner, group and others — never
+/// setuid, setgid or sticky, and no file type (a restore makes regular
+/// files and links only).
+pub const PERMISSION_BITS: u32 = 0o777;
+
 #[cfg(test)]
 mod tests {
     use super::*;

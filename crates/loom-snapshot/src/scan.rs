@@ -16,7 +16,6 @@ use sha2::{Digest, Sha256};
 
 use crate::filter::Filter;
 use crate::manifest::{Delta, Entry, Manifest};
-use crate::validate;
 use crate::walk::{walk, Scope};
 use crate::watch::{Changes, Watch};
 
@@ -267,7 +266,7 @@ impl Scanner {
                 size: content.len() as u64,
                 // Permission bits only: a restore never makes a file setuid,
                 // setgid or sticky.
-                mode: meta.mode() & validate::PERMISSION_BITS,
+                mode: meta.mode() & crate::manifest::PERMISSION_BITS,
                 link,
             };
             let known = Known {

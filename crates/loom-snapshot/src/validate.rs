@@ -18,10 +18,7 @@ use crate::filter::Filter;
 use crate::manifest::{Entry, Manifest};
 use crate::reserved::{is_reserved, reserved_name};
 
-/// The permission bits a restored file may have: read, write and execute
-/// for its owner, group and others — never setuid, setgid or sticky, and
-/// no file type (a restore makes regular files and links only).
-pub const PERMISSION_BITS: u32 = 0o777;
+pub use crate::manifest::PERMISSION_BITS;
 
 /// A record a restore refuses, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

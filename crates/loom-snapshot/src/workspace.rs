@@ -499,7 +499,7 @@ impl Snapshots {
                         && entry.size == meta.len()
                         && entry.mode
                             == std::os::unix::fs::PermissionsExt::mode(&meta.permissions())
-                                & crate::validate::PERMISSION_BITS
+                                & crate::manifest::PERMISSION_BITS
                         && std::fs::read(root.join(path))
                             .is_ok_and(|content| crate::scan::hex(&sha2::Sha256::digest(&content)) == entry.hash)
                 });
