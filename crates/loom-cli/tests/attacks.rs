@@ -459,16 +459,7 @@ fn loom_serve_never_reads_the_config_of_a_workspace_it_serves() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("listening on") {
-                let _ = tx.send(());
-            }
-        }
-    });
+    let rx = common::listening(child.stderr.take().unwrap());
     let started = rx.recv_timeout(Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));
     let _ = child.kill();
@@ -801,16 +792,7 @@ fn another_looms_state_and_gateway_config_are_hidden_from_commands() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = gateway.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("listening on") {
-                let _ = tx.send(());
-            }
-        }
-    });
+    let rx = common::listening(gateway.stderr.take().unwrap());
     let started = rx.recv_timeout(Duration::from_secs(30));
     let key = walk_files(&real.join("gateway-state"))
         .into_iter()

@@ -201,16 +201,7 @@ fn serving(dir: &Path) -> (std::process::Child, u32) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("listening on") {
-                let _ = tx.send(());
-            }
-        }
-    });
+    let rx = common::listening(child.stderr.take().unwrap());
     assert!(
         rx.recv_timeout(Duration::from_secs(30)).is_ok(),
         "loom serve did not start"

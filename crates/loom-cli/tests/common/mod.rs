@@ -199,3 +199,18 @@ pub(crate) fn run_against(dir: &Path, url: &str, model: &str) -> Command {
         .stdin(Stdio::null());
     cmd
 }
+
+/// Reads a `loom serve`'s `stderr` on a thread of its own (so it never
+/// fills); the receiver hears once it says it is listening.
+pub(crate) fn listening(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx
+}
