@@ -16,6 +16,8 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run one task: the answer streams to stdout, tool activity to stderr.
     Run(Box<RunArgs>),
+    /// Run a suite of tasks against a model and judge the outcomes (docs/eval.md).
+    Eval(Box<EvalArgs>),
     /// An interactive session: one task after another in one conversation.
     Chat(Box<ChatArgs>),
     /// Look at, resume or cancel recorded runs.
@@ -401,6 +403,10 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "USD", value_parser = positive_dollars)]
     pub max_cost: Option<f64>,
 
+    /// Offer the model only these tools (comma-separated names, e.g. read_file,write_file,bash); `task` here offers sub-agents even where loom.toml does not.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub tools: Vec<String>,
+
     /// Approve every permission request without asking.
     #[arg(long, short = 'y')]
     pub yes: bool,
@@ -416,6 +422,57 @@ pub(crate) struct AgentArgs {
     /// Show guidance, compression and retrieval as they happen, and a run summary with suggestions at the end.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+}
+
+/// `loom eval`.
+#[derive(Debug, Args)]
+pub(crate) struct EvalArgs {
+    /// The suite file (TOML; docs/eval.md).
+    pub suite: PathBuf,
+
+    /// The model of every case that names none (else loom.toml's).
+    #[arg(long, env = "LOOM_MODEL")]
+    pub model: Option<String>,
+
+    /// The model server's URL (an OpenAI-compatible endpoint).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+
+    /// Attempts of each case.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+
+    /// Attempts run at once.
+    #[arg(long, short = 'j', value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub jobs: u64,
+
+    /// Only this case (repeat the flag for several).
+    #[arg(long, value_name = "NAME")]
+    pub case: Vec<String>,
+
+    /// Write every attempt and every case as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write JUnit XML to FILE (a test case per attempt).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+
+    /// Print the change against an earlier --json FILE.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<PathBuf>,
+
+    /// Record the runs in this SQLite file (default: eval.db in the current directory's state directory).
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+
+    /// Keep each attempt's final workspace in DIR (as CASE-N) instead of deleting it.
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
+
+    /// Read this loom.toml instead of the current directory's.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
 }
 
 /// A budget in dollars: a finite number above zero.

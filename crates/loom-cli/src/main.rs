@@ -24,6 +24,7 @@ mod chat_rewind;
 mod cli;
 mod config;
 mod definitions;
+mod eval;
 mod follow;
 mod hidden;
 mod hooks;
@@ -111,6 +112,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let result = match cli.command {
             Command::Run(args) => run::run(*args).await,
+            Command::Eval(args) => eval::eval(*args).await,
             Command::Chat(args) => chat::chat(*args).await,
             Command::Runs(args) => runs::runs(args).await,
             Command::Audit(args) => audit::audit(args).await,

@@ -290,9 +290,22 @@ pub(crate) async fn configure_agent(
     if let Some(trusted) = trusted {
         crate::trust::audit(trusted).await;
     }
-    tools.push(Arc::new(loom::tools::Task::with_agents(
-        defined.agents.into_iter().map(|found| found.definition).collect(),
-    )));
+    let wanted = match server.as_ref().and_then(|s| s.tools.clone()) {
+        Some(wanted) => Some(wanted),
+        None => (!args.tools.is_empty()).then(|| args.tools.clone()),
+    };
+    // Sub-agents are offered when asked for, or when the project defines
+    // agents to hand work to: offered unasked, a model delegates what it
+    // could do itself, and the child's whole run is one step of its parent.
+    let task_wanted = wanted
+        .as_ref()
+        .is_some_and(|names| names.iter().any(|name| name == loom::delegate::TASK_TOOL));
+    let task_configured = file.tools.as_ref().and_then(|tools| tools.task);
+    if task_wanted || task_configured.unwrap_or(!defined.agents.is_empty()) {
+        tools.push(Arc::new(loom::tools::Task::with_agents(
+            defined.agents.into_iter().map(|found| found.definition).collect(),
+        )));
+    }
     let skills = (!defined.skills.is_empty()).then(|| loom::tools::Skill::new(defined.skills));
     if let Some(skill) = &skills {
         tools.push(Arc::new(skill.clone()));
@@ -361,7 +374,6 @@ pub(crate) async fn configure_agent(
         .as_ref()
         .map(|mcp| mcp.servers.keys().map(|name| format!("{name}__")).collect())
         .unwrap_or_default();
-    let wanted = server.as_ref().and_then(|s| s.tools.clone());
     if let Some(wanted) = &wanted {
         let known = |name: &String| {
             tools.iter().any(|tool| tool.name() == name.as_str())
@@ -369,7 +381,14 @@ pub(crate) async fn configure_agent(
                 || (planning && mcp_servers.iter().any(|prefix| name.starts_with(prefix.as_str())))
         };
         if let Some(unknown) = wanted.iter().find(|name| !known(name)) {
-            return Err(anyhow!("no tool '{unknown}' on this server"));
+            return Err(anyhow!(
+                "no tool '{unknown}' {}",
+                if server.is_some() {
+                    "on this server"
+                } else {
+                    "to offer (--tools)"
+                }
+            ));
         }
         tools.retain(|tool| wanted.iter().any(|name| name == tool.name()));
     }

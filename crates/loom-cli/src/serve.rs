@@ -231,6 +231,7 @@ pub(crate) fn served(common: crate::cli::CommonAgentArgs) -> AgentArgs {
         record: None,
         max_tokens: None,
         max_cost: None,
+        tools: Vec::new(),
         yes: false,
         verbose: false,
         mode: loom::Mode::Default,

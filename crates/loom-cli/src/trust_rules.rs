@@ -158,6 +158,7 @@ pub(crate) const RULES: &[Rule] = &[
         "[tools.bash] env sets the commands' environment".to_string()
     }),
     free("tools.bash.enabled"),
+    free("tools.task"),
     free("tools.bash.require_namespaces"),
     free("tools.bash.timeout_secs"),
     free("tools.bash.max_timeout_secs"),

@@ -413,8 +413,9 @@ fn a_sub_agent_reports_on_stderr_and_appears_in_the_run_tree() {
             {"content": "The parent's answer."}
         ]),
     );
+    // `--tools` with `task` offers sub-agents where loom.toml does not.
     let output = common::loom_in(dir.path())
-        .args(["run", "--model", &model, "go"])
+        .args(["run", "--model", &model, "--tools", "task,list_dir", "go"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

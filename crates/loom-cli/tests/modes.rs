@@ -130,11 +130,7 @@ fn plan_mode_plans_with_read_only_tools_then_the_approved_plan_is_carried_out() 
     assert_eq!(requests.len(), 4);
     // Planning: only tools that read, and the instruction to plan.
     let planning = offered(&requests[0].body);
-    assert_eq!(
-        planning,
-        ["glob", "grep", "list_dir", "read_file", "task"],
-        "{planning:?}"
-    );
+    assert_eq!(planning, ["glob", "grep", "list_dir", "read_file"], "{planning:?}");
     let system = &common::message_texts(&requests[0].body)[0];
     assert!(system.contains("# Plan mode"), "{system}");
     // Carrying out: every tool, no plan-mode instruction, the plan in the history.

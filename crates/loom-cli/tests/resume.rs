@@ -399,6 +399,8 @@ fn resume_from_elsewhere_works_in_the_recorded_workspace() {
 fn sigkill_while_a_sub_agent_runs_then_resume_continues_the_child_and_finishes_the_parent() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    // Sub-agents offered, to the run and to its resumption (docs/subagents.md).
+    std::fs::write(dir.path().join("loom.toml"), "[tools]\ntask = true\n").unwrap();
     let first = dir.path().join("first.json");
     std::fs::write(
         &first,

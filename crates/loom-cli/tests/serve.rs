@@ -1378,8 +1378,9 @@ async fn a_gateway_takes_no_agents_or_skills_from_the_workspace() {
     let end = client.until(&run, "lifecycle.end").await;
     assert_eq!(end["payload"]["status"], "DONE", "{end}");
     let bodies = model.bodies();
-    // The `task` tool is offered (a defined agent would be listed in it).
-    assert!(bodies[0]["tools"]
+    // No agent was admitted, so the `task` tool is not offered at all
+    // (an admitted one would be listed in it).
+    assert!(!bodies[0]["tools"]
         .as_array()
         .unwrap()
         .iter()

@@ -68,7 +68,11 @@ fn a_run_with_two_tool_calls_and_a_sub_agent_is_one_trace_in_the_genai_conventio
             {"content": "The parent's answer.", "usage": {"input_tokens": 170, "output_tokens": 6}}
         ]),
     );
-    let config = config(dir.path(), &receiver.url());
+    let config = config_with(
+        dir.path(),
+        &receiver.url(),
+        "service_name = \"loom-under-test\"\n[tools]\ntask = true\n",
+    );
     let out = loom_in(dir.path())
         .args(["run", "--json", "--yes", "--model", &model, "--config"])
         .arg(&config)

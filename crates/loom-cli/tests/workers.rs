@@ -894,7 +894,8 @@ async fn the_clusters_line_is_bounded_shows_places_and_caps_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_agents_events_and_asks_reach_the_clients_of_a_cluster_gateway() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, _model, gateway) = cluster_with(dir.path(), "park_after_secs = 60");
+    // Sub-agents are offered when loom.toml asks for them (docs/subagents.md).
+    let (server, _model, gateway) = cluster_configured(dir.path(), "[tools]\ntask = true", "park_after_secs = 60");
     let worker = WorkerProcess::start_with(dir.path(), 1, &["--allow", "task", "--ask", "bash"]);
     let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
     let mut client = gateway.ws(ALICE).await;

@@ -168,6 +168,10 @@ pub struct McpConfig {
 #[serde(deny_unknown_fields)]
 pub struct ToolsConfig {
     pub bash: Option<BashConfig>,
+    /// Offer the `task` tool (sub-agents). Default: only when the project
+    /// defines agents (`.loom/agents/`) — a model offered it unasked
+    /// delegates work it could do itself (docs/agents.md).
+    pub task: Option<bool>,
 }
 
 /// `[tools.bash]`.

@@ -51,9 +51,8 @@ pub enum BuildError {
 
 /// The instructions every run starts with, unless replaced.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are Loom, an agent that completes the user's task \
-with the tools provided. Work step by step: call tools when you need information or must change \
-something, and answer in plain text once the task is done. A tool result that starts with 'Error' \
-says what to fix; fix it and try again. Use paths relative to the workspace root.";
+in the workspace with the tools provided: call them to look at files, change them and run commands, \
+and when the task is done, answer in a few plain sentences. Paths are relative to the workspace root.";
 
 /// Builds an [`Agent`].
 pub struct AgentBuilder {

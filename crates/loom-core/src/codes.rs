@@ -72,6 +72,13 @@ wire_enum! {
         /// The workspace could not be recorded after a step: that step
         /// cannot be rewound to; the run goes on.
         SnapshotFailed = "SNAPSHOT_FAILED",
+        /// The model wrote tool calls as text (a fenced JSON block, a
+        /// `<tool_call>` tag) that its server passed on as text; they
+        /// were made as calls.
+        CallsFromText = "CALLS_FROM_TEXT",
+        /// The model's answer repeated a tool's error instead of doing the
+        /// task; it was asked once more.
+        ErrorEcho = "ERROR_ECHO",
     }
 }
 

@@ -61,6 +61,7 @@ pub mod trace_context;
 pub mod turn_state;
 mod wire;
 pub mod workspace_jobs;
+pub mod written_calls;
 
 pub use agent::{Agent, AgentBuilder, BuildError, ResumingRun, RunRequest, DEFAULT_SYSTEM_PROMPT, LEGACY_STATE};
 pub use assembly::{ContextAssembler, ContextComponent, Priority};

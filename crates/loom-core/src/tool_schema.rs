@@ -9,6 +9,11 @@
 //! from `required` — so the offered schema drops it, while the tool's
 //! validator keeps the schema as written and still accepts a model that
 //! sends an explicit `null` (see docs/tools.md).
+//!
+//! It also leaves out what tells a model nothing and costs prompt tokens on
+//! every request: the description of the arguments object as a whole (the
+//! tool's own description says it) and the integer widths derived schemas
+//! add as `format` (`uint`, `int64`, …; not JSON Schema formats).
 
 use serde_json::{Map, Value};
 
@@ -17,7 +22,35 @@ use serde_json::{Map, Value};
 pub fn offered(schema: &Value) -> Value {
     let mut schema = schema.clone();
     strip_null(&mut schema);
+    strip_integer_widths(&mut schema);
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("description");
+    }
     schema
+}
+
+/// The `format` values derived schemas give Rust integers.
+const INTEGER_WIDTHS: [&str; 12] = [
+    "uint", "uint8", "uint16", "uint32", "uint64", "uint128", "int", "int8", "int16", "int32", "int64", "int128",
+];
+
+fn strip_integer_widths(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            if object
+                .get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|format| INTEGER_WIDTHS.contains(&format))
+            {
+                object.remove("format");
+            }
+            // `properties` maps names to schemas: a parameter named
+            // `format` is a schema, never a width, so recursion is safe.
+            object.values_mut().for_each(strip_integer_widths);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_integer_widths),
+        _ => {}
+    }
 }
 
 fn strip_null(schema: &mut Value) {
@@ -113,6 +146,30 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn what_tells_a_model_nothing_is_left_out() {
+        let schema = json!({
+            "description": "Arguments of `read_file`.",
+            "type": "object",
+            "properties": {
+                "limit": {"type": "integer", "format": "uint64", "minimum": 1, "description": "Most lines."},
+                "when": {"type": "string", "format": "date-time"},
+                "format": {"type": "string", "enum": ["uint", "json"]},
+            },
+        });
+        assert_eq!(
+            offered(&schema),
+            json!({
+                "type": "object",
+                "properties": {
+                    "limit": {"type": "integer", "minimum": 1, "description": "Most lines."},
+                    "when": {"type": "string", "format": "date-time"},
+                    "format": {"type": "string", "enum": ["uint", "json"]},
+                },
+            })
+        );
+    }
+
+    #[test]
     fn optional_parameters_lose_their_null_type() {
         let schema = json!({
             "type": "object",
@@ -131,7 +188,7 @@ mod tests {
                 "type": "object",
                 "properties": {
                     "path": {"type": "string"},
-                    "limit": {"type": "integer", "format": "uint", "minimum": 1},
+                    "limit": {"type": "integer", "minimum": 1},
                     "either": {"type": ["string", "integer"]},
                     "tools": {"type": "array", "items": {"type": "string"}},
                     "mode": {"enum": ["fast", "slow"]},

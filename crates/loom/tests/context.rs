@@ -403,35 +403,52 @@ async fn project_instructions_reach_the_system_prompt() {
 async fn a_tight_budget_drops_the_lowest_priority_first() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("LOOM.md"), "Project rule: keep it short.").unwrap();
-    let agent = Agent::builder()
-        .model_arc(scripted(vec![answer("ok")]))
-        .tool(Echo::default())
-        .tool(Faulty)
-        .workspace(dir.path())
-        .system_prompt_budget(100)
-        .build()
-        .unwrap();
-    let (_, outcome) = agent.run("hi").collect().await;
+    let docs = tempfile::tempdir().unwrap();
+    std::fs::write(
+        docs.path().join("runbook.md"),
+        "# Rollback\n\nTo roll back a release, redeploy the previous image tag and rerun the migrations down.",
+    )
+    .unwrap();
+    let agent = |budget: Option<usize>| {
+        let mut builder = Agent::builder()
+            .model_arc(scripted(vec![answer("ok")]))
+            .retriever(Arc::new(FolderRetriever::index(docs.path()).unwrap()), 3)
+            .workspace(dir.path());
+        if let Some(budget) = budget {
+            builder = builder.system_prompt_budget(budget);
+        }
+        builder.build().unwrap()
+    };
+    let (_, outcome) = agent(Some(100)).run("how do I roll back a release?").collect().await;
     let system = outcome.messages[0].content();
     assert!(
         system.contains("Project rule: keep it short."),
         "high priority kept: {system}"
     );
     assert!(
-        !system.contains("# Tools"),
-        "the low-priority tool list was dropped: {system}"
+        !system.contains("# Retrieved context"),
+        "the lower-priority passages were dropped: {system}"
     );
 
-    let roomy = Agent::builder()
-        .model_arc(scripted(vec![answer("ok")]))
+    let (_, outcome) = agent(None).run("how do I roll back a release?").collect().await;
+    assert!(outcome.messages[0].content().contains("# Retrieved context"));
+}
+
+#[tokio::test]
+async fn the_tools_are_described_once_in_the_request_not_again_in_the_prompt() {
+    let model = scripted(vec![answer("ok")]);
+    let agent = Agent::builder()
+        .model_arc(model.clone())
         .tool(Echo::default())
-        .workspace(dir.path())
         .build()
         .unwrap();
-    let (_, outcome) = roomy.run("hi").collect().await;
-    assert!(outcome.messages[0]
-        .content()
-        .contains("# Tools\n\n- echo: Returns the text it is given."));
+    let (_, outcome) = agent.run("hi").collect().await;
+    let system = outcome.messages[0].content();
+    assert!(!system.contains("Returns the text it is given"), "{system}");
+    assert!(!system.contains("# Tools"), "{system}");
+    // Nor does the prompt talk of error results: a small model then
+    // answers with an invented error instead of calling anything.
+    assert!(!system.contains("Error"), "{system}");
 }
 
 #[tokio::test]

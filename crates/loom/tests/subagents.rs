@@ -404,6 +404,30 @@ async fn a_person_answering_a_child_stops_the_parents_clocks_and_task_has_no_cal
 }
 
 #[tokio::test]
+async fn a_child_that_works_longer_than_a_step_may_does_not_end_its_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three child steps of 400 ms each, under a step limit of 800 ms: each
+    // of the child's steps fits; the parent's step that waits for the
+    // whole child (1.2 s) is bounded by the run's limit only.
+    let model = scripted(vec![
+        call("task", task("look around", Some(&["list_dir"]))),
+        delayed(call("list_dir", json!({"path": "."})), 400),
+        delayed(call("list_dir", json!({"path": "."})), 400),
+        delayed(answer("the child looked"), 400),
+        answer("done"),
+    ]);
+    let outcome = agent(&model, dir.path())
+        .step_timeout(Some(Duration::from_millis(800)))
+        .build()
+        .unwrap()
+        .run("go")
+        .outcome()
+        .await;
+    assert_eq!(outcome.status, RunStatus::Done, "{:?}", outcome.stop_reason);
+    assert_eq!(outcome.content.as_deref(), Some("done"));
+}
+
+#[tokio::test]
 async fn an_interrupted_parent_leaves_its_child_resumable_and_resuming_the_parent_finishes_both() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn loom::Store> = Arc::new(loom::stores::SqliteStore::open(dir.path().join("loom.db")).unwrap());

@@ -211,7 +211,23 @@ impl Driver {
                     Err(reason) => machine.stop(reason),
                 },
                 Next::CallModel(call) => within(&ctx, &deadlines, self.call_model(machine, call)).await,
-                Next::RunTools(calls) => within(&ctx, &deadlines, self.run_tools(machine, calls)).await,
+                Next::RunTools(calls) => {
+                    // A sub-agent's run is many steps, each under its own
+                    // step limit: the step that calls `task` is bounded by
+                    // the run's limit only, or a child that works longer
+                    // than one step may would end its parent (STEP_TIMEOUT).
+                    let delegates = calls.iter().any(|call| call.name == crate::delegate::TASK_TOOL);
+                    if delegates {
+                        self.step_deadline = None;
+                        let bounds = Deadlines {
+                            run: deadlines.run.clone(),
+                            step: None,
+                        };
+                        within(&ctx, &bounds, self.run_tools(machine, calls)).await
+                    } else {
+                        within(&ctx, &deadlines, self.run_tools(machine, calls)).await
+                    }
+                }
                 Next::EndTurn => {
                     let mut end = self.turn_end(false);
                     // A person's message gets its turn anyway; otherwise the

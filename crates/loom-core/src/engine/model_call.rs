@@ -10,7 +10,7 @@ use crate::event::{EventKind, Phase, TurnIds};
 use crate::llm::{FinishReason, LlmChunk, LlmError, LlmRequest, Usage};
 use crate::machine::{guidance_block, Answer, ModelCall, TurnMachine};
 use crate::message::ToolCall;
-use crate::outcome::{ErrorCode, StopReason};
+use crate::outcome::{ErrorCode, StopReason, WarningCode};
 
 use super::driver::cancelled;
 use super::Driver;
@@ -147,6 +147,7 @@ impl Driver {
         if cancel.is_cancelled() {
             return Err(CallError::Cancelled);
         }
+        let offered: Vec<String> = request.tools.iter().map(|tool| tool.name.clone()).collect();
         let mut stream = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(CallError::Cancelled),
@@ -200,6 +201,14 @@ impl Driver {
             }
         }
 
+        if calls.is_empty() && !offered.is_empty() {
+            self.recover_written_calls(turn, &offered, &mut content, &mut calls, &mut finish);
+        }
+        // A stray `{` or `}` beside a call is no text: kept in the
+        // history, the model reads it back and copies it.
+        if !calls.is_empty() && !content.chars().any(char::is_alphanumeric) {
+            content.clear();
+        }
         let cost_usd = usage
             .as_ref()
             .and_then(|reported| engine.pricing.as_ref().map(|pricing| pricing.cost(reported)));
@@ -228,6 +237,52 @@ impl Driver {
             usage,
             cost_usd,
         })
+    }
+}
+
+impl Driver {
+    /// Calls the model wrote as text to offered tools (its server did not
+    /// parse them: see [`crate::written_calls`]) become the answer's calls,
+    /// and the text keeps what is left; a `warning` says so.
+    fn recover_written_calls(
+        &self,
+        turn: &TurnIds,
+        offered: &[String],
+        content: &mut String,
+        calls: &mut Vec<PartialCall>,
+        finish: &mut Option<FinishReason>,
+    ) {
+        let Some(written) = crate::written_calls::recover(content, |name| offered.iter().any(|tool| tool == name))
+        else {
+            return;
+        };
+        let names: Vec<&str> = written.calls.iter().map(|(name, _)| name.as_str()).collect();
+        self.events.emit(
+            turn,
+            EventKind::Warning {
+                code: WarningCode::CallsFromText,
+                message: format!(
+                    "the model wrote {} tool call{} as text ({}); {} made as calls",
+                    names.len(),
+                    if names.len() == 1 { "" } else { "s" },
+                    names.join(", "),
+                    if names.len() == 1 { "it is" } else { "they are" },
+                ),
+            },
+        );
+        *calls = written
+            .calls
+            .into_iter()
+            .map(|(name, arguments)| PartialCall {
+                id: None,
+                name,
+                arguments: arguments.to_string(),
+            })
+            .collect();
+        *content = written.rest;
+        if *finish == Some(FinishReason::Stop) {
+            *finish = Some(FinishReason::ToolCalls);
+        }
     }
 }
 

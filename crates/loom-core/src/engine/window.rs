@@ -225,16 +225,9 @@ impl Driver {
             }
         }
 
-        let tools = self.tools.clone();
-        let specs = tools.registry().specs();
-        if !specs.is_empty() {
-            let mut list = String::from("# Tools\n");
-            for spec in specs {
-                let first = spec.description.lines().next().unwrap_or_default();
-                list.push_str(&format!("\n- {}: {first}", spec.name));
-            }
-            assembler.add(ContextComponent::new("tool_list", list, Priority::Low, true));
-        }
+        // The tools are not listed here: every request carries them (as
+        // `tools`, or in the instructions of a text-only model), and a list
+        // in the prompt too only costs a small model prompt time.
         assembler.assemble().text
     }
 }

@@ -31,6 +31,8 @@ crate::wire::wire_enum! {
         ContinueAnswer = "continue_answer",
         /// An empty answer is asked for once more.
         EmptyAnswer = "empty_answer",
+        /// An answer that only repeated an error is asked for once more.
+        ErrorEcho = "error_echo",
     }
 }
 

@@ -2,7 +2,8 @@
 //! continued (up to `max_continuations` times, each with a `warning`), a
 //! filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
 //! retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — except
-//! on a final-answer call, whose emptiness means "no answer".
+//! on a final-answer call, whose emptiness means "no answer". An answer
+//! that only repeats an error is sent back once ([`super::echo`]).
 
 use crate::event::EventKind;
 use crate::feedback::GuidanceReason;
@@ -10,6 +11,7 @@ use crate::llm::FinishReason;
 use crate::message::Message;
 use crate::outcome::{ErrorCode, StopReason, WarningCode};
 
+use super::echo::{echoes_an_error, ERROR_ECHO_NUDGE};
 use super::guidance::{GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
 use super::state::{Ending, Mode, TurnPhase};
 use super::{Answer, TurnMachine};
@@ -90,6 +92,22 @@ impl TurnMachine {
             return;
         }
         self.leave_answering();
+        let working = self.state.mode == Mode::Working;
+        if working
+            && answer.tool_calls.is_empty()
+            && !self.state.echo_sent_back
+            && echoes_an_error(&answer.content, self.memory.messages())
+        {
+            self.state.echo_sent_back = true;
+            if let TurnPhase::Answering(answering) = &mut self.state.phase {
+                answering.extra = Some(GuidancePart::new(GuidanceReason::ErrorEcho, ERROR_ECHO_NUDGE));
+            }
+            self.warn(
+                WarningCode::ErrorEcho,
+                "the model's answer only repeats an error; asking once more, with guidance".to_string(),
+            );
+            return;
+        }
         match self.state.mode.clone() {
             Mode::FinalAnswer(why) => {
                 if answer.content.trim().is_empty() {

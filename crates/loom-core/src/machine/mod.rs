@@ -9,6 +9,7 @@
 //! checkpoint saves and what resume loads. See docs/architecture.md.
 
 mod answer;
+mod echo;
 mod guidance;
 mod state;
 

@@ -40,6 +40,9 @@ pub struct RunState {
     /// `max_stop_refusals`; kept, so a resumed run does not start over).
     #[serde(default)]
     pub(crate) stop_refusals: u32,
+    /// Whether an answer that only repeated an error was sent back (once a run).
+    #[serde(default)]
+    pub(crate) echo_sent_back: bool,
     /// How long the history was (system prompt included) as of each step:
     /// step 0 before the run's prompt, step N after its tool results —
     /// what a rewind or a fork keeps of the conversation. Cleared when the
@@ -159,6 +162,7 @@ impl RunState {
             context_warned: false,
             task: task.into(),
             stop_refusals: 0,
+            echo_sent_back: false,
             conversation_at: std::collections::BTreeMap::new(),
             metrics: RunMetrics::default(),
         }

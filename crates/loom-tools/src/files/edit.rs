@@ -4,7 +4,10 @@ use serde::Deserialize;
 
 use std::io::{Read, Seek, Write};
 
-use super::{blocking, io_error, open_error, resolve};
+/// Characters of the file shown when `old_string` is not in it.
+const SHOWN_CHARS: usize = 4000;
+
+use super::{blocking, io_error, open_error_near, resolve};
 use crate::jail::{display, WriteMode};
 
 /// Arguments of `edit_file`.
@@ -50,15 +53,18 @@ impl Tool for EditFile {
             // Read and rewritten through the one handle that was judged.
             let (mut file, _) = jail
                 .open_write(&args.path, &path, WriteMode::Edit)
-                .map_err(|err| open_error("edit", &shown, err))?;
+                .map_err(|err| open_error_near(&jail, "edit", &shown, &path, err))?;
             let mut text = String::new();
             file.read_to_string(&mut text).map_err(|err| io_error("read", &shown, err))?;
             let count = text.matches(&args.old_string).count();
             match count {
                 0 => {
+                    // The file as it is, so the next call can copy the exact
+                    // text (a small model rarely reads the file first).
+                    let shown_text = loom_core::text::clip(&text, SHOWN_CHARS, "\n… [rest of the file not shown]");
                     return Err(ToolError::Failed(format!(
-                        "old_string was not found in '{shown}'. Read the file and copy the exact text, including indentation and line breaks"
-                    )))
+                        "old_string was not found in '{shown}'. Copy the exact text to replace, including indentation and line breaks, from its content:\n{shown_text}"
+                    )));
                 }
                 1 => {}
                 n => {

@@ -13,7 +13,7 @@ const MAX_MATCHES: usize = 1000;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GlobArgs {
-    /// Glob pattern relative to `path`, e.g. `**/*.rs` or `src/*.toml`.
+    /// Glob pattern relative to `path`, e.g. `**/*.md` or `src/*`.
     pub pattern: String,
     /// Directory to search from, relative to the workspace root (default: the root).
     #[serde(default = "default_dot")]

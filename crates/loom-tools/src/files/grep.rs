@@ -17,12 +17,12 @@ const MAX_LINE_CHARS: usize = 300;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrepArgs {
-    /// Regular expression to search for (Rust regex syntax).
+    /// Regular expression to search for.
     pub pattern: String,
     /// File or directory to search, relative to the workspace root (default: the root).
     #[serde(default = "default_dot")]
     pub path: String,
-    /// Only search files whose path matches this glob, e.g. `*.rs` or `src/**/*.md`.
+    /// Only search files whose path matches this glob, e.g. `*.md` or `src/**`.
     #[serde(default)]
     pub glob: Option<String>,
     /// Match without regard to case.

@@ -2,7 +2,7 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, default_dot, io_error, open_error, resolve};
+use super::{blocking, default_dot, io_error, open_error_near, resolve};
 use std::path::Path;
 
 use crate::jail::{display, is_escape, Jail, OpenError};
@@ -43,19 +43,25 @@ impl Tool for ListDir {
 
     async fn call(&self, args: ListDirArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
-        blocking(move || list(&jail, &args.path, &path)).await
+        blocking(move || listing(&jail, &args.path, &path).map(Into::into)).await
     }
 }
 
-/// The listing of `path` (relative to the root; `requested` as the model named it).
-fn list(jail: &Jail, requested: &str, path: &Path) -> Result<ToolOutput, ToolError> {
+/// The listing of `path` (relative to the root; `requested` as the model
+/// named it). A file is answered with its content: a model that lists a
+/// file wants to see it, and an error it may echo as its answer helps it less.
+pub(super) fn listing(jail: &Jail, requested: &str, path: &Path) -> Result<String, ToolError> {
     let shown = display(path);
-    let dir = jail.open_dir(requested, path).map_err(|err| match err {
-        OpenError::Io(err) if err.kind() == std::io::ErrorKind::NotADirectory => {
-            ToolError::Failed(format!("'{shown}' is a file, not a directory; use read_file"))
+    let dir = match jail.open_dir(requested, path) {
+        Ok(dir) => dir,
+        Err(OpenError::Io(err)) if err.kind() == std::io::ErrorKind::NotADirectory => {
+            let content = super::read::read_text(jail, requested, path, None, None)?;
+            return Ok(format!(
+                "'{shown}' is a file, not a directory (list_dir lists directories). Its content:\n{content}"
+            ));
         }
-        err => open_error("list", &shown, err),
-    })?;
+        Err(err) => return Err(open_error_near(jail, "list", &shown, path, err)),
+    };
     // Its entries are judged by their real path: when that cannot be
     // told, nothing is shown (as a refused open would), lest Loom's
     // state be listed.
@@ -100,7 +106,7 @@ fn list(jail: &Jail, requested: &str, path: &Path) -> Result<ToolOutput, ToolErr
     files.sort();
     let total = dirs.len() + files.len();
     if total == 0 {
-        return Ok(format!("'{shown}' is empty.").into());
+        return Ok(format!("'{shown}' is empty."));
     }
     let mut out = format!("{shown}/ ({} directories, {} files)\n", dirs.len(), files.len());
     for entry in dirs.iter().chain(files.iter()).take(MAX_ENTRIES) {
@@ -110,7 +116,7 @@ fn list(jail: &Jail, requested: &str, path: &Path) -> Result<ToolOutput, ToolErr
     if total > MAX_ENTRIES {
         out.push_str(&format!("[{} more entries not shown]\n", total - MAX_ENTRIES));
     }
-    Ok(out.into())
+    Ok(out)
 }
 
 /// What an entry is shown as.

@@ -59,6 +59,41 @@ fn open_error(action: &str, shown: &str, err: OpenError) -> ToolError {
     }
 }
 
+/// Entries of a directory shown with a missing path, at most.
+const NEARBY_LINES: usize = 30;
+
+/// [`open_error`], except that a path that does not exist is answered
+/// with what its nearest existing directory holds: a small model that
+/// guessed a path (`src/calc.rs` in a Python project) needs the real
+/// names to go on, not advice to look for them.
+fn open_error_near(jail: &Jail, action: &str, shown: &str, path: &std::path::Path, err: OpenError) -> ToolError {
+    let missing = matches!(&err, OpenError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+    if missing {
+        let mut parent = path.parent();
+        while let Some(dir) = parent {
+            let requested = if dir.as_os_str().is_empty() {
+                ".".to_string()
+            } else {
+                dir.to_string_lossy().into_owned()
+            };
+            if let Ok(relative) = jail.relative(&requested) {
+                if let Ok(listing) = list::listing(jail, &requested, &relative) {
+                    let mut lines: Vec<&str> = listing.lines().take(NEARBY_LINES + 1).collect();
+                    if lines.len() > NEARBY_LINES {
+                        lines[NEARBY_LINES] = "…";
+                    }
+                    return ToolError::Failed(format!(
+                        "cannot {action} '{shown}': it does not exist. What '{requested}' holds:\n{}",
+                        lines.join("\n")
+                    ));
+                }
+            }
+            parent = dir.parent();
+        }
+    }
+    open_error(action, shown, err)
+}
+
 /// An I/O error worded for the model.
 fn io_error(action: &str, shown: &str, err: std::io::Error) -> ToolError {
     let hint = match err.kind() {

@@ -4,8 +4,10 @@ use loom_core::{Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{blocking, clip_line, io_error, looks_binary, open_error, resolve};
-use crate::jail::display;
+use std::path::Path;
+
+use super::{blocking, clip_line, io_error, looks_binary, open_error_near, resolve};
+use crate::jail::{display, Jail};
 
 const DEFAULT_LIMIT: usize = 2000;
 const MAX_LINE_CHARS: usize = 2000;
@@ -52,67 +54,80 @@ impl Tool for ReadFile {
 
     async fn call(&self, args: ReadFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
-        blocking(move || {
-            let shown = display(&path);
-            let mut file = jail
-                .open_read(&args.path, &path)
-                .map_err(|err| open_error("read", &shown, err))?;
-            let meta = file.metadata().map_err(|err| io_error("read", &shown, err))?;
-            if meta.is_dir() {
-                return Err(ToolError::Failed(format!(
-                    "'{shown}' is a directory; use list_dir to see what it holds"
-                )));
-            }
-            if !meta.is_file() {
-                return Err(ToolError::Failed(format!(
-                    "'{shown}' is not a regular file (a pipe, socket or device); read_file reads files only"
-                )));
-            }
-            let mut head = vec![0u8; super::BINARY_SNIFF_BYTES];
-            let read = file.read(&mut head).map_err(|err| io_error("read", &shown, err))?;
-            head.truncate(read);
-            if looks_binary(&head) {
-                return Err(ToolError::Failed(format!(
-                    "'{shown}' looks like a binary file; read_file shows text files only"
-                )));
-            }
-            let reader = BufReader::new(std::io::Cursor::new(head).chain(file));
-            let first = args.offset.unwrap_or(1).max(1);
-            let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
-            let mut out = String::new();
-            let mut total = 0usize;
-            let mut last_shown = 0usize;
-            for (index, line) in reader.split(b'\n').enumerate() {
-                let line = line.map_err(|err| io_error("read", &shown, err))?;
-                total = index + 1;
-                let number = index + 1;
-                if number >= first && number < first.saturating_add(limit) {
-                    let text = String::from_utf8_lossy(&line);
-                    let text = text.strip_suffix('\r').unwrap_or(&text);
-                    out.push_str(&format!("{number:>6}\t{}\n", clip_line(text, MAX_LINE_CHARS)));
-                    last_shown = number;
-                }
-            }
-            if total == 0 {
-                return Ok(format!("'{shown}' is empty (0 lines).").into());
-            }
-            if first > total {
-                return Err(ToolError::InvalidArguments(format!(
-                    "offset {first} is past the end of '{shown}', which has {total} lines"
-                )));
-            }
-            if first > 1 || last_shown < total {
-                out.push_str(&format!(
-                    "[lines {first}-{last_shown} of {total} in '{shown}'{}]\n",
-                    if last_shown < total {
-                        format!("; call read_file with offset={} to read more", last_shown + 1)
-                    } else {
-                        String::new()
-                    }
-                ));
-            }
-            Ok(out.into())
-        })
-        .await
+        blocking(move || read_text(&jail, &args.path, &path, args.offset, args.limit).map(Into::into)).await
     }
+}
+
+/// The numbered lines of the file at `path` (relative to the root;
+/// `requested` as the model named it). A directory is answered with its
+/// listing: a model that reads `.` wants to know what is there, and an
+/// error it may echo as its answer helps it less.
+pub(super) fn read_text(
+    jail: &Jail,
+    requested: &str,
+    path: &Path,
+    offset: Option<usize>,
+    limit: Option<usize>,
+) -> Result<String, ToolError> {
+    let shown = display(path);
+    let mut file = jail
+        .open_read(requested, path)
+        .map_err(|err| open_error_near(jail, "read", &shown, path, err))?;
+    let meta = file.metadata().map_err(|err| io_error("read", &shown, err))?;
+    if meta.is_dir() {
+        drop(file);
+        let listing = super::list::listing(jail, requested, path)?;
+        return Ok(format!(
+            "'{shown}' is a directory, not a file (read_file reads files). It holds:\n{listing}"
+        ));
+    }
+    if !meta.is_file() {
+        return Err(ToolError::Failed(format!(
+            "'{shown}' is not a regular file (a pipe, socket or device); read_file reads files only"
+        )));
+    }
+    let mut head = vec![0u8; super::BINARY_SNIFF_BYTES];
+    let read = file.read(&mut head).map_err(|err| io_error("read", &shown, err))?;
+    head.truncate(read);
+    if looks_binary(&head) {
+        return Err(ToolError::Failed(format!(
+            "'{shown}' looks like a binary file; read_file shows text files only"
+        )));
+    }
+    let reader = BufReader::new(std::io::Cursor::new(head).chain(file));
+    let first = offset.unwrap_or(1).max(1);
+    let limit = limit.unwrap_or(DEFAULT_LIMIT).max(1);
+    let mut out = String::new();
+    let mut total = 0usize;
+    let mut last_shown = 0usize;
+    for (index, line) in reader.split(b'\n').enumerate() {
+        let line = line.map_err(|err| io_error("read", &shown, err))?;
+        total = index + 1;
+        let number = index + 1;
+        if number >= first && number < first.saturating_add(limit) {
+            let text = String::from_utf8_lossy(&line);
+            let text = text.strip_suffix('\r').unwrap_or(&text);
+            out.push_str(&format!("{number:>6}\t{}\n", clip_line(text, MAX_LINE_CHARS)));
+            last_shown = number;
+        }
+    }
+    if total == 0 {
+        return Ok(format!("'{shown}' is empty (0 lines)."));
+    }
+    if first > total {
+        return Err(ToolError::InvalidArguments(format!(
+            "offset {first} is past the end of '{shown}', which has {total} lines"
+        )));
+    }
+    if first > 1 || last_shown < total {
+        out.push_str(&format!(
+            "[lines {first}-{last_shown} of {total} in '{shown}'{}]\n",
+            if last_shown < total {
+                format!("; call read_file with offset={} to read more", last_shown + 1)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    Ok(out)
 }

@@ -83,8 +83,7 @@ impl Default for BashSettings {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BashArgs {
-    /// The command, run with `bash -c` in the workspace. Stdin is closed:
-    /// nothing can be typed into it.
+    /// The command.
     pub command: String,
     /// Seconds before the command is stopped (default 120).
     #[serde(default)]
@@ -128,9 +127,8 @@ impl Tool for Bash {
     }
 
     fn description(&self) -> &str {
-        "Run a shell command with `bash -c` in the workspace and return its exit code and output \
-         (long output keeps its start and end). Stdin is closed; every process it starts is stopped \
-         when it ends or times out."
+        "Run a shell command with `bash -c` in the workspace; returns its exit code and output. \
+         Stdin is closed."
     }
 
     /// A command bounds its own time (its `timeout_secs`, at most the
@@ -534,7 +532,10 @@ fn report(finished: Finished, sandbox: &str) -> Result<ToolOutput, ToolError> {
         ),
         Ending::Cancelled => return Err(ToolError::Cancelled),
     };
-    let mut text = format!("{status} · {:.1} s · sandbox: {sandbox}\n", elapsed.as_secs_f64());
+    // What the model needs first — how it ended and what it printed; what
+    // held it in comes last, where a small model does not take it for the
+    // point of the result (and echo it as its answer).
+    let mut text = format!("{status} ({:.1} s)\n", elapsed.as_secs_f64());
     for (name, kept) in [("stdout", &stdout), ("stderr", &stderr)] {
         let shown = kept.render();
         if shown.is_empty() {
@@ -553,6 +554,7 @@ fn report(finished: Finished, sandbox: &str) -> Result<ToolOutput, ToolError> {
     if stdout.render().is_empty() && stderr.render().is_empty() {
         text.push_str("(no output)\n");
     }
+    text.push_str(&format!("[sandbox: {sandbox}]\n"));
     if ok {
         Ok(text.into())
     } else {
