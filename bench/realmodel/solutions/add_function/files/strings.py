@@ -1,0 +1,17 @@
+"""String helpers for the quiz game."""
+
+
+def normalize(text):
+    """Lower-case text and drop everything but letters and digits."""
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def same_answer(given, expected):
+    """True when the player's answer matches, ignoring case and punctuation."""
+    return normalize(given) == normalize(expected)
+
+
+def is_palindrome(text):
+    """True when text reads the same backwards, ignoring case, spaces and punctuation."""
+    cleaned = normalize(text)
+    return cleaned == cleaned[::-1]
