@@ -188,7 +188,15 @@ async fn run(bench: &Bench, case: &Case, workspace: &Path) -> Result<Ran> {
         db: Some(bench.db.clone()),
         redis: None,
     };
-    let agent = crate::run::configure_agent(&args, &place, None, &bench.loaded, None).await?;
+    // The case's time limit is the attempt's: no single step may end it
+    // sooner (a slow local model spends more than the default step limit
+    // on one long prompt). A tighter step limit in loom.toml stays.
+    let mut loaded = bench.loaded.clone();
+    if let Some(limit) = case.timeout_secs {
+        let step = &mut loaded.file.step_timeout_secs;
+        *step = Some(step.map_or(limit, |own| own.min(limit)));
+    }
+    let agent = crate::run::configure_agent(&args, &place, None, &loaded, None).await?;
     let mut handle = agent.run(loom::RunRequest {
         prompt: case.prompt.clone(),
         ..loom::RunRequest::default()

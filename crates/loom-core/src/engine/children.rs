@@ -217,7 +217,8 @@ impl Children {
             time: false,
         };
         // A child has at most the time its parent has left: of its run, and
-        // of the turn that calls it.
+        // of the calling turn when that has a limit (the driver lifts the
+        // step limit from a turn that calls `task`).
         let parent_ends = [self.parent.run_deadline(), self.step_deadline.clone()]
             .into_iter()
             .flatten()

@@ -143,9 +143,11 @@ impl TaskHandler for DefaultGuidance {
         } else {
             format!("{} of the {} tool calls failed", analysis.failures, analysis.results)
         };
+        // Not "say so in your answer": a small model takes that as leave
+        // to stop at the first failure; the monitor ends real loops.
         Some(format!(
-            "{count} ({tools}). Read the error in the result: fix the arguments or try another approach. \
-             If a tool keeps failing, say so in your answer instead of retrying it."
+            "{count} ({tools}). The error in the result says what went wrong: fix the arguments and call again, \
+             or try another tool."
         ))
     }
 }

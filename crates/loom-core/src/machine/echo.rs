@@ -1,33 +1,27 @@
-//! An answer that only repeats an error: a small model often gives a
-//! tool's error text back as its final answer ("Error: 'x' does not
-//! exist"), or writes an error it never got, instead of acting on it. The
-//! run would end `DONE` with the task undone, so such an answer is sent
-//! back once with guidance (docs/context.md, "An error echoed as the answer").
+//! An answer that stops at an error: a small model often gives a tool's
+//! error text back as its final answer ("Error: 'x' does not exist"),
+//! writes an error it never got, or answers right after a failed call with
+//! advice on how to fix it — instead of fixing it. The run would end `DONE`
+//! with the task undone, so such an answer is sent back once with guidance
+//! (docs/context.md, "An error echoed as the answer").
 
 use crate::message::Message;
 
-/// Guidance of a retry after an answer that repeats an error.
-pub(crate) const ERROR_ECHO_NUDGE: &str = "Your reply only repeats an error message; the task is not done. \
-An error from a tool tells you what to fix: call the tool again with corrected arguments, or use another tool \
-(list_dir or glob find the right path). Do not report an error you have not checked with a tool.";
+/// Guidance of a retry after an answer that stops at an error.
+pub(crate) const ERROR_ECHO_NUDGE: &str = "The task is not done: your reply stops at an error. \
+The error says what went wrong with the call; fix it yourself now — call the tool again with corrected \
+arguments, or use another tool (list_dir or glob find the right path). \
+Do not report an error you have not checked with a tool.";
 
-/// The shortest piece of a tool's error that, found in the answer, counts as repeating it.
-const MIN_ECHO_CHARS: usize = 16;
-
-/// Whether `answer` repeats an error rather than answering: it starts as
-/// an error message does, or it quotes the error the last tool results
-/// gave. `messages` is the history before the answer.
+/// Whether `answer` stops at an error rather than answering: it starts as
+/// an error message does, or it comes right after a failed call.
+/// `messages` is the history before the answer.
 pub(crate) fn echoes_an_error(answer: &str, messages: &[Message]) -> bool {
     let answer = answer.trim();
     if answer.is_empty() {
         return false;
     }
-    if starts_as_an_error(answer) {
-        return true;
-    }
-    last_results(messages)
-        .filter_map(failed_result_line)
-        .any(|line| line.chars().count() >= MIN_ECHO_CHARS && answer.contains(line))
+    starts_as_an_error(answer) || last_results(messages).any(|result| failed_result_line(result).is_some())
 }
 
 fn starts_as_an_error(text: &str) -> bool {
@@ -59,7 +53,7 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_that_starts_as_an_error_or_quotes_the_last_one_is_an_echo() {
+    fn an_answer_that_starts_as_an_error_or_follows_a_failed_call_stops_at_it() {
         assert!(echoes_an_error(
             "Error: File 'pages.txt' does not exist.",
             &[Message::user("go")]
@@ -75,19 +69,22 @@ mod tests {
     }
 
     #[test]
-    fn a_real_answer_is_not_an_echo() {
-        let messages = after_result("Error: cannot read 'a.txt': No such file or directory (os error 2)");
-        assert!(!echoes_an_error(
-            "The file a.txt does not exist, so I created it with the totals.",
+    fn advice_right_after_a_failed_call_stops_at_it_too() {
+        let messages = after_result("Error: cannot list 'src': it does not exist. What '.' holds:\ninventory.py");
+        assert!(echoes_an_error(
+            "To fix the error, you should change the `path` argument to the right directory.",
             &messages
         ));
+    }
+
+    #[test]
+    fn a_real_answer_is_not_an_echo() {
         assert!(!echoes_an_error("There are 12 pages.", &after_result("Pages: 12")));
-        // An error word later in a real answer, and short error texts, are not an echo.
+        // An error word later in an answer after a successful call.
         assert!(!echoes_an_error(
             "Fixed the error in calc.py; the tests pass.",
-            &messages
+            &after_result("ok")
         ));
-        assert!(!echoes_an_error("Done: x", &after_result("Error: x")));
         // Only the latest results count.
         let older = vec![
             Message::tool(
