@@ -54,10 +54,17 @@ def offered_tools(suite_path: str | None) -> dict[str, set] | None:
     """Each case's offered tools, from the suite the results name (None: unknown)."""
     if not suite_path:
         return None
+    from suite import load_suite
+    from toolbox import load_tool_specs
+    # As written in the results (relative to where the run started), else the file of
+    # that name beside this script.
+    for candidate in (Path(suite_path), HERE / Path(suite_path).name):
+        if candidate.is_file():
+            break
+    else:
+        return None
     try:
-        from suite import load_suite
-        from toolbox import load_tool_specs
-        suite = load_suite(suite_path)
+        suite = load_suite(candidate)
         return {c.name: {s["function"]["name"] for s in load_tool_specs(c.tools)} for c in suite.cases}
     except Exception:
         return None
@@ -65,10 +72,12 @@ def offered_tools(suite_path: str | None) -> dict[str, set] | None:
 
 def causes(attempt: dict, offered: set | None) -> list[str]:
     if attempt["status"] != "DONE":
-        found = [attempt["status"]]
+        # An error's kind too (the text before its first colon): "ERROR: APIConnectionError".
+        error = (attempt.get("error") or "").split(":", 1)[0].strip()
+        found = [attempt["status"] + (f": {error[:40]}" if attempt["status"] == "ERROR" and error else "")]
     else:
-        first = next((c["check"] for c in attempt.get("checks", []) if not c["passed"]), "unknown")
-        found = [first.split(" ", 1)[0]]
+        first = next((c for c in attempt.get("checks", []) if not c["passed"]), None)
+        found = [(first.get("kind") or first["check"].split(" ", 1)[0]) if first else "unknown"]
     called = attempt.get("tools_called") or []
     if not called and attempt["status"] == "DONE":
         found.append(NO_TOOL)
@@ -130,7 +139,7 @@ def main() -> int:
             for cause in causes(attempt, tools):
                 counts.setdefault(cause, {}).setdefault(name, 0)
                 counts[cause][name] += 1
-    print("\nFailed attempts by cause (a status other than DONE, else the first failed check; "
+    print("\nFailed attempts by cause (a status other than DONE (with an error's kind), else the first failed check; "
           "the last two rows are counted besides):\n")
     print("| cause | " + " | ".join(names) + " |")
     print("| --- |" + " ---: |" * len(names))

@@ -12,7 +12,8 @@
 #   SUITE     the suite file       (default bench/realmodel/suite.toml)
 #   LOOM_BIN  the loom binary      (default target/debug/loom)
 #   RESULTS   where results go     (default bench/realmodel/results)
-# Writes RESULTS/<date>-<runtime>.json per runtime and RESULTS/<date>-report.md.
+# Writes RESULTS/<date>-<runtime>.json per runtime and RESULTS/<date>-report.md (and
+# RESULTS/<date>-restarts.log when the model server had to be restarted during the run).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -56,13 +57,32 @@ if [ "$RUNTIMES" != loom ]; then
 fi
 
 mkdir -p "$RESULTS"
+
+# llama.cpp b8156 sometimes aborts mid-answer ("Unexpected empty grammar stack after
+# accepting piece"), whatever the client: the attempt in flight fails, and without a
+# restart so would every later one, of whichever runtime happened to be running. So a
+# watchdog restarts a dead server for all runtimes alike, and notes when it did.
+watchdog() {
+  while sleep 2; do
+    curl -sf -m 10 "${BASE_URL%/v1}/health" >/dev/null 2>&1 && continue
+    sleep 2   # asked twice: one missed answer is not a dead server
+    curl -sf -m 10 "${BASE_URL%/v1}/health" >/dev/null 2>&1 && continue
+    echo "[run.sh] $(date -u +%H:%M:%S) the model server is down; restarting it" |
+      tee -a "$RESULTS/$STAMP-restarts.log" >&2
+    bash "$HERE/setup.sh" >/dev/null || true
+  done
+}
+watchdog &
+WATCHDOG=$!
+trap 'kill "$WATCHDOG" 2>/dev/null || true' EXIT
+
 written=()
 for rt in $RUNTIMES; do
+  bash "$HERE/setup.sh" >/dev/null   # each runtime starts on a live server
   out="$RESULTS/$STAMP-$rt.json"
   echo "[run.sh] $rt: $SUITE x $REPEAT -> $out" >&2
   if [ "$rt" = loom ]; then
-    # loom eval takes the server from OPENAI_BASE_URL, as `loom run` does.
-    OPENAI_BASE_URL="$BASE_URL" "$LOOM_BIN" eval "$SUITE" --model "openai:$MODEL" \
+    "$LOOM_BIN" eval "$SUITE" --model "openai:$MODEL" --base-url "$BASE_URL" \
       --repeat "$REPEAT" -j "$JOBS" --json "$out" || echo "[run.sh] loom eval exited $?" >&2
   else
     "$HERE/.venv/bin/python" "$HERE/frameworks/$(runner_of "$rt")" "$SUITE" --base-url "$BASE_URL" \

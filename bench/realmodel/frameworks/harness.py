@@ -26,6 +26,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -47,6 +49,7 @@ INSTRUCTIONS = (
 
 # Statuses a runner may report (the `status` field of an attempt).
 DONE, MAX_STEPS, TIMEOUT, ERROR = "DONE", "MAX_STEPS", "TIMEOUT", "ERROR"
+
 
 @dataclass
 class Attempt:
@@ -114,6 +117,30 @@ async def _attempt(run: RunFn, case: Case, number: int, base_url: str, model: st
         return result, meter
 
 
+def _wait_for_server(base_url: str, runtime: str, limit: float = 180) -> None:
+    """Before an attempt: wait while the server is down or loading (503), as after a crash
+    and run.sh's restart, so that an attempt is not lost to the restart's few seconds.
+    Any other answer, even 404 from a server without /health, counts as up."""
+    health = base_url.rstrip("/").removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + limit
+    said = False
+    while True:
+        try:
+            urllib.request.urlopen(health, timeout=10).close()
+            return
+        except urllib.error.HTTPError as err:
+            if err.code != 503:
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            return  # let the attempt fail and say why
+        if not said:
+            print(f"[{runtime}] the model server is not answering ({health}); waiting", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(2)
+
+
 def _summaries(cases: list[Case], attempts: list[dict]) -> list[dict]:
     out = []
     for case in cases:
@@ -179,6 +206,7 @@ def main(runtime: str, run: RunFn, argv: list[str] | None = None) -> int:
     def one(job):
         case, number = job
         model = case.model or args.model
+        _wait_for_server(args.base_url, runtime)
         result, meter = asyncio.run(_attempt(run, case, number, args.base_url, model,
                                              keep_bodies=bool(args.dump_requests)))
         if args.dump_requests:

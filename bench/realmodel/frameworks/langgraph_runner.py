@@ -21,6 +21,7 @@ one step above what max_steps turns and their tool rounds need, so it never cuts
 
 import os
 import sys
+import warnings
 
 from langchain_core.messages import AIMessage
 from langchain_core.tools import StructuredTool
@@ -29,6 +30,10 @@ from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
 
 import harness
+
+# LangGraph 1.x marks create_react_agent as moved to langchain.agents.create_agent (another
+# package); the prebuilt one is still LangGraph's own and what this runner measures.
+warnings.filterwarnings("ignore", message="create_react_agent has been moved")
 
 
 class StepLimit(Exception):

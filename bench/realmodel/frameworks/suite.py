@@ -143,9 +143,11 @@ def run_check(check: dict, workspace: Path, result: dict) -> dict:
         except subprocess.TimeoutExpired:
             detail = f"timed out after {COMMAND_CHECK_TIMEOUT} s"
     elif kind == "answer_contains":
+        label = f"{kind} {json.dumps(value)}"
         passed = value in answer
         detail = "" if passed else f"the answer does not contain {json.dumps(value)}"
     elif kind == "answer_matches":
+        label = f"{kind} {json.dumps(value)}"
         passed = re.search(value, answer) is not None
         detail = "" if passed else f"the answer does not match /{value}/"
     elif kind == "tool_called":
@@ -167,7 +169,8 @@ def run_check(check: dict, workspace: Path, result: dict) -> dict:
     elif kind == "status":
         passed = result.get("status") == value
         detail = "" if passed else f"status {result.get('status')}"
-    return {"check": label, "passed": passed, "detail": detail}
+    # As `loom eval` writes a check: a detail only when it failed.
+    return {"check": label, "kind": kind, "passed": passed, **({} if passed else {"detail": detail})}
 
 
 def run_checks(case: Case, workspace: Path, result: dict) -> list[dict]:
