@@ -576,6 +576,12 @@ impl AgentBuilder {
         for tool in self.tools {
             registry.register(tool)?;
         }
+        let tools_offered = registry.names().next().is_some() || !self.tool_sources.is_empty();
+        let read_only_tools: Arc<[String]> = registry
+            .names()
+            .filter(|name| registry.get(name).is_some_and(|tool| tool.tool.read_only()))
+            .map(str::to_string)
+            .collect();
         let pipeline = Arc::new(
             ToolPipeline::new(
                 Arc::new(registry),
@@ -605,6 +611,8 @@ impl AgentBuilder {
                     feedback: self.feedback,
                     task_handlers: self.task_handlers.into(),
                     monitor: self.monitor,
+                    tools_offered,
+                    read_only_tools,
                 },
                 protected,
                 read_only,

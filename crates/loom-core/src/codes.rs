@@ -76,9 +76,13 @@ wire_enum! {
         /// `<tool_call>` tag) that its server passed on as text; they
         /// were made as calls.
         CallsFromText = "CALLS_FROM_TEXT",
-        /// The model's answer repeated a tool's error instead of doing the
-        /// task; it was asked once more.
+        /// The model's answer stopped at an error (repeated it, or came
+        /// right after a failed call); it was asked once more.
         ErrorEcho = "ERROR_ECHO",
+        /// The model answered with the work written out (code, steps)
+        /// before calling any tool that changes something; it was asked
+        /// once more.
+        DescribedWork = "DESCRIBED_WORK",
     }
 }
 

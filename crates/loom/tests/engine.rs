@@ -346,7 +346,13 @@ async fn matrix_external_cancel_during_a_slow_tool() {
 
 #[tokio::test]
 async fn matrix_tool_failure_continues_the_run() {
-    let model = scripted(vec![call("faulty", json!({"mode": "fail"})), answer("recovered")]);
+    // An answer right after a failed call is sent back once with guidance
+    // (docs/context.md, "An error echoed as the answer"); the second is the answer.
+    let model = scripted(vec![
+        call("faulty", json!({"mode": "fail"})),
+        answer("The call failed with an error."),
+        answer("recovered"),
+    ]);
     let (events, outcome) = agent(&model, 10)
         .tool(Faulty)
         .build()
@@ -357,6 +363,19 @@ async fn matrix_tool_failure_continues_the_run() {
     assert_contract(&events);
     assert_eq!(outcome.status, RunStatus::Done);
     assert_eq!(outcome.content.as_deref(), Some("recovered"));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.kind, EventKind::Warning { code, .. } if code.as_str() == "ERROR_ECHO")),
+        "the first answer was sent back"
+    );
+    assert!(
+        !outcome
+            .messages
+            .iter()
+            .any(|m| m.content() == "The call failed with an error."),
+        "and is not stored"
+    );
     let results = tool_results(&events);
     assert_eq!(results[0].1, "error");
     assert!(results[0].2.contains("disk on fire"));

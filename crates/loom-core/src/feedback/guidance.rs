@@ -33,6 +33,8 @@ crate::wire::wire_enum! {
         EmptyAnswer = "empty_answer",
         /// An answer that only repeated an error is asked for once more.
         ErrorEcho = "error_echo",
+        /// An answer that described the work without using a tool is asked for once more.
+        DescribedWork = "described_work",
     }
 }
 

@@ -301,7 +301,9 @@ impl RecursionMonitor {
                     &mut verdict,
                     GuidanceReason::RepetitionWarning,
                     &format!("repeat:{tool}:{streak}"),
-                    format!("⚠️ You've called '{tool}' {streak} times in a row with the same arguments and got the same result. Consider trying a different approach or completing the task."),
+                    // Concrete, for a small model: what not to do, and
+                    // what the next step may be instead.
+                    format!("⚠️ You called '{tool}' {streak} times in a row with the same arguments and got the same result; it is above. Do not call it again. Take the next step of the task with that result: write or edit the files the task asks for, run a command, or give your final answer."),
                 );
             }
         }

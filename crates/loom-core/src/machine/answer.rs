@@ -3,7 +3,8 @@
 //! filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
 //! retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — except
 //! on a final-answer call, whose emptiness means "no answer". An answer
-//! that only repeats an error is sent back once ([`super::echo`]).
+//! that only repeats an error is sent back once ([`super::echo`]), and so
+//! is one that describes the work without using a tool ([`super::described`]).
 
 use crate::event::EventKind;
 use crate::feedback::GuidanceReason;
@@ -11,6 +12,7 @@ use crate::llm::FinishReason;
 use crate::message::Message;
 use crate::outcome::{ErrorCode, StopReason, WarningCode};
 
+use super::described::{describes_work, DESCRIBED_WORK_NUDGE};
 use super::echo::{echoes_an_error, ERROR_ECHO_NUDGE};
 use super::guidance::{GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
 use super::state::{Ending, Mode, TurnPhase};
@@ -93,6 +95,8 @@ impl TurnMachine {
         }
         self.leave_answering();
         let working = self.state.mode == Mode::Working;
+        // Both retries are guidance: off with the feedback.
+        let working = working && self.settings.feedback;
         if working
             && answer.tool_calls.is_empty()
             && !self.state.echo_sent_back
@@ -104,7 +108,25 @@ impl TurnMachine {
             }
             self.warn(
                 WarningCode::ErrorEcho,
-                "the model's answer only repeats an error; asking once more, with guidance".to_string(),
+                "the model's answer stops at an error; asking once more, with guidance".to_string(),
+            );
+            return;
+        }
+        if working
+            && answer.tool_calls.is_empty()
+            && !self.state.may_have_changed
+            && self.settings.tools_offered
+            && !self.state.described_sent_back
+            && describes_work(&answer.content)
+        {
+            self.state.described_sent_back = true;
+            if let TurnPhase::Answering(answering) = &mut self.state.phase {
+                answering.extra = Some(GuidancePart::new(GuidanceReason::DescribedWork, DESCRIBED_WORK_NUDGE));
+            }
+            self.warn(
+                WarningCode::DescribedWork,
+                "the model described the work (code or steps) without doing it with a tool; asking once more, with guidance"
+                    .to_string(),
             );
             return;
         }

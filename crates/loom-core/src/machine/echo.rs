@@ -14,14 +14,38 @@ arguments, or use another tool (list_dir or glob find the right path). \
 Do not report an error you have not checked with a tool.";
 
 /// Whether `answer` stops at an error rather than answering: it starts as
-/// an error message does, or it comes right after a failed call.
-/// `messages` is the history before the answer.
+/// an error message does; or it comes right after a failed call and quotes
+/// it, talks of an error, or writes out the fix (code, steps) instead of
+/// making it.
+/// A plain answer after a failure ("config.toml is not in the workspace,
+/// so the port is not set") is an answer. `messages` is the history
+/// before the answer.
 pub(crate) fn echoes_an_error(answer: &str, messages: &[Message]) -> bool {
     let answer = answer.trim();
     if answer.is_empty() {
         return false;
     }
-    starts_as_an_error(answer) || last_results(messages).any(|result| failed_result_line(result).is_some())
+    if starts_as_an_error(answer) {
+        return true;
+    }
+    let failures: Vec<&str> = last_results(messages).filter_map(failed_result_line).collect();
+    if failures.is_empty() {
+        return false;
+    }
+    let quotes_one = failures
+        .iter()
+        .any(|line| line.chars().count() >= MIN_QUOTED_CHARS && answer.contains(line));
+    quotes_one || mentions_an_error(answer) || super::described::describes_work(answer)
+}
+
+/// The shortest first line of an error that, found in the answer, counts as repeating it.
+const MIN_QUOTED_CHARS: usize = 16;
+
+/// The word "error" anywhere (`error`, `errors`, `Error:`), not inside another word.
+fn mentions_an_error(text: &str) -> bool {
+    text.to_ascii_lowercase()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|word| word == "error" || word == "errors")
 }
 
 fn starts_as_an_error(text: &str) -> bool {
@@ -75,6 +99,25 @@ mod tests {
             "To fix the error, you should change the `path` argument to the right directory.",
             &messages
         ));
+    }
+
+    #[test]
+    fn a_fix_written_out_right_after_a_failed_call_stops_at_it() {
+        let messages = after_result("Error: exit code 1 (0.4 s)\n--- stderr ---\nFAILED (failures=1)");
+        assert!(echoes_an_error(
+            "Here's the updated function:\n```python\ndef parse_price(s):\n    return float(s)\n```",
+            &messages
+        ));
+    }
+
+    #[test]
+    fn a_plain_answer_after_a_failed_call_is_an_answer() {
+        let messages = after_result("Error: cannot read 'config.toml': it does not exist. What '.' holds:\nREADME");
+        assert!(!echoes_an_error(
+            "config.toml is not in the workspace, so the port is not set anywhere.",
+            &messages
+        ));
+        assert!(!echoes_an_error("recovered", &messages));
     }
 
     #[test]

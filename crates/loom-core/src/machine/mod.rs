@@ -9,6 +9,7 @@
 //! checkpoint saves and what resume loads. See docs/architecture.md.
 
 mod answer;
+mod described;
 mod echo;
 mod guidance;
 mod state;
@@ -87,6 +88,12 @@ pub(crate) struct Settings {
     pub feedback: bool,
     pub task_handlers: Arc<[Arc<dyn TaskHandler>]>,
     pub monitor: MonitorConfig,
+    /// Whether the agent has tools (an answer that describes the work
+    /// without using one is sent back only then).
+    pub tools_offered: bool,
+    /// The tools that only look (a turn that calls only these has changed
+    /// nothing; a tool not named here may have).
+    pub read_only_tools: Arc<[String]>,
 }
 
 /// A run's state with its history, and the rules that move it.
@@ -265,6 +272,12 @@ impl TurnMachine {
         }
         self.memory.extend(tool_messages);
         self.state.steps += 1;
+        if calls
+            .iter()
+            .any(|call| !self.settings.read_only_tools.contains(&call.name))
+        {
+            self.state.may_have_changed = true;
+        }
         self.state
             .conversation_at
             .insert(self.state.steps, self.memory.messages().len());
@@ -454,6 +467,8 @@ mod tests {
             feedback: true,
             task_handlers: Arc::new([]),
             monitor: MonitorConfig::default(),
+            tools_offered: true,
+            read_only_tools: Arc::new([]),
         };
         TurnMachine::new(RunState::new(TurnState::initial(10), "q"), memory, settings)
     }

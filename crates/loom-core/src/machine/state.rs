@@ -43,6 +43,13 @@ pub struct RunState {
     /// Whether an answer that only repeated an error was sent back (once a run).
     #[serde(default)]
     pub(crate) echo_sent_back: bool,
+    /// Whether the run called a tool that may change something (one not
+    /// read-only), successfully or not.
+    #[serde(default)]
+    pub(crate) may_have_changed: bool,
+    /// Whether an answer that described the work without doing it was sent back (once a run).
+    #[serde(default)]
+    pub(crate) described_sent_back: bool,
     /// How long the history was (system prompt included) as of each step:
     /// step 0 before the run's prompt, step N after its tool results —
     /// what a rewind or a fork keeps of the conversation. Cleared when the
@@ -163,6 +170,8 @@ impl RunState {
             task: task.into(),
             stop_refusals: 0,
             echo_sent_back: false,
+            described_sent_back: false,
+            may_have_changed: false,
             conversation_at: std::collections::BTreeMap::new(),
             metrics: RunMetrics::default(),
         }
