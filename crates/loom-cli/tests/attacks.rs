@@ -96,6 +96,10 @@ fn decoded(content: &str) -> String {
         .unwrap_or_default()
         .split("--- stderr")
         .next()
+        .unwrap_or_default()
+        // The result ends with what held the command in (tools.md).
+        .split("[sandbox: ")
+        .next()
         .unwrap_or_default();
     let encoded: String = stdout.split_whitespace().collect();
     let mut child = std::process::Command::new("base64")
@@ -160,6 +164,9 @@ fn from_bash_no_other_process_and_none_of_loom_secrets_can_be_seen() {
             .1
             .split("--- stdout ---\n")
             .nth(1)
+            .unwrap()
+            .lines()
+            .next()
             .unwrap()
             .trim()
             .parse()

@@ -301,7 +301,7 @@ fn captured_bodies() -> &'static [Captured] {
 fn compressed() -> Vec<Captured> {
     let dir = workspace();
     let root = dir.path();
-    std::fs::write(root.join("long.txt"), "release checklist line\n".repeat(40)).unwrap();
+    std::fs::write(root.join("long.txt"), "release checklist line\n".repeat(80)).unwrap();
     let summary = json!({"content": "## 1. Background context\n- reading long.txt about releases\n## 5. Execution results\n- the checklist was read"});
     std::fs::write(
         root.join("summaries.json"),
@@ -311,7 +311,7 @@ fn compressed() -> Vec<Captured> {
     // Sized as in tests/context.rs: small enough that five reads compress.
     std::fs::write(
         root.join("loom.toml"),
-        "context_window = 3300\nkeep_recent_messages = 3\ncompression_model = \"scripted:summaries.json\"\n\n[feedback]\nduplicate_threshold = 6\n\n[tools.bash]\nenabled = false\n",
+        "context_window = 2400\nkeep_recent_messages = 3\ncompression_model = \"scripted:summaries.json\"\n\n[feedback]\nduplicate_threshold = 6\n\n[tools.bash]\nenabled = false\n",
     )
     .unwrap();
     let mut replies: Vec<Reply> = (1..=5).map(|n| calls(&[read(n, "long.txt")])).collect();

@@ -71,7 +71,7 @@ fn compression_and_retrieval_from_loom_toml_and_the_verbose_summary() {
     // would take room the summary is measured against, so it is left out.
     std::fs::write(
         root.join("loom.toml"),
-        "model = \"scripted:script.json\"\ncontext_window = 3300\nkeep_recent_messages = 3\ncompression_model = \"scripted:summaries.json\"\n\n[feedback]\nduplicate_threshold = 6\n\n[retrieval]\ndir = \"docs\"\nlimit = 2\n\n[tools.bash]\nenabled = false\n",
+        "model = \"scripted:script.json\"\ncontext_window = 2400\nkeep_recent_messages = 3\ncompression_model = \"scripted:summaries.json\"\n\n[feedback]\nduplicate_threshold = 6\n\n[retrieval]\ndir = \"docs\"\nlimit = 2\n\n[tools.bash]\nenabled = false\n",
     )
     .unwrap();
 
@@ -94,7 +94,7 @@ fn compression_and_retrieval_from_loom_toml_and_the_verbose_summary() {
     let retrieved = events.iter().find(|e| e["type"] == "retrieval.complete").unwrap();
     assert_eq!(retrieved["sources"][0], "release.md#1");
     let compressed: Vec<&Value> = events.iter().filter(|e| e["type"] == "compression.applied").collect();
-    assert!(!compressed.is_empty(), "a 3300-token window forces compression");
+    assert!(!compressed.is_empty(), "a 2400-token window forces compression");
     // The first compression is the model's summary; in a window this small a
     // later one may also have to drop old tool outputs (the fallback).
     assert_eq!(compressed[0]["method"], "summary");

@@ -111,7 +111,7 @@ fn the_real_model_smoke_runs_every_request_and_call_to_a_typed_end() {
 
         // A typed end, the same the report gives.
         let end = named("lifecycle.end")
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("no end: {attempt}"));
         let status = end["status"].as_str().unwrap();
         assert!(TYPED_STATUSES.contains(&status), "{end}");

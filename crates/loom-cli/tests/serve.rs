@@ -885,7 +885,7 @@ async fn an_idempotency_key_outlives_a_restart_and_a_broken_store_answers_intern
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_agents_events_and_ask_reach_the_parents_subscribers() {
-    let (_dir, _model, gateway) = gateway("", &["--ask", "write_file"]);
+    let (_dir, _model, gateway) = gateway("[tools]\ntask = true", &["--ask", "write_file"]);
     let mut client = gateway.ws(ALICE).await;
     let run = run_id(
         &client
@@ -1294,6 +1294,9 @@ async fn the_gateways_hooks_decide_and_clients_see_each_decision() {
         dir.path(),
         &model.url(),
         r#"
+[tools]
+task = true
+
 [[hooks]]
 event = "pre_tool_use"
 matcher = "bash"

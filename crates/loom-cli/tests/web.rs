@@ -422,7 +422,7 @@ async fn approve_an_ask_by_clicking_reload_mid_run_and_cancel_by_clicking() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_agent_is_nested_under_its_call_and_cross_site_posts_are_refused() {
-    let page = page(&[]).await;
+    let page = page_configured(&[], "[tools]\ntask = true").await;
     page.sign_in(ALICE).await;
     page.start_run("delegate steps=1 tool=task child=steps:1+tool:list_dir")
         .await;

@@ -156,10 +156,10 @@ mod tests {
             reads += 1;
             reads > 1
         })));
-        let listed = list(&jail, ".", Path::new(""));
+        let listed = listing(&jail, ".", Path::new(""));
         UNREADABLE.set(None);
         match listed {
-            Ok(out) => panic!("listed although where it is cannot be told: {}", out.content),
+            Ok(out) => panic!("listed although where it is cannot be told: {out}"),
             Err(err) => assert!(err.to_string().contains("cannot be told"), "{err}"),
         }
     }
