@@ -170,7 +170,7 @@ pub struct ToolsConfig {
     pub bash: Option<BashConfig>,
     /// Offer the `task` tool (sub-agents). Default: only when the project
     /// defines agents (`.loom/agents/`) — a model offered it unasked
-    /// delegates work it could do itself (docs/agents.md).
+    /// delegates work it could do itself (docs/subagents.md).
     pub task: Option<bool>,
 }
 

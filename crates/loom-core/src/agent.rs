@@ -577,6 +577,11 @@ impl AgentBuilder {
             registry.register(tool)?;
         }
         let tools_offered = registry.names().next().is_some() || !self.tool_sources.is_empty();
+        // An MCP server's tools are not known yet: they may change things.
+        let changing_tools_offered = !self.tool_sources.is_empty()
+            || registry.names().any(|name| {
+                name != crate::delegate::TASK_TOOL && registry.get(name).is_some_and(|tool| !tool.tool.read_only())
+            });
         let read_only_tools: Arc<[String]> = registry
             .names()
             .filter(|name| registry.get(name).is_some_and(|tool| tool.tool.read_only()))
@@ -612,6 +617,7 @@ impl AgentBuilder {
                     task_handlers: self.task_handlers.into(),
                     monitor: self.monitor,
                     tools_offered,
+                    changing_tools_offered,
                     read_only_tools,
                 },
                 protected,

@@ -74,15 +74,21 @@ fn blocks(text: &str) -> Vec<Block> {
     while from < text.len() {
         let tag = text[from..].find("<tool_call>").map(|i| from + i);
         let fence = text[from..].find("```").map(|i| from + i);
-        let block = match (tag, fence) {
-            (Some(t), Some(f)) if t < f => tagged(text, t),
-            (Some(t), None) => tagged(text, t),
-            (_, Some(f)) => fenced(text, f),
-            (None, None) => None,
+        let (block, at, marker) = match (tag, fence) {
+            (Some(t), Some(f)) if t < f => (tagged(text, t), t, "<tool_call>".len()),
+            (Some(t), None) => (tagged(text, t), t, "<tool_call>".len()),
+            (_, Some(f)) => (fenced(text, f), f, "```".len()),
+            (None, None) => break,
         };
-        let Some(block) = block else { break };
-        from = block.outer.end.max(from + 1);
-        found.push(block);
+        match block {
+            Some(block) => {
+                from = block.outer.end.max(from + 1);
+                found.push(block);
+            }
+            // Not a block after all (a fence never closed, say): a later
+            // one may still be.
+            None => from = at + marker,
+        }
     }
     if found.is_empty() {
         let trimmed = text.trim();
@@ -233,6 +239,11 @@ mod tests {
         // One call per line (Qwen's own way of writing several).
         let lines = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"b\"}}\n</tool_call>";
         assert_eq!(calls(lines).map(|c| c.len()), Some(2));
+        // A fence that opens no block does not hide a later call.
+        assert_eq!(
+            calls("Running ```ls``` now: <tool_call>{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}</tool_call>"),
+            Some(vec![("bash".into(), json!({"command": "ls"}))])
+        );
     }
 
     #[test]

@@ -373,3 +373,42 @@ async fn list_dir_reveals_nothing_of_a_protected_link_target() {
     assert!(listing.contains("peek (link"), "{listing}");
     assert!(listing.contains("plain.txt (3 bytes)"), "{listing}");
 }
+
+/// The right tool on the wrong kind of path is answered with what the model
+/// needs to go on (docs/tools.md, "Near misses") — and a file's content
+/// only ever by read_file, so read_file's permission rules still decide it.
+#[tokio::test]
+async fn near_misses_answer_with_what_is_there_and_list_dir_never_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/calc.py"), "SECRET = 'hunter2'\n").unwrap();
+
+    let read_dir = ReadFile
+        .call(args(json!({"path": "src"})), ctx(dir.path()))
+        .await
+        .unwrap();
+    assert!(read_dir.content.contains("is a directory"), "{}", read_dir.content);
+    assert!(read_dir.content.contains("calc.py (19 bytes)"), "{}", read_dir.content);
+    assert!(!read_dir.content.contains("hunter2"));
+
+    let list_file = ListDir
+        .call(args(json!({"path": "src/calc.py"})), ctx(dir.path()))
+        .await
+        .unwrap();
+    assert!(
+        list_file.content.starts_with("src/calc.py (19 bytes)\n"),
+        "{}",
+        list_file.content
+    );
+    assert!(list_file.content.contains("read_file shows what it holds"));
+    assert!(!list_file.content.contains("hunter2"), "list_dir never shows content");
+
+    let missing = ReadFile
+        .call(args(json!({"path": "src/lib/calc.rs"})), ctx(dir.path()))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("does not exist. What 'src' holds:"), "{missing}");
+    assert!(missing.contains("calc.py"), "{missing}");
+    assert!(!missing.contains("hunter2"));
+}

@@ -99,7 +99,7 @@ pub(crate) async fn attempt(bench: &Bench, case: &Case, number: u32) -> Result<A
 async fn fresh_workspace(bench: &Bench, case: &Case, number: u32) -> Result<Workspace> {
     let workspace = match &bench.keep {
         Some(root) => {
-            let dir = root.join(format!("{}-{number}", safe_name(&case.name)));
+            let dir = root.join(format!("{}-{number}", case.folder_name()));
             if dir.exists() {
                 tokio::fs::remove_dir_all(&dir)
                     .await
@@ -124,19 +124,6 @@ async fn fresh_workspace(bench: &Bench, case: &Case, number: u32) -> Result<Work
             .map_err(|err| anyhow!("copying the workspace failed: {err}"))??;
     }
     Ok(workspace)
-}
-
-/// A case name as a folder name.
-fn safe_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 /// Copies the folder `from` into `to`: files, folders and links as they are.
@@ -270,6 +257,5 @@ mod tests {
             "x = 1\n"
         );
         assert_eq!(std::fs::read_link(to.path().join("link")).unwrap(), Path::new("README"));
-        assert_eq!(safe_name("fix the/test"), "fix_the_test");
     }
 }

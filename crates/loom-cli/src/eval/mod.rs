@@ -65,7 +65,9 @@ pub(crate) async fn eval(args: EvalArgs) -> Result<ExitCode, Failure> {
         .buffer_unordered(usize::try_from(args.jobs).unwrap_or(1));
     while let Some((report, case, number)) = results.next().await {
         finished += 1;
-        let report = report.map_err(Failure::Runtime)?;
+        // One attempt that could not run (a workspace that would not copy,
+        // say) is a failed attempt; the others' results are kept.
+        let report = report.unwrap_or_else(|err| could_not_run(&case.name, number, &err));
         say!(
             "[{finished}/{total}] {} #{number}: {} ({}, {} steps, {:.0} s){}",
             case.name,
@@ -176,6 +178,27 @@ async fn run_attempt(bench: &Bench, case: &Case, number: u32) -> anyhow::Result<
             attempt::Workspace::Temporary(_) => None,
         },
     })
+}
+
+fn could_not_run(case: &str, number: u32, err: &anyhow::Error) -> AttemptReport {
+    AttemptReport {
+        case: case.to_string(),
+        attempt: number,
+        passed: false,
+        status: "ERROR".to_string(),
+        steps: 0,
+        model_calls: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cost_usd: 0.0,
+        wall_secs: 0.0,
+        run_id: None,
+        answer: None,
+        tools_called: Vec::new(),
+        error: Some(format!("could not run: {err:#}")),
+        checks: Vec::new(),
+        workspace: None,
+    }
 }
 
 fn read_report(path: &Path) -> anyhow::Result<Report> {

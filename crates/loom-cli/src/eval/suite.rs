@@ -158,6 +158,16 @@ impl Suite {
             if cases.iter().any(|known: &Case| known.name == name) {
                 bail!("two cases are named '{name}'");
             }
+            if let Some(known) = cases
+                .iter()
+                .find(|known: &&Case| known.folder_name() == folder_name(&name))
+            {
+                bail!(
+                    "cases '{}' and '{name}' would keep their workspaces (--keep) in one folder, '{}': rename one",
+                    known.name,
+                    folder_name(&name)
+                );
+            }
             let case = resolve(case, &file.defaults, base).with_context(|| format!("case '{name}'"))?;
             cases.push(case);
         }
@@ -207,7 +217,7 @@ fn resolve(case: CaseFile, defaults: &Settings, base: &Path) -> Result<Case> {
         name: case.name.trim().to_string(),
         prompt: case.prompt,
         workspace,
-        model: pick(&own.model, &defaults.model),
+        model: pick(&own.model, &defaults.model).map(|model| beside_the_suite(model, base)),
         mode,
         max_steps,
         timeout_secs,
@@ -215,6 +225,34 @@ fn resolve(case: CaseFile, defaults: &Settings, base: &Path) -> Result<Case> {
         min_pass_rate,
         checks: case.check,
     })
+}
+
+/// A case name as a folder name (`--keep DIR/NAME-N`).
+pub(crate) fn folder_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl Case {
+    pub(crate) fn folder_name(&self) -> String {
+        folder_name(&self.name)
+    }
+}
+
+/// A scripted model's file, like a workspace, is found relative to the
+/// suite file (the suite then runs from any directory).
+fn beside_the_suite(model: String, base: &Path) -> String {
+    match model.strip_prefix("scripted:") {
+        Some(path) if Path::new(path).is_relative() => format!("scripted:{}", base.join(path).display()),
+        _ => model,
+    }
 }
 
 /// A check that could never be judged is an error before anything runs.
@@ -254,6 +292,20 @@ fn validate(check: &Check) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_case_name_is_a_folder_name_no_other_case_shares() {
+        assert_eq!(folder_name("fix the/test"), "fix_the_test");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("suite.toml");
+        std::fs::write(
+            &path,
+            "[[case]]\nname = \"a b\"\nprompt = \"p\"\n[[case]]\nname = \"a_b\"\nprompt = \"p\"\n",
+        )
+        .unwrap();
+        let err = Suite::load(&path).unwrap_err();
+        assert!(format!("{err:#}").contains("in one folder, 'a_b'"), "{err:#}");
+    }
 
     #[test]
     fn defaults_apply_and_a_case_overrides_them() {
@@ -328,7 +380,7 @@ mode = "accept-edits"
             ),
             (
                 "[[case]]\nname = \"a\"\nprompt = \"p\"\n[[case.check]]\nfile_exists = \"x\"\nstatus = \"DONE\"",
-                "",
+                "wanted exactly 1 element",
             ),
             (
                 "[[case]]\nname = \"a\"\nprompt = \"p\"\n[[case.check]]\nfile_smells = \"x\"",

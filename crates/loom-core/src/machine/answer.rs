@@ -99,10 +99,13 @@ impl TurnMachine {
         let working = working && self.settings.feedback;
         if working
             && answer.tool_calls.is_empty()
+            && self.settings.tools_offered
             && !self.state.echo_sent_back
             && echoes_an_error(&answer.content, self.memory.messages())
         {
             self.state.echo_sent_back = true;
+            // The same answer is not sent back a second time as work described.
+            self.state.described_sent_back |= describes_work(&answer.content);
             if let TurnPhase::Answering(answering) = &mut self.state.phase {
                 answering.extra = Some(GuidancePart::new(GuidanceReason::ErrorEcho, ERROR_ECHO_NUDGE));
             }
@@ -115,7 +118,7 @@ impl TurnMachine {
         if working
             && answer.tool_calls.is_empty()
             && !self.state.may_have_changed
-            && self.settings.tools_offered
+            && self.settings.changing_tools_offered
             && !self.state.described_sent_back
             && describes_work(&answer.content)
         {

@@ -4,15 +4,16 @@
 //! the tests. 2. …", a fenced block with the file's content), having called
 //! nothing that changes anything. The run would end `DONE` with the
 //! workspace as it was; so such an answer is sent back once with guidance
-//! (docs/context.md, "Work described, not done"). A short answer, or one
+//! (docs/context.md, "Work described, not done"). A short answer, one
 //! given after the run called a tool that may change something (one not
-//! read-only: `write_file`, `edit_file`, `bash`, an MCP tool), is taken as
-//! it is.
+//! read-only: `write_file`, `edit_file`, `bash`, an MCP tool), or one from
+//! an agent offered no such tool (plan mode, a read-only sub-agent) is
+//! taken as it is.
 
 /// Guidance of a retry after an answer that describes the work.
 pub(crate) const DESCRIBED_WORK_NUDGE: &str = "Nothing in the workspace has changed: describing the work \
-does not do it. If the task asks you to create or change files or to run something, do it now with the tools \
-(write_file, edit_file, bash). If your answer needs no change, give it again.";
+does not do it. If the task asks you to create or change files or to run something, do it now with your tools \
+that write files or run commands. If your answer needs no change, give it again.";
 
 /// List lines (`- `, `* `, `1. `) that make an answer a written-out plan.
 const MIN_LIST_LINES: usize = 2;

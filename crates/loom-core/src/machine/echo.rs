@@ -10,7 +10,7 @@ use crate::message::Message;
 /// Guidance of a retry after an answer that stops at an error.
 pub(crate) const ERROR_ECHO_NUDGE: &str = "The task is not done: your reply stops at an error. \
 The error says what went wrong with the call; fix it yourself now — call the tool again with corrected \
-arguments, or use another tool (list_dir or glob find the right path). \
+arguments, or use another tool (listing the directory finds the right path). \
 Do not report an error you have not checked with a tool.";
 
 /// Whether `answer` stops at an error rather than answering: it starts as
@@ -48,9 +48,17 @@ fn mentions_an_error(text: &str) -> bool {
         .any(|word| word == "error" || word == "errors")
 }
 
+/// `Error: …`, `error - …`, `ERROR`; not `Error handling was added …`
+/// nor `Errors were fixed`: after the word comes punctuation or nothing.
 fn starts_as_an_error(text: &str) -> bool {
-    let head: String = text.chars().take(6).collect::<String>().to_ascii_lowercase();
-    head.starts_with("error:") || head.starts_with("error ") || head == "error"
+    let head: String = text.chars().take(12).collect::<String>().to_ascii_lowercase();
+    let Some(rest) = head.strip_prefix("error") else {
+        return false;
+    };
+    rest.trim_start()
+        .chars()
+        .next()
+        .is_none_or(|next| !next.is_alphanumeric())
 }
 
 /// The tool results of the latest turn, if the history ends with them.
@@ -123,6 +131,12 @@ mod tests {
     #[test]
     fn a_real_answer_is_not_an_echo() {
         assert!(!echoes_an_error("There are 12 pages.", &after_result("Pages: 12")));
+        // An answer about errors is not one.
+        assert!(!echoes_an_error(
+            "Error handling was added to parse_price; the tests pass.",
+            &after_result("ok")
+        ));
+        assert!(!echoes_an_error("Errors were fixed in calc.py.", &after_result("ok")));
         // An error word later in an answer after a successful call.
         assert!(!echoes_an_error(
             "Fixed the error in calc.py; the tests pass.",

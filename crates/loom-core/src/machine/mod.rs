@@ -88,9 +88,14 @@ pub(crate) struct Settings {
     pub feedback: bool,
     pub task_handlers: Arc<[Arc<dyn TaskHandler>]>,
     pub monitor: MonitorConfig,
-    /// Whether the agent has tools (an answer that describes the work
-    /// without using one is sent back only then).
+    /// Whether the agent has tools (an answer that stops at an error is
+    /// sent back only then).
     pub tools_offered: bool,
+    /// Whether it has a tool that may change something: one not read-only,
+    /// other than `task` (an answer that describes the work without doing
+    /// it is sent back only then; plan mode and a read-only sub-agent have
+    /// none).
+    pub changing_tools_offered: bool,
     /// The tools that only look (a turn that calls only these has changed
     /// nothing; a tool not named here may have).
     pub read_only_tools: Arc<[String]>,
@@ -459,6 +464,12 @@ mod tests {
     use crate::turn_state::TurnState;
 
     fn machine() -> TurnMachine {
+        machine_offering(true)
+    }
+
+    /// A machine whose agent has a tool that may change something, or only
+    /// tools that look.
+    fn machine_offering(changing_tools: bool) -> TurnMachine {
         let mut memory = Memory::new(Arc::new(crate::tokens::TiktokenCounter::for_model("gpt-4o")));
         memory.push(Message::system("s"));
         memory.push(Message::user("q"));
@@ -468,6 +479,7 @@ mod tests {
             task_handlers: Arc::new([]),
             monitor: MonitorConfig::default(),
             tools_offered: true,
+            changing_tools_offered: changing_tools,
             read_only_tools: Arc::new([]),
         };
         TurnMachine::new(RunState::new(TurnState::initial(10), "q"), memory, settings)
@@ -563,5 +575,57 @@ mod tests {
         assert!(matches!(m.next(), Next::Finish(answer) if answer == "Hello, world."));
         let last: Vec<&Message> = m.memory().messages().iter().skip(2).collect();
         assert_eq!(last, [&Message::assistant("Hello, world.")]);
+    }
+
+    /// The model answers `text`; the guidance it is sent back with, if any.
+    fn sent_back(m: &mut TurnMachine, text: &str) -> Option<GuidanceReason> {
+        m.answered(Answer {
+            content: text.into(),
+            ..Answer::default()
+        });
+        match m.next() {
+            Next::CallModel(request) => Some(request.guidance[0].reason),
+            Next::EndTurn => None,
+            _ => panic!("expected a model call or the turn's end"),
+        }
+    }
+
+    const STEPS: &str = "1. Open calc.py.\n2. Change `-` to `+` in add.";
+
+    #[test]
+    fn work_described_before_anything_changed_is_sent_back_once() {
+        let mut m = machine();
+        m.begin_turn();
+        assert_eq!(sent_back(&mut m, STEPS), Some(GuidanceReason::DescribedWork));
+        assert_eq!(sent_back(&mut m, STEPS), None, "once per run");
+        let codes: Vec<String> = m
+            .take_events()
+            .filter_map(|(_, kind)| match kind {
+                EventKind::Warning { code, .. } => Some(code.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(codes, ["DESCRIBED_WORK"]);
+    }
+
+    #[test]
+    fn an_agent_that_can_only_look_may_answer_with_a_list() {
+        let mut m = machine_offering(false);
+        m.begin_turn();
+        assert_eq!(sent_back(&mut m, STEPS), None, "a plan is plan mode's answer");
+    }
+
+    #[test]
+    fn an_answer_is_sent_back_once_even_when_two_rules_see_it() {
+        let mut m = machine();
+        m.memory_mut().push(Message::tool(
+            "c1",
+            "bash",
+            "Error: exit code 1 (0.4 s)\n--- stderr ---\nFAILED (failures=1)",
+        ));
+        m.begin_turn();
+        let fix = "Here is the fix:\n```python\ndef add(a, b):\n    return a + b\n```";
+        assert_eq!(sent_back(&mut m, fix), Some(GuidanceReason::ErrorEcho));
+        assert_eq!(sent_back(&mut m, fix), None, "not again as work described");
     }
 }

@@ -48,19 +48,34 @@ impl Tool for ListDir {
 }
 
 /// The listing of `path` (relative to the root; `requested` as the model
-/// named it). A file is answered with its content: a model that lists a
-/// file wants to see it, and an error it may echo as its answer helps it less.
+/// named it). A file is answered as `ls` answers it, with its entry (an
+/// error a small model may echo as its answer helps it less) — not with
+/// its content, which is read_file's, under read_file's permission rules.
 pub(super) fn listing(jail: &Jail, requested: &str, path: &Path) -> Result<String, ToolError> {
+    entries(jail, requested, path, true)
+}
+
+/// [`listing`], with a missing directory a plain error: the listing a
+/// near-miss answer shows, which looks for the nearest existing directory itself.
+pub(super) fn listing_only(jail: &Jail, requested: &str, path: &Path) -> Result<String, ToolError> {
+    entries(jail, requested, path, false)
+}
+
+fn entries(jail: &Jail, requested: &str, path: &Path, near_misses: bool) -> Result<String, ToolError> {
     let shown = display(path);
     let dir = match jail.open_dir(requested, path) {
         Ok(dir) => dir,
         Err(OpenError::Io(err)) if err.kind() == std::io::ErrorKind::NotADirectory => {
-            let content = super::read::read_text(jail, requested, path, None, None)?;
+            let file = jail
+                .open_read(requested, path)
+                .map_err(|err| super::open_error("list", &shown, err))?;
+            let len = file.metadata().map_err(|err| io_error("list", &shown, err))?.len();
             return Ok(format!(
-                "'{shown}' is a file, not a directory (list_dir lists directories). Its content:\n{content}"
+                "{shown} ({len} bytes)\n'{shown}' is a file, not a directory: read_file shows what it holds."
             ));
         }
-        Err(err) => return Err(open_error_near(jail, "list", &shown, path, err)),
+        Err(err) if near_misses => return Err(open_error_near(jail, "list", &shown, path, err)),
+        Err(err) => return Err(super::open_error("list", &shown, err)),
     };
     // Its entries are judged by their real path: when that cannot be
     // told, nothing is shown (as a refused open would), lest Loom's

@@ -77,7 +77,7 @@ fn open_error_near(jail: &Jail, action: &str, shown: &str, path: &std::path::Pat
                 dir.to_string_lossy().into_owned()
             };
             if let Ok(relative) = jail.relative(&requested) {
-                if let Ok(listing) = list::listing(jail, &requested, &relative) {
+                if let Ok(listing) = list::listing_only(jail, &requested, &relative) {
                     let mut lines: Vec<&str> = listing.lines().take(NEARBY_LINES + 1).collect();
                     if lines.len() > NEARBY_LINES {
                         lines[NEARBY_LINES] = "…";
