@@ -272,3 +272,90 @@ fn tool_call_ids_from_the_provider_are_made_unique() {
     assert_eq!(seen.len(), 5);
     assert!(seen.contains("same"), "a good id is kept");
 }
+
+/// `loom run` in a workspace holding `a.txt`, asked about it.
+fn ask_about_a_file(provider: &str, replies: Vec<Reply>) -> Ran {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
+    let server = FakeServer::start(replies);
+    let output = loom_in(dir.path())
+        .env("ANTHROPIC_API_KEY", "test-key")
+        .args(["run", "--json", "--model", &format!("{provider}:test"), "--base-url"])
+        .arg(server.url())
+        .arg("Which word does a.txt hold?")
+        .output()
+        .unwrap();
+    Ran {
+        code: output.status.code(),
+        events: json_lines(&output.stdout),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        requests: server.requests(),
+        dir,
+    }
+}
+
+#[test]
+fn an_answer_that_never_looked_at_the_named_file_is_sent_back_with_a_tool_call_required() {
+    let read = ("call_1", "read_file", r#"{"path": "a.txt"}"#);
+    for (provider, made_up, reading, answer, required) in [
+        (
+            "openai",
+            openai_text("beta", 4),
+            loom_testkit::openai_tool_calls(&[read]),
+            openai_text("alpha", 4),
+            json!("required"),
+        ),
+        (
+            "anthropic",
+            anthropic_text("beta"),
+            loom_testkit::anthropic_tool_use("", &[read]),
+            anthropic_text("alpha"),
+            json!({"type": "any"}),
+        ),
+    ] {
+        let ran = ask_about_a_file(
+            provider,
+            vec![Reply::Sse(made_up), Reply::Sse(reading), Reply::Sse(answer)],
+        );
+        assert_eq!(ran.code, Some(0), "{provider}: {}", ran.stderr);
+        assert_eq!(ran.requests.len(), 3, "{provider}");
+        let end = of_type(&ran.events, "lifecycle.end").pop().unwrap();
+        assert_eq!(end["content"], "alpha", "{provider}");
+        let warning = of_type(&ran.events, "warning").pop().unwrap();
+        assert_eq!(warning["code"], "UNTOUCHED_FILES", "{provider}");
+        // Only the retry is held to a call, and it says which file.
+        assert!(ran.requests[0].body.get("tool_choice").is_none(), "{provider}");
+        assert_eq!(ran.requests[1].body["tool_choice"], required, "{provider}");
+        assert!(ran.requests[1].body.to_string().contains("`a.txt`"), "{provider}");
+        assert!(ran.requests[2].body.get("tool_choice").is_none(), "{provider}");
+        // The made-up answer is not stored.
+        let stored = stored_messages(&ran);
+        assert!(!stored.iter().any(|m| m["content"] == "beta"), "{provider}: {stored:?}");
+    }
+}
+
+#[test]
+fn a_server_that_refuses_tool_choice_is_asked_again_without_it() {
+    let refused = Reply::status(
+        400,
+        json!({"error": {"message": "tool_choice 'required' is not supported", "type": "invalid_request_error"}}),
+    );
+    let ran = ask_about_a_file(
+        "openai",
+        vec![
+            Reply::Sse(openai_text("beta", 4)),
+            refused,
+            Reply::Sse(openai_text("alpha", 4)),
+        ],
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(ran.requests.len(), 3);
+    assert_eq!(ran.requests[1].body["tool_choice"], "required");
+    assert!(ran.requests[2].body.get("tool_choice").is_none());
+    assert!(
+        ran.requests[2].body.to_string().contains("`a.txt`"),
+        "the guidance still goes"
+    );
+    let end = of_type(&ran.events, "lifecycle.end").pop().unwrap();
+    assert_eq!(end["content"], "alpha");
+}

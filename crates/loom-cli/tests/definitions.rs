@@ -163,6 +163,9 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
             "task",
             r#"{"description": "review", "prompt": "Review main.rs.", "agent": "reviewer"}"#,
         )])),
+        // The child looks at the file its task names before it answers
+        // (an answer without that is sent back, docs/context.md).
+        Reply::Sse(openai_tool_calls(&[("call_2", "read_file", r#"{"path": "main.rs"}"#)])),
         Reply::Sse(openai_text("main.rs:1 is fine.", 8)),
         Reply::Sse(openai_text("The reviewer found nothing.", 8)),
     ]);
@@ -180,7 +183,7 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
     );
 
     let requests = server.requests();
-    assert_eq!(requests.len(), 3);
+    assert_eq!(requests.len(), 4);
     // The parent's request offers the agent by name and description.
     let parent = &requests[0].body;
     assert_eq!(parent["model"], "parent-model");
@@ -213,7 +216,7 @@ fn the_task_tool_runs_an_agent_defined_in_a_file() {
     );
     assert_eq!(texts.last().unwrap(), "Review main.rs.");
     // The parent reads the child's answer as the call's result.
-    let last = common::message_texts(&requests[2].body);
+    let last = common::message_texts(&requests[3].body);
     assert!(last.iter().any(|text| text.contains("main.rs:1 is fine.")), "{last:?}");
 }
 

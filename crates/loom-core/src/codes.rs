@@ -83,6 +83,10 @@ wire_enum! {
         /// before calling any tool that changes something; it was asked
         /// once more.
         DescribedWork = "DESCRIBED_WORK",
+        /// The model answered while a file the task names — one to read
+        /// or one to write — appeared in none of its tool calls; it was
+        /// asked once more.
+        UntouchedFiles = "UNTOUCHED_FILES",
     }
 }
 

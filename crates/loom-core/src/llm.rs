@@ -34,6 +34,11 @@ pub struct LlmRequest<'a> {
     /// instruction): never part of the history, at most one block. Each
     /// provider places it as its [`GuidancePlacement`] says.
     pub guidance: Option<&'a str>,
+    /// The answer must call a tool (`tool_choice: "required"`, Anthropic's
+    /// `{"type": "any"}`): asked when an answer was sent back for work the
+    /// model did not do (docs/context.md), so that a model that ignores the
+    /// guidance's words is held to it by its server. Only with tools.
+    pub require_tool_call: bool,
 }
 
 impl<'a> LlmRequest<'a> {
@@ -43,12 +48,21 @@ impl<'a> LlmRequest<'a> {
             messages,
             tools,
             guidance: None,
+            require_tool_call: false,
         }
     }
 
     /// The same request carrying `guidance`.
     pub fn with_guidance(self, guidance: Option<&'a str>) -> Self {
         Self { guidance, ..self }
+    }
+
+    /// The same request, its answer required to call a tool (when it offers any).
+    pub fn with_tool_call_required(self, required: bool) -> Self {
+        Self {
+            require_tool_call: required && !self.tools.is_empty(),
+            ..self
+        }
     }
 
     /// Where an inline reminder goes: the index of the last message when it

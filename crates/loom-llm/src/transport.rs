@@ -40,8 +40,13 @@ impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
-            first_byte_timeout: Duration::from_secs(120),
-            idle_timeout: Duration::from_secs(60),
+            // Minutes, not seconds: a model served on a CPU reads a long
+            // prompt for minutes before its first token, and a server
+            // answering two requests stalls one while it reads the other's
+            // prompt (llama.cpp sends nothing meanwhile). The official SDKs
+            // wait 10 minutes; Codex's stream idle limit is 5.
+            first_byte_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(300),
             retry: RetryPolicy::default(),
             breaker: BreakerSettings::default(),
             requests_per_minute: None,

@@ -417,19 +417,43 @@ async fn client_errors_are_not_retried_and_are_typed() {
 }
 
 #[tokio::test]
-async fn a_reset_before_any_answer_is_retried_but_not_after() {
+async fn a_reset_before_any_answer_is_retried_by_the_transport_and_after_it_once_by_the_run() {
     let server = FakeServer::start(vec![Reply::Reset(Vec::new()), Reply::Sse(openai_text("second try", 3))]);
     assert_eq!(text_of(&chunks(&openai(&server)).await.unwrap()), "second try");
 
+    // Cut after the answer began: the provider does not retry (part of it
+    // has streamed), the run asks once more, from the start, and says so.
     let full = openai_text("this answer will be cut off midway", 3);
-    let server = FakeServer::start(vec![Reply::Reset(full[..full.len() / 2].to_vec())]);
+    let cut = full[..full.len() / 2].to_vec();
+    let server = FakeServer::start(vec![Reply::Reset(cut.clone()), Reply::Sse(openai_text("whole", 3))]);
     let lookup = Lookup::default();
     let (events, outcome) = agent(openai(&server), &lookup).run("q").collect().await;
-    assert_eq!(outcome.status, RunStatus::Error);
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert_eq!(outcome.content.as_deref(), Some("whole"));
+    let names: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+    let broke = names.iter().position(|name| *name == "error").unwrap();
     assert!(
-        events.iter().any(|e| e.kind.name() == "llm.delta"),
-        "part of the answer had streamed"
+        names[..broke].contains(&"llm.delta"),
+        "part of the answer had streamed: {names:?}"
     );
+    assert_eq!(
+        names[broke + 1..].iter().filter(|name| **name == "llm.start").count(),
+        1,
+        "{names:?}"
+    );
+    match &events[broke].kind {
+        EventKind::Error { code, recoverable, .. } => {
+            assert_eq!(code.as_str(), "LLM_CONNECTION");
+            assert!(recoverable);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.requests().len(), 2);
+
+    // Once only: a second break ends the run.
+    let server = FakeServer::start(vec![Reply::Reset(cut.clone()), Reply::Reset(cut)]);
+    let (_, outcome) = agent(openai(&server), &lookup).run("q").collect().await;
+    assert_eq!(outcome.status, RunStatus::Error);
     match outcome.stop_reason {
         Some(StopReason::Error { code, message }) => {
             assert_eq!(code.as_str(), "LLM_CONNECTION");
@@ -437,7 +461,7 @@ async fn a_reset_before_any_answer_is_retried_but_not_after() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(server.requests().len(), 1, "no retry once the answer had started");
+    assert_eq!(server.requests().len(), 2, "asked again once");
 }
 
 /// A stream that told only which model answers (Anthropic's

@@ -245,6 +245,119 @@ async fn custom_handlers_and_switching_feedback_off() {
     assert!(guidance(&events).is_empty());
 }
 
+// ---- answers that are not answers ----
+
+/// A workspace holding `shapes.py`, and an agent that can read it.
+fn shapes_agent(model: &Arc<ScriptedModel>) -> (tempfile::TempDir, Agent) {
+    shapes_agent_with(model, false)
+}
+
+fn shapes_agent_with(model: &Arc<ScriptedModel>, can_write: bool) -> (tempfile::TempDir, Agent) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("shapes.py"), "def area(r):\n    return 3.14 * r * r\n").unwrap();
+    let mut builder = Agent::builder().model_arc(model.clone()).tool(loom::tools::ReadFile);
+    if can_write {
+        builder = builder.tool(loom::tools::WriteFile);
+    }
+    let agent = builder.workspace(dir.path()).max_steps(10).build().unwrap();
+    (dir, agent)
+}
+
+#[tokio::test]
+async fn an_answer_without_looking_at_the_file_the_task_names_is_sent_back_once() {
+    let model = scripted(vec![
+        answer("get_area"),
+        call("read_file", json!({"path": "shapes.py"})),
+        answer("area"),
+    ]);
+    let (_dir, agent) = shapes_agent(&model);
+    // `notes.md` is named too but does not exist, and this agent cannot write it.
+    let (events, outcome) = agent
+        .run("Which function in shapes.py has no docstring? Put it in notes.md later.")
+        .collect()
+        .await;
+    assert_contract(&events);
+    assert_eq!(outcome.status, RunStatus::Done);
+    assert_eq!(outcome.content.as_deref(), Some("area"));
+    let guidance = guidance(&events);
+    assert_eq!(guidance.len(), 1, "{guidance:?}");
+    assert_eq!(guidance[0].0, "untouched_files");
+    assert!(
+        guidance[0].1.contains("`shapes.py`") && !guidance[0].1.contains("notes.md"),
+        "{}",
+        guidance[0].1
+    );
+    let warned = events
+        .iter()
+        .any(|e| matches!(&e.kind, EventKind::Warning { code, .. } if code.as_str() == "UNTOUCHED_FILES"));
+    assert!(warned);
+    assert!(
+        !outcome.messages.iter().any(|m| m.content() == "get_area"),
+        "the answer sent back is not stored"
+    );
+    assert_eq!(model.played(), 3);
+}
+
+#[tokio::test]
+async fn an_answer_that_never_wrote_the_file_the_task_asks_for_is_sent_back_until_no_progress() {
+    let model = scripted(vec![
+        answer("The project computes the area of a circle."),
+        call(
+            "write_file",
+            json!({"path": "SUMMARY.md", "content": "Computes areas."}),
+        ),
+        // shapes.py is still unread, and the model made progress: sent back again.
+        answer("Done."),
+        call("read_file", json!({"path": "shapes.py"})),
+        answer("Done, after reading it."),
+    ]);
+    let (dir, agent) = shapes_agent_with(&model, true);
+    let task = "Read shapes.py and write a one-line summary of it to SUMMARY.md.";
+    let (events, outcome) = agent.run(task).collect().await;
+    assert_contract(&events);
+    assert_eq!(outcome.content.as_deref(), Some("Done, after reading it."));
+    let guidance = guidance(&events);
+    assert_eq!(guidance.len(), 2, "{guidance:?}");
+    assert!(
+        guidance.iter().all(|(reason, _)| reason == "untouched_files"),
+        "{guidance:?}"
+    );
+    assert!(guidance[0].1.contains("`shapes.py`"), "{}", guidance[0].1);
+    assert!(
+        guidance[0]
+            .1
+            .contains("`SUMMARY.md`, which the task names, does not exist"),
+        "{}",
+        guidance[0].1
+    );
+    assert!(
+        guidance[1].1.contains("`shapes.py`") && !guidance[1].1.contains("SUMMARY.md"),
+        "{}",
+        guidance[1].1
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("SUMMARY.md")).unwrap(),
+        "Computes areas."
+    );
+}
+
+#[tokio::test]
+async fn an_answer_after_looking_or_about_no_file_is_taken_at_once() {
+    for (task, script) in [
+        (
+            "What does shapes.py compute?",
+            vec![call("read_file", json!({"path": "shapes.py"})), answer("areas")],
+        ),
+        ("What is 2 + 2? See missing.py.", vec![answer("4")]),
+    ] {
+        let model = scripted(script);
+        let (_dir, agent) = shapes_agent(&model);
+        let (events, outcome) = agent.run(task).collect().await;
+        assert_eq!(outcome.status, RunStatus::Done, "{task}");
+        assert!(reasons(&events).is_empty(), "{task}: {:?}", reasons(&events));
+    }
+}
+
 // ---- compression ----
 
 const SUMMARY: &str = "## 1. Background context\n- the user wants five long results\n## 2. Key decisions\n- none\n## 3. Tool usage log\n- echo called for each result\n## 4. User intent evolution\n- none\n## 5. Execution results\n- results 0 to 3 collected\n## 6. Errors and solutions\n- none\n## 7. Open issues\n- none\n## 8. Future plans\n- answer";

@@ -18,7 +18,7 @@ use crate::tool_result::ToolStatus;
 use crate::trace_context::TraceParent;
 use crate::turn_state::TurnState;
 
-use super::Driver;
+use super::{named_files, Driver};
 
 /// How a run starts.
 pub(crate) enum Start {
@@ -88,7 +88,9 @@ impl Driver {
             Some(parent) => TurnState::initial_child(max_steps, parent.turn_id.clone()),
             None => TurnState::initial(max_steps),
         };
-        let state = RunState::new(first, prompt.clone());
+        let mut state = RunState::new(first, prompt.clone());
+        state.named_files =
+            named_files::find(&self.workspace, &self.engine.protected, &self.engine.read_only, &prompt).await;
         self.emit_start(&state, &prompt, false, forked_from);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {

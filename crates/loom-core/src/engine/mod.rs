@@ -9,6 +9,7 @@ mod controls;
 mod driver;
 pub(crate) mod event_log;
 mod model_call;
+mod named_files;
 mod run_hooks;
 mod snapshots;
 mod tools;

@@ -35,6 +35,9 @@ pub(crate) enum CallError {
     Cancelled,
     /// The model failed.
     Llm(LlmError),
+    /// The model's stream failed after it began (the transport retries
+    /// only before that).
+    BrokeOff(LlmError),
 }
 
 #[derive(Debug, Default)]
@@ -66,10 +69,14 @@ impl Driver {
             );
         }
         let mut retried = false;
+        let mut asked_again = false;
+        let mut must_call = call.must_call;
         loop {
             self.phase(&turn, Phase::Llm, true);
             let started = std::time::Instant::now();
-            let request = LlmRequest::new(machine.memory().messages(), tools).with_guidance(guidance.as_deref());
+            let request = LlmRequest::new(machine.memory().messages(), tools)
+                .with_guidance(guidance.as_deref())
+                .with_tool_call_required(must_call);
             let called = self.stream_answer(&engine, request, call.final_answer, &turn).await;
             let metrics = machine.metrics_mut();
             metrics.llm_calls += 1;
@@ -115,7 +122,35 @@ impl Driver {
                     );
                     self.prepare_context(machine, tools, true).await;
                 }
-                Err(CallError::Llm(err)) => {
+                Err(CallError::Llm(LlmError::BadRequest(message) | LlmError::InvalidRequest(message)))
+                    if must_call && !tools.is_empty() =>
+                {
+                    // A server that refuses to be held to a tool call
+                    // (`tool_choice`) is asked again without it: the
+                    // guidance's words still say what to do.
+                    must_call = false;
+                    tracing::info!(run_id = %self.ctx.run_id(), %message, "the server refused a required tool call; asking without");
+                }
+                Err(CallError::BrokeOff(
+                    err @ (LlmError::Server { .. } | LlmError::Connection(_) | LlmError::Protocol(_)),
+                )) if !asked_again => {
+                    // The server failed after the answer began (before it,
+                    // the transport retries): llama.cpp's streaming parser
+                    // sends 500 "Invalid diff", a server that crashed cuts
+                    // the stream. Nothing of the answer was used, so it is
+                    // asked for once more, from the start.
+                    asked_again = true;
+                    metrics.record_error(err.code().as_str());
+                    self.events.emit(
+                        &turn,
+                        EventKind::Error {
+                            code: err.code(),
+                            message: format!("{err}; the answer broke off, asking the model again"),
+                            recoverable: true,
+                        },
+                    );
+                }
+                Err(CallError::Llm(err) | CallError::BrokeOff(err)) => {
                     metrics.record_error(err.code().as_str());
                     machine.stop(StopReason::error(err.code(), err.to_string()));
                     return;
@@ -170,7 +205,7 @@ impl Driver {
             };
             match chunk {
                 None => break,
-                Some(Err(err)) => return Err(CallError::Llm(err)),
+                Some(Err(err)) => return Err(CallError::BrokeOff(err)),
                 Some(Ok(LlmChunk::Text(text))) => {
                     if text.is_empty() {
                         continue;

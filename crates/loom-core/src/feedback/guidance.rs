@@ -35,6 +35,18 @@ crate::wire::wire_enum! {
         ErrorEcho = "error_echo",
         /// An answer that described the work without using a tool is asked for once more.
         DescribedWork = "described_work",
+        /// An answer given without touching the files the task names (reading
+        /// those there, writing those not) is asked for once more.
+        UntouchedFiles = "untouched_files",
+    }
+}
+
+impl GuidanceReason {
+    /// Whether this guidance sends an answer back for work the model did
+    /// not do (an error echoed, work described, files the task names never
+    /// touched): the retry must then call a tool.
+    pub fn asks_for_action(self) -> bool {
+        matches!(self, Self::ErrorEcho | Self::DescribedWork | Self::UntouchedFiles)
     }
 }
 

@@ -4,7 +4,8 @@
 //! retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — except
 //! on a final-answer call, whose emptiness means "no answer". An answer
 //! that only repeats an error is sent back once ([`super::echo`]), and so
-//! is one that describes the work without using a tool ([`super::described`]).
+//! is one that describes the work without using a tool ([`super::described`]),
+//! and one given without touching the files the task names ([`super::untouched`]).
 
 use crate::event::EventKind;
 use crate::feedback::GuidanceReason;
@@ -16,6 +17,7 @@ use super::described::{describes_work, DESCRIBED_WORK_NUDGE};
 use super::echo::{echoes_an_error, ERROR_ECHO_NUDGE};
 use super::guidance::{GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
 use super::state::{Ending, Mode, TurnPhase};
+use super::untouched::{untouched, untouched_files_nudge};
 use super::{Answer, TurnMachine};
 
 impl TurnMachine {
@@ -95,8 +97,35 @@ impl TurnMachine {
         }
         self.leave_answering();
         let working = self.state.mode == Mode::Working;
-        // Both retries are guidance: off with the feedback.
+        // The retries below are guidance: off with the feedback.
         let working = working && self.settings.feedback;
+        if working && answer.tool_calls.is_empty() && self.settings.tools_offered {
+            let named = &self.state.named_files;
+            let unread = untouched(&named.existing, self.memory.messages());
+            // Only an agent that can write is asked for a file to write.
+            let unwritten = if self.settings.changing_tools_offered {
+                untouched(&named.missing, self.memory.messages())
+            } else {
+                Vec::new()
+            };
+            let left = unread.len() + unwritten.len();
+            // Again only after the model touched one more of them: a model
+            // that keeps an answer without touching a file meant it.
+            let progressed = self.state.untouched_left.is_none_or(|before| left < before);
+            if left > 0 && progressed {
+                let nudge = untouched_files_nudge(&unread, &unwritten);
+                let files = unread.iter().chain(&unwritten).copied().collect::<Vec<_>>().join(", ");
+                self.state.untouched_left = Some(left);
+                if let TurnPhase::Answering(answering) = &mut self.state.phase {
+                    answering.extra = Some(GuidancePart::new(GuidanceReason::UntouchedFiles, nudge));
+                }
+                self.warn(
+                    WarningCode::UntouchedFiles,
+                    format!("the model answered while no tool call touched {files}, which the task names; asking once more, with guidance"),
+                );
+                return;
+            }
+        }
         if working
             && answer.tool_calls.is_empty()
             && self.settings.tools_offered

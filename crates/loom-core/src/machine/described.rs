@@ -11,17 +11,48 @@
 //! taken as it is.
 
 /// Guidance of a retry after an answer that describes the work.
-pub(crate) const DESCRIBED_WORK_NUDGE: &str = "Nothing in the workspace has changed: describing the work \
-does not do it. If the task asks you to create or change files or to run something, do it now with your tools \
-that write files or run commands. If your answer needs no change, give it again.";
+pub(crate) const DESCRIBED_WORK_NUDGE: &str = "Nothing in the workspace has changed: describing the work, \
+or telling the user how to do it, does not do it. You have the files and the tools: if the task asks you to create \
+or change files or to run something, do it now with your tools that write files or run commands. If your answer \
+needs no change, give it again.";
 
 /// List lines (`- `, `* `, `1. `) that make an answer a written-out plan.
 const MIN_LIST_LINES: usize = 2;
 
+/// Words with which an answer hands the work to the person ("To fix it,
+/// you need to…", "Please provide the file…", "I'll need users.json").
+const HANDING_OVER: &[&str] = &[
+    "you need to",
+    "you'll need to",
+    "you will need to",
+    "you should ",
+    "you can ",
+    "you must ",
+    "you have to",
+    "you may need",
+    "please provide",
+    "please copy",
+    "please make sure",
+    "please ensure",
+    "follow these steps",
+    "follow the steps",
+    "i'll need",
+    "i will need",
+    "we need to",
+    "here's how",
+    "here is how",
+];
+
+/// How far into an answer handing over counts: its opening, where a small
+/// model says what it is doing, not a closing hint ("Done. You can run
+/// it with…").
+const OPENING_CHARS: usize = 200;
+
 /// Whether `answer`, given before the run changed anything, writes the
-/// work out: a fenced code block, or a list of steps or items.
+/// work out — a fenced code block, a list of steps or items — or hands it
+/// to the person in its opening words.
 pub(crate) fn describes_work(answer: &str) -> bool {
-    if answer.contains("```") {
+    if answer.contains("```") || hands_the_work_over(answer) {
         return true;
     }
     let list_lines = answer
@@ -30,6 +61,13 @@ pub(crate) fn describes_work(answer: &str) -> bool {
         .filter(|line| line.starts_with("- ") || line.starts_with("* ") || is_numbered(line))
         .count();
     list_lines >= MIN_LIST_LINES
+}
+
+/// Whether the opening of `answer` tells the person how to do the work or
+/// asks them for what the agent could find itself.
+fn hands_the_work_over(answer: &str) -> bool {
+    let opening: String = answer.chars().take(OPENING_CHARS).collect::<String>().to_lowercase();
+    HANDING_OVER.iter().any(|words| opening.contains(words))
 }
 
 /// `1. …`, `12) …`.
@@ -52,6 +90,18 @@ mod tests {
     }
 
     #[test]
+    fn handing_the_work_to_the_person_describes_it() {
+        for answer in [
+            "To fix the bug in `calc.py`, you need to find the exact text that old_string should replace.",
+            "To complete this task, I'll need the `users.json` file. Please provide it to me.",
+            "I apologize, but there is no content to summarize. Could you please provide more information?",
+            "To count the TODO comments, you can use the `grep` function.",
+        ] {
+            assert!(describes_work(answer), "{answer:?}");
+        }
+    }
+
+    #[test]
     fn a_plain_answer_does_not() {
         for answer in [
             "8443",
@@ -59,6 +109,10 @@ mod tests {
             "Done.\n",
             "1. Only one step.",
             "Version 2.0 is out.",
+            // A closing hint, after the opening, is not handing over.
+            "The port is 8443, set in config/production.yaml under server.port; the staging file uses 8080 \
+             and the defaults in settings.py use 8000, which the production file overrides whenever the \
+             service starts in production. You can change it there.",
         ] {
             assert!(!describes_work(answer), "{answer:?}");
         }

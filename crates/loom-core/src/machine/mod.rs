@@ -13,6 +13,7 @@ mod described;
 mod echo;
 mod guidance;
 mod state;
+mod untouched;
 
 use std::sync::Arc;
 
@@ -26,6 +27,8 @@ use crate::tool_result::ToolResult;
 
 pub(crate) use guidance::{block as guidance_block, GuidancePart};
 pub use state::{Answering, Ending, FinalAnswer, Mode, RunState, TurnPhase};
+pub use untouched::NamedFiles;
+pub(crate) use untouched::{candidates as named_file_candidates, may_be_made, MAX_NAMED_FILES};
 
 /// What the driver must do next.
 #[derive(Debug)]
@@ -58,6 +61,9 @@ pub(crate) struct ModelCall {
     pub final_answer: Option<&'static str>,
     /// Guidance for this request only, each part announced by the driver.
     pub guidance: Vec<GuidancePart>,
+    /// The answer must call a tool: the retry of an answer sent back for
+    /// work not done ([`GuidanceReason::asks_for_action`]).
+    pub must_call: bool,
 }
 
 /// A model's complete answer, as the machine reads it.
@@ -170,6 +176,10 @@ impl TurnMachine {
             TurnPhase::Boundary => Next::BeginTurn,
             TurnPhase::Answering(answering) => {
                 let mut guidance = std::mem::take(&mut self.state.guidance);
+                let sent_back = answering
+                    .extra
+                    .as_ref()
+                    .is_some_and(|part| part.reason.asks_for_action());
                 guidance.extend(answering.extra.take());
                 let final_answer = match &self.state.mode {
                     Mode::Working => None,
@@ -179,6 +189,7 @@ impl TurnMachine {
                     tools: final_answer.is_none(),
                     final_answer,
                     guidance,
+                    must_call: sent_back && final_answer.is_none(),
                 })
             }
             TurnPhase::Tools => Next::RunTools(crate::history::dangling_calls(self.memory.messages())),
@@ -565,6 +576,7 @@ mod tests {
             panic!("expected a continuation");
         };
         assert_eq!(request.guidance[0].reason, GuidanceReason::ContinueAnswer);
+        assert!(!request.must_call, "a continuation is text");
         m.answered(Answer {
             content: "world.".into(),
             ..Answer::default()
@@ -613,6 +625,92 @@ mod tests {
         let mut m = machine_offering(false);
         m.begin_turn();
         assert_eq!(sent_back(&mut m, STEPS), None, "a plan is plan mode's answer");
+    }
+
+    #[test]
+    fn an_answer_given_without_touching_the_named_files_is_sent_back_once() {
+        let mut m = machine();
+        m.state.named_files.existing = vec!["shapes.py".into()];
+        m.begin_turn();
+        m.answered(Answer {
+            content: "get_area".into(),
+            ..Answer::default()
+        });
+        let Next::CallModel(request) = m.next() else {
+            panic!("expected the retry");
+        };
+        assert_eq!(request.guidance[0].reason, GuidanceReason::UntouchedFiles);
+        assert!(request.must_call, "the retry must call a tool");
+        assert!(
+            request.guidance[0].content.contains("`shapes.py`"),
+            "{}",
+            request.guidance[0].content
+        );
+        assert_eq!(
+            sent_back(&mut m, "get_area"),
+            None,
+            "the same files: the model meant it"
+        );
+    }
+
+    #[test]
+    fn an_answer_is_sent_back_again_after_the_model_touched_one_more_file() {
+        let mut m = machine();
+        m.state.named_files.existing = vec!["inventory.py".into()];
+        m.state.named_files.missing = vec!["SUMMARY.md".into()];
+        m.begin_turn();
+        assert_eq!(
+            sent_back(&mut m, "It sells things."),
+            Some(GuidanceReason::UntouchedFiles)
+        );
+        m.memory_mut().push(Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![crate::message::ToolCall {
+                id: "c1".into(),
+                name: "read_file".into(),
+                arguments: serde_json::json!({"path": "inventory.py"}),
+            }],
+        });
+        m.memory_mut()
+            .push(Message::tool("c1", "read_file", "def add_item(): ..."));
+        assert_eq!(
+            sent_back(&mut m, "It sells things."),
+            Some(GuidanceReason::UntouchedFiles),
+            "SUMMARY.md is still not written"
+        );
+        assert_eq!(sent_back(&mut m, "It sells things."), None, "no more progress");
+    }
+
+    #[test]
+    fn a_file_to_write_is_asked_for_only_where_the_agent_can_write() {
+        for (can_write, expected) in [(true, Some(GuidanceReason::UntouchedFiles)), (false, None)] {
+            let mut m = machine_offering(can_write);
+            m.state.named_files.missing = vec!["SUMMARY.md".into()];
+            m.begin_turn();
+            assert_eq!(
+                sent_back(&mut m, "The project sells things."),
+                expected,
+                "can write: {can_write}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_after_a_call_that_named_the_file_is_taken() {
+        let mut m = machine();
+        m.state.named_files.existing = vec!["shapes.py".into()];
+        m.memory_mut().push(Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![crate::message::ToolCall {
+                id: "c1".into(),
+                name: "read_file".into(),
+                arguments: serde_json::json!({"path": "shapes.py"}),
+            }],
+        });
+        m.memory_mut()
+            .push(Message::tool("c1", "read_file", "def get_area(): ..."));
+        m.begin_turn();
+        assert_eq!(sent_back(&mut m, "get_area"), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::outcome::StopReason;
 use crate::turn_state::TurnState;
 
 use super::guidance::GuidancePart;
+use super::untouched::NamedFiles;
 
 /// A run's whole state except its history (which a store keeps as
 /// messages, appended turn by turn) and its metrics (kept in their own
@@ -50,6 +51,15 @@ pub struct RunState {
     /// Whether an answer that described the work without doing it was sent back (once a run).
     #[serde(default)]
     pub(crate) described_sent_back: bool,
+    /// The files the task names, as found when the run began (an answer
+    /// given without touching them is sent back, [`super::untouched`]).
+    #[serde(default, skip_serializing_if = "NamedFiles::is_empty")]
+    pub(crate) named_files: NamedFiles,
+    /// How many of those files no call had touched when an answer was last
+    /// sent back for them: one is sent back again only after the model
+    /// touched one more (so at most once per file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) untouched_left: Option<usize>,
     /// How long the history was (system prompt included) as of each step:
     /// step 0 before the run's prompt, step N after its tool results —
     /// what a rewind or a fork keeps of the conversation. Cleared when the
@@ -171,6 +181,8 @@ impl RunState {
             stop_refusals: 0,
             echo_sent_back: false,
             described_sent_back: false,
+            named_files: NamedFiles::default(),
+            untouched_left: None,
             may_have_changed: false,
             conversation_at: std::collections::BTreeMap::new(),
             metrics: RunMetrics::default(),
@@ -268,8 +280,33 @@ mod tests {
         state.steps = 1;
         state.mode = Mode::FinalAnswer(FinalAnswer::MaxSteps);
         state.phase = TurnPhase::Ended(Ending::Stopped(StopReason::Cancelled("stop".into())));
+        // What the answer rules remember, so a resumed run sends nothing back twice.
+        state.echo_sent_back = true;
+        state.described_sent_back = true;
+        state.may_have_changed = true;
+        state.untouched_left = Some(1);
+        state.named_files.existing = vec!["calc.py".into()];
+        state.named_files.missing = vec!["SUMMARY.md".into()];
         let text = serde_json::to_string(&state).unwrap();
         assert_eq!(RunState::from_json(&text, &[]).unwrap(), state);
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_the_answer_rules_reads_as_nothing_sent_back() {
+        let mut value = serde_json::to_value(RunState::new(TurnState::initial(10), "task")).unwrap();
+        let object = value.as_object_mut().unwrap();
+        for field in [
+            "echo_sent_back",
+            "described_sent_back",
+            "may_have_changed",
+            "untouched_left",
+            "named_files",
+        ] {
+            object.remove(field);
+        }
+        let state = RunState::from_json(&value.to_string(), &[]).unwrap();
+        assert!(!state.echo_sent_back && !state.described_sent_back && state.untouched_left.is_none());
+        assert!(state.named_files.is_empty());
     }
 
     #[test]

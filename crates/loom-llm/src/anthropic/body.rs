@@ -28,6 +28,16 @@ pub(crate) struct MessagesRequest<'a> {
     pub system: Option<System<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<Tools<'a>>,
+    /// `{"type": "any"}` when the answer must call a tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// Anthropic's `tool_choice`.
+#[derive(Serialize)]
+pub(crate) struct ToolChoice {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
 }
 
 impl<'a> MessagesRequest<'a> {
@@ -45,6 +55,7 @@ impl<'a> MessagesRequest<'a> {
             stream: true,
             system: (!system.is_empty()).then_some(System(system)),
             tools: (!request.tools.is_empty()).then_some(Tools(request.tools)),
+            tool_choice: request.require_tool_call.then_some(ToolChoice { kind: "any" }),
         }
     }
 }

@@ -282,6 +282,21 @@ mod tests {
     }
 
     #[test]
+    fn a_required_tool_call_is_tool_choice_any() {
+        let model = AnthropicModel::new(AnthropicConfig::new("claude-x")).unwrap();
+        let messages = vec![Message::user("go")];
+        let tools = [loom_core::ToolSpec {
+            name: "read_file".into(),
+            description: "Read.".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let request = LlmRequest::new(&messages, &tools).with_tool_call_required(true);
+        let required: Value = serde_json::from_slice(&model.request_body(&request).unwrap()).unwrap();
+        assert_eq!(required["tool_choice"], json!({"type": "any"}));
+        assert!(body(&model, &messages, None).get("tool_choice").is_none());
+    }
+
+    #[test]
     fn messages_alternate_with_tool_blocks_and_system_apart() {
         let messages = vec![
             Message::system("be brief"),

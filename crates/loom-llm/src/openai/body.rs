@@ -21,6 +21,10 @@ pub(crate) struct ChatRequest<'a> {
     pub stream_options: Option<StreamOptions>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<Tools<'a>>,
+    /// `"required"` when the answer must call a tool; absent otherwise
+    /// (the server's default, `"auto"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
 }

@@ -131,6 +131,8 @@ impl OpenAiModel {
                 .stream
                 .then_some(body::StreamOptions { include_usage: true }),
             tools: (!text_mode && !request.tools.is_empty()).then_some(body::Tools(request.tools)),
+            // Text-written calls have no `tool_choice`: the guidance's words must do.
+            tool_choice: (!text_mode && request.require_tool_call).then_some("required"),
             max_tokens: self.config.max_tokens,
         };
         crate::wire::to_bytes(&body)
@@ -471,6 +473,32 @@ mod tests {
             base_url: "http://127.0.0.1:8080/v1".into(),
             ..OpenAiConfig::new(model)
         }
+    }
+
+    #[test]
+    fn a_required_tool_call_is_asked_for_only_with_tools_and_native_calls() {
+        let history = history();
+        let tools = tools();
+        let required = |config: OpenAiConfig, tools: &[ToolSpec]| -> Value {
+            let model = OpenAiModel::new(config).unwrap();
+            let request = LlmRequest::new(&history, tools).with_tool_call_required(true);
+            serde_json::from_slice(&model.request_body(&request).unwrap()).unwrap()
+        };
+        assert_eq!(required(local("llama"), &tools)["tool_choice"], "required");
+        assert!(
+            required(local("llama"), &[]).get("tool_choice").is_none(),
+            "no tools, nothing to require"
+        );
+        let text = OpenAiConfig {
+            text_tool_calls: true,
+            ..local("llama")
+        };
+        assert!(
+            required(text, &tools).get("tool_choice").is_none(),
+            "calls written as text"
+        );
+        let plain = body(local("llama"), &history, &tools, None);
+        assert!(plain.get("tool_choice").is_none(), "the server's default otherwise");
     }
 
     #[test]
