@@ -358,4 +358,15 @@ fn a_server_that_refuses_tool_choice_is_asked_again_without_it() {
     );
     let end = of_type(&ran.events, "lifecycle.end").pop().unwrap();
     assert_eq!(end["content"], "alpha");
+    let told = of_type(&ran.events, "error").pop().unwrap();
+    assert_eq!(told["code"], "LLM_BAD_REQUEST");
+    assert_eq!(told["recoverable"], true);
+
+    // A request refused for another reason is refused again: the run ends.
+    let other = || Reply::status(400, json!({"error": {"message": "messages are malformed"}}));
+    let ran = ask_about_a_file("openai", vec![Reply::Sse(openai_text("beta", 4)), other(), other()]);
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    assert_eq!(ran.requests.len(), 3);
+    let end = of_type(&ran.events, "lifecycle.end").pop().unwrap();
+    assert_eq!(end["status"], "ERROR");
 }

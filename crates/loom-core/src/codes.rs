@@ -85,7 +85,7 @@ wire_enum! {
         DescribedWork = "DESCRIBED_WORK",
         /// The model answered while a file the task names — one to read
         /// or one to write — appeared in none of its tool calls; it was
-        /// asked once more.
+        /// asked once more (and is again after it touched one more).
         UntouchedFiles = "UNTOUCHED_FILES",
     }
 }

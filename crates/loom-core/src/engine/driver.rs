@@ -89,8 +89,12 @@ impl Driver {
             None => TurnState::initial(max_steps),
         };
         let mut state = RunState::new(first, prompt.clone());
-        state.named_files =
-            named_files::find(&self.workspace, &self.engine.protected, &self.engine.read_only, &prompt).await;
+        // Only where the rule that reads them may send an answer back.
+        let settings = &self.engine.machine;
+        if settings.feedback && settings.tools_offered {
+            state.named_files =
+                named_files::find(&self.workspace, &self.engine.protected, &self.engine.read_only, &prompt).await;
+        }
         self.emit_start(&state, &prompt, false, forked_from);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {

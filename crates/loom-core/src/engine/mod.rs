@@ -165,6 +165,9 @@ pub(crate) struct Driver {
 /// What the driver works out once and reuses.
 #[derive(Default)]
 pub(crate) struct Caches {
+    /// The server refused a request that required a tool call: later
+    /// retries of this run do not require one.
+    pub tool_choice_refused: bool,
     /// Tokens of the tool definitions (they do not change during a run).
     pub tools_tokens: Option<usize>,
     /// An upper bound of the same in bytes.

@@ -70,7 +70,7 @@ impl Driver {
         }
         let mut retried = false;
         let mut asked_again = false;
-        let mut must_call = call.must_call;
+        let mut must_call = call.must_call && !tools.is_empty() && !self.caches.tool_choice_refused;
         loop {
             self.phase(&turn, Phase::Llm, true);
             let started = std::time::Instant::now();
@@ -109,7 +109,10 @@ impl Driver {
                     machine.stop(self.stop_reason().unwrap_or_else(cancelled));
                     return;
                 }
-                Err(CallError::Llm(LlmError::ContextLengthExceeded(message))) if !retried => {
+                Err(
+                    CallError::Llm(LlmError::ContextLengthExceeded(message))
+                    | CallError::BrokeOff(LlmError::ContextLengthExceeded(message)),
+                ) if !retried => {
                     retried = true;
                     metrics.record_error(ErrorCode::LlmContextLength.as_str());
                     self.events.emit(
@@ -122,14 +125,23 @@ impl Driver {
                     );
                     self.prepare_context(machine, tools, true).await;
                 }
-                Err(CallError::Llm(LlmError::BadRequest(message) | LlmError::InvalidRequest(message)))
-                    if must_call && !tools.is_empty() =>
-                {
+                Err(CallError::Llm(err @ LlmError::BadRequest(_))) if must_call => {
                     // A server that refuses to be held to a tool call
-                    // (`tool_choice`) is asked again without it: the
-                    // guidance's words still say what to do.
+                    // (`tool_choice`) is asked again without it, and is not
+                    // asked to again in this run; the guidance's words still
+                    // say what to do. A refusal for another reason fails
+                    // again, and ends the run then.
                     must_call = false;
-                    tracing::info!(run_id = %self.ctx.run_id(), %message, "the server refused a required tool call; asking without");
+                    self.caches.tool_choice_refused = true;
+                    metrics.record_error(err.code().as_str());
+                    self.events.emit(
+                        &turn,
+                        EventKind::Error {
+                            code: err.code(),
+                            message: format!("{err}; asking again without requiring a tool call"),
+                            recoverable: true,
+                        },
+                    );
                 }
                 Err(CallError::BrokeOff(
                     err @ (LlmError::Server { .. } | LlmError::Connection(_) | LlmError::Protocol(_)),

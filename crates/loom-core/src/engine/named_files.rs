@@ -38,10 +38,17 @@ fn find_now(workspace: &Path, protected: &[PathBuf], read_only: &[PathBuf], cand
             }
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                 // Nothing there, not even a dangling link (which a write
-                // would follow out of the workspace).
+                // would follow out of the workspace), and where it would be
+                // made — its nearest folder that exists, as the kernel finds
+                // it — beneath the workspace and not Loom's: a name through
+                // a link leading out says nothing of what is out there.
                 let nothing = path.symlink_metadata().is_err();
-                let writable =
-                    !crate::tool::is_protected(protected, &path) && !crate::tool::is_protected(read_only, &path);
+                let place = real_place(&path);
+                let writable = place.as_ref().is_some_and(|place| {
+                    place.starts_with(&root)
+                        && !crate::tool::is_protected(protected, place)
+                        && !crate::tool::is_protected(read_only, place)
+                });
                 if nothing && writable && may_be_made(&name) {
                     named.missing.push(name);
                 }
@@ -50,6 +57,20 @@ fn find_now(workspace: &Path, protected: &[PathBuf], read_only: &[PathBuf], cand
         }
     }
     named
+}
+
+/// Where `path`, which does not exist, would be: its nearest existing
+/// ancestor resolved, with the rest of the path after it.
+fn real_place(path: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return Some(rest.iter().rev().fold(real, |place, part| place.join(part)));
+        }
+        rest.push(at.file_name()?);
+        at = at.parent()?;
+    }
 }
 
 #[cfg(test)]
@@ -68,12 +89,17 @@ mod tests {
         std::fs::create_dir(root.join("data.d")).unwrap();
         std::fs::write(root.join("loom.db"), "").unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret.txt"), root.join("link.txt")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
         let protected = [root.canonicalize().unwrap().join("loom.db")];
         let read_only = [root.canonicalize().unwrap().join(".loom")];
-        let task = "Make config.json from settings.ini and src/app.py; not data.d, link.txt, loom.db, \
-                    .loom/notes.md or example.com";
+        let task = "Make config.json from settings.ini and src/app.py; not data.d, link.txt, loom.db or example.com";
         let named = find(root, &protected, &read_only, task).await;
         assert_eq!(named.existing, ["settings.ini", "src/app.py"]);
         assert_eq!(named.missing, ["config.json"]);
+        // Through a link leading out, or into a read-only place: neither.
+        let task = "Not .loom/notes.md, out/new.md or out/secret.txt; new/deeper/file.md is fine";
+        let named = find(root, &protected, &read_only, task).await;
+        assert!(named.existing.is_empty(), "{named:?}");
+        assert_eq!(named.missing, ["new/deeper/file.md"]);
     }
 }

@@ -177,6 +177,7 @@ impl TurnMachine {
             }
             Mode::Working => {
                 self.note(EventKind::tool_calls_start(&answer.tool_calls));
+                self.state.named_files.touched_by(&answer.tool_calls);
                 // The calls are saved before any of them runs, so a crash
                 // mid-tools leaves the calls (and the journal) to resume from.
                 self.memory.push(Message::Assistant {

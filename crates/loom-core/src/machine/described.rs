@@ -14,14 +14,27 @@
 pub(crate) const DESCRIBED_WORK_NUDGE: &str = "Nothing in the workspace has changed: describing the work, \
 or telling the user how to do it, does not do it. You have the files and the tools: if the task asks you to create \
 or change files or to run something, do it now with your tools that write files or run commands. If your answer \
-needs no change, give it again.";
+needs no change, check it with a tool (read what it is about), then give it again.";
 
 /// List lines (`- `, `* `, `1. `) that make an answer a written-out plan.
 const MIN_LIST_LINES: usize = 2;
 
-/// Words with which an answer hands the work to the person ("To fix it,
-/// you need to…", "Please provide the file…", "I'll need users.json").
-const HANDING_OVER: &[&str] = &[
+/// Words with which an answer asks the person for what the agent could
+/// find itself ("Please provide users.json", "I'll need the file").
+const ASKS_FOR_INPUT: &[&str] = &[
+    "please provide",
+    "please copy",
+    "please share",
+    "please upload",
+    "i'll need",
+    "i will need",
+];
+
+/// Words with which an answer that opens "To …, " tells the person how to
+/// do the work ("To fix it, you need to…"): a small model's way of not
+/// doing it. Only after such an opening: "You can run it with make" at the
+/// end of real work, or "You should use port 8443" as an answer, is not it.
+const TELLS_HOW: &[&str] = &[
     "you need to",
     "you'll need to",
     "you will need to",
@@ -30,22 +43,14 @@ const HANDING_OVER: &[&str] = &[
     "you must ",
     "you have to",
     "you may need",
-    "please provide",
-    "please copy",
-    "please make sure",
-    "please ensure",
     "follow these steps",
     "follow the steps",
-    "i'll need",
-    "i will need",
     "we need to",
-    "here's how",
-    "here is how",
+    "we can ",
 ];
 
-/// How far into an answer handing over counts: its opening, where a small
-/// model says what it is doing, not a closing hint ("Done. You can run
-/// it with…").
+/// How far into an answer those words count: its opening, where a small
+/// model says what it is doing.
 const OPENING_CHARS: usize = 200;
 
 /// Whether `answer`, given before the run changed anything, writes the
@@ -63,11 +68,17 @@ pub(crate) fn describes_work(answer: &str) -> bool {
     list_lines >= MIN_LIST_LINES
 }
 
-/// Whether the opening of `answer` tells the person how to do the work or
-/// asks them for what the agent could find itself.
+/// Whether the opening of `answer` asks the person for what the agent
+/// could find itself, or opens "To …" and tells them how to do the work.
 fn hands_the_work_over(answer: &str) -> bool {
-    let opening: String = answer.chars().take(OPENING_CHARS).collect::<String>().to_lowercase();
-    HANDING_OVER.iter().any(|words| opening.contains(words))
+    let opening: String = answer
+        .trim_start()
+        .chars()
+        .take(OPENING_CHARS)
+        .collect::<String>()
+        .to_lowercase();
+    ASKS_FOR_INPUT.iter().any(|words| opening.contains(words))
+        || (opening.starts_with("to ") && TELLS_HOW.iter().any(|words| opening.contains(words)))
 }
 
 /// `1. …`, `12) …`.
@@ -109,10 +120,10 @@ mod tests {
             "Done.\n",
             "1. Only one step.",
             "Version 2.0 is out.",
-            // A closing hint, after the opening, is not handing over.
-            "The port is 8443, set in config/production.yaml under server.port; the staging file uses 8080 \
-             and the defaults in settings.py use 8000, which the production file overrides whenever the \
-             service starts in production. You can change it there.",
+            // Advice that is the answer, or a hint after the work, is not handing over.
+            "You should use port 8443, as config/production.yaml sets it.",
+            "Done. You can run it with `make test`.",
+            "To 2 decimal places the mean is 10.28.",
         ] {
             assert!(!describes_work(answer), "{answer:?}");
         }

@@ -19,28 +19,38 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::message::Message;
+use crate::message::{Message, ToolCall};
 
-/// The files a task names, as the run found them when it began.
+/// The files a task names that no call of the run has named yet, as the
+/// run found them when it began. A name leaves when a call names it (kept
+/// here, not read back from the history, which compression shortens).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedFiles {
-    /// Files that existed: an answer needs a call that looked at them.
+    /// Files that existed: an answer needs a call that names them (to look).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) existing: Vec<String>,
-    /// Files that did not ([`may_be_made`]): an answer needs a call that wrote them.
+    /// Files that did not ([`may_be_made`]): an answer needs a call that
+    /// names them (to write; a call that only tried counts too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) missing: Vec<String>,
 }
 
 impl NamedFiles {
-    /// Whether the task named no file.
+    /// Whether no named file is left untouched.
     pub fn is_empty(&self) -> bool {
         self.existing.is_empty() && self.missing.is_empty()
     }
+
+    /// The model made `calls`: the files they name are touched.
+    pub(crate) fn touched_by(&mut self, calls: &[ToolCall]) {
+        let named_by_a_call = |name: &String| calls.iter().any(|call| mentions(&call.arguments, base_name(name)));
+        self.existing.retain(|name| !named_by_a_call(name));
+        self.missing.retain(|name| !named_by_a_call(name));
+    }
 }
 
-/// At most this many files named by a task are kept: a task pasting a
-/// whole listing names too many for a reminder to be useful.
+/// At most this many of the words of a task that name files are looked
+/// up (the first ones): a reminder naming more would not be read.
 pub(crate) const MAX_NAMED_FILES: usize = 8;
 
 /// Characters that end a word of the task around a path.
@@ -123,29 +133,54 @@ fn looks_like_a_file(word: &str) -> bool {
             .all(|c| c.is_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
 }
 
-/// The named files no tool call of the conversation has named.
+/// The named files no tool call of the conversation has named (the
+/// conversation may hold calls from before this run: a chat's earlier turns).
 pub(crate) fn untouched<'a>(named: &'a [String], messages: &[Message]) -> Vec<&'a str> {
     named
         .iter()
         .filter(|name| {
-            let base = name.rsplit('/').next().unwrap_or(name);
             !messages
                 .iter()
                 .flat_map(Message::tool_calls)
-                .any(|call| mentions(&call.arguments, base))
+                .any(|call| mentions(&call.arguments, base_name(name)))
         })
         .map(String::as_str)
         .collect()
 }
 
-/// Whether a string anywhere in `arguments` contains `name`.
+/// The last component of a path: a call naming `app/urls.py` for
+/// `src/app/urls.py` looked at it.
+fn base_name(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+/// Whether a string anywhere in `arguments` holds `name` as a whole name:
+/// not `a.py` inside `data.py`, not `.env` inside `.env.example`.
 fn mentions(arguments: &Value, name: &str) -> bool {
     match arguments {
-        Value::String(text) => text.contains(name),
+        Value::String(text) => names(text, name),
         Value::Array(items) => items.iter().any(|item| mentions(item, name)),
         Value::Object(fields) => fields.values().any(|value| mentions(value, name)),
         _ => false,
     }
+}
+
+/// Whether `text` holds `name` with no character of a name on either side.
+fn names(text: &str, name: &str) -> bool {
+    let part_of_a_name = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
+    text.match_indices(name).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + name.len()..].chars().next();
+        // A sentence's full stop after a name ends it.
+        let after_ends = match after {
+            Some('.') => text[at + name.len() + 1..]
+                .chars()
+                .next()
+                .is_none_or(|c| !part_of_a_name(c)),
+            other => other.is_none_or(|c| !part_of_a_name(c)),
+        };
+        before.is_none_or(|c| !part_of_a_name(c)) && after_ends
+    })
 }
 
 /// Guidance of a retry after an answer given without touching `unread`
@@ -175,7 +210,7 @@ pub(crate) fn untouched_files_nudge(unread: &[&str], unwritten: &[&str]) -> Stri
         };
         parts.push(format!(
             "{}, which the task names, {does} not exist and no tool has written {it}: if the task asks for {it}, \
-             write {it} now with your tools.",
+             write {it} now with your tools; if not, check your answer with a tool.",
             listed(unwritten)
         ));
     }
@@ -235,6 +270,29 @@ mod tests {
             ],
         });
         assert!(untouched(&named, &messages).is_empty());
+    }
+
+    #[test]
+    fn a_name_is_touched_only_as_a_whole_name() {
+        let named = vec!["a.py".to_string(), ".env".to_string()];
+        let messages = |command: &str| {
+            vec![Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![call("bash", json!({ "command": command }))],
+            }]
+        };
+        assert_eq!(
+            untouched(&named, &messages("cat data.py .env.example")),
+            ["a.py", ".env"]
+        );
+        assert!(untouched(&named, &messages("cat ./a.py; cp x .env.")).is_empty());
+        let mut files = NamedFiles {
+            existing: vec!["a.py".into()],
+            missing: vec![".env".into()],
+        };
+        files.touched_by(&[call("write_file", json!({"path": ".env", "content": "A=1"}))]);
+        assert_eq!(files.existing, ["a.py"]);
+        assert!(files.missing.is_empty());
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl<'a> MessagesRequest<'a> {
             stream: true,
             system: (!system.is_empty()).then_some(System(system)),
             tools: (!request.tools.is_empty()).then_some(Tools(request.tools)),
-            tool_choice: request.require_tool_call.then_some(ToolChoice { kind: "any" }),
+            tool_choice: (request.require_tool_call && !request.tools.is_empty()).then_some(ToolChoice { kind: "any" }),
         }
     }
 }

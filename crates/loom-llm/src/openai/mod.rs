@@ -132,7 +132,7 @@ impl OpenAiModel {
                 .then_some(body::StreamOptions { include_usage: true }),
             tools: (!text_mode && !request.tools.is_empty()).then_some(body::Tools(request.tools)),
             // Text-written calls have no `tool_choice`: the guidance's words must do.
-            tool_choice: (!text_mode && request.require_tool_call).then_some("required"),
+            tool_choice: (!text_mode && request.require_tool_call && !request.tools.is_empty()).then_some("required"),
             max_tokens: self.config.max_tokens,
         };
         crate::wire::to_bytes(&body)
