@@ -25,6 +25,12 @@ struct Ran {
 }
 
 fn run(provider: &str, replies: Vec<Reply>, config: &str) -> Ran {
+    run_asking(provider, replies, config, "answer me")
+}
+
+/// `loom run --json` asked `prompt` in a workspace holding `a.txt`, with
+/// `config` as its loom.toml, against a fake server giving `replies`.
+fn run_asking(provider: &str, replies: Vec<Reply>, config: &str, prompt: &str) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
     std::fs::write(dir.path().join("loom.toml"), config).unwrap();
@@ -33,7 +39,7 @@ fn run(provider: &str, replies: Vec<Reply>, config: &str) -> Ran {
         .env("ANTHROPIC_API_KEY", "test-key")
         .args(["run", "--json", "--model", &format!("{provider}:test"), "--base-url"])
         .arg(server.url())
-        .arg("answer me")
+        .arg(prompt)
         .output()
         .unwrap();
     Ran {
@@ -275,23 +281,7 @@ fn tool_call_ids_from_the_provider_are_made_unique() {
 
 /// `loom run` in a workspace holding `a.txt`, asked about it.
 fn ask_about_a_file(provider: &str, replies: Vec<Reply>) -> Ran {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
-    let server = FakeServer::start(replies);
-    let output = loom_in(dir.path())
-        .env("ANTHROPIC_API_KEY", "test-key")
-        .args(["run", "--json", "--model", &format!("{provider}:test"), "--base-url"])
-        .arg(server.url())
-        .arg("Which word does a.txt hold?")
-        .output()
-        .unwrap();
-    Ran {
-        code: output.status.code(),
-        events: json_lines(&output.stdout),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        requests: server.requests(),
-        dir,
-    }
+    run_asking(provider, replies, "", "Which word does a.txt hold?")
 }
 
 #[test]

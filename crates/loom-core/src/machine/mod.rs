@@ -589,6 +589,19 @@ mod tests {
         assert_eq!(last, [&Message::assistant("Hello, world.")]);
     }
 
+    /// The history gains a `read_file` call of `path` and its result.
+    fn read_in_history(m: &mut TurnMachine, path: &str, result: &str) {
+        m.memory_mut().push(Message::Assistant {
+            content: String::new(),
+            tool_calls: vec![crate::message::ToolCall {
+                id: "c1".into(),
+                name: "read_file".into(),
+                arguments: serde_json::json!({ "path": path }),
+            }],
+        });
+        m.memory_mut().push(Message::tool("c1", "read_file", result));
+    }
+
     /// The model answers `text`; the guidance it is sent back with, if any.
     fn sent_back(m: &mut TurnMachine, text: &str) -> Option<GuidanceReason> {
         m.answered(Answer {
@@ -663,16 +676,7 @@ mod tests {
             sent_back(&mut m, "It sells things."),
             Some(GuidanceReason::UntouchedFiles)
         );
-        m.memory_mut().push(Message::Assistant {
-            content: String::new(),
-            tool_calls: vec![crate::message::ToolCall {
-                id: "c1".into(),
-                name: "read_file".into(),
-                arguments: serde_json::json!({"path": "inventory.py"}),
-            }],
-        });
-        m.memory_mut()
-            .push(Message::tool("c1", "read_file", "def add_item(): ..."));
+        read_in_history(&mut m, "inventory.py", "def add_item(): ...");
         assert_eq!(
             sent_back(&mut m, "It sells things."),
             Some(GuidanceReason::UntouchedFiles),
@@ -699,16 +703,7 @@ mod tests {
     fn an_answer_after_a_call_that_named_the_file_is_taken() {
         let mut m = machine();
         m.state.named_files.existing = vec!["shapes.py".into()];
-        m.memory_mut().push(Message::Assistant {
-            content: String::new(),
-            tool_calls: vec![crate::message::ToolCall {
-                id: "c1".into(),
-                name: "read_file".into(),
-                arguments: serde_json::json!({"path": "shapes.py"}),
-            }],
-        });
-        m.memory_mut()
-            .push(Message::tool("c1", "read_file", "def get_area(): ..."));
+        read_in_history(&mut m, "shapes.py", "def get_area(): ...");
         m.begin_turn();
         assert_eq!(sent_back(&mut m, "get_area"), None);
     }
