@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use loom::{AuditEntry, AuditQuery, Store};
 
 use crate::cli::AuditArgs;
-use crate::run::Failure;
+use crate::exit::Failure;
 use crate::text::{shown, shown_json};
 
 pub(crate) async fn audit(args: AuditArgs) -> Result<ExitCode, Failure> {

@@ -14,11 +14,12 @@ use anyhow::Context;
 use loom::{Agent, Message, RunHandle, RunOutcome, RunRequest, RunStatus};
 
 use crate::cli::ChatArgs;
+use crate::exit::Failure;
 use crate::follow::Shown;
 use crate::lines::Lines;
 use crate::questions::Questions;
 use crate::render::Human;
-use crate::run::{build_agent, Failure};
+use crate::run::build_agent;
 use crate::signals::{Signal, Signals};
 
 const HELP: &str = "Type a task and press Enter. Commands: /new starts a new conversation, \
@@ -54,7 +55,7 @@ pub(crate) async fn chat(args: ChatArgs) -> Result<ExitCode, Failure> {
             say!("loom: {}: leaving the chat", signal.name());
             break;
         }
-        prompt();
+        crate::lines::prompt();
         let line = tokio::select! {
             line = input.lines.recv() => line,
             signal = input.signals.recv() => {
@@ -283,12 +284,6 @@ async fn follow(mut handle: RunHandle, input: &mut Input, args: &ChatArgs) -> Re
         status => say!("loom: the task ended {}", status.as_str()),
     }
     Ok(outcome)
-}
-
-pub(crate) fn prompt() {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(b"\n> ").and_then(|()| out.flush());
 }
 
 /// The terminal's input: lines typed on stdin and signals, each from one

@@ -71,7 +71,7 @@ pub(crate) async fn rewind(agent: &Agent, session_id: &str, lines: &mut Lines) -
             say!("  {:>2}) «{task}» after step {}: {files}", number + 1, point.step);
         }
     }
-    crate::chat::prompt();
+    crate::lines::prompt();
     let Some(line) = lines.recv().await else {
         return false;
     };

@@ -159,7 +159,7 @@ pub(crate) struct WorkerArgs {
     pub max_runs: u32,
 
     #[command(flatten)]
-    pub place: PlaceArgs,
+    pub place: ClusterPlaceArgs,
 
     #[command(flatten)]
     pub agent: CommonAgentArgs,
@@ -167,6 +167,19 @@ pub(crate) struct WorkerArgs {
     /// Log lines as text for people or as JSON for machines.
     #[arg(long, value_enum, default_value = "human")]
     pub log_format: LogFormat,
+}
+
+/// Where a worker works: its workspace and the cluster's Redis (a worker
+/// has no database of its own, so it takes no `--db`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ClusterPlaceArgs {
+    /// The directory the tools are confined to (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    /// The cluster's Redis (`redis://HOST:PORT/DB`; default: loom.toml's [cluster] redis; docs/cluster.md).
+    #[arg(long, value_name = "URL", env = "LOOM_REDIS_URL", hide_env_values = true)]
+    pub redis: Option<String>,
 }
 
 /// How `loom serve` and `loom worker` write their log.

@@ -72,7 +72,7 @@ pub(crate) fn load_explicit(explicit: Option<&Path>) -> Result<LoadedConfig> {
 fn load_file(path: &Path, origin: Origin) -> Result<LoadedConfig> {
     let path = path.to_path_buf();
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-    let digest = crate::trust::sha256_hex(text.as_bytes());
+    let digest = crate::trust_records::sha256_hex(text.as_bytes());
     // One line that says where: the file, the line, the key when known.
     let (file, table) = parse(&text).map_err(|err| {
         let gap = if err.line.is_some() { "" } else { " " };

@@ -9,7 +9,7 @@ use loom::tools::definitions::{discover, Definitions, Kind, Place, Problem};
 use serde_json::json;
 
 use crate::cli::{DefinitionsArgs, DefinitionsCommand};
-use crate::run::{exit, Failure};
+use crate::exit::{self, Failure};
 use crate::text::{clip, shown};
 
 /// The places read, the workspace's first (its names hide the user's).

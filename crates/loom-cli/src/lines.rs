@@ -5,6 +5,13 @@
 
 use tokio::sync::mpsc;
 
+/// Shows the prompt the person types the next line after.
+pub(crate) fn prompt() {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(b"\n> ").and_then(|()| out.flush());
+}
+
 /// Lines from stdin, once started.
 #[derive(Default)]
 pub(crate) struct Lines {

@@ -25,6 +25,7 @@ mod cli;
 mod config;
 mod definitions;
 mod eval;
+mod exit;
 mod follow;
 mod hidden;
 mod hooks;
@@ -43,6 +44,7 @@ mod rewind;
 mod run;
 mod runs;
 mod serve;
+mod shell_settings;
 mod signals;
 mod snapshots;
 mod state;
@@ -50,6 +52,7 @@ mod store;
 mod telemetry;
 mod text;
 mod trust;
+mod trust_records;
 mod trust_rules;
 mod tuning;
 mod turn_tree;
@@ -60,7 +63,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cli::{Cli, Command};
-use run::{exit, Failure};
+use exit::Failure;
 
 /// Threads for the gateway's blocking work (file tools, store calls,
 /// project instructions). Tokio's default, 512, is what thousands of runs

@@ -12,7 +12,7 @@ use loom::tools::McpClients;
 use serde_json::json;
 
 use crate::config::{self, FileConfig};
-use crate::run::Failure;
+use crate::exit::Failure;
 
 /// Started once: agents built at the same time (two first runs of
 /// `loom serve`) wait for the one start.
@@ -65,7 +65,7 @@ pub(crate) async fn list(
 ) -> Result<ExitCode, Failure> {
     let loaded = config::load(config_path).map_err(Failure::Usage)?;
     if let Some(trusted) = crate::trust::require(&loaded, true).map_err(Failure::Usage)? {
-        crate::trust::audit(trusted).await;
+        crate::trust_records::audit(trusted).await;
     }
     let workspace = match workspace {
         Some(dir) => dir.to_path_buf(),
@@ -83,7 +83,7 @@ pub(crate) async fn list(
             .await
             .map_err(|err| Failure::Usage(anyhow!("finding Loom's places failed: {err}")))?
     };
-    let bwrap = crate::run::bash_settings(&loaded.file, &workspace, false)
+    let bwrap = crate::shell_settings::bash_settings(&loaded.file, &workspace, false)
         .map_err(Failure::Usage)?
         .0
         .bwrap;
@@ -153,7 +153,7 @@ pub(crate) async fn list(
         .any(|(server, _, _)| matches!(server.state(), ServerState::Down(_)));
     clients.shutdown().await;
     Ok(if any_down {
-        ExitCode::from(crate::run::exit::ERROR)
+        ExitCode::from(crate::exit::ERROR)
     } else {
         ExitCode::SUCCESS
     })

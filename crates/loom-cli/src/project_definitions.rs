@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use loom::tools::definitions::Definitions;
 
-use crate::trust::{is_trusted, record, sha256_hex, Trusted};
+use crate::trust_records::{is_trusted, record, sha256_hex, Trusted};
 
 /// Where the trust of `workspace`'s definitions is recorded: its `.loom`,
 /// the workspace resolved.

@@ -9,7 +9,8 @@ use loom::owner::{liveness, owner_pid, Liveness};
 use loom::{ResumeError, RunStatus, Store, StoreError};
 
 use crate::cli::{AgentArgs, PlaceArgs};
-use crate::run::{build_agent, follow, Failure};
+use crate::exit::Failure;
+use crate::run::{build_agent, follow};
 
 /// How long `cancel` waits for a live run's process to record the end.
 const CANCEL_WAIT: Duration = Duration::from_secs(15);

@@ -12,8 +12,9 @@ use loom::rewind::{ForkRequest, RewindError, RewindReport, RewindRequest};
 use loom::{RestorePlan, SnapshotError, Store, StoreError, WorkspaceSnapshots};
 
 use crate::cli::{AgentArgs, PlaceArgs};
+use crate::exit::Failure;
 use crate::recorded_runs::RecordedIn;
-use crate::run::{build_agent, follow, Failure};
+use crate::run::{build_agent, follow};
 
 /// The snapshots of the workspace `run_id` worked in, kept beside the
 /// store it is recorded in (a SQLite file's, or the cluster's Redis), and

@@ -11,38 +11,13 @@ use loom::{Agent, RunHandle, RunOutcome, RunStatus, StopReason};
 
 use crate::cli::{AgentArgs, PlaceArgs, RunArgs};
 use crate::config::{self, LoadedConfig};
+use crate::exit::{self, Failure};
 use crate::follow::Shown;
 use crate::lines::Lines;
 use crate::questions::Questions;
 use crate::render::{Human, JsonLines, Renderer};
 use crate::signals::{Signal, Signals};
 use crate::{permissions, plan, provider, store, tuning};
-
-/// Exit codes (docs/cli.md).
-pub(crate) mod exit {
-    pub(crate) const ERROR: u8 = 1;
-    pub(crate) const USAGE: u8 = 2;
-    pub(crate) const NO_ANSWER: u8 = 3;
-    pub(crate) const TIMEOUT: u8 = 4;
-    pub(crate) const CANCELLED: u8 = 130;
-    /// The output was closed (as a process killed by SIGPIPE would end).
-    pub(crate) const OUTPUT_CLOSED: u8 = 141;
-}
-
-/// Why `loom run` could not do its job.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// Bad flags, config or script: one line, exit code 2.
-    Usage(anyhow::Error),
-    /// Anything else: exit code 1.
-    Runtime(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(err: anyhow::Error) -> Self {
-        Self::Runtime(err)
-    }
-}
 
 pub(crate) async fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let prompt = crate::prompt::task(args.prompt.as_deref(), args.prompt_file.as_deref()).map_err(Failure::Usage)?;
@@ -190,20 +165,9 @@ async fn follow_to_end(
             );
             exit::ERROR
         }
-        _ => exit_code(&outcome),
+        _ => crate::exit::for_outcome(&outcome),
     };
     Ok((ExitCode::from(code), Some(outcome)))
-}
-
-pub(crate) fn exit_code(outcome: &RunOutcome) -> u8 {
-    match (outcome.status, &outcome.stop_reason) {
-        (RunStatus::Done, _) => 0,
-        (RunStatus::Canceled, _) => exit::CANCELLED,
-        (RunStatus::Timeout, _) => exit::TIMEOUT,
-        (RunStatus::Interrupted, _) => exit::OUTPUT_CLOSED,
-        (_, Some(StopReason::MaxStepsWithoutAnswer)) => exit::NO_ANSWER,
-        _ => exit::ERROR,
-    }
 }
 
 /// The agent the flags and loom.toml describe. `default_model` is used when
@@ -219,7 +183,7 @@ pub(crate) async fn build_agent(args: &AgentArgs, place: &PlaceArgs, default_mod
             .await
             .map_err(|err| anyhow!("the trust check failed: {err}"))??;
     if let Some(trusted) = trusted {
-        crate::trust::audit(trusted).await;
+        crate::trust_records::audit(trusted).await;
     }
     configure_agent(args, place, default_model, &loaded, None).await
 }
@@ -288,7 +252,7 @@ pub(crate) async fn configure_agent(
             .await??
     };
     if let Some(trusted) = trusted {
-        crate::trust::audit(trusted).await;
+        crate::trust_records::audit(trusted).await;
     }
     let wanted = match server.as_ref().and_then(|s| s.tools.clone()) {
         Some(wanted) => Some(wanted),
@@ -310,7 +274,7 @@ pub(crate) async fn configure_agent(
     if let Some(skill) = &skills {
         tools.push(Arc::new(skill.clone()));
     }
-    let (shell, bash_enabled) = bash_settings(file, &workspace, server.is_some())?;
+    let (shell, bash_enabled) = crate::shell_settings::bash_settings(file, &workspace, server.is_some())?;
     let store = match &server {
         Some(server) => server.store.clone(),
         None => {
@@ -513,87 +477,6 @@ async fn defined_in_files(workspace: &Path) -> loom::tools::definitions::Definit
         tracing::warn!("definition left out: {}", crate::text::shown(&problem.to_string()));
     }
     found
-}
-
-/// How `[tools.bash]` says commands run (the `bash` tool's and hooks'), and
-/// whether the model gets the `bash` tool.
-/// `[tools.bash]` as settings, and whether the tool is on. A served
-/// gateway's commands are sandboxed unless the operator wrote `sandbox =
-/// "none"` ([`default_sandbox`]).
-pub(crate) fn bash_settings(
-    file: &config::FileConfig,
-    workspace: &Path,
-    serving: bool,
-) -> Result<(loom::tools::BashSettings, bool)> {
-    let config = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
-    // This binary applies Landlock inside the sandbox's namespaces — unless
-    // it lies in the workspace (`cargo run` there), where a command could
-    // replace it before the next call binds and starts it.
-    let helper = std::env::current_exe()
-        .ok()
-        .filter(|exe| !workspace.canonicalize().is_ok_and(|root| exe.starts_with(root)));
-    let Some(config) = config else {
-        let settings = loom::tools::BashSettings {
-            landlock_helper: helper,
-            sandbox: default_sandbox(serving),
-            // Served: Landlock alone reads every file (tokens, other
-            // tenants' runs); refused unless the operator says otherwise.
-            require_namespaces: serving,
-            ..Default::default()
-        };
-        return Ok((settings, true));
-    };
-    let mut settings = loom::tools::BashSettings {
-        landlock_helper: helper,
-        sandbox: default_sandbox(serving),
-        require_namespaces: config.require_namespaces.unwrap_or(serving),
-        bwrap: config.bwrap.clone(),
-        ..Default::default()
-    };
-    if let Some(mode) = &config.sandbox {
-        settings.sandbox = mode
-            .parse()
-            .map_err(|err| anyhow!("loom.toml [tools.bash] sandbox: {err}"))?;
-    }
-    if let Some(secs) = config.max_timeout_secs {
-        settings.max_timeout = Duration::from_secs(secs.max(1));
-    }
-    if let Some(secs) = config.timeout_secs {
-        settings.default_timeout = Duration::from_secs(secs.max(1)).min(settings.max_timeout);
-    }
-    settings.env = config.env.clone();
-    Ok((settings, config.enabled != Some(false)))
-}
-
-/// The sandbox when `[tools.bash] sandbox` says none: `loom serve` runs
-/// commands for whoever holds a token, so they are sandboxed
-/// (namespaces + Landlock, no network); `loom run` and `loom chat` ask a
-/// person before each command and run it as the user would
-/// (docs/security.md, "Defaults").
-fn default_sandbox(serving: bool) -> loom::tools::SandboxMode {
-    if serving {
-        loom::tools::SandboxMode::Landlock
-    } else {
-        loom::tools::SandboxMode::None
-    }
-}
-
-/// Warns, at a gateway's or a worker's start, when its operator wrote
-/// `[tools.bash] sandbox = "none"` with the tool on: what that gives
-/// away to whoever holds a token.
-pub(crate) fn warn_if_unconfined(file: &config::FileConfig) {
-    let bash = file.tools.as_ref().and_then(|tools| tools.bash.as_ref());
-    // Hooks run as the shell's commands do, whether or not the tool is on.
-    let unconfined = bash.is_some_and(|bash| {
-        bash.sandbox.as_deref() == Some("none") && (bash.enabled != Some(false) || !file.hooks.is_empty())
-    });
-    if unconfined {
-        // SAFETY: a plain system call.
-        let uid = unsafe { libc::geteuid() };
-        say!(
-            "loom: warning: [tools.bash] sandbox = \"none\": commands (bash, hooks) run unconfined as uid {uid}: they read and change whatever that user can outside the workspace and reach the network; only Loom's state and other processes are hidden. Without that line they are sandboxed (namespaces + Landlock, no network; docs/security.md)"
-        );
-    }
 }
 
 /// 0 means no limit.

@@ -7,8 +7,8 @@ use loom::stores::SqliteStore;
 use loom::{RunRecord, Store, StoreError};
 
 use crate::cli::{RunsArgs, RunsCommand};
+use crate::exit::Failure;
 use crate::recorded_runs::RecordedIn;
-use crate::run::Failure;
 use crate::text::clip;
 
 pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {

@@ -11,7 +11,8 @@ use loom_server::{AgentFactory, AgentSpec, App, ServerConfig, Service};
 
 use crate::cli::{AgentArgs, PlaceArgs, ServeArgs};
 use crate::config::{self, LoadedConfig};
-use crate::run::{configure_agent, configured_model, Failure, ServerAgent};
+use crate::exit::Failure;
+use crate::run::{configure_agent, configured_model, ServerAgent};
 
 /// Builds the gateway's (and a worker's) agents from the flags and loom.toml.
 pub(crate) struct ConfiguredAgents {
@@ -73,7 +74,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     for note in &loaded.notes {
         say!("loom: note: {note}");
     }
-    crate::run::warn_if_unconfined(&loaded.file);
+    crate::shell_settings::warn_if_unconfined(&loaded.file);
     // Hidden from every other Loom's commands from now on.
     {
         let loaded = loaded.clone();

@@ -9,19 +9,13 @@
 //! again. A file named with `--config` and the user's own config file are
 //! the person's choice and need no trust.
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, IsTerminal};
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use sha2::{Digest, Sha256};
 
 use crate::config::{FileConfig, LoadedConfig, Origin};
-
-/// SHA-256 of `bytes` as 64 hex digits.
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::trust_records::{audit, is_trusted, record, sha256_hex, Trusted};
 
 /// Programs that `file`'s MCP servers and hooks would run from the
 /// project itself: files a tool may have written, which trusting the
@@ -64,111 +58,6 @@ fn project_file(word: &str, dir: &Path) -> bool {
         .find(|c| !matches!(c, std::path::Component::CurDir))
         .is_some_and(|first| first.as_os_str() == ".loom");
     named && !in_loom && dir.join(candidate).exists()
-}
-
-/// The user's trust records: canonical path → SHA-256 of the trusted text.
-fn records_path() -> Result<PathBuf> {
-    Ok(crate::state::base_dir()?.join("trust.json"))
-}
-
-/// The records, none when the file does not exist. A file that cannot be
-/// read is an error: writing over it would drop every other record.
-fn read_records(path: &Path) -> Result<BTreeMap<String, String>> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            serde_json::from_slice(&bytes).with_context(|| format!("{} is damaged; fix or remove it", path.display()))
-        }
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-        Err(err) => Err(err).with_context(|| format!("cannot read {}", path.display())),
-    }
-}
-
-/// Whether the text of `file` with `digest` is trusted.
-pub(crate) fn is_trusted(file: &Path, digest: &str) -> Result<bool> {
-    let records = read_records(&records_path()?)?;
-    Ok(records.get(&file.display().to_string()).map(String::as_str) == Some(digest))
-}
-
-/// Records `digest` as the trusted text of `file` (canonical), owner-only.
-pub(crate) fn record(file: &Path, digest: &str) -> Result<()> {
-    let path = records_path()?;
-    if let Some(dir) = path.parent() {
-        crate::state::private_dir(dir)?;
-    }
-    // One writer at a time (two `loom trust` at once would each write the
-    // records they read, and one record would be lost): a lock file
-    // beside them, held until this function returns.
-    let lock = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path.with_extension("json.lock"))
-        .with_context(|| format!("cannot lock {}", path.display()))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error()).with_context(|| format!("cannot lock {}", path.display()));
-    }
-    let mut records = read_records(&path)?;
-    records.insert(file.display().to_string(), digest.to_string());
-    let text = serde_json::to_string_pretty(&records)?;
-    // Written whole to a new file, then renamed: a crash leaves the old
-    // records, never half of them.
-    let partial = path.with_extension("json.partial");
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut out = options
-        .open(&partial)
-        .with_context(|| format!("cannot write {}", partial.display()))?;
-    out.write_all(text.as_bytes())?;
-    out.sync_all()?;
-    std::fs::rename(&partial, &path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-/// A file trusted just now, for the audit trail ([`audit`]).
-#[derive(Debug)]
-pub(crate) struct Trusted {
-    file: PathBuf,
-    digest: String,
-    /// `loom trust`, or a yes at the prompt.
-    how: &'static str,
-}
-
-impl Trusted {
-    /// `file` (or a project's `.loom`) trusted with `digest`, `how`.
-    pub(crate) fn new(file: PathBuf, digest: String, how: &'static str) -> Self {
-        Self { file, digest, how }
-    }
-}
-
-/// Appends `trusted` to the audit trail of its project's database
-/// (docs/server.md, "Audit trail"); a failure is a warning, the trust
-/// stands.
-pub(crate) async fn audit(trusted: Trusted) {
-    let project = trusted.file.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let entry = loom::AuditEntry {
-        time_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-        action: "config.trust".into(),
-        token: Some("local".into()),
-        address: None,
-        target: Some(trusted.file.display().to_string()),
-        outcome: "ok".into(),
-        detail: serde_json::json!({ "sha256": trusted.digest, "how": trusted.how }),
-    };
-    let appended = async {
-        let dir = tokio::task::spawn_blocking(move || crate::state::workspace_dir(&project)).await??;
-        let path = dir.join("loom.db");
-        let store = tokio::task::spawn_blocking(move || loom::stores::SqliteStore::open(path)).await??;
-        loom::Store::append_audit(&store, &entry).await?;
-        anyhow::Ok(())
-    };
-    if let Err(err) = appended.await {
-        say!("loom: warning: the trust was recorded, but not in the audit trail: {err:#}");
-    }
 }
 
 /// Lets `loaded` take effect, or says why not: a project file with risky

@@ -14,8 +14,9 @@ use loom_server::{AgentFactory, AgentSpec};
 
 use crate::cli::{PlaceArgs, WorkerArgs};
 use crate::config;
-use crate::run::{configured_model, Failure};
-use crate::serve::{served, stop_signal, workspace_of, ConfiguredAgents};
+use crate::exit::Failure;
+use crate::run::configured_model;
+use crate::serve::{served, stop_signal, ConfiguredAgents};
 
 pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     let addr: Option<SocketAddr> = match &args.addr {
@@ -26,14 +27,9 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         })?),
         None => None,
     };
-    if args.place.db.is_some() {
-        return Err(Failure::Usage(anyhow!(
-            "a worker executes the runs of a cluster's Redis, not a database: drop --db (docs/cluster.md)"
-        )));
-    }
     // As `loom serve`: only the file named on the command line.
     let loaded = config::load_explicit(args.agent.config.as_deref()).map_err(Failure::Usage)?;
-    crate::run::warn_if_unconfined(&loaded.file);
+    crate::shell_settings::warn_if_unconfined(&loaded.file);
     // Hidden from every other Loom's commands from now on.
     {
         let loaded = loaded.clone();
@@ -129,7 +125,10 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     };
     let agent_args = served(args.agent);
     let default_model = configured_model(&agent_args, &loaded, None).map_err(Failure::Usage)?;
-    let workspace = workspace_of(&args.place)?;
+    let workspace = match args.place.workspace {
+        Some(dir) => dir,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
     let factory = Arc::new(ConfiguredAgents {
         args: agent_args,
         place: PlaceArgs {

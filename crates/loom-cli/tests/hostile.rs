@@ -715,3 +715,37 @@ async fn a_request_repeating_a_key_is_refused_and_makes_no_run() {
     let runs = client.ok("run.list", json!({})).await;
     assert_eq!(runs["runs"], json!([]), "{runs}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_a_flood_on_one_websocket_is_answered_under_its_own_id() {
+    let (_dir, _model, gateway) = gateway("");
+    let mut client = gateway.ws(ALICE).await;
+    // More than the 64 a connection may have in progress: those beyond are
+    // refused OVERLOADED, each under its own id, and none goes unanswered.
+    const SENT: usize = 400;
+    for i in 0..SENT {
+        let frame = json!({"type": "request", "id": format!("f{i}"), "method": "run.list", "payload": {}});
+        client.send_text(frame.to_string()).await;
+    }
+    let mut answered = std::collections::HashMap::new();
+    while answered.len() < SENT {
+        let frame = client.frame().await.expect("the connection stayed open");
+        assert_eq!(frame["type"], "response", "{frame}");
+        let id = frame["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("an answer without its id: {frame}"));
+        let outcome = match frame["error"]["code"].as_str() {
+            Some(code) => code.to_string(),
+            None => "ok".to_string(),
+        };
+        assert!(outcome == "ok" || outcome == "OVERLOADED", "{frame}");
+        assert!(
+            answered.insert(id.to_string(), outcome).is_none(),
+            "{id} answered twice"
+        );
+    }
+    let refused = answered.values().filter(|outcome| *outcome == "OVERLOADED").count();
+    println!("{refused} of {SENT} refused OVERLOADED");
+    // The connection still serves.
+    assert_eq!(client.ok("run.list", json!({})).await["runs"], json!([]));
+}

@@ -952,7 +952,15 @@ fn a_worker_refuses_what_it_cannot_keep() {
         assert!(stderr.contains(says), "{says}: {stderr}");
     };
     refused("", &[], "a worker needs the cluster's Redis");
-    refused("", &["--redis", "redis://127.0.0.1:1/0", "--db", "x.db"], "drop --db");
+    // A worker has no database: it takes no --db, and its help offers none.
+    refused(
+        "",
+        &["--redis", "redis://127.0.0.1:1/0", "--db", "x.db"],
+        "unexpected argument '--db'",
+    );
+    let help = loom_in(dir.path()).args(["worker", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--redis") && !help.contains("--db"), "{help}");
     let cluster = "[cluster]\nredis = \"redis://127.0.0.1:1/0\"\n";
     refused(&format!("{cluster}lease_secs = 0.5\n"), &[], "lease_secs = 0.5");
     refused(&format!("{cluster}park_after_secs = -1\n"), &[], "park_after_secs");

@@ -9,8 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::BudgetNode;
 use crate::context::{Limits, RunContext};
+use crate::emitter::EventEmitter;
 use crate::engine::{Caches, ContextSettings, Controls, Driver, Engine, EventLog, Start, SubAgentSettings};
-use crate::event::EventEmitter;
 use crate::feedback::{MonitorConfig, TaskHandler};
 use crate::handle::{RunController, RunHandle};
 use crate::hooks::{LifecycleHooks, ToolHook};
@@ -858,7 +858,7 @@ impl Agent {
         let log = store.events(run_id, 0).await?;
         let mut state = LiveState::from_log(run_id, &log);
         // Its place in a client's trace, told again when it resumes.
-        let trace_parent = crate::trace_context::told_in(&log);
+        let trace_parent = crate::recovery::trace_parent_told_in(&log);
         drop(log);
         // Its usage as of its checkpoint: what came after it is done again.
         state.metrics = record.metrics.clone();

@@ -21,9 +21,11 @@ pub mod codes;
 pub mod context;
 pub mod control;
 pub mod delegate;
+pub mod emitter;
 mod engine;
 pub mod event;
 pub mod feedback;
+mod fence;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handle;
@@ -73,13 +75,14 @@ pub use delegate::{ChildAgent, ChildEnd, ChildReport, ChildRequest, DelegateErro
 pub use engine::SubAgentSettings;
 pub use event::{CallSummary, Event, EventKind, ForkLink, Phase};
 pub use feedback::{MonitorConfig, ResultAnalysis, TaskHandler, Termination};
+pub use fence::{LeaseGuard, WriteFence};
 pub use handle::{ControlError, RunController, RunHandle};
 pub use history::{validate_history, HistoryError};
 pub use hooks::{
     HookAnswer, HookCall, HookDecision, HookEvent, HookInput, HookReport, HookRun, HookScope, HookVerdict,
     LifecycleHooks, ToolHook,
 };
-pub use lease::{Claim, EventTail, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Tailed, WriteFence};
+pub use lease::{Claim, EventTail, Lease, Nudge, Renewal, RunLeases, Tailed};
 pub use live_state::{LiveState, PendingAsk};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
 pub use machine::RunState;

@@ -2,7 +2,8 @@
 //! process died, the conversation a session continues from, and cancelling
 //! a run no process executes. See docs/architecture.md.
 
-use crate::event::{Event, EventEmitter, EventKind, TurnIds};
+use crate::emitter::EventEmitter;
+use crate::event::{Event, EventKind, TurnIds};
 use crate::message::Message;
 use crate::metrics::RunMetrics;
 use crate::status::RunStatus;
@@ -178,4 +179,13 @@ pub async fn take_over(store: &dyn Store, run_id: &str, owner: &str) -> Result<R
     }
     store.reclaim_run(run_id, owner).await?;
     Ok(store.load_run(run_id).await?)
+}
+
+/// The trace context a run's log tells: its first `lifecycle.start`'s
+/// (told again when the run resumes).
+pub fn trace_parent_told_in(log: &[Event]) -> Option<crate::trace_context::TraceParent> {
+    log.iter().find_map(|event| match &event.kind {
+        EventKind::LifecycleStart { trace_parent, .. } => Some(*trace_parent),
+        _ => None,
+    })?
 }

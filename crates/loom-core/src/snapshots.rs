@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-use crate::lease::WriteFence;
+use crate::fence::WriteFence;
 use serde::{Deserialize, Serialize};
 
 /// A snapshot that could not be recorded, read or restored.

@@ -447,7 +447,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The lease this store's writes are fenced by (a worker's store of a
     /// run it holds, docs/cluster.md), if any.
-    fn write_fence(&self) -> Option<crate::lease::WriteFence> {
+    fn write_fence(&self) -> Option<crate::fence::WriteFence> {
         None
     }
 }

@@ -119,14 +119,6 @@ impl schemars::JsonSchema for TraceParent {
     }
 }
 
-/// The trace context a run's log tells: its first `lifecycle.start`'s.
-pub fn told_in(log: &[crate::event::Event]) -> Option<TraceParent> {
-    log.iter().find_map(|event| match &event.kind {
-        crate::event::EventKind::LifecycleStart { trace_parent, .. } => Some(*trace_parent),
-        _ => None,
-    })?
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -110,7 +110,7 @@ fn answer(batch: Vec<Append>, answers: RedisResult<Vec<RedisResult<String>>>) {
                 let result = match answer.as_deref() {
                     Ok("ok") => Ok(()),
                     Ok(_) => Err(StoreError::NotFound(append.run_id.to_string())),
-                    Err(err) => Err(crate::store::backend(err.clone())),
+                    Err(err) => Err(crate::errors::backend(err.clone())),
                 };
                 if let (Err(StoreError::Fenced(_)), Some(guard)) = (&result, &append.guard) {
                     guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -119,7 +119,7 @@ fn answer(batch: Vec<Append>, answers: RedisResult<Vec<RedisResult<String>>>) {
             }
         }
         Err(err) => {
-            let err = crate::store::backend(err);
+            let err = crate::errors::backend(err);
             for append in batch {
                 (append.then)(append.events, Err(err.clone()));
             }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use loom_core::{JobOutcome, StoreError, WorkspaceJob, WorkspaceJobs};
 
-use crate::store::{backend, RedisStore};
+use crate::errors::backend;
+use crate::store::RedisStore;
 
 /// How often the asker looks for the answer.
 const LOOK_EVERY: Duration = Duration::from_millis(50);

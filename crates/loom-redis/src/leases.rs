@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Store, StoreError};
 
-use crate::store::{backend, event_args, event_rows, json, now_ms, Fence, RedisStore};
+use crate::errors::backend;
+use crate::store::{event_args, event_rows, json, now_ms, Fence, RedisStore};
 
 /// When a parked run with controls it heard, and no checkpoint
 /// acknowledged, is tried again (`scripts::PARK`).

@@ -5,6 +5,7 @@
 //! (docs/rewind.md); [`redacted_url`], a Redis URL as it may be shown.
 
 mod appender;
+mod errors;
 mod jobs;
 mod leases;
 mod nudges;

@@ -73,9 +73,7 @@ fn backend(err: redis::RedisError) -> StoreError {
         return StoreError::Raced(err.detail().unwrap_or_default().to_string());
     }
     if err.code() == Some("FENCED") {
-        let key = err.detail().unwrap_or_default();
-        let run_id = key.split_once("run:").map_or(key, |(_, id)| id);
-        return StoreError::Fenced(run_id.to_string());
+        return StoreError::Fenced(crate::errors::fenced_run(&err));
     }
     StoreError::Backend(format!("redis: {err}"))
 }

@@ -17,6 +17,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use crate::appender::{Append, Appender};
+use crate::errors::backend;
 use crate::scripts;
 
 /// Every status, for the scripts' "may come from" lists.
@@ -409,22 +410,6 @@ pub(crate) fn event_args(invocation: &mut redis::ScriptInvocation<'_>, events: &
 
 pub(crate) fn event_rows(events: &[Event]) -> Result<Vec<(u64, String)>, StoreError> {
     events.iter().map(|event| Ok((event.seq, json(event)?))).collect()
-}
-
-/// A Redis error as a store's: `Unavailable` when Redis could not be
-/// reached or did not answer (the same write may succeed once it is back).
-pub(crate) fn backend(err: redis::RedisError) -> StoreError {
-    if err.code() == Some("FENCED") {
-        // The detail is the leased run's key: `{prefix}run:{id}`.
-        let key = err.detail().unwrap_or_default();
-        let run_id = key.split_once("run:").map_or(key, |(_, id)| id);
-        return StoreError::Fenced(run_id.to_string());
-    }
-    if err.is_io_error() || err.is_connection_refusal() || err.is_connection_dropped() || err.is_timeout() {
-        StoreError::Unavailable(format!("redis: {err}"))
-    } else {
-        StoreError::Backend(format!("redis: {err}"))
-    }
 }
 
 pub(crate) fn json<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {

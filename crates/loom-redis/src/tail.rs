@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use loom_core::{EventTail, StoreError, Tailed};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::store::{backend, events_of, seq_of, RedisStore};
+use crate::errors::backend;
+use crate::store::{events_of, seq_of, RedisStore};
 
 /// Events read per run at most in one read.
 const PER_RUN: usize = 256;

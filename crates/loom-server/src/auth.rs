@@ -7,7 +7,6 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::TokenEntry;
 use crate::error::{ApiError, Code};
 
 /// What a token may do (`role` in `[[server.tokens]]`, docs/server.md,
@@ -194,21 +193,10 @@ fn digest(token: &str) -> [u8; 32] {
 }
 
 impl Tokens {
-    /// The tokens of `[[server.tokens]]`.
-    pub fn from_entries(entries: &[TokenEntry]) -> Result<Self, TokenError> {
-        let mut tokens = Self::default();
-        for entry in entries {
-            let principal = Principal::granted(entry.name.as_str(), entry.grant());
-            match (&entry.token, &entry.token_sha256) {
-                (Some(token), None) => tokens.add_clear_for(principal, token)?,
-                (None, Some(hex)) => {
-                    let digest = parse_hex(hex).ok_or_else(|| TokenError::BadDigest(entry.name.clone()))?;
-                    tokens.add(principal, digest)?;
-                }
-                _ => return Err(TokenError::OneOf(entry.name.clone())),
-            }
-        }
-        Ok(tokens)
+    /// Adds a token given by its SHA-256 (`token_sha256`: 64 hex digits).
+    pub fn add_digest_for(&mut self, principal: Principal, hex: &str) -> Result<(), TokenError> {
+        let digest = parse_hex(hex).ok_or_else(|| TokenError::BadDigest(principal.name().to_string()))?;
+        self.add(principal, digest)
     }
 
     /// Adds a token given in clear. Blanks around it are not part of it
@@ -362,38 +350,6 @@ pub fn token_sha256(token: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_token_is_found_by_its_clear_text_or_its_digest() {
-        let entries = vec![
-            TokenEntry {
-                name: "alice".into(),
-                token: Some("alice-secret-token-1".into()),
-                token_sha256: None,
-                ..TokenEntry::default()
-            },
-            TokenEntry {
-                name: "bob".into(),
-                token: None,
-                token_sha256: Some(token_sha256("bob-secret-token-22")),
-                ..TokenEntry::default()
-            },
-        ];
-        let tokens = Tokens::from_entries(&entries).unwrap();
-        assert_eq!(tokens.check("alice-secret-token-1").unwrap().name(), "alice");
-        assert_eq!(tokens.check("bob-secret-token-22").unwrap().name(), "bob");
-        assert!(tokens.check("bob-secret-token-2").is_none());
-        assert!(tokens.check("").is_none());
-        assert!(matches!(
-            Tokens::from_entries(&[TokenEntry {
-                name: "x".into(),
-                token: Some("short".into()),
-                token_sha256: None,
-                ..TokenEntry::default()
-            }]),
-            Err(TokenError::TooShort(_))
-        ));
-    }
 
     #[test]
     fn tokens_are_trimmed_and_blank_or_spaced_ones_refused() {

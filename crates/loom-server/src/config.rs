@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::auth::{Grant, Role, TokenError, Tokens};
+use crate::auth::{Grant, Principal, Role, TokenError, Tokens};
 
 /// `[server]` as written in loom.toml.
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
@@ -80,6 +80,21 @@ pub struct TokenEntry {
     pub models: Option<Vec<String>>,
     /// The only tools the token's runs may have.
     pub tools: Option<Vec<String>>,
+}
+
+/// The tokens of `[[server.tokens]]`: each given in clear or by its
+/// digest, never both.
+pub(crate) fn tokens_of(entries: &[TokenEntry]) -> Result<Tokens, TokenError> {
+    let mut tokens = Tokens::default();
+    for entry in entries {
+        let principal = Principal::granted(entry.name.as_str(), entry.grant());
+        match (&entry.token, &entry.token_sha256) {
+            (Some(token), None) => tokens.add_clear_for(principal, token)?,
+            (None, Some(hex)) => tokens.add_digest_for(principal, hex)?,
+            _ => return Err(TokenError::OneOf(entry.name.clone())),
+        }
+    }
+    Ok(tokens)
 }
 
 impl TokenEntry {
@@ -240,7 +255,7 @@ impl ServerConfig {
     /// The settings of loom.toml, plus `LOOM_TOKEN` (named `default`) when given.
     pub fn from_settings(settings: &ServerSettings, env_token: Option<&str>) -> Result<Self, ConfigError> {
         let defaults = Self::default();
-        let mut tokens = Tokens::from_entries(&settings.tokens)?;
+        let mut tokens = tokens_of(&settings.tokens)?;
         // An empty LOOM_TOKEN is no token; one of blanks is a mistake
         // (`add_clear` refuses it), never an open gateway.
         if let Some(token) = env_token.filter(|t| !t.is_empty()) {
@@ -341,6 +356,39 @@ fn normalize_origin(origin: &str) -> Result<String, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::token_sha256;
+
+    #[test]
+    fn a_token_is_found_by_its_clear_text_or_its_digest() {
+        let entries = vec![
+            TokenEntry {
+                name: "alice".into(),
+                token: Some("alice-secret-token-1".into()),
+                token_sha256: None,
+                ..TokenEntry::default()
+            },
+            TokenEntry {
+                name: "bob".into(),
+                token: None,
+                token_sha256: Some(token_sha256("bob-secret-token-22")),
+                ..TokenEntry::default()
+            },
+        ];
+        let tokens = tokens_of(&entries).unwrap();
+        assert_eq!(tokens.check("alice-secret-token-1").unwrap().name(), "alice");
+        assert_eq!(tokens.check("bob-secret-token-22").unwrap().name(), "bob");
+        assert!(tokens.check("bob-secret-token-2").is_none());
+        assert!(tokens.check("").is_none());
+        assert!(matches!(
+            tokens_of(&[TokenEntry {
+                name: "x".into(),
+                token: Some("short".into()),
+                token_sha256: None,
+                ..TokenEntry::default()
+            }]),
+            Err(TokenError::TooShort(_))
+        ));
+    }
 
     #[test]
     fn origins_are_normalized_and_checked() {

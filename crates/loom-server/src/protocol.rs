@@ -577,6 +577,17 @@ pub struct FrameEnvelope {
 }
 
 impl RequestFrame {
+    /// The id of a request frame, read without the rest (for a refusal
+    /// that must be cheap, such as too many requests in progress): none
+    /// when the text is no JSON object or its id is no string or number.
+    pub fn id_of(text: &str) -> Option<FrameId> {
+        #[derive(Deserialize)]
+        struct IdOnly {
+            id: Option<FrameId>,
+        }
+        serde_json::from_str::<IdOnly>(text).ok().and_then(|frame| frame.id)
+    }
+
     /// Reads the text of a WebSocket frame: `PARSE_ERROR` for text that is
     /// not JSON, `INVALID_REQUEST` for JSON that is not a request frame (a
     /// field it does not have; no `type: request`, `id` or `method`), with

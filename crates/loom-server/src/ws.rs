@@ -152,9 +152,11 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
         match message {
             Message::Text(text) => {
                 let Ok(permit) = requests.clone().try_acquire_owned() else {
+                    // Each refused request is answered under its own id, so
+                    // a client waiting for it hears that it must try again.
                     let busy = ApiError::new(Code::Overloaded, "too many requests in progress on this connection")
                         .retry_after(Duration::from_millis(100));
-                    conn.respond(None, Err(busy)).await;
+                    conn.respond(RequestFrame::id_of(text.as_str()), Err(busy)).await;
                     continue;
                 };
                 let conn = conn.clone();
@@ -311,6 +313,10 @@ fn unreadable(err: &axum::Error) -> (u16, String) {
     let lowered = text.to_ascii_lowercase();
     let code = if lowered.contains("utf-8") || lowered.contains("utf8") {
         INVALID_DATA
+    } else if lowered.contains("control frame") {
+        // A ping or close of more than 125 bytes breaks the protocol
+        // (RFC 6455, 5.5); it is no message too big to take.
+        PROTOCOL_ERROR
     } else if lowered.contains("space limit") || lowered.contains("too long") || lowered.contains("too big") {
         TOO_BIG
     } else {
@@ -482,4 +488,22 @@ fn event_frame(event: &Event) -> String {
         event.kind.name(),
         event.seq
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_that_cannot_be_read_is_closed_with_the_code_of_its_fault() {
+        let code = |text: &str| unreadable(&axum::Error::new(std::io::Error::other(text.to_string()))).0;
+        // tungstenite's words for each fault.
+        assert_eq!(
+            code("Control frame too big (payload must be 125 bytes or less)"),
+            PROTOCOL_ERROR
+        );
+        assert_eq!(code("Space limit exceeded: Message too long: 70000 > 65536"), TOO_BIG);
+        assert_eq!(code("UTF-8 encoding error"), INVALID_DATA);
+        assert_eq!(code("Reserved bits are non-zero"), PROTOCOL_ERROR);
+    }
 }

@@ -16,7 +16,7 @@ use anyhow::{anyhow, Context};
 use futures_util::stream::{self, StreamExt};
 
 use crate::cli::EvalArgs;
-use crate::run::{exit, Failure};
+use crate::exit::{self, Failure};
 use attempt::Bench;
 use report::{case_report, AttemptReport, Report};
 use suite::{Case, Suite};
@@ -125,7 +125,7 @@ async fn bench(args: &EvalArgs) -> anyhow::Result<Bench> {
             .await
             .map_err(|err| anyhow!("the trust check failed: {err}"))??;
     if let Some(trusted) = trusted {
-        crate::trust::audit(trusted).await;
+        crate::trust_records::audit(trusted).await;
     }
     let db = match &args.db {
         Some(db) => db.clone(),

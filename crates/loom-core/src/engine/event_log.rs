@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::context::{RunContext, StopCause};
-use crate::event::{Event, EventSink};
+use crate::event::Event;
 use crate::live_state::RunStream;
 use crate::store::{Store, StoreError};
 
@@ -323,6 +323,32 @@ impl Drop for LogWriter {
             for event in state.waiting.drain(..) {
                 self.visible.send(Box::new(event));
             }
+        }
+    }
+}
+
+/// Where an emitter's events go: a channel (a test), a run's event log
+/// (stored, then visible), or straight to a run's stream (a run without a
+/// store).
+#[derive(Debug, Clone)]
+pub(crate) enum EventSink {
+    // Boxed: the channel allocates its slots in blocks of 32, and 32 whole
+    // events (~9 KB) per block held by every live run was a gateway's
+    // largest cost per run after its model connections.
+    Channel(tokio::sync::mpsc::UnboundedSender<Box<Event>>),
+    Log(Arc<LogWriter>),
+    Stream(RunStream),
+}
+
+impl EventSink {
+    /// A sink nobody reads any more is not an error.
+    pub(crate) fn send(&self, event: Box<Event>) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.send(event);
+            }
+            Self::Log(log) => log.push(event),
+            Self::Stream(stream) => stream.send(event),
         }
     }
 }

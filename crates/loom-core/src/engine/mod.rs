@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::budget::{BudgetKind, BudgetNode};
 use crate::context::RunContext;
-use crate::event::EventEmitter;
+use crate::emitter::EventEmitter;
 use crate::llm::Llm;
 use crate::machine;
 use crate::memory::MemoryConfig;

@@ -2,7 +2,8 @@
 //! `HOOK_FAILED` warning for each that failed.
 
 use crate::codes::WarningCode;
-use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::emitter::EventEmitter;
+use crate::event::{EventKind, TurnIds};
 
 use super::{HookEvent, HookReport};
 

@@ -12,10 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::feedback::{analyze, DefaultGuidance, GuidanceReason, TaskHandler};
 use crate::tool_result::ToolResult;
 
-use super::state::FinalAnswer;
-
 /// Added to the final-answer instruction: what the model must do now.
-const FINAL_ANSWER_SUFFIX: &str = "Do not call any more tools. Using only the information you already have, \
+pub(crate) const FINAL_ANSWER_SUFFIX: &str =
+    "Do not call any more tools. Using only the information you already have, \
 give your best final answer now, and say briefly what remains unfinished, if anything.";
 
 /// Guidance of a retry after an empty answer.
@@ -41,14 +40,6 @@ impl GuidancePart {
             reason,
             content: content.into(),
         }
-    }
-
-    /// The instruction of a final-answer call.
-    pub(crate) fn final_answer(why: &FinalAnswer) -> Self {
-        Self::new(
-            why.guidance_reason(),
-            format!("{}\n{FINAL_ANSWER_SUFFIX}", why.message()),
-        )
     }
 }
 

@@ -222,7 +222,7 @@ impl TurnMachine {
         }
         let extra = match &self.state.mode {
             Mode::Working => None,
-            Mode::FinalAnswer(why) => Some(GuidancePart::final_answer(why)),
+            Mode::FinalAnswer(why) => Some(why.guidance()),
         };
         self.state.phase = TurnPhase::Answering(Answering {
             extra,

@@ -10,7 +10,7 @@ use crate::metrics::RunMetrics;
 use crate::outcome::StopReason;
 use crate::turn_state::TurnState;
 
-use super::guidance::GuidancePart;
+use super::guidance::{GuidancePart, FINAL_ANSWER_SUFFIX};
 use super::untouched::NamedFiles;
 
 /// A run's whole state except its history (which a store keeps as
@@ -105,6 +105,14 @@ impl FinalAnswer {
             Self::MaxSteps => crate::feedback::GuidanceReason::MaxSteps,
             Self::Monitor(stop) => stop.termination.guidance_reason(),
         }
+    }
+
+    /// The instruction of a final-answer call.
+    pub(crate) fn guidance(&self) -> GuidancePart {
+        GuidancePart::new(
+            self.guidance_reason(),
+            format!("{}\n{FINAL_ANSWER_SUFFIX}", self.message()),
+        )
     }
 
     /// What the model is told (docs/context.md).

@@ -12,7 +12,8 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use crate::control::PermissionDecision;
-use crate::event::{EventEmitter, EventKind, TurnIds, Unanswered};
+use crate::emitter::EventEmitter;
+use crate::event::{EventKind, TurnIds, Unanswered};
 use crate::handle::ControlError;
 use crate::live_state::LiveState;
 use crate::status::RunStatus;

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::context::{RunContext, StopCause};
-use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::emitter::EventEmitter;
+use crate::event::{EventKind, TurnIds};
 use crate::hooks::{LifecycleHooks, ToolHook};
 use crate::message::ToolCall;
 use crate::permission::{PermissionGate, PermissionPolicy};

@@ -3,7 +3,8 @@
 //! which spans lines and so several pieces, is held back until its END
 //! line (or the end of the call) so no piece of it leaks on its own.
 
-use crate::event::{EventEmitter, EventKind, TurnIds};
+use crate::emitter::EventEmitter;
+use crate::event::{EventKind, TurnIds};
 use crate::tool::OutputStream;
 
 use super::Redactor;

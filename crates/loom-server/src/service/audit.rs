@@ -299,13 +299,13 @@ impl Service {
 mod tests {
     use super::*;
     use crate::auth::token_sha256;
-    use crate::config::TokenEntry;
+    use crate::config::{tokens_of, TokenEntry};
 
     const CLEAR: &str = "clear-token-0123456789";
     const DIGEST: &str = "digest-token-9876543210";
 
     fn tokens() -> Tokens {
-        Tokens::from_entries(&[
+        tokens_of(&[
             TokenEntry {
                 name: "clear".into(),
                 token: Some(CLEAR.into()),

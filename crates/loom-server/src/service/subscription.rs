@@ -160,7 +160,7 @@ mod tests {
             parent_turn_id: None,
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let emitter = loom_core::event::EventEmitter::new(run_id.into(), 0, tx).continuing_after(seq - 1);
+        let emitter = loom_core::emitter::EventEmitter::new(run_id.into(), 0, tx).continuing_after(seq - 1);
         emitter.emit(&turn, EventKind::IterationStart { iteration: 0 });
         Arc::new(*rx.try_recv().expect("emitted"))
     }

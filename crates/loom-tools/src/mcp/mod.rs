@@ -17,6 +17,7 @@
 
 mod config;
 mod connection;
+mod listing;
 mod server;
 mod tool;
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::{Endpoint, McpServerConfig};
 use super::connection::{Connection, Handler, ProcessSetup, StderrTail};
-use super::tool::{tool_infos, ToolInfo};
+use super::listing::{tool_infos, ToolInfo};
 use crate::shell::Isolation;
 
 /// Restart delays after consecutive failures: the first restart is at
