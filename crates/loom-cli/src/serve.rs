@@ -128,6 +128,14 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
             .map_err(|err| Failure::Runtime(err.into()))?
             .map_err(Failure::Runtime)?,
     );
+    if let (Some(db), Some(_)) = (&args.place.db, &loaded.file.cluster) {
+        // `--db` wins (docs/cluster.md); said, so that an operator who
+        // meant the cluster does not find out from runs that never leave.
+        say!(
+            "loom serve: note: --db {}: runs are kept in that file and executed here; loom.toml's [cluster] section is not used",
+            db.display()
+        );
+    }
     let redis = crate::store::RedisFrom::pick(args.place.redis.as_deref(), loaded.file.cluster_redis());
     let executes = loaded.file.cluster.as_ref().and_then(|cluster| cluster.execute) == Some(true);
     // On a cluster's Redis without `execute = true`, workers execute the

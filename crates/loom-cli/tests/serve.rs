@@ -686,6 +686,24 @@ async fn a_connection_that_stops_answering_pings_is_closed() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         other.ok("run.list", json!({})).await;
     }
+    // A peer that answers no ping will not answer the close either: its
+    // connection is freed at once, not held for the 35 s a close may take
+    // (the silent client has still read nothing).
+    let open = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("loom_ws_connections "))
+            .map_or(0.0, |value| value.trim().parse::<f64>().unwrap())
+    };
+    let mut connections = open(&gateway.metrics_text().await);
+    for _ in 0..30 {
+        if connections <= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        connections = open(&gateway.metrics_text().await);
+    }
+    assert_eq!(connections, 1.0, "the silent connection is still held");
     while silent.frame().await.is_some() {}
     let (code, reason) = silent.closed.clone().expect("a close frame");
     assert_eq!((code, reason.as_str()), (1008, "no answer to ping"));
@@ -1527,4 +1545,30 @@ async fn rewind_and_fork_over_websocket_and_http() {
             .await,
         "INVALID_STATE"
     );
+}
+
+/// `--db` wins over the file's `[cluster]`, and the gateway says so rather
+/// than leaving the operator to find out from runs that never reach a
+/// worker; runs are kept in the file and executed here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_db_on_the_command_line_says_the_files_cluster_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model();
+    config(
+        dir.path(),
+        &model.url(),
+        "\n[cluster]\nredis = \"redis://127.0.0.1:1/0\"\n",
+    );
+    let db = dir.path().join("runs.db");
+    let gateway = Gateway::start(dir.path(), &["--db", db.to_str().unwrap()]);
+    let mut client = gateway.ws(ALICE).await;
+    let accepted = client.ok("agent.run", json!({"prompt": "hello answer=hi"})).await;
+    let run = run_id(&accepted);
+    client.until(&run, "lifecycle.end").await;
+    assert!(
+        gateway.log_text().contains("[cluster] section is not used"),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(db.exists(), "the run is kept in --db");
 }

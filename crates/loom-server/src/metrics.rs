@@ -175,6 +175,7 @@ fn start_at_zero() {
         "loom_worker_leases_lost_total",
         "loom_worker_takeovers_total",
         "loom_worker_runs_parked_total",
+        "loom_worker_runs_forgotten_total",
         "loom_worker_writes_fenced_total",
         "loom_audit_write_errors_total",
         "loom_audit_refusals_dropped_total",

@@ -33,6 +33,9 @@ const OUTBOUND: usize = 256;
 const IN_FLIGHT: usize = 64;
 /// How long the writer waits for the socket to take one frame.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection closed for answering no ping is kept for its
+/// close frame to leave.
+const SILENT_PEER_PATIENCE: Duration = Duration::from_secs(1);
 
 /// Close codes: going away (shutdown), policy (no pong), try again later
 /// (a subscriber fell behind), too big (over the transport's hard limit).
@@ -122,6 +125,9 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
     let requests = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut subscriptions = Subscriptions::default();
     let (sub_tx, mut sub_rx) = mpsc::unbounded_channel::<SubChange>();
+    // Set when the peer answered no ping: it is gone, so its answer to the
+    // close is not waited for.
+    let mut silent = false;
     loop {
         // A connection silent for two ping intervals is gone.
         let frame = tokio::select! {
@@ -137,6 +143,7 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
         let message = match frame {
             Err(_) => {
                 conn.close(POLICY, "no answer to ping".into());
+                silent = true;
                 break;
             }
             Ok(None) => break,
@@ -186,7 +193,12 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
             }
         }
     };
-    let patience = if app.closing.is_cancelled() {
+    let patience = if silent {
+        // A peer silent for two ping intervals does not answer a close
+        // either: the close frame gets a moment to leave, then the
+        // connection (and its place under max_connections) is freed.
+        SILENT_PEER_PATIENCE
+    } else if app.closing.is_cancelled() {
         app.close_patience()
     } else {
         WRITE_TIMEOUT + Duration::from_secs(5)
