@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{json_lines, loom_in, message_texts, reminders};
+use common::{json_lines, loom_in, message_texts, of_type, reminders};
 
 use loom_testkit::{
     anthropic_text, anthropic_text_ending, openai_no_choices, openai_sse, openai_text, openai_text_ending, FakeServer,
@@ -49,10 +49,6 @@ fn run_asking(provider: &str, replies: Vec<Reply>, config: &str, prompt: &str) -
         requests: server.requests(),
         dir,
     }
-}
-
-fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["type"] == kind).collect()
 }
 
 fn stored_messages(ran: &Ran) -> Vec<Value> {

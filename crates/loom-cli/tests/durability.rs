@@ -9,13 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::gateway::{config, http, Gateway, ALICE};
+use common::gateway::{config, http, run_id, Gateway, ALICE};
 use loom_testkit::{PromptModel, PromptModelOptions};
 use serde_json::{json, Value};
-
-fn run_id(accepted: &Value) -> String {
-    accepted["runId"].as_str().unwrap().to_string()
-}
 
 /// `POST /v1/runs` with an idempotency key; the answer's status and body.
 async fn post(gateway: &Gateway, key: &str, prompt: &str) -> (u16, Value) {

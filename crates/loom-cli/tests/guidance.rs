@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{json_lines, loom_in, message_texts, reminders, script_at, succeeded};
+use common::{json_lines, loom_in, message_texts, of_type, reminders, script_at, succeeded};
 
 use loom_testkit::{anthropic_text, anthropic_tool_use, openai_text, openai_tool_calls, FakeServer, Reply};
 use serde_json::{json, Value};
@@ -221,10 +221,6 @@ fn run_script(dir: &std::path::Path, turns: Value, extra: &[&str]) -> (Option<i3
         json_lines(&output.stdout),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
-}
-
-fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|e| e["type"] == kind).collect()
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use common::of_type;
 use loom_testkit::{openai_text, openai_tool_calls, FakeServer, Reply};
 use serde_json::Value;
 
@@ -40,10 +41,6 @@ fn run(workspace: &Path, config: &Path, server: &FakeServer, prompt: &str) -> (O
         .unwrap();
     let events = common::json_lines(&out.stdout);
     (out, events)
-}
-
-fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    events.iter().filter(|event| event["type"] == kind).collect()
 }
 
 fn stderr(out: &Output) -> String {

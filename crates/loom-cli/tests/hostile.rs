@@ -13,20 +13,12 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::gateway::{config, http, Gateway, ALICE};
+use common::gateway::{config, gateway, http, Gateway, ALICE};
 use hmac::{Hmac, Mac};
 use loom_testkit::{PromptModel, PromptModelOptions};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-
-fn gateway(extra: &str) -> (tempfile::TempDir, PromptModel, Gateway) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = PromptModel::start(PromptModelOptions::default());
-    config(dir.path(), &model.url(), extra);
-    let gateway = Gateway::start(dir.path(), &[]);
-    (dir, model, gateway)
-}
 
 /// Signs in as the page does (from its own origin); the `NAME=VALUE` cookie.
 async fn sign_in(gateway: &Gateway) -> String {
@@ -83,7 +75,7 @@ async fn ws_with_cookie(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_on_another_port_or_scheme_cannot_use_the_cookie_over_websocket_or_http() {
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     let cookie = sign_in(&gateway).await;
     let port: u16 = gateway.addr.rsplit(':').next().unwrap().parse().unwrap();
     // Another port of the same host: the same site to a browser, which
@@ -164,8 +156,10 @@ const SLACK: Duration = Duration::from_secs(5);
 
 #[test]
 fn connections_that_never_finish_are_closed_within_their_timeouts() {
-    let (_dir, _model, gateway) =
-        gateway("header_timeout_secs = 1\nidle_timeout_secs = 2\nbody_timeout_secs = 1\nping_interval_secs = 0.5");
+    let (_dir, _model, gateway) = gateway(
+        "header_timeout_secs = 1\nidle_timeout_secs = 2\nbody_timeout_secs = 1\nping_interval_secs = 0.5",
+        &[],
+    );
     // Headers that never end.
     let mut headers = TcpStream::connect(&gateway.addr).unwrap();
     headers.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").unwrap();
@@ -219,7 +213,7 @@ fn connections_that_never_finish_are_closed_within_their_timeouts() {
 #[test]
 fn a_connection_moving_no_byte_is_closed_after_the_idle_timeout() {
     // Headers may take long here: what closes these is the idle timeout.
-    let (_dir, _model, gateway) = gateway("header_timeout_secs = 60\nidle_timeout_secs = 2");
+    let (_dir, _model, gateway) = gateway("header_timeout_secs = 60\nidle_timeout_secs = 2", &[]);
     let mut idle = TcpStream::connect(&gateway.addr).unwrap();
     idle.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", gateway.addr).as_bytes())
         .unwrap();
@@ -264,7 +258,7 @@ async fn a_flood_of_idle_connections_does_not_deny_healthz() {
     // The black-box attack: one client without a token keeps three times
     // the cap of connections open that never send a request (half send
     // nothing, half start headers), reopening each one the server closes.
-    let (_dir, _model, gateway) = gateway("header_timeout_secs = 3\nmax_connections = 20");
+    let (_dir, _model, gateway) = gateway("header_timeout_secs = 3\nmax_connections = 20", &[]);
     let addr = gateway.addr.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flooding = stop.clone();
@@ -326,8 +320,10 @@ async fn a_flood_of_idle_connections_does_not_deny_healthz() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_cap_busy_connections_stay_and_a_newcomer_is_refused() {
-    let (_dir, _model, gateway) =
-        gateway("header_timeout_secs = 2\nbody_timeout_secs = 30\nping_interval_secs = 30\nmax_connections = 4");
+    let (_dir, _model, gateway) = gateway(
+        "header_timeout_secs = 2\nbody_timeout_secs = 30\nping_interval_secs = 30\nmax_connections = 4",
+        &[],
+    );
     // The cap filled with what must never be closed for a newcomer: two
     // WebSockets, and two sign-ins whose bodies are on their way.
     let mut first = gateway.ws(ALICE).await;
@@ -390,7 +386,7 @@ async fn at_the_cap_busy_connections_stay_and_a_newcomer_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sign_out_survives_a_restart() {
-    let (_dir, _model, mut gateway) = gateway("");
+    let (_dir, _model, mut gateway) = gateway("", &[]);
     let cookie = sign_in(&gateway).await;
     let kept = sign_in(&gateway).await;
     sign_out(&gateway, &cookie).await;
@@ -416,7 +412,7 @@ fn expiry_of(cookie: &str) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sign_ins_in_one_second_are_two_sessions() {
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     // Two sign-ins within the same second (a few tries: a second may turn
     // between them).
     let (first, second) = loop {
@@ -451,7 +447,7 @@ fn hmac_hex(key: &[u8], text: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cookie_forged_with_the_key_for_years_ahead_is_refused() {
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     let genuine = sign_in(&gateway).await;
     // What one who stole the key file could sign (the cookie written in
     // the format the gateway writes).
@@ -537,7 +533,7 @@ fn a_blank_loom_token_is_refused_and_a_query_token_is_trimmed() {
     assert!(stderr.contains("blank"), "{stderr}");
 
     // `?token=` is trimmed as the header is.
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let padded = reqwest::get(gateway.url(&format!("/v1/runs?token=%20{ALICE}%20")))
@@ -669,7 +665,7 @@ fn a_configured_max_connections_is_held_under_the_descriptor_limit() {
 /// it. Before, the last value was taken and the run started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_repeating_a_key_is_refused_and_makes_no_run() {
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     let mut client = gateway.ws(ALICE).await;
     for (id, frame) in [
         (
@@ -718,7 +714,7 @@ async fn a_request_repeating_a_key_is_refused_and_makes_no_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_of_a_flood_on_one_websocket_is_answered_under_its_own_id() {
-    let (_dir, _model, gateway) = gateway("");
+    let (_dir, _model, gateway) = gateway("", &[]);
     let mut client = gateway.ws(ALICE).await;
     // More than the 64 a connection may have in progress: those beyond are
     // refused OVERLOADED, each under its own id, and none goes unanswered.

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::gateway::{config, http, Gateway, ALICE, BOB};
+use common::gateway::{config, http, run_id, Gateway, ALICE, BOB};
 use common::loom_in;
 use loom_testkit::{PromptModel, PromptModelOptions};
 use serde_json::{json, Value};
@@ -39,10 +39,6 @@ models = ["openai:other"]
 tools = ["read_file"]
 "#
     )
-}
-
-fn run_id(accepted: &Value) -> String {
-    accepted["runId"].as_str().unwrap().to_string()
 }
 
 /// The audit trail as an admin reads it over HTTP.

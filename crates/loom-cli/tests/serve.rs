@@ -8,20 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::gateway::{config, http, Gateway, ALICE, BOB};
+use common::gateway::{config, gateway, http, run_id, Gateway, ALICE, BOB};
 use loom_testkit::{PromptModel, PromptModelOptions};
 use serde_json::{json, Value};
 
 fn model() -> PromptModel {
     PromptModel::start(PromptModelOptions::default())
-}
-
-fn gateway(extra: &str, args: &[&str]) -> (tempfile::TempDir, PromptModel, Gateway) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = model();
-    config(dir.path(), &model.url(), extra);
-    let gateway = Gateway::start(dir.path(), args);
-    (dir, model, gateway)
 }
 
 /// A whole SSE response (the stream ends after the run's `lifecycle.end`).
@@ -38,10 +30,6 @@ fn sse_ids(text: &str) -> Vec<u64> {
         .filter_map(|line| line.strip_prefix("id:"))
         .map(|id| id.trim().parse().unwrap())
         .collect()
-}
-
-fn run_id(accepted: &Value) -> String {
-    accepted["runId"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,10 +14,6 @@ use loom::{validate_history, Agent, Event, EventKind, MemoryConfig, RunStatus};
 use serde_json::json;
 use support::*;
 
-fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
-    Arc::new(ScriptedModel::new(turns))
-}
-
 fn guidance(events: &[Event]) -> Vec<(String, String)> {
     events
         .iter()

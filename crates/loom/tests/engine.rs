@@ -22,10 +22,6 @@ fn agent(model: &Arc<ScriptedModel>, max_steps: u32) -> loom::AgentBuilder {
         .workspace(std::env::temp_dir())
 }
 
-fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
-    Arc::new(ScriptedModel::new(turns))
-}
-
 // ---- acceptance tests of the turn loop ----
 
 #[tokio::test]

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loom::models::{ScriptTurn, ScriptedModel};
 use loom::tools::WriteFile;
 use loom::{
     async_trait, validate_history, Agent, Decision, Event, EventKind, HookCall, HookDecision, PermissionDecision,
@@ -21,10 +20,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use support::*;
-
-fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
-    Arc::new(ScriptedModel::new(turns))
-}
 
 fn policy(rules: &[(&str, Decision)], default: Decision) -> PermissionPolicy {
     let mut policy = PermissionPolicy::new(default);

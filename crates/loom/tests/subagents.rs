@@ -16,10 +16,6 @@ use loom::{Agent, Decision, Event, EventKind, PermissionPolicy, RunStatus, StopR
 use serde_json::json;
 use support::*;
 
-fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
-    Arc::new(ScriptedModel::new(turns))
-}
-
 fn agent(model: &Arc<ScriptedModel>, dir: &std::path::Path) -> loom::AgentBuilder {
     let mut policy = PermissionPolicy::new(Decision::Deny);
     policy.add_rule("task", Decision::Allow).unwrap();

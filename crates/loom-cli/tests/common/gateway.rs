@@ -19,6 +19,21 @@ pub(crate) const ALICE: &str = "alice-token-0123456789";
 pub(crate) const BOB: &str = "bob-token-9876543210xx";
 
 /// A `loom serve` process on 127.0.0.1 (a free port), killed on drop.
+/// A gateway on `extra` (lines of `[server]`) and `args`, its model a
+/// `PromptModel`, in a folder of its own.
+pub(crate) fn gateway(extra: &str, args: &[&str]) -> (tempfile::TempDir, loom_testkit::PromptModel, Gateway) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = loom_testkit::PromptModel::start(loom_testkit::PromptModelOptions::default());
+    config(dir.path(), &model.url(), extra);
+    let gateway = Gateway::start(dir.path(), args);
+    (dir, model, gateway)
+}
+
+/// The run id of an accepted run (`agent.run`'s answer).
+pub(crate) fn run_id(accepted: &Value) -> String {
+    accepted["runId"].as_str().unwrap().to_string()
+}
+
 pub(crate) struct Gateway {
     pub child: Child,
     pub addr: String,

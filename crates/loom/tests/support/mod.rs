@@ -7,11 +7,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use loom::models::{ScriptToolCall, ScriptTurn};
+use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom::{Event, EventKind, Tool, ToolContext, ToolError, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+/// A scripted model that plays `turns` in order.
+pub(crate) fn scripted(turns: Vec<ScriptTurn>) -> Arc<ScriptedModel> {
+    Arc::new(ScriptedModel::new(turns))
+}
 
 /// A turn that answers with text.
 pub(crate) fn answer(text: &str) -> ScriptTurn {
