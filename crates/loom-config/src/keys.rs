@@ -53,7 +53,7 @@ pub struct FileConfig {
     /// `[tools.bash]` and other built-in tools' settings.
     pub tools: Option<ToolsConfig>,
     /// `[server]`: tokens and limits of `loom serve`.
-    pub server: Option<loom_server::ServerSettings>,
+    pub server: Option<crate::ServerSettings>,
     /// `[cluster]`: the Redis that processes on several machines share.
     pub cluster: Option<ClusterConfig>,
     /// `[[hooks]]`: commands run at points of a run (docs/extending.md).

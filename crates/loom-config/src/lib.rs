@@ -9,6 +9,7 @@
 mod keys;
 mod parse;
 mod schema;
+mod server;
 
 pub use keys::{
     BashConfig, ClusterConfig, FeedbackConfig, FileConfig, McpConfig, PriceConfig, ProviderConfig, RetrievalConfig,
@@ -16,3 +17,4 @@ pub use keys::{
 };
 pub use parse::{parse, ParseError};
 pub use schema::{keys, schema, ANY};
+pub use server::{Role, ServerSettings, TokenEntry};

@@ -9,32 +9,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{ApiError, Code};
 
-/// What a token may do (`role` in `[[server.tokens]]`, docs/server.md,
-/// "Roles").
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Sees and controls every token's runs, and reads the audit trail.
-    Admin,
-    /// Starts, steers, answers and cancels its own runs.
-    #[default]
-    Operator,
-    /// Sees its own runs and their events; changes nothing.
-    Viewer,
-}
-
-impl Role {
-    /// As written in loom.toml.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Admin => "admin",
-            Self::Operator => "operator",
-            Self::Viewer => "viewer",
-        }
-    }
-}
+pub use loom_config::Role;
 
 /// A token's role and its limits: the models its runs may use and the
 /// tools they may have (none: whatever the server offers).
