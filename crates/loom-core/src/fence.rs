@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 /// What a worker shares with the store of a lease it holds
-/// ([`RunLeases::fenced`]).
+/// ([`crate::lease::RunLeases::fenced`]).
 #[derive(Debug, Default)]
 pub struct LeaseGuard {
     /// Set when the worker gave the run up: its store sends nothing more.

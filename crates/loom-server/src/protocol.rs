@@ -577,15 +577,19 @@ pub struct FrameEnvelope {
 }
 
 impl RequestFrame {
-    /// The id of a request frame, read without the rest (for a refusal
-    /// that must be cheap, such as too many requests in progress): none
-    /// when the text is no JSON object or its id is no string or number.
-    pub fn id_of(text: &str) -> Option<FrameId> {
+    /// The id of a request frame, read without keeping the rest (for a
+    /// refusal made before the frame is admitted, such as too many requests
+    /// in progress): none when the text is no JSON object, its id is no
+    /// string or number, or the frame is over `max_bytes` (not read at all).
+    pub fn id_of(text: &str, max_bytes: usize) -> Option<FrameId> {
         #[derive(Deserialize)]
         struct IdOnly {
             id: Option<FrameId>,
         }
-        serde_json::from_str::<IdOnly>(text).ok().and_then(|frame| frame.id)
+        if text.len() > max_bytes || !text.trim_start().starts_with('{') {
+            return None;
+        }
+        serde_json::from_str::<IdOnly>(text).ok()?.id
     }
 
     /// Reads the text of a WebSocket frame: `PARSE_ERROR` for text that is
@@ -720,6 +724,26 @@ pub fn schema() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_id_of_a_frame_refused_unread_is_its_own_or_none() {
+        let frame = r#"{"type":"request","id":"r7","method":"run.list","payload":{"a":[1,2]}}"#;
+        assert!(matches!(RequestFrame::id_of(frame, 1024), Some(FrameId::Text(id)) if id == "r7"));
+        let numbered = r#"{"id":12,"method":"run.list"}"#;
+        assert!(matches!(RequestFrame::id_of(numbered, 1024), Some(FrameId::Number(_))));
+        // No id to echo: none rather than a wrong one.
+        for text in [
+            r#"["r7"]"#,
+            r#"{"id":{"a":1}}"#,
+            r#"{"id":true}"#,
+            "not json",
+            r#"{"method":"x"}"#,
+        ] {
+            assert!(RequestFrame::id_of(text, 1024).is_none(), "{text}");
+        }
+        // Over the limit: not read at all.
+        assert!(RequestFrame::id_of(frame, 10).is_none());
+    }
     use serde_json::json;
 
     #[test]

@@ -123,6 +123,7 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
     let mut writer = tokio::spawn(write_frames(conn.clone(), sink, outbound, ping_every));
 
     let requests = Arc::new(Semaphore::new(IN_FLIGHT));
+    let limit = app.service.config().max_frame_bytes;
     let mut subscriptions = Subscriptions::default();
     let (sub_tx, mut sub_rx) = mpsc::unbounded_channel::<SubChange>();
     // Set when the peer answered no ping: it is gone, so its answer to the
@@ -163,7 +164,7 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
                     // a client waiting for it hears that it must try again.
                     let busy = ApiError::new(Code::Overloaded, "too many requests in progress on this connection")
                         .retry_after(Duration::from_millis(100));
-                    conn.respond(RequestFrame::id_of(text.as_str()), Err(busy)).await;
+                    conn.respond(RequestFrame::id_of(text.as_str(), limit), Err(busy)).await;
                     continue;
                 };
                 let conn = conn.clone();
@@ -260,7 +261,8 @@ async fn write_frames(
     let reason = conn.close_with.lock().ok().and_then(|mut slot| slot.take());
     if let Some((code, reason)) = reason {
         // A client that fell behind reads its backlog first: the close
-        // waits for it as long as any frame would.
+        // waits for it as long as any frame would (a peer closed for
+        // answering no ping gets SILENT_PEER_PATIENCE in all).
         let _ = tokio::time::timeout(WRITE_TIMEOUT, sink.send(close(code, reason))).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;

@@ -18,7 +18,6 @@ use tokio_tungstenite::tungstenite::Message;
 pub(crate) const ALICE: &str = "alice-token-0123456789";
 pub(crate) const BOB: &str = "bob-token-9876543210xx";
 
-/// A `loom serve` process on 127.0.0.1 (a free port), killed on drop.
 /// A gateway on `extra` (lines of `[server]`) and `args`, its model a
 /// `PromptModel`, in a folder of its own.
 pub(crate) fn gateway(extra: &str, args: &[&str]) -> (tempfile::TempDir, loom_testkit::PromptModel, Gateway) {
@@ -34,6 +33,7 @@ pub(crate) fn run_id(accepted: &Value) -> String {
     accepted["runId"].as_str().unwrap().to_string()
 }
 
+/// A `loom serve` process on 127.0.0.1 (a free port), killed on drop.
 pub(crate) struct Gateway {
     pub child: Child,
     pub addr: String,

@@ -106,12 +106,12 @@ pub(crate) fn loom_on_a_terminal(loom_args: &str, script_flags: &str) -> Command
     cmd
 }
 
-/// The JSON lines of `--json` output.
 /// The events of `events` of type `kind`.
 pub(crate) fn of_type<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
     events.iter().filter(|event| event["type"] == kind).collect()
 }
 
+/// The JSON lines of `--json` output.
 pub(crate) fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)
         .lines()
