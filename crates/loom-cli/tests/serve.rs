@@ -666,17 +666,29 @@ async fn a_run_whose_database_is_held_past_the_busy_timeout_is_taken_back_once_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_stops_answering_pings_is_closed() {
     let (_dir, _model, gateway) = gateway("", &[]);
-    let mut silent = gateway.ws(ALICE).await;
+    // A client that reads every frame but answers no ping (a WebSocket
+    // library would answer them): the upgrade by hand, then raw bytes.
+    let mut silent = std::net::TcpStream::connect(&gateway.addr).unwrap();
+    let upgrade = format!(
+        "GET /ws HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {ALICE}\r\n\r\n",
+        gateway.addr
+    );
+    std::io::Write::write_all(&mut silent, upgrade.as_bytes()).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut silent, &mut bytes);
+        bytes
+    });
     let mut other = gateway.ws(ALICE).await;
-    // Pings every second; a client that does not read (so never answers)
-    // is closed after two intervals. The other connection keeps answering.
+    // Pings every second; the silent one is closed after two intervals.
+    // The other connection keeps answering.
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         other.ok("run.list", json!({})).await;
     }
     // A peer that answers no ping will not answer the close either: its
-    // connection is freed at once, not held for the 35 s a close may take
-    // (the silent client has still read nothing).
+    // connection is freed at once, not held for the 35 s a close may take.
     let open = |metrics: &str| {
         metrics
             .lines()
@@ -692,8 +704,27 @@ async fn a_connection_that_stops_answering_pings_is_closed() {
         connections = open(&gateway.metrics_text().await);
     }
     assert_eq!(connections, 1.0, "the silent connection is still held");
-    while silent.frame().await.is_some() {}
-    let (code, reason) = silent.closed.clone().expect("a close frame");
+    // What it read: the upgrade, pings, then the close saying why.
+    let bytes = reader.join().unwrap();
+    let start = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an upgrade answer")
+        + 4;
+    let mut frames = &bytes[start..];
+    let mut closed = None;
+    while frames.len() >= 2 {
+        let (opcode, length) = (frames[0] & 0x0f, usize::from(frames[1] & 0x7f));
+        assert!(length < 126, "a control frame: {:?}", &frames[..2]);
+        let payload = &frames[2..2 + length];
+        if opcode == 0x8 {
+            let code = u16::from_be_bytes([payload[0], payload[1]]);
+            closed = Some((code, String::from_utf8_lossy(&payload[2..]).to_string()));
+            break;
+        }
+        frames = &frames[2 + length..];
+    }
+    let (code, reason) = closed.expect("a close frame");
     assert_eq!((code, reason.as_str()), (1008, "no answer to ping"));
     other.ok("run.list", json!({})).await;
 }
