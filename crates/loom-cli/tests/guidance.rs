@@ -357,3 +357,86 @@ fn monitor_thresholds_are_validated() {
         assert!(stderr.contains(&format!("[feedback] {words}")), "{setting}: {stderr}");
     }
 }
+
+/// The near misses of a small model behind llama.cpp (bench/realmodel), as
+/// its server sends them: a function of the task called as a tool, a call
+/// repeated with its arguments copied in escaped form, a result written as
+/// the file — each refused with what to do, the good file left as it was —
+/// and the send-back after an empty answer repeats the task.
+#[test]
+fn a_small_models_near_misses_are_refused_with_what_to_do_and_the_task_is_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = "write hello to out.txt, then fix slugify";
+    let replies = vec![
+        Reply::Sse(openai_tool_calls(&[("c1", "slugify", r#"{"text": "Hello"}"#)])),
+        Reply::Sse(openai_tool_calls(&[(
+            "c2",
+            "write_file",
+            r#"{"path": "out.txt", "content": "hello\n"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "c3",
+            "write_file",
+            r#"{"path": "out.txt\"}}", "content": "hello\\n\",\"path\":\"out.txt\"}}"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "c4",
+            "write_file",
+            r#"{"path": "out.txt", "content": "Created 'out.txt': 6 bytes, 1 lines."}"#,
+        )])),
+        Reply::Sse(openai_text("", 1)),
+        Reply::Sse(openai_text("Done.", 2)),
+    ];
+    let server = FakeServer::start(replies);
+    let output = succeeded(
+        loom_in(dir.path())
+            .args(["run", "--json", "--yes", "--model", "openai:local", "--base-url"])
+            .arg(server.url())
+            .arg(task),
+    );
+    let events = json_lines(&output.stdout);
+    let results: Vec<(String, String)> = of_type(&events, "tool.result")
+        .iter()
+        .map(|r| {
+            (
+                r["status"].as_str().unwrap().to_string(),
+                r["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(results.len(), 4, "{results:?}");
+    let (status, code_name) = &results[0];
+    assert_eq!(status, "error");
+    assert!(code_name.contains("no tool named 'slugify'"), "{code_name}");
+    assert!(
+        code_name.contains("find its file with grep (pattern 'slugify')"),
+        "{code_name}"
+    );
+    assert_eq!(results[1].0, "success", "{:?}", results[1]);
+    let (status, copied) = &results[2];
+    assert_eq!(status, "error");
+    assert!(
+        copied.contains("ends in `\"}}`") && copied.contains("most likely a repeat"),
+        "{copied}"
+    );
+    let (status, echoed) = &results[3];
+    assert_eq!(status, "error");
+    assert!(
+        echoed.contains("nothing written") && echoed.contains("'out.txt' is unchanged"),
+        "{echoed}"
+    );
+    // Judged from the workspace: the good file, and no file named from a tail.
+    assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).unwrap(), "hello\n");
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|name| !name.contains('"')), "{names:?}");
+    // The retry after the empty answer carries the task in its one reminder.
+    let requests = server.requests();
+    assert_eq!(requests.len(), 6);
+    assert_eq!(reminders(&requests[5].body), 1);
+    let retry = requests[5].body.to_string();
+    assert!(retry.contains(&format!("The task you were given: {task}")), "{retry}");
+    assert_eq!(events.last().unwrap()["status"], "DONE");
+}

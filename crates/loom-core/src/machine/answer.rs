@@ -15,7 +15,7 @@ use crate::outcome::{ErrorCode, StopReason, WarningCode};
 
 use super::described::{describes_work, DESCRIBED_WORK_NUDGE};
 use super::echo::{echoes_an_error, ERROR_ECHO_NUDGE};
-use super::guidance::{GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
+use super::guidance::{with_task, GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
 use super::state::{Ending, Mode, TurnPhase};
 use super::untouched::{untouched, untouched_files_nudge};
 use super::{Answer, TurnMachine};
@@ -68,7 +68,10 @@ impl TurnMachine {
         let nudged = answering.nudged;
         if empty && !final_answer && !nudged {
             answering.nudged = true;
-            answering.extra = Some(GuidancePart::new(GuidanceReason::EmptyAnswer, EMPTY_ANSWER_NUDGE));
+            answering.extra = Some(GuidancePart::new(
+                GuidanceReason::EmptyAnswer,
+                with_task(EMPTY_ANSWER_NUDGE, &self.state.task),
+            ));
         }
         if cut_off && (has_text || !so_far_empty) {
             self.warn(
@@ -113,7 +116,7 @@ impl TurnMachine {
             // that keeps an answer without touching a file meant it.
             let progressed = self.state.untouched_left.is_none_or(|before| left < before);
             if left > 0 && progressed {
-                let nudge = untouched_files_nudge(&unread, &unwritten);
+                let nudge = with_task(&untouched_files_nudge(&unread, &unwritten), &self.state.task);
                 let files = unread.iter().chain(&unwritten).copied().collect::<Vec<_>>().join(", ");
                 self.state.untouched_left = Some(left);
                 if let TurnPhase::Answering(answering) = &mut self.state.phase {
@@ -135,8 +138,9 @@ impl TurnMachine {
             self.state.echo_sent_back = true;
             // The same answer is not sent back a second time as work described.
             self.state.described_sent_back |= describes_work(&answer.content);
+            let nudge = with_task(ERROR_ECHO_NUDGE, &self.state.task);
             if let TurnPhase::Answering(answering) = &mut self.state.phase {
-                answering.extra = Some(GuidancePart::new(GuidanceReason::ErrorEcho, ERROR_ECHO_NUDGE));
+                answering.extra = Some(GuidancePart::new(GuidanceReason::ErrorEcho, nudge));
             }
             self.warn(
                 WarningCode::ErrorEcho,
@@ -152,8 +156,9 @@ impl TurnMachine {
             && describes_work(&answer.content)
         {
             self.state.described_sent_back = true;
+            let nudge = with_task(DESCRIBED_WORK_NUDGE, &self.state.task);
             if let TurnPhase::Answering(answering) = &mut self.state.phase {
-                answering.extra = Some(GuidancePart::new(GuidanceReason::DescribedWork, DESCRIBED_WORK_NUDGE));
+                answering.extra = Some(GuidancePart::new(GuidanceReason::DescribedWork, nudge));
             }
             self.warn(
                 WarningCode::DescribedWork,

@@ -18,8 +18,27 @@ pub(crate) const FINAL_ANSWER_SUFFIX: &str =
 give your best final answer now, and say briefly what remains unfinished, if anything.";
 
 /// Guidance of a retry after an empty answer.
-pub(crate) const EMPTY_ANSWER_NUDGE: &str = "Your last reply was empty. Reply now: answer the user's request in text, \
-or call a tool if you need one.";
+pub(crate) const EMPTY_ANSWER_NUDGE: &str = "Your last reply was empty. Reply now: go on with the task with a tool \
+call, or answer in text if it is done.";
+
+/// How much of the task a send-back repeats.
+const RESTATED_TASK_CHARS: usize = 600;
+
+/// A send-back's guidance followed by the task itself: a small model sent
+/// back after a turn or two often forgets what it was asked ("Please
+/// provide your request"), and the task, far up the history, is the first
+/// thing it loses. A long task is cut (the whole stays in the history).
+pub(crate) fn with_task(nudge: &str, task: &str) -> String {
+    let task = task.trim();
+    if task.is_empty() {
+        return nudge.to_string();
+    }
+    let mut restated: String = task.chars().take(RESTATED_TASK_CHARS).collect();
+    if restated.len() < task.len() {
+        restated.push('…');
+    }
+    format!("{nudge}\n\nThe task you were given: {restated}")
+}
 
 /// Guidance of a request that continues an answer cut off by the output limit.
 pub(crate) const CONTINUE_ANSWER: &str = "Your previous reply was cut off because it reached the output token limit. \
@@ -79,4 +98,20 @@ pub(crate) fn block(parts: &[GuidancePart]) -> Option<String> {
         block.push_str(&part.content);
     }
     Some(block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_back_repeats_the_task_cut_when_long() {
+        let short = with_task(EMPTY_ANSWER_NUDGE, "  fix calc.py \n");
+        assert_eq!(short, format!("{EMPTY_ANSWER_NUDGE}\n\nThe task you were given: fix calc.py"));
+        assert_eq!(with_task("nudge", " "), "nudge");
+        let long = "é".repeat(RESTATED_TASK_CHARS + 5);
+        let cut = with_task("nudge", &long);
+        assert!(cut.ends_with('…'), "{cut}");
+        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), RESTATED_TASK_CHARS);
+    }
 }

@@ -11,6 +11,7 @@
 //! next turn; a tool never brings the run down.
 
 mod authorize;
+mod escaped_copy;
 mod execute;
 mod hooks;
 mod redact;

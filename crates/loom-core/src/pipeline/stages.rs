@@ -6,6 +6,8 @@ use crate::message::ToolCall;
 use crate::tool::{RegisteredTool, ToolRegistry};
 use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
+use super::escaped_copy;
+
 /// How many schema violations to list in one error result.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
 
@@ -39,10 +41,11 @@ pub(crate) fn discover<'a>(registry: &'a ToolRegistry, call: &ToolCall) -> Resul
         } else {
             available.join(", ")
         };
+        let hint = code_name_hint(&call.name, registry);
         return Err(Rejection::new(
             ErrorKind::UnknownTool,
             format!(
-                "Error: there is no tool named '{}'. Available tools: {list}. Call one of them by its exact name.",
+                "Error: there is no tool named '{}'. Available tools: {list}. Call one of them by its exact name.{hint}",
                 call.name
             ),
         ));
@@ -57,6 +60,35 @@ pub(crate) fn discover<'a>(registry: &'a ToolRegistry, call: &ToolCall) -> Resul
         ));
     }
     Ok(registered)
+}
+
+/// Tools a small model is pointed to when it calls a name from the code.
+const CODE_TOOLS: [&str; 3] = ["grep", "read_file", "edit_file"];
+
+/// Words of a tool-like name: `read_fiel`, `list_files` or `run_shell` is a
+/// wrong tool name, not a name from the project's code.
+const TOOLISH_WORDS: [&str; 12] = [
+    "file", "dir", "folder", "read", "write", "edit", "list", "grep", "glob", "search", "bash", "shell",
+];
+
+/// A small model asked to fix `slugify` or add `is_palindrome` calls a
+/// tool of that name. When the unknown name is a plain identifier that does
+/// not speak of files or commands, and the file tools are there, the
+/// refusal says how such a name is reached: found, read and changed in its
+/// file.
+fn code_name_hint(name: &str, registry: &ToolRegistry) -> String {
+    let lower = name.to_ascii_lowercase();
+    let identifier = name.len() > 2
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let toolish = TOOLISH_WORDS.iter().any(|word| lower.contains(word));
+    if !identifier || toolish || !CODE_TOOLS.iter().all(|tool| registry.get(tool).is_some()) {
+        return String::new();
+    }
+    format!(
+        " If '{name}' is a function or another name in the project's code, it is not a tool: find its file with \
+grep (pattern '{name}'), read it with read_file and change it with edit_file."
+    )
 }
 
 /// Stage 2: the arguments must be a JSON object matching the tool's schema.
@@ -89,6 +121,12 @@ pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: 
         })
         .collect();
     if violations.is_empty() {
+        if let Some((argument, tail)) = escaped_copy::copied_tail(&args) {
+            return Err(Rejection::new(
+                ErrorKind::InvalidArguments,
+                escaped_copy::refusal(&call.name, &argument, &tail),
+            ));
+        }
         return Ok(args);
     }
     Err(Rejection::new(

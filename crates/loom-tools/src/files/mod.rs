@@ -6,6 +6,7 @@ mod glob;
 mod grep;
 mod list;
 mod read;
+mod result_echo;
 mod walk;
 mod write;
 

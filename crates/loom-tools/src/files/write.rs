@@ -4,7 +4,7 @@ use serde::Deserialize;
 
 use std::io::Write;
 
-use super::{blocking, io_error, open_error, resolve};
+use super::{blocking, io_error, open_error, resolve, result_echo};
 use crate::jail::{display, OpenError, WriteMode};
 
 /// Arguments of `write_file`.
@@ -39,6 +39,13 @@ impl Tool for WriteFile {
 
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
+        if let Some(copied) = result_echo::copied_result(&args.content) {
+            return Err(ToolError::Failed(format!(
+                "nothing written: the content is {copied}; '{}' is unchanged. Write the text the file should \
+hold, or give your final answer if the task is done.",
+                display(&path)
+            )));
+        }
         blocking(move || {
             let shown = display(&path);
             let mode = if args.append {

@@ -532,10 +532,17 @@ fn report(finished: Finished, sandbox: &str) -> Result<ToolOutput, ToolError> {
         ),
         Ending::Cancelled => return Err(ToolError::Cancelled),
     };
-    // What the model needs first — how it ended and what it printed; what
-    // held it in comes last, where a small model does not take it for the
-    // point of the result (and echo it as its answer).
-    let mut text = format!("{status} ({:.1} s)\n", elapsed.as_secs_f64());
+    // What the model needs first — how it ended and what it printed. What
+    // held the command in is said on the first line of a success, apart
+    // from the output a small model copies into the file it writes; and on
+    // the last line of a failure, where it is not taken for the point of
+    // the result (and echoed as the answer).
+    let seconds = elapsed.as_secs_f64();
+    let mut text = if ok {
+        format!("{status} ({seconds:.1} s; sandbox: {sandbox})\n")
+    } else {
+        format!("{status} ({seconds:.1} s)\n")
+    };
     for (name, kept) in [("stdout", &stdout), ("stderr", &stderr)] {
         let shown = kept.render();
         if shown.is_empty() {
@@ -554,7 +561,9 @@ fn report(finished: Finished, sandbox: &str) -> Result<ToolOutput, ToolError> {
     if stdout.render().is_empty() && stderr.render().is_empty() {
         text.push_str("(no output)\n");
     }
-    text.push_str(&format!("[sandbox: {sandbox}]\n"));
+    if !ok {
+        text.push_str(&format!("[sandbox: {sandbox}]\n"));
+    }
     if ok {
         Ok(text.into())
     } else {
