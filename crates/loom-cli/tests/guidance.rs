@@ -359,12 +359,13 @@ fn monitor_thresholds_are_validated() {
 }
 
 /// The near misses of a small model behind llama.cpp (bench/realmodel), as
-/// its server sends them: a function of the task called as a tool, a call
-/// repeated with its arguments copied in escaped form, a result written as
-/// the file — each refused with what to do, the good file left as it was —
-/// and the send-back after an empty answer repeats the task.
+/// its server sends them: a function of the task called as a tool (refused
+/// with how to reach it), a call repeated with its arguments copied in
+/// escaped form (read back as meant), a result written as the file (refused,
+/// the good file left as it was) — and the send-back after an empty answer
+/// repeats the task.
 #[test]
-fn a_small_models_near_misses_are_refused_with_what_to_do_and_the_task_is_repeated() {
+fn a_small_models_near_misses_are_answered_at_their_cause_and_the_task_is_repeated() {
     let dir = tempfile::tempdir().unwrap();
     let task = "write hello to out.txt, then fix slugify";
     let replies = vec![
@@ -413,11 +414,15 @@ fn a_small_models_near_misses_are_refused_with_what_to_do_and_the_task_is_repeat
         "{code_name}"
     );
     assert_eq!(results[1].0, "success", "{:?}", results[1]);
+    // The escaped copy is read back into the call the model meant, and the
+    // history keeps that call, not the copy.
     let (status, copied) = &results[2];
-    assert_eq!(status, "error");
-    assert!(
-        copied.contains("ends in `\"}}`") && copied.contains("most likely a repeat"),
-        "{copied}"
+    assert_eq!(status, "success", "{copied}");
+    assert!(copied.starts_with("Replaced 'out.txt': 6 bytes"), "{copied}");
+    let calls = of_type(&events, "tool_calls.start");
+    assert_eq!(
+        calls[2]["calls"][0]["args"],
+        json!({"path": "out.txt", "content": "hello\n"})
     );
     let (status, echoed) = &results[3];
     assert_eq!(status, "error");

@@ -23,6 +23,7 @@ pub mod control;
 pub mod delegate;
 pub mod emitter;
 mod engine;
+mod escaped_args;
 pub mod event;
 pub mod feedback;
 mod fence;

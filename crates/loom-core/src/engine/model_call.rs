@@ -401,6 +401,10 @@ fn finish_call(
         // Invalid JSON is kept as text; the validate stage reports it to the model.
         crate::json_strict::parse_strict(&call.arguments).unwrap_or(Value::String(call.arguments))
     };
+    // Arguments copied from an escaped earlier call, read back into the
+    // object the model meant: the history keeps that, so the model is not
+    // shown its own escaped copy to copy again.
+    let arguments = crate::escaped_args::repaired(&arguments).unwrap_or(arguments);
     let id = match call.id {
         Some(id) if !id.trim().is_empty() && !taken.contains(&id) => id,
         _ => (0..)

@@ -11,7 +11,6 @@
 //! next turn; a tool never brings the run down.
 
 mod authorize;
-mod escaped_copy;
 mod execute;
 mod hooks;
 mod redact;

@@ -6,7 +6,7 @@ use crate::message::ToolCall;
 use crate::tool::{RegisteredTool, ToolRegistry};
 use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
 
-use super::escaped_copy;
+use crate::escaped_args;
 
 /// How many schema violations to list in one error result.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
@@ -121,10 +121,10 @@ pub(crate) fn validate(call: &ToolCall, registered: &RegisteredTool, arguments: 
         })
         .collect();
     if violations.is_empty() {
-        if let Some((argument, tail)) = escaped_copy::copied_tail(&args) {
+        if let Some((argument, tail)) = escaped_args::copied_tail(&args) {
             return Err(Rejection::new(
                 ErrorKind::InvalidArguments,
-                escaped_copy::refusal(&call.name, &argument, &tail),
+                escaped_args::refusal(&call.name, &argument, &tail),
             ));
         }
         return Ok(args);
