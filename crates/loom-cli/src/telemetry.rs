@@ -7,7 +7,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use loom::telemetry::{Content, ExportConfig, Telemetry, TelemetryConfig, Transport, GRPC_BUILT};
+use loom::telemetry::{Content, ExportConfig, Telemetry, TelemetrySettings, Transport, GRPC_BUILT};
 
 /// How long a command's end waits for its last spans to go out.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(5);
@@ -50,7 +50,7 @@ fn start(config: Option<&loom_config::TelemetryConfig>) -> Option<Arc<Telemetry>
         say!("loom: warning: no traces are sent: this loom was built without gRPC export (`cargo install --features grpc`); use protocol = \"http/protobuf\"");
         return None;
     }
-    let settings = TelemetryConfig {
+    let settings = TelemetrySettings {
         export: ExportConfig {
             endpoint,
             headers: config

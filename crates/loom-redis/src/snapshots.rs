@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use loom_snapshot::{Delta, FilterSpec, NewPoint, Point, Rebased, SnapshotStore, StoreError};
+use loom_snapshot::{Delta, FilterSpec, NewPoint, Point, Rebased, SnapshotStore, SnapshotStoreError};
 use redis::{Connection, Script};
 use serde::{Deserialize, Serialize};
 
@@ -68,21 +68,21 @@ impl std::fmt::Debug for RedisSnapshots {
     }
 }
 
-fn backend(err: redis::RedisError) -> StoreError {
+fn backend(err: redis::RedisError) -> SnapshotStoreError {
     if err.code() == Some("RACED") {
-        return StoreError::Raced(err.detail().unwrap_or_default().to_string());
+        return SnapshotStoreError::Raced(err.detail().unwrap_or_default().to_string());
     }
     if err.code() == Some("FENCED") {
-        return StoreError::Fenced(crate::errors::fenced_run(&err));
+        return SnapshotStoreError::Fenced(crate::errors::fenced_run(&err));
     }
-    StoreError::Backend(format!("redis: {err}"))
+    SnapshotStoreError::Backend(format!("redis: {err}"))
 }
 
 impl RedisSnapshots {
     /// The snapshots in the Redis at `url`, under the keys' `prefix` (the
     /// run store's), for workspaces on this machine. Connects when first
     /// used.
-    pub fn new(url: &str, prefix: &str) -> Result<Self, StoreError> {
+    pub fn new(url: &str, prefix: &str) -> Result<Self, SnapshotStoreError> {
         Ok(Self {
             client: redis::Client::open(url).map_err(backend)?,
             prefix: prefix.to_string(),
@@ -96,7 +96,7 @@ impl RedisSnapshots {
 
     /// Runs `work` on the connection (made if missing); a connection that
     /// failed is made again, and the work tried once more.
-    fn with_conn<T>(&self, work: impl Fn(&mut Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
+    fn with_conn<T>(&self, work: impl Fn(&mut Connection) -> redis::RedisResult<T>) -> Result<T, SnapshotStoreError> {
         let mut slot = self.conn.borrow_mut();
         for attempt in 0..2 {
             if slot.is_none() {
@@ -127,14 +127,14 @@ impl RedisSnapshots {
                 }
             }
         }
-        Err(StoreError::Backend("redis: no connection".into()))
+        Err(SnapshotStoreError::Backend("redis: no connection".into()))
     }
 
     fn key(&self, kind: &str, id: &str) -> String {
         format!("{}snap-{kind}:{id}", self.prefix)
     }
 
-    fn stored(&self, run: &str, step: u32) -> Result<Option<Stored>, StoreError> {
+    fn stored(&self, run: &str, step: u32) -> Result<Option<Stored>, SnapshotStoreError> {
         let text: Option<String> =
             self.with_conn(|conn| redis::cmd("HGET").arg(self.key("point", run)).arg(step).query(conn))?;
         Ok(text.map(|text| serde_json::from_str(&text)).transpose()?)
@@ -142,12 +142,12 @@ impl RedisSnapshots {
 
     /// The fence argument of a write (`''`: none): refused here, before
     /// anything is sent, once the lease was given up.
-    fn fence_arg(&self, fence: Option<&loom_core::WriteFence>) -> Result<String, StoreError> {
+    fn fence_arg(&self, fence: Option<&loom_core::WriteFence>) -> Result<String, SnapshotStoreError> {
         match fence {
             None => Ok(String::new()),
             Some(fence) if fence.guard.revoked.load(Ordering::SeqCst) => {
                 fence.guard.refused.fetch_add(1, Ordering::SeqCst);
-                Err(StoreError::Fenced(fence.run_id.clone()))
+                Err(SnapshotStoreError::Fenced(fence.run_id.clone()))
             }
             Some(fence) => Ok(format!("{} {}run:{}", fence.epoch, self.prefix, fence.run_id)),
         }
@@ -164,7 +164,7 @@ fn parse_member(member: &str) -> Option<Point> {
 }
 
 impl SnapshotStore for RedisSnapshots {
-    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), StoreError> {
+    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), SnapshotStoreError> {
         let fence = self.fence_arg(point.fence)?;
         let record = serde_json::to_string(&Stored {
             base: point.base.cloned(),
@@ -201,43 +201,43 @@ impl SnapshotStore for RedisSnapshots {
             }
             invocation.arg(&fence).invoke::<String>(conn)
         });
-        if let (Err(StoreError::Fenced(_)), Some(fence)) = (&written, point.fence) {
+        if let (Err(SnapshotStoreError::Fenced(_)), Some(fence)) = (&written, point.fence) {
             fence.guard.refused.fetch_add(1, Ordering::SeqCst);
         }
         written.map(|_| ())
     }
 
-    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError> {
+    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, SnapshotStoreError> {
         Ok(self.stored(run, step)?.map(|stored| (stored.delta, stored.base)))
     }
 
-    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError> {
+    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, SnapshotStoreError> {
         Ok(self
             .stored(&point.0, point.1)?
             .map(|stored| stored.left_out)
             .unwrap_or_default())
     }
 
-    fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {
+    fn depth(&self, point: &Point) -> Result<Option<u32>, SnapshotStoreError> {
         Ok(self.stored(&point.0, point.1)?.map(|stored| stored.depth))
     }
 
-    fn recorded_in(&self, point: &Point) -> Result<Option<String>, StoreError> {
+    fn recorded_in(&self, point: &Point) -> Result<Option<String>, SnapshotStoreError> {
         Ok(self.stored(&point.0, point.1)?.and_then(|stored| stored.workspace))
     }
 
-    fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError> {
+    fn steps(&self, run: &str) -> Result<Vec<u32>, SnapshotStoreError> {
         let steps: Vec<String> = self.with_conn(|conn| redis::cmd("HKEYS").arg(self.key("point", run)).query(conn))?;
         let mut steps: Vec<u32> = steps.iter().filter_map(|step| step.parse().ok()).collect();
         steps.sort_unstable();
         Ok(steps)
     }
 
-    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, SnapshotStoreError> {
         self.with_conn(|conn| redis::cmd("GET").arg(self.key("content", hash)).query(conn))
     }
 
-    fn head(&self, workspace: &str) -> Result<Option<Point>, StoreError> {
+    fn head(&self, workspace: &str) -> Result<Option<Point>, SnapshotStoreError> {
         let head: Option<String> = self.with_conn(|conn| {
             redis::cmd("HGET")
                 .arg(format!("{}snap-heads", self.prefix))
@@ -252,7 +252,7 @@ impl SnapshotStore for RedisSnapshots {
         Ok(self.stored(&point.0, point.1)?.map(|_| point))
     }
 
-    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError> {
+    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), SnapshotStoreError> {
         let value = serde_json::to_string(point)?;
         self.with_conn(|conn| {
             redis::cmd("HSET")
@@ -263,7 +263,7 @@ impl SnapshotStore for RedisSnapshots {
         })
     }
 
-    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, StoreError> {
+    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, SnapshotStoreError> {
         let text: Option<String> = self.with_conn(|conn| {
             redis::cmd("HGET")
                 .arg(format!("{}snap-filters", self.prefix))
@@ -273,7 +273,7 @@ impl SnapshotStore for RedisSnapshots {
         Ok(text.map(|text| serde_json::from_str(&text)).transpose()?)
     }
 
-    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError> {
+    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), SnapshotStoreError> {
         let value = serde_json::to_string(spec)?;
         self.with_conn(|conn| {
             redis::cmd("HSET")
@@ -284,7 +284,7 @@ impl SnapshotStore for RedisSnapshots {
         })
     }
 
-    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError> {
+    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, SnapshotStoreError> {
         let runs: HashSet<&str> = points.iter().map(|(run, _)| run.as_str()).collect();
         let mut found = Vec::new();
         for run in runs {
@@ -305,7 +305,7 @@ impl SnapshotStore for RedisSnapshots {
         Ok(found)
     }
 
-    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&loom_core::WriteFence>) -> Result<(), StoreError> {
+    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&loom_core::WriteFence>) -> Result<(), SnapshotStoreError> {
         if rebased.is_empty() {
             return Ok(());
         }
@@ -344,13 +344,13 @@ impl SnapshotStore for RedisSnapshots {
             }
             invocation.arg(&fence_arg).invoke::<()>(conn)
         });
-        if let (Err(StoreError::Fenced(_)), Some(fence)) = (&rebased, fence) {
+        if let (Err(SnapshotStoreError::Fenced(_)), Some(fence)) = (&rebased, fence) {
             fence.guard.refused.fetch_add(1, Ordering::SeqCst);
         }
         rebased
     }
 
-    fn remove_run(&mut self, run: &str) -> Result<(), StoreError> {
+    fn remove_run(&mut self, run: &str) -> Result<(), SnapshotStoreError> {
         self.with_conn(|conn| {
             self.remove_run
                 .prepare_invoke()
@@ -372,7 +372,7 @@ impl crate::store::RedisStore {
     /// could not be forgotten stays in the set, for the next sweep.
     pub(crate) async fn forget_snapshots(&self, limit: usize) {
         let (url, prefix) = (self.url().to_string(), self.prefix().to_string());
-        let forgotten = tokio::task::spawn_blocking(move || -> Result<usize, StoreError> {
+        let forgotten = tokio::task::spawn_blocking(move || -> Result<usize, SnapshotStoreError> {
             let mut snapshots = RedisSnapshots::new(&url, &prefix)?;
             let pending = format!("{prefix}snap-forget");
             let runs: Vec<String> =

@@ -239,7 +239,10 @@ async fn forgetting_and_recording_at_once_never_leave_a_point_without_its_base_o
     let mut sweep = RedisSnapshots::new(&server.url(0), "loom:").unwrap();
     // A removal that skipped the rebase is refused while "mid" is based on "old".
     let refused = sweep.remove_run("old").unwrap_err();
-    assert!(matches!(refused, loom_snapshot::StoreError::Raced(_)), "{refused}");
+    assert!(
+        matches!(refused, loom_snapshot::SnapshotStoreError::Raced(_)),
+        "{refused}"
+    );
     // A point on a base that is gone is refused.
     let delta = loom_snapshot::Delta::default();
     let gone = ("nobody".to_string(), 3);

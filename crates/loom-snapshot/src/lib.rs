@@ -28,6 +28,6 @@ pub use filter::{Filter, FilterSpec};
 pub use manifest::{Delta, Entry, Manifest};
 pub use restore::{apply, changed_outside, Plan, RestoreError};
 pub use scan::{ScanError, Scanned, Scanner, Skipped};
-pub use store::{NewPoint, Point, Rebased, SnapshotStore, SqliteSnapshots, StoreError};
+pub use store::{NewPoint, Point, Rebased, SnapshotStore, SnapshotStoreError, SqliteSnapshots};
 pub use validate::{Refused, Why};
 pub use workspace::{database_files, runs_lock_of, Snapshots, KEYFRAME_DEPTH};

@@ -19,7 +19,7 @@ use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions};
 
 use crate::manifest::{Entry, Manifest};
-use crate::store::{SnapshotStore, StoreError};
+use crate::store::{SnapshotStore, SnapshotStoreError};
 use crate::validate::{self, Refused, Why};
 
 /// Contents kept in memory between their check and their write, up to
@@ -83,7 +83,7 @@ pub enum RestoreError {
     },
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] SnapshotStoreError),
 }
 
 /// Carries out `plan` in the workspace at `root`, toward `target`, with

@@ -16,7 +16,7 @@ use crate::manifest::{Delta, Manifest};
 
 /// A store refused.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum SnapshotStoreError {
     /// The database failed.
     #[error("snapshot store: {0}")]
     Database(#[from] rusqlite::Error),
@@ -93,60 +93,60 @@ pub trait SnapshotStore: Send {
     /// Writes a point at `depth` (with the head it becomes, and the
     /// contents its delta needs that are not kept yet) in one atomic step,
     /// replacing the point if it was written before; refused
-    /// ([`StoreError::Fenced`]) when its fence no longer holds.
-    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), StoreError>;
+    /// ([`SnapshotStoreError::Fenced`]) when its fence no longer holds.
+    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), SnapshotStoreError>;
 
     /// The delta `step` of `run` was recorded as, and its base.
-    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError>;
+    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, SnapshotStoreError>;
 
     /// The files that were in the workspace but left out of the snapshot
     /// (too large, holding a secret, unreadable) at a point.
-    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError>;
+    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, SnapshotStoreError>;
 
     /// How many bases a point's chain has (0: it is whole by itself).
-    fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError>;
+    fn depth(&self, point: &Point) -> Result<Option<u32>, SnapshotStoreError>;
 
     /// The steps of `run` recorded, in order.
-    fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError>;
+    fn steps(&self, run: &str) -> Result<Vec<u32>, SnapshotStoreError>;
 
     /// The content with `hash`.
-    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, SnapshotStoreError>;
 
     /// The latest snapshot of the workspace known as `workspace`: its files
     /// as Loom last recorded (or restored) them.
-    fn head(&self, workspace: &str) -> Result<Option<Point>, StoreError>;
+    fn head(&self, workspace: &str) -> Result<Option<Point>, SnapshotStoreError>;
 
     /// Makes `point` the latest snapshot of `workspace`.
-    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError>;
+    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), SnapshotStoreError>;
 
     /// The filter the workspace's snapshots were last taken with.
-    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, StoreError>;
+    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, SnapshotStoreError>;
 
     /// Records the filter the workspace's snapshots are taken with.
-    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError>;
+    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), SnapshotStoreError>;
 
     /// The points based on one of `points` (outside them).
-    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError>;
+    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, SnapshotStoreError>;
 
     /// Records points again from other bases, in one atomic step, under
     /// `fence` (the lease of the run whose record needed it, if any). A
     /// point gone meanwhile is left gone; a new base gone meanwhile
-    /// refuses the whole ([`StoreError::Raced`]).
-    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&WriteFence>) -> Result<(), StoreError>;
+    /// refuses the whole ([`SnapshotStoreError::Raced`]).
+    fn rebase(&mut self, rebased: &[Rebased], fence: Option<&WriteFence>) -> Result<(), SnapshotStoreError>;
 
     /// Removes `run`'s points and the heads at them, and every content no
-    /// other run needs; refused ([`StoreError::Raced`]) when a point of
+    /// other run needs; refused ([`SnapshotStoreError::Raced`]) when a point of
     /// another run is based on one of them.
-    fn remove_run(&mut self, run: &str) -> Result<(), StoreError>;
+    fn remove_run(&mut self, run: &str) -> Result<(), SnapshotStoreError>;
 
     /// The workspace a point was recorded in (its name in the heads), where
     /// the store keeps it: a store several workspaces share does.
-    fn recorded_in(&self, _point: &Point) -> Result<Option<String>, StoreError> {
+    fn recorded_in(&self, _point: &Point) -> Result<Option<String>, SnapshotStoreError> {
         Ok(None)
     }
 
     /// Bytes the store holds, where it can tell.
-    fn bytes_used(&self) -> Result<Option<u64>, StoreError> {
+    fn bytes_used(&self) -> Result<Option<u64>, SnapshotStoreError> {
         Ok(None)
     }
 
@@ -161,11 +161,11 @@ pub trait SnapshotStore: Send {
     /// recorded again (a resumed run's step) is replaced; the points based
     /// on it are first recorded again from its own base, so they stay what
     /// they were.
-    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), StoreError> {
+    fn record(&mut self, point: &NewPoint<'_>) -> Result<(), SnapshotStoreError> {
         if let Some(fence) = point.fence.filter(|fence| fence.guard.revoked.load(Ordering::SeqCst)) {
             // Given up: nothing of the run is sent, not even a rebase.
             fence.guard.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(StoreError::Fenced(fence.run_id.clone()));
+            return Err(SnapshotStoreError::Fenced(fence.run_id.clone()));
         }
         if self.delta_of(point.run, point.step)?.is_some() {
             let this = HashSet::from([(point.run.to_string(), point.step)]);
@@ -180,13 +180,13 @@ pub trait SnapshotStore: Send {
 
     /// The manifest after `step` of `run` (the deltas of its chain of
     /// bases, replayed), or `None` when that step was not recorded.
-    fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, StoreError> {
+    fn manifest_at(&self, run: &str, step: u32) -> Result<Option<Manifest>, SnapshotStoreError> {
         // The chain of bases back to a whole point, then replayed forwards.
         let mut chain = Vec::new();
         let mut seen: HashSet<Point> = HashSet::new();
         let mut point = Some((run.to_string(), step));
         while let Some(at) = point {
-            let broken = |why| StoreError::Broken {
+            let broken = |why| SnapshotStoreError::Broken {
                 run: run.to_string(),
                 step,
                 why,
@@ -213,11 +213,15 @@ pub trait SnapshotStore: Send {
     /// The points recorded from one of `points` (outside them): recorded
     /// again from the first base of their chain that is not one of
     /// `points`, so that `points` may be replaced or forgotten.
-    fn rebase_dependents(&mut self, points: &HashSet<Point>, fence: Option<&WriteFence>) -> Result<(), StoreError> {
+    fn rebase_dependents(
+        &mut self,
+        points: &HashSet<Point>,
+        fence: Option<&WriteFence>,
+    ) -> Result<(), SnapshotStoreError> {
         let mut attempts = 0;
         loop {
             match self.rebase_dependents_once(points, fence) {
-                Err(StoreError::Raced(_)) if attempts < 5 => attempts += 1,
+                Err(SnapshotStoreError::Raced(_)) if attempts < 5 => attempts += 1,
                 rebased => return rebased,
             }
         }
@@ -228,7 +232,7 @@ pub trait SnapshotStore: Send {
         &mut self,
         points: &HashSet<Point>,
         fence: Option<&WriteFence>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), SnapshotStoreError> {
         let mut rebased = Vec::new();
         for (other, step) in self.dependents(points)? {
             let Some(manifest) = self.manifest_at(&other, step)? else {
@@ -258,7 +262,7 @@ pub trait SnapshotStore: Send {
     /// Forgets `run`'s snapshots, and every content no other run needs;
     /// snapshots of other runs recorded from one of them are recorded
     /// again from what that one was based on, so they stay whole.
-    fn forget(&mut self, run: &str) -> Result<(), StoreError> {
+    fn forget(&mut self, run: &str) -> Result<(), SnapshotStoreError> {
         // A store shared by processes may get a point based on the run's
         // between the rebase and the removal: it refuses, and the new
         // point is rebased in turn.
@@ -271,7 +275,7 @@ pub trait SnapshotStore: Send {
                 .collect();
             self.rebase_dependents(&points, None)?;
             match self.remove_run(run) {
-                Err(StoreError::Raced(_)) if attempts < 5 => attempts += 1,
+                Err(SnapshotStoreError::Raced(_)) if attempts < 5 => attempts += 1,
                 removed => return removed,
             }
         }
@@ -292,7 +296,7 @@ pub struct SqliteSnapshots {
 
 impl SqliteSnapshots {
     /// The snapshots in the database at `path` (the tables made if missing).
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open(path: &Path) -> Result<Self, SnapshotStoreError> {
         let db = Connection::open(path)?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(
@@ -321,8 +325,8 @@ impl SqliteSnapshots {
 impl SnapshotStore for SqliteSnapshots {
     /// Bytes the database's pages hold (its size, less its free pages),
     /// whatever is still in the write-ahead log.
-    fn bytes_used(&self) -> Result<Option<u64>, StoreError> {
-        let pragma = |name: &str| -> Result<u64, StoreError> {
+    fn bytes_used(&self) -> Result<Option<u64>, SnapshotStoreError> {
+        let pragma = |name: &str| -> Result<u64, SnapshotStoreError> {
             Ok(self
                 .db
                 .query_row(&format!("PRAGMA {name}"), [], |row| row.get::<_, i64>(0))? as u64)
@@ -332,7 +336,7 @@ impl SnapshotStore for SqliteSnapshots {
         ))
     }
 
-    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), StoreError> {
+    fn put_point(&mut self, point: &NewPoint<'_>, depth: u32) -> Result<(), SnapshotStoreError> {
         let NewPoint {
             run,
             step,
@@ -381,7 +385,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, StoreError> {
+    fn delta_of(&self, run: &str, step: u32) -> Result<Option<(Delta, Option<Point>)>, SnapshotStoreError> {
         let row = self
             .db
             .prepare_cached("SELECT delta, base_run, base_step FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
@@ -399,7 +403,7 @@ impl SnapshotStore for SqliteSnapshots {
         }
     }
 
-    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, StoreError> {
+    fn left_out_at(&self, point: &Point) -> Result<Vec<String>, SnapshotStoreError> {
         let text: Option<String> = self
             .db
             .prepare_cached("SELECT left_out FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
@@ -411,7 +415,7 @@ impl SnapshotStore for SqliteSnapshots {
         })
     }
 
-    fn depth(&self, point: &Point) -> Result<Option<u32>, StoreError> {
+    fn depth(&self, point: &Point) -> Result<Option<u32>, SnapshotStoreError> {
         Ok(self
             .db
             .prepare_cached("SELECT depth FROM snapshot_points WHERE run_id = ?1 AND step = ?2")?
@@ -419,7 +423,7 @@ impl SnapshotStore for SqliteSnapshots {
             .optional()?)
     }
 
-    fn steps(&self, run: &str) -> Result<Vec<u32>, StoreError> {
+    fn steps(&self, run: &str) -> Result<Vec<u32>, SnapshotStoreError> {
         let mut query = self
             .db
             .prepare_cached("SELECT step FROM snapshot_points WHERE run_id = ?1 ORDER BY step")?;
@@ -427,7 +431,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(steps.collect::<Result<_, _>>()?)
     }
 
-    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    fn content(&self, hash: &str) -> Result<Option<Vec<u8>>, SnapshotStoreError> {
         Ok(self
             .db
             .query_row(
@@ -438,7 +442,7 @@ impl SnapshotStore for SqliteSnapshots {
             .optional()?)
     }
 
-    fn head(&self, workspace: &str) -> Result<Option<Point>, StoreError> {
+    fn head(&self, workspace: &str) -> Result<Option<Point>, SnapshotStoreError> {
         let head: Option<Point> = self
             .db
             .query_row(
@@ -451,7 +455,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(head)
     }
 
-    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), StoreError> {
+    fn set_head(&mut self, workspace: &str, point: &Point) -> Result<(), SnapshotStoreError> {
         self.db.execute(
             "INSERT OR REPLACE INTO snapshot_heads (workspace, run_id, step) VALUES (?1, ?2, ?3)",
             params![workspace, point.0, point.1],
@@ -459,7 +463,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, StoreError> {
+    fn filter_spec(&self, workspace: &str) -> Result<Option<FilterSpec>, SnapshotStoreError> {
         let text: Option<String> = self
             .db
             .query_row(
@@ -471,7 +475,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(text.map(|text| serde_json::from_str(&text)).transpose()?)
     }
 
-    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), StoreError> {
+    fn set_filter_spec(&mut self, workspace: &str, spec: &FilterSpec) -> Result<(), SnapshotStoreError> {
         self.db.execute(
             "INSERT OR REPLACE INTO snapshot_settings (workspace, filter) VALUES (?1, ?2)",
             params![workspace, serde_json::to_string(spec)?],
@@ -479,7 +483,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, StoreError> {
+    fn dependents(&self, points: &HashSet<Point>) -> Result<Vec<Point>, SnapshotStoreError> {
         let mut dependents: Vec<Point> = Vec::new();
         let mut query = self
             .db
@@ -496,7 +500,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(dependents)
     }
 
-    fn rebase(&mut self, rebased: &[Rebased], _fence: Option<&WriteFence>) -> Result<(), StoreError> {
+    fn rebase(&mut self, rebased: &[Rebased], _fence: Option<&WriteFence>) -> Result<(), SnapshotStoreError> {
         let tx = self.db.transaction()?;
         for Rebased {
             point: (other, step),
@@ -528,7 +532,7 @@ impl SnapshotStore for SqliteSnapshots {
         Ok(())
     }
 
-    fn remove_run(&mut self, run: &str) -> Result<(), StoreError> {
+    fn remove_run(&mut self, run: &str) -> Result<(), SnapshotStoreError> {
         let tx = self.db.transaction()?;
         tx.execute("DELETE FROM snapshot_points WHERE run_id = ?1", params![run])?;
         tx.execute("DELETE FROM snapshot_uses WHERE run_id = ?1", params![run])?;

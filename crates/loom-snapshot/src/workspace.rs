@@ -302,7 +302,7 @@ impl Snapshots {
                 Ok(from) => (base, from.unwrap_or_default().delta(&scanner.manifest())),
                 // A base whose chain is broken (a base of it forgotten by
                 // another process meanwhile): this point is stored whole.
-                Err(crate::store::StoreError::Broken { .. }) => {
+                Err(crate::store::SnapshotStoreError::Broken { .. }) => {
                     keyframe = true;
                     (None, Manifest::default().delta(&scanner.manifest()))
                 }

@@ -36,7 +36,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// What to export and where.
 #[derive(Debug, Clone)]
-pub struct TelemetryConfig {
+pub struct TelemetrySettings {
     /// Where spans go.
     pub export: ExportConfig,
     /// Share of run trees exported, 0 to 1 (default 1): decided by the
@@ -48,7 +48,7 @@ pub struct TelemetryConfig {
     pub content: Content,
 }
 
-impl Default for TelemetryConfig {
+impl Default for TelemetrySettings {
     fn default() -> Self {
         Self {
             export: ExportConfig {
@@ -78,7 +78,7 @@ impl std::fmt::Debug for SpanAssembler {
 
 impl Telemetry {
     /// Starts exporting with `config`.
-    pub fn start(config: &TelemetryConfig) -> Result<Self, ExportError> {
+    pub fn start(config: &TelemetrySettings) -> Result<Self, ExportError> {
         Ok(Self {
             // Contents are redacted before the assembler's lock (`observe`).
             assembler: Mutex::new(SpanAssembler::new(Content::left())),

@@ -15,9 +15,9 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 /// Characters of a failed command's output kept in the report.
 const OUTPUT_SHOWN: usize = 400;
 
-/// One check's verdict.
+/// One check's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Verdict {
+pub(crate) struct CheckResult {
     /// The check in a few words.
     pub check: String,
     /// Its kind (its key in the suite).
@@ -29,21 +29,21 @@ pub(crate) struct Verdict {
 }
 
 /// Judges every check, in the suite's order.
-pub(crate) async fn judge(checks: &[Check], workspace: &Path, ran: &Ran) -> Vec<Verdict> {
-    let mut verdicts = Vec::with_capacity(checks.len());
+pub(crate) async fn judge(checks: &[Check], workspace: &Path, ran: &Ran) -> Vec<CheckResult> {
+    let mut results = Vec::with_capacity(checks.len());
     for check in checks {
         let failure = match check {
             Check::Command(command) => run_command(command, workspace).await,
             other => judge_one(other, workspace, ran),
         };
-        verdicts.push(Verdict {
+        results.push(CheckResult {
             check: check.describe(),
             kind: check.kind().to_string(),
             passed: failure.is_none(),
             detail: failure,
         });
     }
-    verdicts
+    results
 }
 
 /// `None` when the check passes, else what was found.
@@ -222,12 +222,12 @@ mod tests {
             (Check::Status("ERROR".into()), false),
         ];
         let checks: Vec<Check> = cases.iter().map(|(check, _)| check.clone()).collect();
-        let verdicts = judge(&checks, dir.path(), &ran()).await;
-        for ((check, expected), verdict) in cases.iter().zip(&verdicts) {
-            assert_eq!(verdict.passed, *expected, "{check:?}: {verdict:?}");
-            assert_eq!(verdict.detail.is_some(), !expected, "{verdict:?}");
+        let results = judge(&checks, dir.path(), &ran()).await;
+        for ((check, expected), result) in cases.iter().zip(&results) {
+            assert_eq!(result.passed, *expected, "{check:?}: {result:?}");
+            assert_eq!(result.detail.is_some(), !expected, "{result:?}");
         }
-        let exit = verdicts.iter().find(|v| v.check == "command \"exit 3\"").unwrap();
+        let exit = results.iter().find(|v| v.check == "command \"exit 3\"").unwrap();
         assert_eq!(exit.detail.as_deref(), Some("exit code 3"));
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::checks::Verdict;
+use super::checks::CheckResult;
 
 /// The whole result of a suite.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ pub(crate) struct AttemptReport {
     pub tools_called: Vec<String>,
     /// Why the run ended without an answer, or could not run.
     pub error: Option<String>,
-    pub checks: Vec<Verdict>,
+    pub checks: Vec<CheckResult>,
     /// The kept workspace (`--keep`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,

@@ -237,7 +237,7 @@ impl LogWriter {
     /// answer before it returns.
     fn write(self: &Arc<Self>, group: Option<Vec<Event>>) {
         let Some(group) = group else { return };
-        let mut answer = Unanswered(Some(self.clone()));
+        let mut answer = AwaitedWrite(Some(self.clone()));
         self.store.clone().append_events_then(
             self.run_id.clone(),
             group,
@@ -301,9 +301,9 @@ impl LogWriter {
 /// instead (its writer thread panicked, say) fails the log rather than
 /// leaving every later flush waiting for ever; that group's events are
 /// gone with it (never shown).
-struct Unanswered(Option<Arc<LogWriter>>);
+struct AwaitedWrite(Option<Arc<LogWriter>>);
 
-impl Drop for Unanswered {
+impl Drop for AwaitedWrite {
     fn drop(&mut self) {
         if let Some(writer) = self.0.take() {
             writer.written(

@@ -5,4 +5,4 @@ mod guidance;
 mod monitor;
 
 pub use guidance::{analyze, DefaultGuidance, GuidanceReason, ResultAnalysis, TaskHandler};
-pub use monitor::{MonitorConfig, RecursionMonitor, Stop, Termination, Verdict, MAX_ITERATIONS_MESSAGE};
+pub use monitor::{MonitorConfig, MonitorReport, RecursionMonitor, Stop, Termination, MAX_ITERATIONS_MESSAGE};

@@ -143,7 +143,7 @@ pub const MAX_ITERATIONS_MESSAGE: &str =
 
 /// What the monitor says before the next turn.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Verdict {
+pub struct MonitorReport {
     /// End the tool phase.
     pub terminate: Option<Stop>,
     /// Early warnings: (reason, message).
@@ -246,32 +246,32 @@ impl RecursionMonitor {
         }
     }
 
-    /// The verdict before turn `next_turn` of at most `max_turns`.
-    pub fn check(&mut self, next_turn: u32, max_turns: u32) -> Verdict {
-        let mut verdict = Verdict::default();
+    /// The report before turn `next_turn` of at most `max_turns`.
+    pub fn check(&mut self, next_turn: u32, max_turns: u32) -> MonitorReport {
+        let mut report = MonitorReport::default();
         if !self.config.enabled {
             // The step limit is not the monitor's: its warning stays.
-            self.warn_of_the_step_limit(&mut verdict, next_turn, max_turns);
-            return verdict;
+            self.warn_of_the_step_limit(&mut report, next_turn, max_turns);
+            return report;
         }
         let limit = self.config.duplicate_threshold.max(2) as usize;
         let (streak, repeated) = self.longest_repeat();
         if streak >= limit {
-            verdict.terminate = Some(Stop {
+            report.terminate = Some(Stop {
                 termination: Termination::DuplicateTools,
                 detail: format!(
                     "'{}' was called with the same arguments and got the same result {streak} turns in a row",
                     repeated.unwrap_or_default()
                 ),
             });
-            return verdict;
+            return report;
         }
         if let Some(period) = self.loop_period() {
-            verdict.terminate = Some(Stop {
+            report.terminate = Some(Stop {
                 termination: Termination::LoopDetected,
                 detail: format!("the same {period} turns repeated back to back"),
             });
-            return verdict;
+            return report;
         }
         let window = self.config.error_window.max(1);
         let failed: Vec<u64> = self
@@ -286,11 +286,11 @@ impl RecursionMonitor {
         // Counts, so a run whose calls all fail is judged before the window fills.
         let stop_at = ((window as f64) * self.config.error_threshold).ceil().max(1.0) as usize;
         if failures >= stop_at && failing_turns >= MIN_FAILING_TURNS {
-            verdict.terminate = Some(Stop {
+            report.terminate = Some(Stop {
                 termination: Termination::ErrorThreshold,
                 detail: format!("{failures} of the last {seen} tool calls failed, over {failing_turns} turns"),
             });
-            return verdict;
+            return report;
         }
 
         let ratio = self.config.warning_ratio;
@@ -298,7 +298,7 @@ impl RecursionMonitor {
         if streak >= warn_streak {
             if let Some(tool) = repeated {
                 self.warn(
-                    &mut verdict,
+                    &mut report,
                     GuidanceReason::RepetitionWarning,
                     &format!("repeat:{tool}:{streak}"),
                     // Concrete, for a small model: what not to do, and
@@ -310,7 +310,7 @@ impl RecursionMonitor {
         let warn_at = ((window as f64) * self.config.error_threshold * ratio).ceil().max(1.0) as usize;
         if failures >= warn_at {
             self.warn(
-                &mut verdict,
+                &mut report,
                 GuidanceReason::ErrorRateWarning,
                 "errors",
                 format!(
@@ -321,17 +321,17 @@ impl RecursionMonitor {
             // A later bad stretch warns again.
             self.warned.remove("errors");
         }
-        self.warn_of_the_step_limit(&mut verdict, next_turn, max_turns);
-        verdict
+        self.warn_of_the_step_limit(&mut report, next_turn, max_turns);
+        report
     }
 
     /// The warning at `warning_ratio` of the step limit, once.
-    fn warn_of_the_step_limit(&mut self, verdict: &mut Verdict, next_turn: u32, max_turns: u32) {
+    fn warn_of_the_step_limit(&mut self, report: &mut MonitorReport, next_turn: u32, max_turns: u32) {
         let warn_turn = ((max_turns as f64) * self.config.warning_ratio).ceil() as u32;
         if max_turns > 1 && next_turn >= warn_turn && next_turn < max_turns {
             let remaining = max_turns - next_turn;
             self.warn(
-                verdict,
+                report,
                 GuidanceReason::IterationWarning,
                 "iterations",
                 format!(
@@ -341,9 +341,9 @@ impl RecursionMonitor {
         }
     }
 
-    fn warn(&mut self, verdict: &mut Verdict, reason: GuidanceReason, key: &str, message: String) {
+    fn warn(&mut self, report: &mut MonitorReport, reason: GuidanceReason, key: &str, message: String) {
         if self.warned.insert(key.to_string()) {
-            verdict.warnings.push((reason, message));
+            report.warnings.push((reason, message));
         }
     }
 
@@ -421,10 +421,10 @@ mod tests {
         monitor.observe("", &[call("search", 1)], &ok(1));
         assert!(monitor.check(1, 50).warnings.is_empty());
         monitor.observe("", &[call("search", 1)], &ok(1));
-        let verdict = monitor.check(2, 50);
-        assert_eq!(verdict.terminate, None);
+        let report = monitor.check(2, 50);
+        assert_eq!(report.terminate, None);
         assert_eq!(
-            verdict.warnings[0].0.as_str(),
+            report.warnings[0].0.as_str(),
             "repetition_warning",
             "warned at 80 % of the limit"
         );
@@ -446,9 +446,9 @@ mod tests {
             &[call("read", 1), call("read", 1), call("read", 1), call("read", 1)],
             &ok(4),
         );
-        let verdict = monitor.check(1, 50);
-        assert_eq!(verdict.terminate, None);
-        assert!(verdict.warnings.is_empty());
+        let report = monitor.check(1, 50);
+        assert_eq!(report.terminate, None);
+        assert!(report.warnings.is_empty());
     }
 
     #[test]
@@ -472,9 +472,9 @@ mod tests {
 
         let mut monitor = RecursionMonitor::default();
         assert!(monitor.check(7, 10).warnings.is_empty());
-        let verdict = monitor.check(8, 10);
+        let report = monitor.check(8, 10);
         assert_eq!(
-            verdict.warnings[0].1,
+            report.warnings[0].1,
             "⚠️ Approaching iteration limit (2 remaining). Please work towards completing the task."
         );
         assert!(monitor.check(9, 10).warnings.is_empty(), "warned once");
@@ -486,7 +486,7 @@ mod tests {
         let mut monitor = RecursionMonitor::default();
         monitor.observe("", &[call("read", 1), call("read", 2)], &failed(2));
         monitor.observe("", &[call("read", 3), call("read", 4)], &ok(2));
-        assert_eq!(monitor.check(2, 50), Verdict::default());
+        assert_eq!(monitor.check(2, 50), MonitorReport::default());
         // Half of many calls failing is still work going on.
         let mut monitor = RecursionMonitor::default();
         for turn in 0..10 {
@@ -506,13 +506,13 @@ mod tests {
         for turn in 5..12 {
             monitor.observe("", &[call("read", turn)], &failed(1));
         }
-        let verdict = monitor.check(12, 50);
-        assert_eq!(verdict.terminate, None);
-        assert_eq!(verdict.warnings[0].0.as_str(), "error_rate_warning");
+        let report = monitor.check(12, 50);
+        assert_eq!(report.terminate, None);
+        assert_eq!(report.warnings[0].0.as_str(), "error_rate_warning");
         assert!(
-            verdict.warnings[0].1.contains("7 of your last 10"),
+            report.warnings[0].1.contains("7 of your last 10"),
             "{:?}",
-            verdict.warnings
+            report.warnings
         );
         monitor.observe("", &[call("read", 12)], &failed(1));
         let stop = monitor.check(13, 50).terminate.unwrap();
@@ -523,7 +523,7 @@ mod tests {
         let mut monitor = RecursionMonitor::default();
         for turn in 0..6 {
             monitor.observe("", &[call("read", turn)], &failed(1));
-            assert_eq!(monitor.check(turn as u32 + 1, 50), Verdict::default());
+            assert_eq!(monitor.check(turn as u32 + 1, 50), MonitorReport::default());
         }
         monitor.observe("", &[call("read", 6)], &failed(1));
         assert_eq!(monitor.check(7, 50).warnings[0].0.as_str(), "error_rate_warning");
@@ -539,9 +539,9 @@ mod tests {
         let mut monitor = RecursionMonitor::default();
         let guesses: Vec<ToolCall> = (0..10).map(|i| call("read", i)).collect();
         monitor.observe("", &guesses, &failed(10));
-        let verdict = monitor.check(1, 50);
-        assert_eq!(verdict.terminate, None, "one turn of failures");
-        assert_eq!(verdict.warnings[0].0.as_str(), "error_rate_warning", "but a warning");
+        let report = monitor.check(1, 50);
+        assert_eq!(report.terminate, None, "one turn of failures");
+        assert_eq!(report.warnings[0].0.as_str(), "error_rate_warning", "but a warning");
         monitor.observe("", &[call("read", 11), call("read", 12)], &failed(2));
         assert_eq!(monitor.check(2, 50).terminate, None, "two turns");
         monitor.observe("", &[call("read", 13)], &failed(1));
@@ -556,7 +556,7 @@ mod tests {
         });
         for turn in 0..15 {
             monitor.observe("", &[call("same", 0)], &failed(1));
-            assert_eq!(monitor.check(turn + 1, 50), Verdict::default());
+            assert_eq!(monitor.check(turn + 1, 50), MonitorReport::default());
         }
         // The step limit's warning is not the monitor's: it stays.
         assert_eq!(monitor.check(40, 50).warnings[0].0.as_str(), "iteration_warning");

@@ -16,7 +16,7 @@ use crate::outcome::{ErrorCode, StopReason, WarningCode};
 use super::described::{describes_work, DESCRIBED_WORK_NUDGE};
 use super::echo::{echoes_an_error, ERROR_ECHO_NUDGE};
 use super::guidance::{with_task, GuidancePart, CONTINUE_ANSWER, EMPTY_ANSWER_NUDGE};
-use super::state::{Ending, Mode, TurnPhase};
+use super::state::{Ending, NextCall, TurnPhase};
 use super::untouched::{untouched, untouched_files_nudge};
 use super::{Answer, TurnMachine};
 
@@ -26,7 +26,7 @@ impl TurnMachine {
         let TurnPhase::Answering(answering) = &mut self.state.phase else {
             return;
         };
-        let final_answer = matches!(self.state.mode, Mode::FinalAnswer(_));
+        let final_answer = matches!(self.state.next_call, NextCall::FinalAnswer(_));
         let max_continuations = self.settings.max_continuations;
         let cut_off = answer.finish == Some(FinishReason::Length);
         let has_text = !answer.content.trim().is_empty();
@@ -99,7 +99,7 @@ impl TurnMachine {
             return;
         }
         self.leave_answering();
-        let working = self.state.mode == Mode::Working;
+        let working = self.state.next_call == NextCall::Working;
         // The retries below are guidance: off with the feedback.
         let working = working && self.settings.feedback;
         if working && answer.tool_calls.is_empty() && self.settings.tools_offered {
@@ -167,8 +167,8 @@ impl TurnMachine {
             );
             return;
         }
-        match self.state.mode.clone() {
-            Mode::FinalAnswer(why) => {
+        match self.state.next_call.clone() {
+            NextCall::FinalAnswer(why) => {
                 if answer.content.trim().is_empty() {
                     self.stop(why.stop_reason());
                 } else {
@@ -176,11 +176,11 @@ impl TurnMachine {
                     self.end(Ending::Answer(answer.content));
                 }
             }
-            Mode::Working if answer.tool_calls.is_empty() => {
+            NextCall::Working if answer.tool_calls.is_empty() => {
                 self.memory.push(Message::assistant(answer.content.clone()));
                 self.state.phase = TurnPhase::Answered(answer.content);
             }
-            Mode::Working => {
+            NextCall::Working => {
                 self.note(EventKind::tool_calls_start(&answer.tool_calls));
                 self.state.named_files.touched_by(&answer.tool_calls);
                 // The calls are saved before any of them runs, so a crash

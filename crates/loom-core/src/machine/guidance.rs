@@ -107,7 +107,10 @@ mod tests {
     #[test]
     fn a_send_back_repeats_the_task_cut_when_long() {
         let short = with_task(EMPTY_ANSWER_NUDGE, "  fix calc.py \n");
-        assert_eq!(short, format!("{EMPTY_ANSWER_NUDGE}\n\nThe task you were given: fix calc.py"));
+        assert_eq!(
+            short,
+            format!("{EMPTY_ANSWER_NUDGE}\n\nThe task you were given: fix calc.py")
+        );
         assert_eq!(with_task("nudge", " "), "nudge");
         let long = "é".repeat(RESTATED_TASK_CHARS + 5);
         let cut = with_task("nudge", &long);

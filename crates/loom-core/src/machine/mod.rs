@@ -26,7 +26,7 @@ use crate::outcome::{StopReason, WarningCode};
 use crate::tool_result::ToolResult;
 
 pub(crate) use guidance::{block as guidance_block, GuidancePart};
-pub use state::{Answering, Ending, FinalAnswer, Mode, RunState, TurnPhase};
+pub use state::{Answering, Ending, FinalAnswer, NextCall, RunState, TurnPhase};
 pub use untouched::NamedFiles;
 pub(crate) use untouched::{candidates as named_file_candidates, may_be_made, MAX_NAMED_FILES};
 
@@ -181,9 +181,9 @@ impl TurnMachine {
                     .as_ref()
                     .is_some_and(|part| part.reason.asks_for_action());
                 guidance.extend(answering.extra.take());
-                let final_answer = match &self.state.mode {
-                    Mode::Working => None,
-                    Mode::FinalAnswer(why) => Some(why.reason()),
+                let final_answer = match &self.state.next_call {
+                    NextCall::Working => None,
+                    NextCall::FinalAnswer(why) => Some(why.reason()),
                 };
                 Next::CallModel(ModelCall {
                     tools: final_answer.is_none(),
@@ -218,11 +218,11 @@ impl TurnMachine {
                 turn_counter: self.state.turn.turn_counter(),
                 max_iterations: self.state.turn.max_iterations(),
             });
-            self.state.mode = Mode::FinalAnswer(FinalAnswer::MaxSteps);
+            self.state.next_call = NextCall::FinalAnswer(FinalAnswer::MaxSteps);
         }
-        let extra = match &self.state.mode {
-            Mode::Working => None,
-            Mode::FinalAnswer(why) => Some(why.guidance()),
+        let extra = match &self.state.next_call {
+            NextCall::Working => None,
+            NextCall::FinalAnswer(why) => Some(why.guidance()),
         };
         self.state.phase = TurnPhase::Answering(Answering {
             extra,
@@ -306,9 +306,9 @@ impl TurnMachine {
 
         // Guidance for the next request only (never stored).
         self.state.monitor.observe(&content, calls, &results);
-        let verdict = self.state.monitor.check(counter + 1, max);
+        let report = self.state.monitor.check(counter + 1, max);
         if self.settings.feedback {
-            let warned_of_errors = verdict
+            let warned_of_errors = report
                 .warnings
                 .iter()
                 .any(|(reason, _)| *reason == GuidanceReason::ErrorRateWarning);
@@ -316,7 +316,7 @@ impl TurnMachine {
                 .filter(|part| !(warned_of_errors && part.reason == GuidanceReason::Error));
             self.state.guidance.extend(part);
             self.state.guidance.extend(
-                verdict
+                report
                     .warnings
                     .into_iter()
                     .map(|(reason, content)| GuidancePart::new(reason, content)),
@@ -326,8 +326,8 @@ impl TurnMachine {
         let ending_turn = self.ids.clone();
         self.recurse();
         // At the step limit the tools end anyway: the limit says so, and a
-        // verdict would only contradict it.
-        if let Some(stop) = verdict.terminate.filter(|_| counter + 1 < max) {
+        // monitor's stop would only contradict it.
+        if let Some(stop) = report.terminate.filter(|_| counter + 1 < max) {
             self.outbox.push((
                 ending_turn,
                 EventKind::Warning {
@@ -339,7 +339,7 @@ impl TurnMachine {
                     ),
                 },
             ));
-            self.state.mode = Mode::FinalAnswer(FinalAnswer::Monitor(stop));
+            self.state.next_call = NextCall::FinalAnswer(FinalAnswer::Monitor(stop));
         }
     }
 

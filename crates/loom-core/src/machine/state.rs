@@ -23,8 +23,10 @@ pub struct RunState {
     pub(crate) turn: TurnState,
     /// Steps completed: turns whose tool calls ran.
     pub(crate) steps: u32,
-    /// Whether tools are still offered.
-    pub(crate) mode: Mode,
+    /// Whether tools are still offered (stored as `mode`, its name in
+    /// checkpoints written before it had this one).
+    #[serde(rename = "mode")]
+    pub(crate) next_call: NextCall,
     /// Where the current turn stands.
     pub(crate) phase: TurnPhase,
     /// What the recursion monitor has seen.
@@ -70,10 +72,12 @@ pub struct RunState {
     pub(crate) metrics: RunMetrics,
 }
 
-/// Whether the run still works with tools.
+/// What the run's next model call is: one that offers tools, or the last
+/// one, for the answer. (Not a permission mode: that is
+/// [`crate::permission::Mode`].)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Mode {
+pub enum NextCall {
     /// Tools are offered.
     Working,
     /// One last call without tools, for the answer.
@@ -179,7 +183,7 @@ impl RunState {
         Self {
             turn,
             steps: 0,
-            mode: Mode::Working,
+            next_call: NextCall::Working,
             phase: TurnPhase::Boundary,
             monitor: RecursionMonitor::default(),
             guidance: Vec::new(),
@@ -221,7 +225,7 @@ impl RunState {
         let mut state = Self::new(turn, String::new());
         state.steps = with_calls.saturating_sub(usize::from(dangling)) as u32;
         if let Some(stop) = verdict {
-            state.mode = Mode::FinalAnswer(FinalAnswer::Monitor(stop));
+            state.next_call = NextCall::FinalAnswer(FinalAnswer::Monitor(stop));
         }
         state
     }
@@ -251,8 +255,8 @@ impl RunState {
     }
 
     /// Whether tools are still offered.
-    pub fn mode(&self) -> &Mode {
-        &self.mode
+    pub fn next_call(&self) -> &NextCall {
+        &self.next_call
     }
 
     /// Where the current turn stands.
@@ -286,7 +290,7 @@ mod tests {
     fn a_state_survives_a_round_trip() {
         let mut state = RunState::new(TurnState::initial(10).next_turn(false), "task");
         state.steps = 1;
-        state.mode = Mode::FinalAnswer(FinalAnswer::MaxSteps);
+        state.next_call = NextCall::FinalAnswer(FinalAnswer::MaxSteps);
         state.phase = TurnPhase::Ended(Ending::Stopped(StopReason::Cancelled("stop".into())));
         // What the answer rules remember, so a resumed run sends nothing back twice.
         state.echo_sent_back = true;
@@ -344,7 +348,7 @@ mod tests {
         assert_eq!(state.turn(), &turn);
         assert_eq!(state.steps(), 1, "the dangling turn is not a step yet");
         assert!(
-            matches!(state.mode(), Mode::FinalAnswer(FinalAnswer::Monitor(stop)) if stop.termination.reason() == "loop_detected")
+            matches!(state.next_call(), NextCall::FinalAnswer(FinalAnswer::Monitor(stop)) if stop.termination.reason() == "loop_detected")
         );
     }
 }
