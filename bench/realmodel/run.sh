@@ -42,7 +42,7 @@ for rt in $RUNTIMES; do
   [ "$rt" = loom ] || runner_of "$rt" >/dev/null || { echo "run.sh: unknown runtime '$rt'" >&2; exit 2; }
 done
 
-eval "$(bash "$HERE/setup.sh")"   # BASE_URL, MODEL
+eval "$(bash "$HERE/setup.sh")"   # BASE_URL, MODEL, SERVER_LOG
 
 # The frameworks' venv, rebuilt when requirements.txt changes (its hash is kept beside it).
 if [ "$RUNTIMES" != loom ]; then
@@ -70,6 +70,9 @@ watchdog() {
     echo "[run.sh] $(date -u +%H:%M:%S) the model server is down; restarting it" |
       tee -a "$RESULTS/$STAMP-restarts.log" >&2
     bash "$HERE/setup.sh" >/dev/null || true
+    # Why it died, when it says: llama.cpp's last words are in the log it left.
+    grep -a -m 3 -E "terminate called|what\(\)|error" "$SERVER_LOG.previous" 2>/dev/null |
+      sed 's/^/    /' >>"$RESULTS/$STAMP-restarts.log" || true
   done
 }
 watchdog &

@@ -3,7 +3,7 @@
 # llama.cpp's own HTTP server (the prebuilt xllamacpp wheel) serving
 # Qwen2.5-Coder-1.5B-Instruct on 127.0.0.1 behind an OpenAI-compatible API.
 #
-#   eval "$(bash bench/realmodel/setup.sh)"   # install what is missing, start unless up; sets BASE_URL, MODEL
+#   eval "$(bash bench/realmodel/setup.sh)"   # install what is missing, start unless up; sets BASE_URL, MODEL, SERVER_LOG
 #   bash bench/realmodel/setup.sh --check     # the same, then fail unless a request with tools gets a tool call
 #   bash bench/realmodel/setup.sh stop        # stop the server this script started (no other)
 #
@@ -176,6 +176,8 @@ if ! healthy; then
   stop_ours
   port_taken && die "port $PORT is taken by another program; set REALMODEL_PORT"
   say "starting the server on $BASE (log: $LOG)"
+  # The log of the server before (a crashed one's says why), kept beside the new one.
+  [ -s "$LOG" ] && mv "$LOG" "$LOG.previous"
   for try in 1 2 3; do
     # OMP_WAIT_POLICY=PASSIVE: OpenMP's threads sleep instead of spinning while they wait,
     # else generation falls from ~5 to ~1.5 tokens/s whenever a build shares the 2 cores.
@@ -220,3 +222,4 @@ fi
 
 echo "BASE_URL=$BASE/v1"
 echo "MODEL=$MODEL"
+echo "SERVER_LOG=$LOG"
