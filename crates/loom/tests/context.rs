@@ -24,6 +24,14 @@ fn guidance(events: &[Event]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A send-back's own words, before the task it repeats.
+fn nudge(guidance: &str) -> &str {
+    guidance
+        .split("\n\nThe task you were given: ")
+        .next()
+        .unwrap_or(guidance)
+}
+
 fn reasons(events: &[Event]) -> Vec<String> {
     guidance(events).into_iter().map(|(reason, _)| reason).collect()
 }
@@ -279,8 +287,15 @@ async fn an_answer_without_looking_at_the_file_the_task_names_is_sent_back_once(
     assert_eq!(guidance.len(), 1, "{guidance:?}");
     assert_eq!(guidance[0].0, "untouched_files");
     assert!(
-        guidance[0].1.contains("`shapes.py`") && !guidance[0].1.contains("notes.md"),
+        nudge(&guidance[0].1).contains("`shapes.py`") && !nudge(&guidance[0].1).contains("notes.md"),
         "{}",
+        guidance[0].1
+    );
+    assert!(
+        guidance[0].1.ends_with(
+            "\n\nThe task you were given: Which function in shapes.py has no docstring? Put it in notes.md later."
+        ),
+        "the send-back repeats the task: {}",
         guidance[0].1
     );
     let warned = events
@@ -327,7 +342,7 @@ async fn an_answer_that_never_wrote_the_file_the_task_asks_for_is_sent_back_unti
         guidance[0].1
     );
     assert!(
-        guidance[1].1.contains("`shapes.py`") && !guidance[1].1.contains("SUMMARY.md"),
+        nudge(&guidance[1].1).contains("`shapes.py`") && !nudge(&guidance[1].1).contains("SUMMARY.md"),
         "{}",
         guidance[1].1
     );
