@@ -39,6 +39,11 @@ pub struct LlmRequest<'a> {
     /// model did not do (docs/context.md), so that a model that ignores the
     /// guidance's words is held to it by its server. Only with tools.
     pub require_tool_call: bool,
+    /// Ask for the whole answer at once, not streamed: the request after a
+    /// streamed answer broke off mid-way (llama.cpp's streaming tool-call
+    /// parser fails on answers its one-shot parser reads). A provider that
+    /// always streams, or never does, may ignore it.
+    pub unstreamed: bool,
 }
 
 impl<'a> LlmRequest<'a> {
@@ -49,7 +54,13 @@ impl<'a> LlmRequest<'a> {
             tools,
             guidance: None,
             require_tool_call: false,
+            unstreamed: false,
         }
+    }
+
+    /// The same request, asking for its answer at once when `unstreamed`.
+    pub fn with_unstreamed(self, unstreamed: bool) -> Self {
+        Self { unstreamed, ..self }
     }
 
     /// The same request carrying `guidance`.

@@ -76,7 +76,10 @@ impl Driver {
             let started = std::time::Instant::now();
             let request = LlmRequest::new(machine.memory().messages(), tools)
                 .with_guidance(guidance.as_deref())
-                .with_tool_call_required(must_call);
+                .with_tool_call_required(must_call)
+                // Asked again after a stream that broke off: at once, so a
+                // server whose streaming parser failed uses its other one.
+                .with_unstreamed(asked_again);
             let called = self.stream_answer(&engine, request, call.final_answer, &turn).await;
             let metrics = machine.metrics_mut();
             metrics.llm_calls += 1;
@@ -150,14 +153,15 @@ impl Driver {
                     // the transport retries): llama.cpp's streaming parser
                     // sends 500 "Invalid diff", a server that crashed cuts
                     // the stream. Nothing of the answer was used, so it is
-                    // asked for once more, from the start.
+                    // asked for once more, from the start, and not streamed
+                    // (the same request streamed meets the same parser).
                     asked_again = true;
                     metrics.record_error(err.code().as_str());
                     self.events.emit(
                         &turn,
                         EventKind::Error {
                             code: err.code(),
-                            message: format!("{err}; the answer broke off, asking the model again"),
+                            message: format!("{err}; the answer broke off, asking the model again (not streamed)"),
                             recoverable: true,
                         },
                     );

@@ -107,6 +107,12 @@ impl OpenAiModel {
         })
     }
 
+    /// Whether `request`'s answer is streamed: as configured, unless the
+    /// request asks for it at once.
+    fn streams(&self, request: &LlmRequest<'_>) -> bool {
+        self.config.stream && !request.unstreamed
+    }
+
     /// The JSON body of a request, as the API expects it: serialized from
     /// the borrowed history, with the request's guidance placed.
     pub fn request_body(&self, request: &LlmRequest<'_>) -> Result<bytes::Bytes, LlmError> {
@@ -125,10 +131,9 @@ impl OpenAiModel {
                 instructions: instructions.as_deref(),
                 template_safe: !self.config.is_official_api(),
             },
-            stream: self.config.stream,
+            stream: self.streams(request),
             stream_options: self
-                .config
-                .stream
+                .streams(request)
                 .then_some(body::StreamOptions { include_usage: true }),
             tools: (!text_mode && !request.tools.is_empty()).then_some(body::Tools(request.tools)),
             // Text-written calls have no `tool_choice`: the guidance's words must do.
@@ -161,7 +166,7 @@ impl Llm for OpenAiModel {
 
     async fn stream(&self, request: LlmRequest<'_>) -> Result<LlmStream, LlmError> {
         let body = self.request_body(&request)?;
-        let stream = if self.config.stream {
+        let stream = if self.streams(&request) {
             self.transport
                 .stream(|| self.post(&body), OpenAiParser::default, map_error)
                 .await?
