@@ -2,11 +2,10 @@
 
 use serde_json::Value;
 
+use crate::escaped_args;
 use crate::message::ToolCall;
 use crate::tool::{RegisteredTool, ToolRegistry};
 use crate::tool_result::{ErrorKind, ToolResult, ToolStatus};
-
-use crate::escaped_args;
 
 /// How many schema violations to list in one error result.
 const MAX_REPORTED_VIOLATIONS: usize = 5;
