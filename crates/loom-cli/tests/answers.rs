@@ -1,5 +1,6 @@
 //! Answers that are not answers, from both providers, as a real server
-//! sends them: an empty answer is retried once and then an error, an answer
+//! sends them: an empty answer is retried once and then an error (right
+//! after changes that succeeded it is the end of the run), an answer
 //! cut off by the output limit is continued, a filtered one is an error.
 //! And tool-call ids a provider got wrong are made unique before anything
 //! pairs results with calls.
@@ -103,6 +104,52 @@ fn an_empty_answer_is_asked_again_once_then_is_an_error() {
             .map(|m| m["role"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(roles, ["system", "user", "assistant"], "{provider}");
+    }
+}
+
+#[test]
+fn an_empty_answer_right_after_changes_that_succeeded_ends_the_run_as_done() {
+    let write = ("call_1", "write_file", r#"{"path": "out.txt", "content": "beta\n"}"#);
+    let failed_edit = (
+        "call_1",
+        "edit_file",
+        r#"{"path": "a.txt", "old_string": "gamma", "new_string": "delta"}"#,
+    );
+    for (call, done) in [(write, true), (failed_edit, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "alpha\n").unwrap();
+        let server = FakeServer::start(vec![
+            Reply::Sse(loom_testkit::openai_tool_calls(&[call])),
+            Reply::Sse(openai_text("", 4)),
+            Reply::Sse(openai_text("", 4)),
+        ]);
+        let output = loom_in(dir.path())
+            .args(["run", "--json", "--allow", "write_file", "--allow", "edit_file"])
+            .args(["--model", "openai:test", "--base-url"])
+            .arg(server.url())
+            .arg("change the files")
+            .output()
+            .unwrap();
+        let events = json_lines(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let warning = of_type(&events, "warning").pop().unwrap();
+        assert_eq!(warning["code"], "EMPTY_ANSWER", "{stderr}");
+        let requests = server.requests();
+        if done {
+            // The write succeeded: the empty answer is the end, not asked again.
+            assert_eq!(output.status.code(), Some(0), "{stderr}");
+            assert_eq!(requests.len(), 2);
+            let end = events.last().unwrap();
+            assert_eq!((&end["status"], &end["content"]), (&json!("DONE"), &json!("")));
+            assert!(warning["message"].as_str().unwrap().contains("taken as the end"));
+            assert_eq!(std::fs::read_to_string(dir.path().join("out.txt")).unwrap(), "beta\n");
+        } else {
+            // A failed change is no end: the model is asked again, once.
+            assert_eq!(output.status.code(), Some(1), "{stderr}");
+            assert_eq!(requests.len(), 3);
+            assert!(requests[2].body.to_string().contains("Your last reply was empty"));
+            assert_eq!(events.last().unwrap()["status"], "ERROR");
+        }
     }
 }
 

@@ -385,6 +385,45 @@ async fn a_client_that_reattaches_sees_every_event_once_over_websocket_and_sse()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribing_again_on_one_connection_replaces_the_stream_and_sends_each_event_once() {
+    let (_dir, _model, gateway) = gateway("", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let run = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "go steps=8 delay_ms=100"}))
+            .await,
+    );
+    client.until(&run, "step.completed").await;
+    // Eight subscriptions to the run sent at once, while it runs: each
+    // replaces the one before (and the stream agent.run started).
+    let ids: Vec<String> = (0..8).map(|n| format!("again{n}")).collect();
+    for id in &ids {
+        let frame =
+            json!({"type": "request", "id": id, "method": "run.subscribe", "payload": {"runId": run, "afterSeq": 1}});
+        client.send_text(frame.to_string()).await;
+    }
+    // The answers come in the order the subscriptions took over.
+    let mut answers = 0;
+    while answers < ids.len() {
+        let frame = client.frame().await.unwrap();
+        if frame["type"] == "response" {
+            assert_eq!(frame["ok"], true, "{frame}");
+            answers += 1;
+        }
+    }
+    let answered = client.events.len();
+    let end = client.until(&run, "lifecycle.end").await;
+    let end_seq = end["seq"].as_u64().unwrap();
+    // After the last answer, one stream: every event after seq 1 once, in order.
+    let after: Vec<u64> = client.events[answered..]
+        .iter()
+        .filter(|e| e["runId"] == run.as_str())
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(after, (2..=end_seq).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_follow_on_busy_and_queues_report_positions() {
     let (_dir, model, gateway) = gateway("max_runs_per_token = 2", &[]);
     let mut client = gateway.ws(ALICE).await;

@@ -94,6 +94,10 @@ struct Conn {
     closed: CancellationToken,
     /// The close frame to end with, when the server ends the connection.
     close_with: Arc<std::sync::Mutex<Option<(u16, String)>>>,
+    /// The runs this connection follows. Held (an async lock) from
+    /// stopping a run's old forwarder through the answer to starting the
+    /// new one, so two subscriptions to a run never forward at once.
+    subscriptions: Arc<tokio::sync::Mutex<Subscriptions>>,
 }
 
 impl Conn {
@@ -118,14 +122,13 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
         out,
         closed: closed.clone(),
         close_with: Arc::default(),
+        subscriptions: Arc::default(),
     };
     let ping_every = app.service.config().ping_interval;
     let mut writer = tokio::spawn(write_frames(conn.clone(), sink, outbound, ping_every));
 
     let requests = Arc::new(Semaphore::new(IN_FLIGHT));
     let limit = app.service.config().max_frame_bytes;
-    let mut subscriptions = Subscriptions::default();
-    let (sub_tx, mut sub_rx) = mpsc::unbounded_channel::<SubChange>();
     // Set when the peer answered no ping: it is gone, so its answer to the
     // close is not waited for.
     let mut silent = false;
@@ -133,12 +136,6 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
         // A connection silent for two ping intervals is gone.
         let frame = tokio::select! {
             frame = tokio::time::timeout(ping_every * 2, stream.next()) => frame,
-            change = sub_rx.recv() => {
-                if let Some(change) = change {
-                    subscriptions.apply(change);
-                }
-                continue;
-            }
             _ = closed.cancelled() => break,
         };
         let message = match frame {
@@ -168,9 +165,8 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
                     continue;
                 };
                 let conn = conn.clone();
-                let sub_tx = sub_tx.clone();
                 tokio::spawn(async move {
-                    conn.request(text.as_str(), &sub_tx).await;
+                    conn.request(text.as_str()).await;
                     drop(permit);
                 });
             }
@@ -183,7 +179,7 @@ async fn connection(app: Arc<App>, caller: Caller, socket: WebSocket) {
         }
     }
     conn.closed.cancel();
-    subscriptions.abort_all();
+    conn.subscriptions.lock().await.abort_all();
     // Keep reading until the client answers the close (or leaves): a
     // socket closed with unread input is reset, and the reset would destroy
     // the frames the client has not read yet — the close frame among them.
@@ -268,20 +264,6 @@ async fn write_frames(
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
 }
 
-/// A change to a connection's subscriptions: a forwarder started, or one
-/// ended (by itself, or by `run.unsubscribe`).
-enum SubChange {
-    Started {
-        run_id: String,
-        generation: u64,
-        task: JoinHandle<()>,
-    },
-    Ended {
-        run_id: String,
-        generation: Option<u64>,
-    },
-}
-
 /// The forwarders of one connection, one per run; a newer subscription to
 /// a run replaces the older.
 #[derive(Default)]
@@ -290,25 +272,20 @@ struct Subscriptions {
 }
 
 impl Subscriptions {
-    fn apply(&mut self, change: SubChange) {
-        match change {
-            SubChange::Started {
-                run_id,
-                generation,
-                task,
-            } => {
-                if let Some((_, old)) = self.running.insert(run_id, (generation, task)) {
-                    old.abort();
-                }
-            }
-            SubChange::Ended { run_id, generation } => {
-                let current = self.running.get(&run_id).map(|(known, _)| *known);
-                if current.is_some() && (generation.is_none() || generation == current) {
-                    if let Some((_, task)) = self.running.remove(&run_id) {
-                        task.abort();
-                    }
-                }
-            }
+    /// Stops the run's forwarder and waits until it has: a frame it was
+    /// queueing when stopped is queued before whatever comes next.
+    async fn stop(&mut self, run_id: &str) {
+        if let Some((_, task)) = self.running.remove(run_id) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Forgets a forwarder that ended by itself (unless a newer one
+    /// replaced it meanwhile).
+    fn ended(&mut self, run_id: &str, generation: u64) {
+        if self.running.get(run_id).is_some_and(|(known, _)| *known == generation) {
+            self.running.remove(run_id);
         }
     }
 
@@ -351,8 +328,6 @@ fn close(code: u16, reason: String) -> Message {
     }))
 }
 
-type SubChanges = mpsc::UnboundedSender<SubChange>;
-
 impl Conn {
     async fn respond(&self, id: Option<FrameId>, result: Result<Answer, ApiError>) {
         let frame = match result {
@@ -376,10 +351,15 @@ impl Conn {
                 serde_json::to_string(&error).unwrap_or_else(|_| "null".into())
             )
         });
-        let _ = self.out.send(text).await;
+        // Nothing more leaves a closed connection (its writer has stopped),
+        // so a full queue is not waited on.
+        tokio::select! {
+            _ = self.out.send(text) => {}
+            _ = self.closed.cancelled() => {}
+        }
     }
 
-    async fn request(&self, text: &str, subs: &SubChanges) {
+    async fn request(&self, text: &str) {
         let limit = self.app.service.config().max_frame_bytes;
         if text.len() > limit {
             let error = ApiError::new(
@@ -409,16 +389,23 @@ impl Conn {
             Ok((answer, follow)) => (Ok(answer), follow),
             Err(error) => (Err(error), None),
         };
-        if let Ok(Answer::Unsubscribed(gone)) = &result {
-            let _ = subs.send(SubChange::Ended {
-                run_id: gone.run_id.clone(),
-                generation: None,
-            });
-        }
-        // The answer first, then the events it promised.
+        let changed = match (&result, &follow) {
+            (Ok(Answer::Unsubscribed(gone)), _) => Some(gone.run_id.clone()),
+            (_, Some((run_id, _))) => Some(run_id.clone()),
+            _ => None,
+        };
+        let Some(run_id) = changed else {
+            return self.respond(id, result).await;
+        };
+        // The old stream of the run stops before the answer, and the
+        // events the answer promised follow it: after the answer a client
+        // gets each event of the run once, in order.
+        let mut subscriptions = self.subscriptions.lock().await;
+        subscriptions.stop(&run_id).await;
         self.respond(id, result).await;
         if let Some((run_id, subscription)) = follow {
-            self.follow(run_id, subscription, subs);
+            let (generation, task) = self.follow(run_id.clone(), subscription);
+            subscriptions.running.insert(run_id, (generation, task));
         }
     }
 
@@ -452,12 +439,10 @@ impl Conn {
     /// Forwards a subscription's events to this connection until the run
     /// ends; a subscriber that fell behind closes the connection with a
     /// reason (the client resubscribes after its last seq).
-    fn follow(&self, run_id: String, mut subscription: Subscription, subs: &SubChanges) {
+    fn follow(&self, run_id: String, mut subscription: Subscription) -> (u64, JoinHandle<()>) {
         static GENERATION: AtomicU64 = AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let conn = self.clone();
-        let id = run_id.clone();
-        let ended = subs.clone();
         let task = tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -473,22 +458,15 @@ impl Conn {
                     Next::End => break,
                     Next::Lagged => {
                         metrics::counter!("loom_subscribers_dropped_total").increment(1);
-                        let reason = format!("too slow for run {id}: resubscribe after your last seq");
+                        let reason = format!("too slow for run {run_id}: resubscribe after your last seq");
                         conn.close(TRY_AGAIN_LATER, reason);
                         return;
                     }
                 }
             }
-            let _ = ended.send(SubChange::Ended {
-                run_id: id,
-                generation: Some(generation),
-            });
+            conn.subscriptions.lock().await.ended(&run_id, generation);
         });
-        let _ = subs.send(SubChange::Started {
-            run_id,
-            generation,
-            task,
-        });
+        (generation, task)
     }
 }
 

@@ -2,7 +2,8 @@
 //! continued (up to `max_continuations` times, each with a `warning`), a
 //! filtered one ends the run (`CONTENT_FILTERED`), and an empty one is
 //! retried once with a nudge, then ends the run (`EMPTY_ANSWER`) — except
-//! on a final-answer call, whose emptiness means "no answer". An answer
+//! on a final-answer call, whose emptiness means "no answer", and right
+//! after a step whose changes all succeeded, where it means "done". An answer
 //! that only repeats an error is sent back once ([`super::echo`]), and so
 //! is one that describes the work without using a tool ([`super::described`]),
 //! and one given without touching the files the task names ([`super::untouched`]).
@@ -23,6 +24,7 @@ use super::{Answer, TurnMachine};
 impl TurnMachine {
     /// The model answered the call the machine asked for.
     pub(crate) fn answered(&mut self, mut answer: Answer) {
+        let done_with_changes = self.state.next_call == NextCall::Working && self.done_with_changes();
         let TurnPhase::Answering(answering) = &mut self.state.phase else {
             return;
         };
@@ -66,6 +68,21 @@ impl TurnMachine {
         }
         let empty = answer.content.trim().is_empty() && answer.tool_calls.is_empty();
         let nudged = answering.nudged;
+        if empty && !cut_off && done_with_changes {
+            // An agent that stops talking right after its changes succeeded
+            // has finished (Codex and Claude Code end a turn on any answer
+            // without calls); asked again with the task, a small model
+            // redoes the work it has done.
+            self.warn(
+                WarningCode::EmptyAnswer,
+                "the model answered with nothing right after its changes succeeded; taken as the end of the task"
+                    .to_string(),
+            );
+            self.leave_answering();
+            self.memory.push(Message::assistant(String::new()));
+            self.state.phase = TurnPhase::Answered(String::new());
+            return;
+        }
         if empty && !final_answer && !nudged {
             answering.nudged = true;
             answering.extra = Some(GuidancePart::new(
@@ -103,14 +120,7 @@ impl TurnMachine {
         // The retries below are guidance: off with the feedback.
         let working = working && self.settings.feedback;
         if working && answer.tool_calls.is_empty() && self.settings.tools_offered {
-            let named = &self.state.named_files;
-            let unread = untouched(&named.existing, self.memory.messages());
-            // Only an agent that can write is asked for a file to write.
-            let unwritten = if self.settings.changing_tools_offered {
-                untouched(&named.missing, self.memory.messages())
-            } else {
-                Vec::new()
-            };
+            let (unread, unwritten) = self.untouched_named_files();
             let left = unread.len() + unwritten.len();
             // Again only after the model touched one more of them: a model
             // that keeps an answer without touching a file meant it.
@@ -192,6 +202,29 @@ impl TurnMachine {
                 self.state.phase = TurnPhase::Tools;
                 self.save_due = true;
             }
+        }
+    }
+
+    /// The files the task names that no call has touched: those that
+    /// existed when the run began, and those it may make (asked of an agent
+    /// that can write only).
+    fn untouched_named_files(&self) -> (Vec<&str>, Vec<&str>) {
+        let named = &self.state.named_files;
+        let unread = untouched(&named.existing, self.memory.messages());
+        let unwritten = if self.settings.changing_tools_offered {
+            untouched(&named.missing, self.memory.messages())
+        } else {
+            Vec::new()
+        };
+        (unread, unwritten)
+    }
+
+    /// Whether the last step's changes all succeeded and left no file the
+    /// task names untouched.
+    fn done_with_changes(&self) -> bool {
+        self.state.last_step_changed && {
+            let (unread, unwritten) = self.untouched_named_files();
+            unread.is_empty() && unwritten.is_empty()
         }
     }
 

@@ -23,7 +23,7 @@ use crate::memory::Memory;
 use crate::message::{Message, ToolCall};
 use crate::metrics::RunMetrics;
 use crate::outcome::{StopReason, WarningCode};
-use crate::tool_result::ToolResult;
+use crate::tool_result::{ToolResult, ToolStatus};
 
 pub(crate) use guidance::{block as guidance_block, GuidancePart};
 pub use state::{Answering, Ending, FinalAnswer, NextCall, RunState, TurnPhase};
@@ -288,12 +288,11 @@ impl TurnMachine {
         }
         self.memory.extend(tool_messages);
         self.state.steps += 1;
-        if calls
+        let changing = calls
             .iter()
-            .any(|call| !self.settings.read_only_tools.contains(&call.name))
-        {
-            self.state.may_have_changed = true;
-        }
+            .any(|call| !self.settings.read_only_tools.contains(&call.name));
+        self.state.may_have_changed |= changing;
+        self.state.last_step_changed = changing && results.iter().all(|result| result.status == ToolStatus::Success);
         self.state
             .conversation_at
             .insert(self.state.steps, self.memory.messages().len());
@@ -538,6 +537,42 @@ mod tests {
             names,
             ["iteration.start", "tool_calls.start", "step.completed", "recursion"]
         );
+    }
+
+    /// One step of `call("a")` ending with `status`, then an empty answer.
+    fn empty_answer_after_a_step(status: ToolStatus) -> TurnMachine {
+        let mut m = machine();
+        m.begin_turn();
+        m.answered(Answer {
+            tool_calls: vec![call("a")],
+            ..Answer::default()
+        });
+        m.saved(Ok(()));
+        let result = ToolResult::new("a", "read_file", status, "text");
+        m.tools_returned(&[call("a")], vec![result], TurnEnd::default());
+        m.saved(Ok(()));
+        m.begin_turn();
+        m.answered(Answer::default());
+        m
+    }
+
+    #[test]
+    fn an_empty_answer_ends_the_run_only_right_after_changes_that_succeeded() {
+        // (No tool is read-only here, so `read_file` counts as a change.)
+        let mut m = empty_answer_after_a_step(ToolStatus::Success);
+        assert!(matches!(m.next(), Next::EndTurn));
+        m.end_turn(TurnEnd::default());
+        m.saved(Ok(()));
+        assert!(matches!(m.next(), Next::Finish(answer) if answer.is_empty()));
+
+        let mut m = empty_answer_after_a_step(ToolStatus::Error);
+        let Next::CallModel(request) = m.next() else {
+            panic!("expected the model asked again");
+        };
+        assert!(request
+            .guidance
+            .iter()
+            .any(|part| part.reason == GuidanceReason::EmptyAnswer));
     }
 
     #[test]

@@ -50,6 +50,11 @@ pub struct RunState {
     /// read-only), successfully or not.
     #[serde(default)]
     pub(crate) may_have_changed: bool,
+    /// Whether the last step called a tool that may change something and
+    /// every call of it succeeded: an empty answer right after it ends the
+    /// run as done ([`super::answer`]).
+    #[serde(default)]
+    pub(crate) last_step_changed: bool,
     /// Whether an answer that described the work without doing it was sent back (once a run).
     #[serde(default)]
     pub(crate) described_sent_back: bool,
@@ -196,6 +201,7 @@ impl RunState {
             named_files: NamedFiles::default(),
             untouched_left: None,
             may_have_changed: false,
+            last_step_changed: false,
             conversation_at: std::collections::BTreeMap::new(),
             metrics: RunMetrics::default(),
         }
@@ -296,6 +302,7 @@ mod tests {
         state.echo_sent_back = true;
         state.described_sent_back = true;
         state.may_have_changed = true;
+        state.last_step_changed = true;
         state.untouched_left = Some(1);
         state.named_files.existing = vec!["calc.py".into()];
         state.named_files.missing = vec!["SUMMARY.md".into()];
@@ -311,6 +318,7 @@ mod tests {
             "echo_sent_back",
             "described_sent_back",
             "may_have_changed",
+            "last_step_changed",
             "untouched_left",
             "named_files",
         ] {
