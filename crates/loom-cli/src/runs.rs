@@ -44,8 +44,25 @@ pub(crate) async fn runs(args: Box<RunsArgs>) -> Result<ExitCode, Failure> {
         other => Failure::Runtime(anyhow!("{other}")),
     };
     // Runs left RUNNING by a process that died are shown (and resumable)
-    // as INTERRUPTED.
-    loom::recovery::recover_interrupted_runs(store)
+    // as INTERRUPTED — but not those the cluster's workers execute: their
+    // leases hand them on, and a run parked for a person outlives its worker.
+    let mut on_workers_ids = std::collections::HashSet::new();
+    if let Some(leases) = &leases {
+        for run in store
+            .active_runs()
+            .await
+            .map_err(|err| Failure::Runtime(anyhow!("{err}")))?
+        {
+            if leases
+                .on_workers(&run.run_id)
+                .await
+                .map_err(|err| Failure::Runtime(anyhow!("{err}")))?
+            {
+                on_workers_ids.insert(run.run_id);
+            }
+        }
+    }
+    loom::recovery::recover_interrupted_runs_except(store, |run| on_workers_ids.contains(&run.run_id))
         .await
         .map_err(|err| Failure::Runtime(anyhow!("{err}")))?;
     match &args.command {

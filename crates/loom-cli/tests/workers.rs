@@ -225,6 +225,21 @@ fn effects(dir: &Path) -> BTreeMap<String, usize> {
     seen
 }
 
+/// A run's status as `loom runs list --redis` shows it.
+fn listed_status(dir: &Path, redis: &str, run: &str) -> String {
+    let out = loom_in(dir)
+        .args(["runs", "list", "--json", "--redis", redis])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = runs.as_array().unwrap().iter().find(|listed| listed["runId"] == run);
+    listed.unwrap_or_else(|| panic!("{run} not in {runs}"))["status"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// The stored log of `run`, as `loom runs events` prints it.
 fn stored_events(dir: &Path, redis: &str, run: &str) -> Vec<Value> {
     let out = loom_in(dir)
@@ -400,9 +415,16 @@ async fn a_frozen_worker_is_fenced_off_the_run_another_took_over() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = stored_events(dir.path(), &server.url(0), &run);
     assert_eq!(after, before, "the frozen worker wrote after the take-over: {}", why());
-    // What it tried is counted.
+    // What it tried is counted, and it refused all of it itself: the
+    // time its last renewal bought had run out when it thawed.
     assert!(
         frozen.metric("loom_worker_writes_fenced_total").await >= 1.0,
+        "{}",
+        why()
+    );
+    assert_eq!(
+        frozen.metric("loom_worker_writes_sent_stale_total").await,
+        0.0,
         "{}",
         why()
     );
@@ -728,6 +750,53 @@ async fn a_client_moves_to_another_gateway_and_resubscribes_after_its_last_seq()
     assert_eq!(view(&gateway, &long).await["status"], "CANCELED");
 }
 
+/// The value of the gauge `name` on a gateway's `/metrics`.
+async fn gauge(gateway: &Gateway, name: &str) -> f64 {
+    let text = gateway.metrics_text().await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Waits (at most 20 s) until a gateway's run gauges read `active` and
+/// `queued`.
+async fn gauges_reach(gateway: &Gateway, active: f64, queued: f64) {
+    let started = Instant::now();
+    loop {
+        let now = (
+            gauge(gateway, "loom_runs_active").await,
+            gauge(gateway, "loom_runs_queued").await,
+        );
+        if now == (active, queued) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "gauges (active, queued) stay {now:?}, not {:?}",
+            (active, queued)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A cluster gateway's gauges of runs are the cluster's: runs wait while
+/// no worker takes them, one executes on the one slot, and a gateway
+/// started again reads the same while they execute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_gateways_run_gauges_count_the_clusters_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, _model, mut gateway) = cluster(dir.path());
+    gauges_reach(&gateway, 0.0, 0.0).await;
+    start(&gateway, &prompt("a", 40, 0.5)).await;
+    start(&gateway, &prompt("b", 40, 0.5)).await;
+    gauges_reach(&gateway, 0.0, 2.0).await;
+    let _worker = WorkerProcess::start(dir.path(), 1);
+    gauges_reach(&gateway, 1.0, 1.0).await;
+    gateway.terminate();
+    let again = Gateway::start(dir.path(), &[]);
+    gauges_reach(&again, 1.0, 1.0).await;
+}
+
 /// A run waiting for a person is parked: it frees its worker (another
 /// run executes meanwhile), and the answer — given to any gateway —
 /// brings it back on whichever worker is free, where it goes on.
@@ -751,6 +820,8 @@ async fn a_run_waiting_for_a_person_frees_its_worker_until_answered() {
         let parked = view(&gateway, &asking).await;
         assert_eq!(parked["status"], "WAITING_PERMISSION", "{parked}");
         assert_eq!(parked["pendingAsks"][0]["requestId"], request_id.as_str());
+        // And so does the store, read without the gateway.
+        assert_eq!(listed_status(dir.path(), &server.url(0), &asking), "WAITING_PERMISSION");
 
         // The only slot of the only worker is free: another run executes.
         let other = start(&gateway, "steps=0").await;
@@ -762,6 +833,11 @@ async fn a_run_waiting_for_a_person_frees_its_worker_until_answered() {
     // The worker that parked it goes away; answered through the gateway,
     // the run comes back on another and goes on.
     drop(parker);
+    assert_eq!(
+        listed_status(dir.path(), &server.url(0), &asking),
+        "WAITING_PERMISSION",
+        "a parked run outlives its worker"
+    );
     let taker = WorkerProcess::start_with(dir.path(), 1, &["--ask", "bash"]);
     let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), taker.log_text());
     let request_id = view(&gateway, &asking).await["pendingAsks"][0]["requestId"]

@@ -75,6 +75,17 @@ pub enum Renewal {
     Ended,
 }
 
+/// How many runs of a cluster wait for a worker and how many execute
+/// (leased, or parked for a person): what a cluster gateway's
+/// `loom_runs_queued` and `loom_runs_active` show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterRunCounts {
+    /// Runs stored `QUEUED`.
+    pub queued: usize,
+    /// Runs stored `RUNNING` or `WAITING_PERMISSION`.
+    pub active: usize,
+}
+
 /// Leases on runs, kept by a store several processes share.
 #[async_trait]
 pub trait RunLeases: Send + Sync {
@@ -87,6 +98,9 @@ pub trait RunLeases: Send + Sync {
     /// Whether `run_id` (or the run a sub-agent belongs to) was queued for
     /// workers: they execute and resume it, and take its controls.
     async fn on_workers(&self, run_id: &str) -> Result<bool, StoreError>;
+
+    /// How many of the cluster's runs are queued and how many execute.
+    async fn run_counts(&self) -> Result<ClusterRunCounts, StoreError>;
 
     /// Where a queued run no worker took yet waits: 1 for the next to
     /// start; `None` when it does not wait.

@@ -83,7 +83,7 @@ pub use hooks::{
     HookAnswer, HookCall, HookDecision, HookEvent, HookInput, HookReport, HookRun, HookScope, HookVerdict,
     LifecycleHooks, ToolHook,
 };
-pub use lease::{Claim, EventTail, Lease, Nudge, Renewal, RunLeases, Tailed};
+pub use lease::{Claim, ClusterRunCounts, EventTail, Lease, Nudge, Renewal, RunLeases, Tailed};
 pub use live_state::{LiveState, PendingAsk};
 pub use llm::{FinishReason, GuidancePlacement, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolSpec, Usage};
 pub use machine::RunState;

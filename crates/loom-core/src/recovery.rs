@@ -14,9 +14,20 @@ use crate::turn_state::TurnState;
 /// `INTERRUPTED` (docs/architecture.md, run status) and returns their ids. Runs owned by live
 /// processes, other hosts or workers are left alone.
 pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
+    recover_interrupted_runs_except(store, |_| false).await
+}
+
+/// As [`recover_interrupted_runs`], leaving alone the runs `spared` names:
+/// those a cluster's workers execute, whose leases hand them on (a run
+/// parked for a person outlives the worker that parked it).
+pub async fn recover_interrupted_runs_except(
+    store: &dyn Store,
+    spared: impl Fn(&RunRecord) -> bool,
+) -> Result<Vec<String>, StoreError> {
     let mut interrupted = Vec::new();
     for run in store.active_runs().await? {
-        if crate::owner::liveness(&run.owner) == crate::owner::Liveness::Dead
+        if !spared(&run)
+            && crate::owner::liveness(&run.owner) == crate::owner::Liveness::Dead
             && store.mark_interrupted(&run.run_id, &run.owner).await?
         {
             interrupted.push(run.run_id);

@@ -76,11 +76,33 @@ async fn run(conn: ConnectionManager, script: Script, mut waiting: mpsc::Unbound
                 (taken, batch)
             }, if open && in_flight.len() < MAX_IN_FLIGHT => match taken {
                 (0, _) => open = false,
-                (_, batch) => in_flight.push(send(conn.clone(), script.clone(), batch)),
+                (_, batch) => {
+                    let batch = without_stale(batch);
+                    if !batch.is_empty() {
+                        in_flight.push(send(conn.clone(), script.clone(), batch));
+                    }
+                }
             },
             Some((batch, answers)) = in_flight.next() => answer(batch, answers),
         }
     }
+}
+
+/// The appends of `batch` that may still go out: one whose lease was
+/// given up (or whose time ran out, the worker frozen while it waited
+/// here) is refused now, unsent.
+fn without_stale(batch: Vec<Append>) -> Vec<Append> {
+    let (stale, fresh): (Vec<Append>, Vec<Append>) = batch
+        .into_iter()
+        .partition(|append| append.guard.as_ref().is_some_and(|guard| guard.refuses_writes()));
+    for append in stale {
+        if let Some(guard) = &append.guard {
+            guard.count_refused(false);
+        }
+        let refused = StoreError::Fenced(append.run_id.to_string());
+        (append.then)(append.events, Err(refused));
+    }
+    fresh
 }
 
 /// Sends `batch` as one pipeline; the batch back with each call's answer.
@@ -113,7 +135,7 @@ fn answer(batch: Vec<Append>, answers: RedisResult<Vec<RedisResult<String>>>) {
                     Err(err) => Err(crate::errors::backend(err.clone())),
                 };
                 if let (Err(StoreError::Fenced(_)), Some(guard)) = (&result, &append.guard) {
-                    guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    guard.count_refused(true);
                 }
                 (append.then)(append.events, result);
             }

@@ -8,13 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use loom_core::{Claim, Control, Event, EventKind, Lease, LeaseGuard, Nudge, Renewal, RunLeases, Store, StoreError};
+use loom_core::{
+    Claim, ClusterRunCounts, Control, Event, EventKind, Lease, LeaseGuard, Nudge, Renewal, RunLeases, RunStatus, Store,
+    StoreError,
+};
 
 use crate::errors::backend;
 use crate::store::{event_args, event_rows, json, now_ms, Fence, RedisStore};
 
 /// When a parked run with controls it heard, and no checkpoint
-/// acknowledged, is tried again (`scripts::PARK`).
+/// acknowledged, is tried again (`scripts::park`).
 const RETRY_HEARD: Duration = Duration::from_secs(5);
 
 /// How long a control waits for a worker to take it.
@@ -139,6 +142,21 @@ impl RunLeases for RedisStore {
             .await
             .map_err(backend)?;
         Ok(marked.as_deref() == Some("1"))
+    }
+
+    async fn run_counts(&self) -> Result<ClusterRunCounts, StoreError> {
+        let index = |status: RunStatus| self.index(&format!("status:{}", status.as_str()));
+        let (queued, running, waiting): (usize, usize, usize) = redis::pipe()
+            .zcard(index(RunStatus::Queued))
+            .zcard(index(RunStatus::Running))
+            .zcard(index(RunStatus::WaitingPermission))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(ClusterRunCounts {
+            queued,
+            active: running + waiting,
+        })
     }
 
     async fn queue_position(&self, run_id: &str) -> Result<Option<usize>, StoreError> {

@@ -422,9 +422,14 @@ return 'ok'
 /// control comes (`SEND_CONTROL`); one the worker had not heard yet
 /// makes it claimable at once (those it heard and no checkpoint
 /// acknowledged stay in the list, for whoever resumes it). The epoch moves on (a late
-/// renewal of the parking worker finds the lease lost). Returns
+/// renewal of the parking worker finds the lease lost). A parked run is
+/// stored `WAITING_PERMISSION`, as the gateway shows it (its worker stopped
+/// it `INTERRUPTED`; a claim moves it back to resume it). Returns
 /// `'parked'`, `'claimable'`, `'later'` or `'lost'`.
-pub(crate) const PARK: &str = r#"
+pub(crate) fn park() -> String {
+    format!(
+        "{APPEND_EVENTS}{}",
+        r#"
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[3] then return 'lost' end
 redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 -- A control the worker has not heard yet: the run is wanted now. One it
@@ -448,8 +453,13 @@ end
 redis.call('ZREM', ARGV[1] .. 'leases', ARGV[2])
 local t = redis.call('TIME')
 redis.call('ZADD', ARGV[1] .. 'parked', tonumber(t[1]), ARGV[2])
+if redis.call('HGET', KEYS[1], 'status') == 'INTERRUPTED' then
+  move_status(ARGV[1], KEYS[1], ARGV[2], 'INTERRUPTED', 'WAITING_PERMISSION')
+end
 return 'parked'
-"#;
+"#
+    )
+}
 
 /// `withdraw`: KEYS run, events; ARGV prefix, id, end time, metrics,
 /// then the events. Cancels a run still `QUEUED` that no worker leases;

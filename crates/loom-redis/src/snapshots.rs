@@ -24,7 +24,6 @@
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use loom_snapshot::{Delta, FilterSpec, NewPoint, Point, Rebased, SnapshotStore, SnapshotStoreError};
@@ -145,8 +144,8 @@ impl RedisSnapshots {
     fn fence_arg(&self, fence: Option<&loom_core::WriteFence>) -> Result<String, SnapshotStoreError> {
         match fence {
             None => Ok(String::new()),
-            Some(fence) if fence.guard.revoked.load(Ordering::SeqCst) => {
-                fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+            Some(fence) if fence.guard.refuses_writes() => {
+                fence.guard.count_refused(false);
                 Err(SnapshotStoreError::Fenced(fence.run_id.clone()))
             }
             Some(fence) => Ok(format!("{} {}run:{}", fence.epoch, self.prefix, fence.run_id)),
@@ -202,7 +201,7 @@ impl SnapshotStore for RedisSnapshots {
             invocation.arg(&fence).invoke::<String>(conn)
         });
         if let (Err(SnapshotStoreError::Fenced(_)), Some(fence)) = (&written, point.fence) {
-            fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+            fence.guard.count_refused(true);
         }
         written.map(|_| ())
     }
@@ -345,7 +344,7 @@ impl SnapshotStore for RedisSnapshots {
             invocation.arg(&fence_arg).invoke::<()>(conn)
         });
         if let (Err(SnapshotStoreError::Fenced(_)), Some(fence)) = (&rebased, fence) {
-            fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+            fence.guard.count_refused(true);
         }
         rebased
     }

@@ -141,7 +141,7 @@ impl RedisStore {
                 release: Script::new(scripts::RELEASE),
                 send_control: Script::new(scripts::SEND_CONTROL),
                 withdraw: Script::new(&scripts::withdraw()),
-                park: Script::new(scripts::PARK),
+                park: Script::new(&scripts::park()),
                 forget_ended: Script::new(scripts::FORGET_ENDED),
                 queue_position: Script::new(scripts::QUEUE_POSITION),
                 failed_start: Script::new(scripts::FAILED_START),
@@ -155,12 +155,12 @@ impl RedisStore {
 
     /// The fence argument every write script takes last: `''` for a store
     /// without a lease; refused here, before anything is sent, once the
-    /// lease was given up.
+    /// lease was given up or its time ran out.
     pub(crate) fn fence_arg(&self) -> Result<String, StoreError> {
         match &self.fence {
             None => Ok(String::new()),
-            Some(fence) if fence.guard.revoked.load(std::sync::atomic::Ordering::SeqCst) => {
-                fence.guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(fence) if fence.guard.refuses_writes() => {
+                fence.guard.count_refused(false);
                 Err(StoreError::Fenced(fence.run_id.clone()))
             }
             Some(fence) => Ok(fence.arg.clone()),
@@ -172,7 +172,7 @@ impl RedisStore {
     pub(crate) fn write_error(&self, err: redis::RedisError) -> StoreError {
         let err = backend(err);
         if let (StoreError::Fenced(_), Some(fence)) = (&err, &self.fence) {
-            fence.guard.refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            fence.guard.count_refused(true);
         }
         err
     }
@@ -253,7 +253,7 @@ impl RedisStore {
         format!("{}{part}:{run_id}", self.prefix)
     }
 
-    fn index(&self, name: &str) -> String {
+    pub(crate) fn index(&self, name: &str) -> String {
         format!("{}{name}", self.prefix)
     }
 

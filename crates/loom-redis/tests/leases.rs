@@ -270,6 +270,10 @@ async fn a_run_handed_back_is_taken_at_once_and_a_revoked_lease_sends_nothing() 
     assert_eq!(store.load_run("q1").await.unwrap().last_seq, 0);
 }
 
+async fn stored_status(store: &RedisStore, run_id: &str) -> RunStatus {
+    store.load_run(run_id).await.unwrap().run.status
+}
+
 #[tokio::test]
 async fn a_parked_run_holds_no_worker_until_a_control_comes() {
     let (store, server, _dir) = store().await;
@@ -279,6 +283,8 @@ async fn a_parked_run_holds_no_worker_until_a_control_comes() {
     run.create_run(&started(&lease)).await.unwrap();
     run.mark_interrupted("q1", "w1").await.unwrap();
     assert!(store.park(&lease, 0).await.unwrap(), "parked");
+    // Stored as the gateway shows it: waiting for a person.
+    assert_eq!(stored_status(&store, "q1").await, RunStatus::WaitingPermission);
     assert_eq!(
         renew(&store, &lease, 60_000).await,
         Renewal::Lost,
@@ -293,6 +299,11 @@ async fn a_parked_run_holds_no_worker_until_a_control_comes() {
     let Some(Claim::Resume { lease: next }) = claim(&store, "w2", 60_000).await else {
         panic!("the answer makes it claimable at once");
     };
+    assert_eq!(
+        stored_status(&store, "q1").await,
+        RunStatus::Interrupted,
+        "claimed to be resumed"
+    );
     assert_eq!(
         renew(&store, &next, 60000).await,
         Renewal::Held {

@@ -101,6 +101,10 @@ fn describe() {
         "loom_worker_writes_fenced_total",
         "Writes of this worker refused as stale: another worker had taken the run over, or this one had given it up."
     );
+    describe_counter!(
+        "loom_worker_writes_sent_stale_total",
+        "Of those, the ones this worker sent and Redis refused: it had not seen yet that its lease was gone."
+    );
     describe_gauge!("loom_sse_connections", "Open SSE streams.");
     describe_counter!(
         "loom_subscribers_dropped_total",
@@ -177,6 +181,7 @@ fn start_at_zero() {
         "loom_worker_runs_parked_total",
         "loom_worker_runs_forgotten_total",
         "loom_worker_writes_fenced_total",
+        "loom_worker_writes_sent_stale_total",
         "loom_audit_write_errors_total",
         "loom_audit_refusals_dropped_total",
     ] {

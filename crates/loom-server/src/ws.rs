@@ -272,8 +272,9 @@ struct Subscriptions {
 }
 
 impl Subscriptions {
-    /// Stops the run's forwarder and waits until it has: a frame it was
-    /// queueing when stopped is queued before whatever comes next.
+    /// Stops the run's forwarder and waits until it has: nothing of the
+    /// old stream is queued after this returns (a frame it was waiting to
+    /// queue is dropped; the new stream starts where the client asked).
     async fn stop(&mut self, run_id: &str) {
         if let Some((_, task)) = self.running.remove(run_id) {
             task.abort();

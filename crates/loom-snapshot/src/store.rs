@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use loom_core::WriteFence;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -162,9 +161,9 @@ pub trait SnapshotStore: Send {
     /// on it are first recorded again from its own base, so they stay what
     /// they were.
     fn record(&mut self, point: &NewPoint<'_>) -> Result<(), SnapshotStoreError> {
-        if let Some(fence) = point.fence.filter(|fence| fence.guard.revoked.load(Ordering::SeqCst)) {
+        if let Some(fence) = point.fence.filter(|fence| fence.guard.refuses_writes()) {
             // Given up: nothing of the run is sent, not even a rebase.
-            fence.guard.refused.fetch_add(1, Ordering::SeqCst);
+            fence.guard.count_refused(false);
             return Err(SnapshotStoreError::Fenced(fence.run_id.clone()));
         }
         if self.delta_of(point.run, point.step)?.is_some() {

@@ -276,6 +276,10 @@ impl TurnMachine {
         let tool_messages = results
             .iter()
             .map(|result| Message::tool(&result.call_id, &result.name, &result.content));
+        // A person's message is no change the model answers by saying nothing.
+        if !end.steering.is_empty() {
+            self.state.last_step_changed = false;
+        }
         if let Some(reason) = end.stop {
             // An interrupted turn leaves its calls as a crash would: the
             // resumed run settles them from the journal (a call that never
@@ -292,7 +296,8 @@ impl TurnMachine {
             .iter()
             .any(|call| !self.settings.read_only_tools.contains(&call.name));
         self.state.may_have_changed |= changing;
-        self.state.last_step_changed = changing && results.iter().all(|result| result.status == ToolStatus::Success);
+        self.state.last_step_changed =
+            changing && end.steering.is_empty() && results.iter().all(|result| result.status == ToolStatus::Success);
         self.state
             .conversation_at
             .insert(self.state.steps, self.memory.messages().len());

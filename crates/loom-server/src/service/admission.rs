@@ -25,17 +25,6 @@ pub(super) enum AfterStored {
     Cancel(Box<LiveRun>),
 }
 
-/// A stable digest of a start request without its key (FNV-1a over its
-/// JSON). Without its trace context too: a client's retry of the same
-/// request is traced as a new span of its own.
-pub(super) fn digest(params: &StartRun) -> u64 {
-    let mut params = params.clone();
-    params.idempotency_key = None;
-    params.traceparent = None;
-    let text = serde_json::to_string(&params).unwrap_or_default();
-    loom_core::text::fnv1a(text.bytes())
-}
-
 impl Service {
     /// The agent a start request asks for: its model (the default when it
     /// names none, or names the default) and its tools.
@@ -172,33 +161,12 @@ impl Service {
                         ))
                     }
                     OnBusy::Steer => {
-                        let run = registry.runs.get(busy_id);
-                        let on_worker = run.is_some_and(|run| run.on_worker);
-                        let steered = match run.and_then(|run| run.controller.as_ref()) {
-                            // Stored for its worker after this lock (`start`).
-                            Some(_) if on_worker => true,
-                            Some(controller) if !*busy_queued => {
-                                controller.send(Control::Steer(params.prompt.clone())).is_ok()
-                            }
-                            _ => false,
+                        let busy = BusyRun {
+                            run_id: busy_id,
+                            queued: *busy_queued,
+                            session_id: &session_id,
                         };
-                        if !steered {
-                            return Err(ApiError::new(
-                                Code::Conflict,
-                                format!("the live run {busy_id} of session '{session_id}' cannot take a message now"),
-                            ));
-                        }
-                        let run = registry.runs.get(busy_id).ok_or_else(|| ApiError::no_run(busy_id))?;
-                        let mut accepted = accepted_of(run, None);
-                        accepted.steered = true;
-                        // A retry of this request must not steer twice.
-                        if let Some(key) = &params.idempotency_key {
-                            registry.remember(principal, key.clone(), digest, busy_id.clone());
-                        }
-                        if on_worker {
-                            return Ok(Admitted::SteerOnWorker(accepted, params.prompt.clone()));
-                        }
-                        return Ok(Admitted::Run(accepted));
+                        return steer_busy(&mut registry, principal, &params, digest, busy);
                     }
                     OnBusy::Interrupt => to_cancel = live.iter().map(|(id, _)| id.clone()).collect(),
                     OnBusy::Enqueue => {}
@@ -252,41 +220,12 @@ impl Service {
             let run = registry.runs.get(&run_id).ok_or_else(|| ApiError::no_run(&run_id))?;
             (accepted_of(run, position), launches, to_cancel)
         };
-        if let (Some(queued), Some(store)) = (queued, &self.inner.store) {
-            let keyed = params.idempotency_key.as_deref().map(|key| {
-                (
-                    key,
-                    KeyedRequest {
-                        digest,
-                        run_id: run_id.clone(),
-                    },
-                )
-            });
-            let written = store
-                .queue_run(&queued, keyed.as_ref().map(|(key, request)| (*key, request)))
-                .await;
-            match written {
-                Ok(()) => match self.after_stored(&run_id) {
-                    AfterStored::Launch(launch) => launches.extend(launch.map(|launch| *launch)),
-                    AfterStored::Cancel(run) => {
-                        // Cancelled while its record was written: now it can be.
-                        for launch in launches {
-                            self.launch(launch);
-                        }
-                        if let Err(err) = self.cancel_queued(*run, "cancelled by the client").await {
-                            tracing::error!(run_id, error = %err, "could not record a cancelled run");
-                        }
-                        return Ok(Admitted::Run(accepted));
-                    }
-                },
-                Err(err) => {
-                    // Not accepted after all: the client gets no run id.
-                    launches.extend(self.unaccept(principal, &run_id, params.idempotency_key.as_deref()));
-                    for launch in launches {
-                        self.launch(launch);
-                    }
-                    return Err(store_error(err));
-                }
+        if let Some(queued) = queued {
+            let key = params.idempotency_key.as_deref().map(|key| (key, digest));
+            match self.store_accepted(principal, &queued, key, launches).await? {
+                Some(more) => launches = more,
+                // Cancelled while its record was written, and now.
+                None => return Ok(Admitted::Run(accepted)),
             }
         }
         for launch in launches {
@@ -305,6 +244,59 @@ impl Service {
             });
         }
         Ok(Admitted::Run(accepted))
+    }
+
+    /// Writes an accepted run (with its idempotency key) before anyone
+    /// hears of it. The launches to make once it is stored — `None` when a
+    /// cancel came meanwhile (the run is cancelled now, and the launches
+    /// made); a failed write takes the run back (the client gets no run id).
+    async fn store_accepted(
+        &self,
+        principal: &Principal,
+        queued: &QueuedRun,
+        key: Option<(&str, u64)>,
+        mut launches: Vec<Launch>,
+    ) -> Result<Option<Vec<Launch>>, ApiError> {
+        let Some(store) = &self.inner.store else {
+            return Ok(Some(launches));
+        };
+        let run_id = &queued.record.run_id;
+        let keyed = key.map(|(key, digest)| {
+            (
+                key,
+                KeyedRequest {
+                    digest,
+                    run_id: run_id.clone(),
+                },
+            )
+        });
+        let written = store
+            .queue_run(queued, keyed.as_ref().map(|(key, request)| (*key, request)))
+            .await;
+        match written {
+            Ok(()) => match self.after_stored(run_id) {
+                AfterStored::Launch(launch) => {
+                    launches.extend(launch.map(|launch| *launch));
+                    Ok(Some(launches))
+                }
+                AfterStored::Cancel(run) => {
+                    for launch in launches {
+                        self.launch(launch);
+                    }
+                    if let Err(err) = self.cancel_queued(*run, "cancelled by the client").await {
+                        tracing::error!(run_id, error = %err, "could not record a cancelled run");
+                    }
+                    Ok(None)
+                }
+            },
+            Err(err) => {
+                launches.extend(self.unaccept(principal, run_id, key.map(|(key, _)| key)));
+                for launch in launches {
+                    self.launch(launch);
+                }
+                Err(store_error(err))
+            }
+        }
     }
 
     /// A new run of `params` as the registry holds it until it starts.
@@ -405,211 +397,56 @@ impl Service {
         self.inner.feed.forget(run_id);
         launches
     }
-
-    /// `FORBIDDEN` for a model or a tool the token is not granted; a
-    /// token limited to some tools gives a run that names none those
-    /// (docs/server.md, "Roles").
-    fn within_grant(&self, principal: &Principal, params: &mut StartRun) -> Result<(), ApiError> {
-        let grant = principal.grant();
-        if let Some(models) = &grant.models {
-            let model = params
-                .model
-                .clone()
-                .unwrap_or_else(|| self.inner.agents.default_model());
-            if !models.contains(&model) {
-                return Err(ApiError::new(
-                    Code::Forbidden,
-                    format!(
-                        "the token '{}' may not use the model '{model}' (it may use: {})",
-                        principal.name(),
-                        models.join(", ")
-                    ),
-                ));
-            }
-        }
-        if let Some(granted) = &grant.tools {
-            match &params.tools {
-                Some(asked) => {
-                    if let Some(tool) = asked.iter().find(|tool| !granted.contains(tool)) {
-                        return Err(ApiError::new(
-                            Code::Forbidden,
-                            format!("the token '{}' may not use the tool '{tool}'", principal.name()),
-                        ));
-                    }
-                }
-                None => params.tools = Some(granted.clone()),
-            }
-        }
-        Ok(())
-    }
-
-    pub(super) fn validate(&self, params: &StartRun) -> Result<(), ApiError> {
-        if params.prompt.trim().is_empty() {
-            return Err(ApiError::new(Code::InvalidParams, "prompt must not be empty"));
-        }
-        if let Some(steps) = params.max_steps {
-            let limit = self.inner.config.max_steps_limit;
-            if steps == 0 || steps > limit {
-                return Err(ApiError::new(
-                    Code::InvalidParams,
-                    format!("maxSteps must be between 1 and {limit}"),
-                ));
-            }
-        }
-        if let Some(model) = &params.model {
-            if *model != self.inner.agents.default_model() && !self.inner.config.models.contains(model) {
-                return Err(ApiError::new(
-                    Code::InvalidParams,
-                    format!("model '{model}' is not offered by this server"),
-                ));
-            }
-        }
-        if let Some(mode) = params.mode {
-            let allowed = &self.inner.config.allowed_modes;
-            if !allowed.contains(&mode) {
-                let names: Vec<&str> = allowed.iter().map(|mode| mode.as_str()).collect();
-                return Err(ApiError::new(
-                    Code::Forbidden,
-                    format!(
-                        "mode '{mode}' is not allowed by this server (it allows: {})",
-                        names.join(", ")
-                    ),
-                ));
-            }
-        }
-        if let Some(session) = &params.session_id {
-            let fine = !session.is_empty()
-                && session.len() <= 128
-                && session.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
-            if !fine {
-                return Err(ApiError::new(
-                    Code::InvalidParams,
-                    "sessionId: 1 to 128 characters of A-Z a-z 0-9 - _ . :",
-                ));
-            }
-        }
-        if params
-            .idempotency_key
-            .as_ref()
-            .is_some_and(|key| key.is_empty() || key.len() > 256)
-        {
-            return Err(ApiError::new(
-                Code::InvalidParams,
-                "idempotencyKey: 1 to 256 characters",
-            ));
-        }
-        Ok(())
-    }
-
-    /// Makes an idempotency key outlive this process: a retry after a
-    /// restart gets the same run. Before the answer, so a client that got
-    /// one can count on it; a store that fails here costs only that.
-    pub(super) async fn persist_key(&self, principal: &Principal, key: &str, digest: u64, run_id: &str) {
-        let Some(store) = &self.inner.store else { return };
-        let request = KeyedRequest {
-            digest,
-            run_id: run_id.to_string(),
-        };
-        if let Err(err) = store.remember_request(principal.name(), key, &request).await {
-            tracing::warn!(run_id, error = %err, "an idempotency key could not be stored; it holds until a restart");
-        }
-    }
-
-    /// The run an earlier request with this key started, if any: one this
-    /// process remembers, or one the store does (from before a restart).
-    pub(super) async fn idempotent(
-        &self,
-        principal: &Principal,
-        key: &str,
-        digest: u64,
-    ) -> Result<Option<RunAccepted>, ApiError> {
-        let remembered = self.registry().remembered(principal, key).cloned();
-        let (known, run_id) = match remembered {
-            Some(found) => found,
-            None => {
-                let Some(store) = &self.inner.store else {
-                    return Ok(None);
-                };
-                let Some(found) = store
-                    .remembered_request(principal.name(), key)
-                    .await
-                    .map_err(store_error)?
-                else {
-                    return Ok(None);
-                };
-                self.registry()
-                    .remember(principal, key.to_string(), found.digest, found.run_id.clone());
-                (found.digest, found.run_id)
-            }
-        };
-        if known != digest {
-            return Err(conflicting_key());
-        }
-        {
-            let registry = self.registry();
-            if let Some(run) = registry.run(principal, &run_id) {
-                if !run.stored {
-                    return Err(being_accepted());
-                }
-                return Ok(Some(accepted_of(run, self.inner.queue.position(&run_id))));
-            }
-        }
-        // It has ended: where it is now.
-        let view = self.get(principal, &run_id).await?;
-        Ok(Some(RunAccepted {
-            run_id: view.run_id,
-            session_id: view.session_id,
-            status: view.status,
-            queue_position: None,
-            steered: false,
-        }))
-    }
-
-    /// A session id belongs to the token that first used it.
-    pub(super) async fn check_session_owner(&self, principal: &Principal, session: &str) -> Result<(), ApiError> {
-        let taken = {
-            let registry = self.registry();
-            registry
-                .on_session(session)
-                .iter()
-                .any(|run| &run.principal != principal)
-                || registry
-                    .finished
-                    .values()
-                    .any(|(owner, view)| view.session_id == session && owner != principal)
-        };
-        let taken = taken
-            || match &self.inner.store {
-                Some(store) => store
-                    .session_runs(session)
-                    .await
-                    .map_err(store_error)?
-                    .iter()
-                    .any(|run| run.principal.as_deref() != Some(principal.name())),
-                None => false,
-            };
-        if taken {
-            return Err(session_taken(session));
-        }
-        Ok(())
-    }
 }
 
-pub(super) fn session_taken(session: &str) -> ApiError {
-    ApiError::new(Code::Conflict, format!("session '{session}' belongs to another token"))
+/// The session's live run a prompt with `onBusy: steer` joins.
+struct BusyRun<'a> {
+    run_id: &'a str,
+    queued: bool,
+    session_id: &'a str,
 }
 
-/// A retry of a request whose run is being stored: it has no answer yet.
-pub(super) fn being_accepted() -> ApiError {
-    ApiError::new(
-        Code::Overloaded,
-        "the first request with this idempotency key is still being accepted; try again",
-    )
-    .retry_after(Duration::from_millis(200))
-}
-
-pub(super) fn conflicting_key() -> ApiError {
-    ApiError::new(Code::Conflict, "this idempotency key was used with another payload")
+/// Gives the prompt to the session's live run as a message (`onBusy:
+/// steer`), under the registry's lock: sent to a run executing here, or
+/// stored for its worker after the lock (`Admitted::SteerOnWorker`).
+fn steer_busy(
+    registry: &mut Registry,
+    principal: &Principal,
+    params: &StartRun,
+    digest: u64,
+    busy: BusyRun<'_>,
+) -> Result<Admitted, ApiError> {
+    let run = registry.runs.get(busy.run_id);
+    let on_worker = run.is_some_and(|run| run.on_worker);
+    let steered = match run.and_then(|run| run.controller.as_ref()) {
+        // Stored for its worker after this lock (`start`).
+        Some(_) if on_worker => true,
+        Some(controller) if !busy.queued => controller.send(Control::Steer(params.prompt.clone())).is_ok(),
+        _ => false,
+    };
+    if !steered {
+        return Err(ApiError::new(
+            Code::Conflict,
+            format!(
+                "the live run {} of session '{}' cannot take a message now",
+                busy.run_id, busy.session_id
+            ),
+        ));
+    }
+    let run = registry
+        .runs
+        .get(busy.run_id)
+        .ok_or_else(|| ApiError::no_run(busy.run_id))?;
+    let mut accepted = accepted_of(run, None);
+    accepted.steered = true;
+    // A retry of this request must not steer twice.
+    if let Some(key) = &params.idempotency_key {
+        registry.remember(principal, key.clone(), digest, busy.run_id.to_string());
+    }
+    if on_worker {
+        return Ok(Admitted::SteerOnWorker(accepted, params.prompt.clone()));
+    }
+    Ok(Admitted::Run(accepted))
 }
 
 pub(super) fn accepted_of(run: &LiveRun, queue_position: Option<usize>) -> RunAccepted {
@@ -619,31 +456,5 @@ pub(super) fn accepted_of(run: &LiveRun, queue_position: Option<usize>) -> RunAc
         status: run.status(),
         queue_position,
         steered: false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(prompt: &str, key: Option<&str>) -> StartRun {
-        StartRun {
-            idempotency_key: key.map(str::to_string),
-            ..super::super::testing::start(prompt)
-        }
-    }
-
-    #[test]
-    fn a_retry_is_the_same_payload_whatever_its_key_and_another_payload_is_not() {
-        assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", Some("b"))));
-        assert_eq!(digest(&request("hi", Some("a"))), digest(&request("hi", None)));
-        assert_ne!(digest(&request("hi", Some("a"))), digest(&request("hello", Some("a"))));
-        // A retry traced as another span of the client's is the same request.
-        let traced = StartRun {
-            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().ok(),
-            ..request("hi", Some("a"))
-        };
-        assert!(traced.traceparent.is_some());
-        assert_eq!(digest(&traced), digest(&request("hi", Some("a"))));
     }
 }

@@ -1,7 +1,8 @@
 //! The gateway's operations — start, cancel, steer, answer, look, follow —
 //! one implementation that the WebSocket methods and the HTTP routes both
 //! call, so the two protocols cannot drift apart. One file per job:
-//! `rate.rs` (requests per minute), `admission.rs` (taking a run in),
+//! `rate.rs` (requests per minute), `admission_checks.rs` (what a start
+//! request must pass), `admission.rs` (taking a run in),
 //! `pump.rs` (a started run's events and end), `controls.rs` (cancel,
 //! steer, answer), `queries.rs` (runs and asks), `subscription.rs`
 //! (following a run), `restart.rs` (taking runs back, shutting down),
@@ -34,6 +35,7 @@ use crate::queue::{Caps, LocalQueue, QueueFull, RunQueue, Ticket};
 use crate::registry::{Launch, LiveRun, Registry, Start};
 
 mod admission;
+mod admission_checks;
 mod audit;
 mod controls;
 mod pump;
@@ -44,6 +46,8 @@ mod restart;
 pub(crate) mod rewind;
 mod subscription;
 
+use admission::accepted_of;
+use admission_checks::{being_accepted, conflicting_key, digest, session_taken};
 pub use audit::Audited;
 use rate::Bucket;
 pub use remote::Cluster;
@@ -186,9 +190,13 @@ impl Service {
     /// Sets the gauges of runs and asks; call with the registry locked, so
     /// that two updates cannot publish out of order.
     fn publish_gauges(&self, registry: &Registry) {
-        let counts = self.inner.queue.counts();
-        metrics::gauge!("loom_runs_active").set(counts.executing as f64);
-        metrics::gauge!("loom_runs_queued").set(counts.waiting as f64);
+        // A cluster gateway's line holds nothing back: its gauges of runs
+        // are the cluster's, read from the store (`remote.rs`).
+        if self.inner.cluster.is_none() {
+            let counts = self.inner.queue.counts();
+            metrics::gauge!("loom_runs_active").set(counts.executing as f64);
+            metrics::gauge!("loom_runs_queued").set(counts.waiting as f64);
+        }
         metrics::gauge!("loom_permission_pending").set(registry.pending_total() as f64);
     }
 

@@ -34,6 +34,8 @@ const READ_WAIT: Duration = Duration::from_millis(100);
 
 /// How often runs with `task` calls open are asked for new sub-agents.
 const DISCOVER_EVERY: Duration = Duration::from_millis(200);
+/// How often a cluster gateway counts the cluster's runs for its gauges.
+const COUNT_EVERY: Duration = Duration::from_secs(1);
 
 /// The runs a gateway follows: its top-level runs, their sub-agents, and
 /// the runs whose `task` calls may start sub-agents now.
@@ -238,6 +240,25 @@ impl Service {
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
+            }
+        });
+        // The gauges of runs: the cluster's, as the store counts them —
+        // the same on every gateway of it, and true after a restart.
+        let service = Arc::downgrade(&self.inner);
+        let leases = cluster.leases.clone();
+        tokio::spawn(async move {
+            loop {
+                if service.strong_count() == 0 {
+                    return;
+                }
+                match leases.run_counts().await {
+                    Ok(counts) => {
+                        metrics::gauge!("loom_runs_active").set(counts.active as f64);
+                        metrics::gauge!("loom_runs_queued").set(counts.queued as f64);
+                    }
+                    Err(err) => tracing::debug!(error = %err, "cannot count the cluster's runs"),
+                }
+                tokio::time::sleep(COUNT_EVERY).await;
             }
         });
         let service = Arc::downgrade(&self.inner);

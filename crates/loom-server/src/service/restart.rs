@@ -275,7 +275,7 @@ impl Service {
         let key = params
             .idempotency_key
             .clone()
-            .map(|key| (key, super::admission::digest(&params)));
+            .map(|key| (key, super::admission_checks::digest(&params)));
         self.back_in_line(run, key);
         Ok(())
     }

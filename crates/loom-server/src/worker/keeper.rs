@@ -83,6 +83,7 @@ pub(crate) struct Keeper {
     /// Asks for a renewal round now (a run just started: the controls
     /// waiting for it are brought at once, not at the next round).
     wake: Arc<tokio::sync::Notify>,
+    timing: LeaseTiming,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -102,6 +103,7 @@ impl Keeper {
             held,
             stop,
             wake,
+            timing,
             thread: Some(thread),
         })
     }
@@ -109,6 +111,7 @@ impl Keeper {
     /// Holds `lease`, claimed at `claimed` (when the claim was sent).
     pub(crate) fn hold(&self, lease: Lease, guard: Arc<LeaseGuard>, claimed: Instant) {
         metrics::gauge!("loom_worker_runs_owned").increment(1.0);
+        guard.valid_until(self.timing.give_up_at(claimed));
         lock(&self.held).insert(
             lease.run_id.clone(),
             Held {
@@ -262,9 +265,17 @@ async fn renew_all(leases: &dyn RunLeases, held: &HeldMap, timing: LeaseTiming) 
             continue;
         };
         match answer {
+            // Answered after the time the last renewal bought: the run's
+            // writes have been refused meanwhile (its run stops), so the
+            // lease is not taken up again.
+            Ok(Ok(Renewal::Held { .. })) if Instant::now() >= timing.give_up_at(entry.renewed) => {
+                give_up(entry, "its lease could not be renewed in time");
+            }
             Ok(Ok(Renewal::Held { controls })) => {
                 metrics::counter!("loom_worker_leases_renewed_total").increment(1);
                 entry.renewed = sent;
+                // Its writes go out until the keeper would give it up.
+                entry.guard.valid_until(timing.give_up_at(sent));
                 // In order, each once: the store keeps them until a
                 // checkpoint acknowledges the number delivered.
                 let Some(controller) = &entry.controller else { continue };

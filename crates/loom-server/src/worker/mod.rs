@@ -338,6 +338,10 @@ impl Worker {
                 if refused > 0 {
                     metrics::counter!("loom_worker_writes_fenced_total").increment(refused);
                 }
+                let sent_stale = guard.refused_by_store.load(Ordering::SeqCst);
+                if sent_stale > 0 {
+                    metrics::counter!("loom_worker_writes_sent_stale_total").increment(sent_stale);
+                }
                 if !guard.revoked.load(Ordering::SeqCst) {
                     worker.hand_back(&lease, ending).await;
                 }
