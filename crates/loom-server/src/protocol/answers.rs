@@ -5,6 +5,9 @@ use loom_core::{PermissionDecision, RunMetrics, RunStatus};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use super::Request;
+
 /// `run.file`'s answer.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -195,7 +198,7 @@ pub struct Unsubscribed {
     pub unsubscribed: bool,
 }
 
-/// The answer to a [`Request`](super::Request), one type per method.
+/// The answer to a [`Request`], one type per method.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Answer {
