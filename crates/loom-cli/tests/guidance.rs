@@ -383,7 +383,8 @@ fn a_small_models_near_misses_are_answered_at_their_cause_and_the_task_is_repeat
         Reply::Sse(openai_tool_calls(&[(
             "c4",
             "write_file",
-            r#"{"path": "out.txt", "content": "Created 'out.txt': 6 bytes, 1 lines."}"#,
+            // A result the file does not hold (it has 6 bytes): an error.
+            r#"{"path": "out.txt", "content": "Created 'out.txt': 12 bytes, 1 lines."}"#,
         )])),
         Reply::Sse(openai_text("", 1)),
         Reply::Sse(openai_text("Done.", 2)),
@@ -443,5 +444,48 @@ fn a_small_models_near_misses_are_answered_at_their_cause_and_the_task_is_repeat
     assert_eq!(reminders(&requests[5].body), 1);
     let retry = requests[5].body.to_string();
     assert!(retry.contains(&format!("The task you were given: {task}")), "{retry}");
+    assert_eq!(events.last().unwrap()["status"], "DONE");
+}
+
+/// The result of a write, written over the file that write made: nothing
+/// is written, and since the file holds what the result says, the model
+/// hears it as a success (its work is done) — so the empty answer after it
+/// ends the run.
+#[test]
+fn writing_the_result_of_a_write_the_file_still_holds_is_a_confirmation() {
+    let dir = tempfile::tempdir().unwrap();
+    let replies = vec![
+        Reply::Sse(openai_tool_calls(&[(
+            "c1",
+            "write_file",
+            r#"{"path": "stats.txt", "content": "count=8\n"}"#,
+        )])),
+        Reply::Sse(openai_tool_calls(&[(
+            "c2",
+            "write_file",
+            r#"{"path": "stats.txt", "content": "Created 'stats.txt': 8 bytes, 1 lines."}"#,
+        )])),
+        Reply::Sse(openai_text("", 1)),
+    ];
+    let server = FakeServer::start(replies);
+    let output = succeeded(
+        loom_in(dir.path())
+            .args(["run", "--json", "--yes", "--model", "openai:local", "--base-url"])
+            .arg(server.url())
+            .arg("save count=8 to stats.txt"),
+    );
+    let events = json_lines(&output.stdout);
+    let confirmed = of_type(&events, "tool.result").pop().unwrap();
+    assert_eq!(confirmed["status"], "success", "{confirmed}");
+    let text = confirmed["content"].as_str().unwrap();
+    assert!(
+        text.contains("nothing written") && text.contains("already holds those 8 bytes"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("stats.txt")).unwrap(),
+        "count=8\n"
+    );
+    assert_eq!(server.requests().len(), 3, "the empty answer after it ends the run");
     assert_eq!(events.last().unwrap()["status"], "DONE");
 }

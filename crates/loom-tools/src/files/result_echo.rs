@@ -3,7 +3,9 @@
 //! (`Created 'config.json': 171 bytes, 1 lines.`) as the content, or
 //! copies `read_file`'s numbered lines into the file it meant to write,
 //! replacing good work with text no one asked for. `write_file` refuses
-//! such content and says the file is unchanged (docs/tools.md).
+//! such content and says the file is unchanged (docs/tools.md) — as a
+//! success when the content is the result of the very write the file still
+//! holds (the model confirming its work), else as an error.
 
 /// What `content` was copied from, when it is a result rather than text
 /// meant for a file.
@@ -20,6 +22,20 @@ pub(super) fn copied_result(content: &str) -> Option<&'static str> {
         return Some("read_file's output with its line numbers, not the file's text");
     }
     None
+}
+
+/// The file and size a copied `write_file` result names (`Created 'x': 3
+/// bytes, 1 lines.`, or `Replaced …`): the write it reports, when that
+/// file still holds so many bytes, has landed — writing its result over it
+/// would only confirm it.
+pub(super) fn echoed_write(content: &str) -> Option<(&str, u64)> {
+    let line = content.trim().lines().next()?;
+    let rest = line
+        .strip_prefix("Created '")
+        .or_else(|| line.strip_prefix("Replaced '"))?;
+    let (path, after) = rest.split_once("': ")?;
+    let bytes = after.strip_suffix(" lines.")?.split_once(" bytes, ")?.0.parse().ok()?;
+    Some((path, bytes))
 }
 
 /// `Created 'x': 3 bytes, 1 lines.` and the other results of `write_file`
@@ -54,6 +70,23 @@ mod tests {
         ] {
             assert!(copied_result(content).is_some(), "{content}");
         }
+    }
+
+    #[test]
+    fn a_copied_write_result_names_its_file_and_size() {
+        use super::echoed_write;
+        assert_eq!(
+            echoed_write("Created 'stats.txt': 49 bytes, 1 lines."),
+            Some(("stats.txt", 49))
+        );
+        assert_eq!(
+            echoed_write("Replaced 'a b.md': 3 bytes, 2 lines.\n"),
+            Some(("a b.md", 3))
+        );
+        // An append reports the text added, not the file's size; an edit no size.
+        assert_eq!(echoed_write("Appended to 'log.txt': 3 bytes, 1 lines."), None);
+        assert_eq!(echoed_write("Edited 'x.py': replaced 1 occurrence"), None);
+        assert_eq!(echoed_write("Created 'x': many bytes, 1 lines."), None);
     }
 
     #[test]

@@ -3,9 +3,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use std::io::Write;
+use std::path::Path;
 
 use super::{blocking, io_error, open_error, resolve, result_echo};
-use crate::jail::{display, OpenError, WriteMode};
+use crate::jail::{display, Jail, OpenError, WriteMode};
 
 /// Arguments of `write_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -39,15 +40,11 @@ impl Tool for WriteFile {
 
     async fn call(&self, args: WriteFileArgs, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let (jail, path) = resolve(&ctx, &args.path)?;
-        if let Some(copied) = result_echo::copied_result(&args.content) {
-            return Err(ToolError::Failed(format!(
-                "nothing written: the content is {copied}; '{}' is unchanged. Write the text the file should \
-hold, or give your final answer if the task is done.",
-                display(&path)
-            )));
-        }
         blocking(move || {
             let shown = display(&path);
+            if let Some(copied) = result_echo::copied_result(&args.content) {
+                return refuse_result(&jail, &args, &path, copied);
+            }
             let mode = if args.append {
                 WriteMode::Append
             } else {
@@ -86,4 +83,33 @@ hold, or give your final answer if the task is done.",
         })
         .await
     }
+}
+
+/// `write_file` of content that is a result, not a file's text: nothing is
+/// written. When it is the result of the very write the file still holds
+/// (the same file, as many bytes), the model is confirming work that is
+/// done, and hears so as a success; otherwise it is an error to fix.
+fn refuse_result(jail: &Jail, args: &WriteFileArgs, path: &Path, copied: &str) -> Result<ToolOutput, ToolError> {
+    let shown = display(path);
+    let confirmed = result_echo::echoed_write(&args.content)
+        .filter(|(named, _)| *named == shown)
+        .map(|(_, bytes)| bytes);
+    let holds = || {
+        jail.open_read(&args.path, path)
+            .ok()
+            .and_then(|file| file.metadata().ok())
+            .filter(std::fs::Metadata::is_file)
+            .map(|metadata| metadata.len())
+    };
+    if let Some(bytes) = confirmed.filter(|bytes| holds() == Some(*bytes)) {
+        return Ok(format!(
+            "nothing written: that is the result of your earlier write, and '{shown}' already holds those \
+{bytes} bytes, unchanged. Give your final answer if the task is done."
+        )
+        .into());
+    }
+    Err(ToolError::Failed(format!(
+        "nothing written: the content is {copied}; '{shown}' is unchanged. Write the text the file should \
+hold, or give your final answer if the task is done."
+    )))
 }
