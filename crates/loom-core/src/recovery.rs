@@ -12,7 +12,8 @@ use crate::turn_state::TurnState;
 
 /// Marks every active run whose owner process is known to be dead as
 /// `INTERRUPTED` (docs/architecture.md, run status) and returns their ids. Runs owned by live
-/// processes, other hosts or workers are left alone.
+/// processes or by other hosts are left alone; a cluster's workers are processes of this
+/// kind too, so their runs are spared with [`recover_interrupted_runs_except`].
 pub async fn recover_interrupted_runs(store: &dyn Store) -> Result<Vec<String>, StoreError> {
     recover_interrupted_runs_except(store, |_| false).await
 }
