@@ -31,7 +31,7 @@ mod wire;
 pub use anthropic::{AnthropicConfig, AnthropicModel};
 pub use openai::{OpenAiConfig, OpenAiModel};
 pub use recorder::Recorder;
-pub use resilience::{BreakerSettings, BreakerState, CircuitBreaker, RateLimiter, RetryPolicy};
+pub use resilience::{Admission, BreakerSettings, BreakerState, CircuitBreaker, RateLimiter, RetryPolicy};
 pub use scripted::{ScriptError, ScriptToolCall, ScriptTurn, ScriptUsage, ScriptedModel};
 pub use spec::{model_from_spec, model_from_spec_with, ModelSpecError, ProviderOptions};
 pub use transport::HttpSettings;

@@ -18,9 +18,14 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
+    /// Eight attempts: waits of 0.5, 1, 2, 4, 8, 16 and 30 s (each at least
+    /// half that, by jitter), so a call outlasts a model server that
+    /// restarts (refused connections, then `503 Loading model` for about
+    /// 20 s) or a provider's overload of half a minute, as Claude Code's
+    /// ten retries do; the official SDKs' two retries (under 10 s) do not.
     fn default() -> Self {
         Self {
-            max_attempts: 4,
+            max_attempts: 8,
             base_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(30),
         }
@@ -47,7 +52,9 @@ impl RetryPolicy {
 /// Settings of a circuit breaker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerSettings {
-    /// Consecutive failed calls that open the circuit.
+    /// Consecutive failed calls that open the circuit; a call fails once,
+    /// when it gives up after its retries (its attempts are not counted
+    /// one by one, or a call's own retries would open the circuit on it).
     pub failure_threshold: u32,
     /// How long an open circuit refuses calls before letting one through.
     pub open_for: Duration,
@@ -74,6 +81,16 @@ pub enum BreakerState {
     },
     /// One trial call is in flight; its outcome closes or reopens the circuit.
     HalfOpen,
+}
+
+/// How a circuit breaker let a call through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The circuit is closed: the call may retry as its policy says.
+    Closed,
+    /// The one trial call of a circuit that was open: its first failure
+    /// opens the circuit again, its success closes it.
+    Trial,
 }
 
 /// Stops calling a provider that keeps failing, so a run fails fast instead
@@ -104,11 +121,12 @@ impl CircuitBreaker {
         self.lock().0
     }
 
-    /// `Ok` when a call may go out; `Err(wait)` while the circuit is open.
-    pub fn admit(&self) -> Result<(), Duration> {
+    /// `Ok` when a call may go out (saying whether it is the one trial of a
+    /// circuit that was open); `Err(wait)` while the circuit is open.
+    pub fn admit(&self) -> Result<Admission, Duration> {
         let mut inner = self.lock();
         match inner.0 {
-            BreakerState::Closed => Ok(()),
+            BreakerState::Closed => Ok(Admission::Closed),
             BreakerState::HalfOpen => Err(self.settings.open_for.min(Duration::from_secs(1))),
             BreakerState::Open { until } => {
                 let now = Instant::now();
@@ -116,7 +134,7 @@ impl CircuitBreaker {
                     inner.0 = BreakerState::HalfOpen;
                     self.publish(BreakerState::HalfOpen);
                     tracing::info!(provider = %self.provider, "circuit half-open: letting one trial call through");
-                    Ok(())
+                    Ok(Admission::Trial)
                 } else {
                     Err(until - now)
                 }
@@ -146,7 +164,8 @@ impl CircuitBreaker {
         *inner = (BreakerState::Closed, 0);
     }
 
-    /// Records a call that failed in a way that says the provider is unwell.
+    /// Records a call that failed (after its retries) in a way that says
+    /// the provider is unwell.
     pub fn record_failure(&self) {
         let mut inner = self.lock();
         inner.1 += 1;
@@ -239,6 +258,19 @@ mod tests {
     }
 
     #[test]
+    fn the_default_policy_waits_out_a_restarting_server() {
+        let policy = RetryPolicy::default();
+        let retries = policy.max_attempts - 1;
+        for _ in 0..20 {
+            let waited: Duration = (1..=retries).map(|retry| policy.delay(retry, None)).sum();
+            // A llama.cpp server restarts in about 20 s; every draw of the
+            // jitter waits longer than that, and no more than about a minute.
+            assert!(waited >= Duration::from_secs(30), "{waited:?}");
+            assert!(waited <= Duration::from_millis(61_500), "{waited:?}");
+        }
+    }
+
+    #[test]
     fn breaker_opens_after_failures_and_refuses_while_open() {
         // Open for an hour: no pause of the test's thread outlasts it.
         let breaker = CircuitBreaker::new(
@@ -248,7 +280,7 @@ mod tests {
                 open_for: Duration::from_secs(3600),
             },
         );
-        assert!(breaker.admit().is_ok());
+        assert_eq!(breaker.admit(), Ok(Admission::Closed));
         breaker.record_failure();
         assert!(breaker.admit().is_ok());
         breaker.record_failure();
@@ -271,7 +303,7 @@ mod tests {
         breaker.record_failure();
         assert!(matches!(breaker.state(), BreakerState::Open { .. }));
         std::thread::sleep(Duration::from_millis(40));
-        assert!(breaker.admit().is_ok());
+        assert_eq!(breaker.admit(), Ok(Admission::Trial));
         assert_eq!(breaker.state(), BreakerState::HalfOpen);
         assert!(breaker.admit().is_err(), "one trial at a time");
         breaker.record_failure();

@@ -15,7 +15,7 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::stream::{self, Stream, StreamExt};
 use loom_core::{LlmChunk, LlmError, LlmStream};
 
-use crate::resilience::{BreakerSettings, CircuitBreaker, RateLimiter, RetryPolicy};
+use crate::resilience::{Admission, BreakerSettings, CircuitBreaker, RateLimiter, RetryPolicy};
 
 /// Timeouts, retries and limits of a provider.
 #[derive(Debug, Clone)]
@@ -135,16 +135,19 @@ impl Transport {
         let attempts = policy.max_attempts.max(1);
         let mut number = 1;
         loop {
-            if let Err(wait) = self.breaker.admit() {
-                return Err(LlmError::Server {
-                    status: 503,
-                    message: format!(
-                        "the circuit breaker for {} is open after repeated failures; next try in {:.0} s",
-                        self.provider,
-                        wait.as_secs_f64().ceil()
-                    ),
-                });
-            }
+            let admission = match self.breaker.admit() {
+                Ok(admission) => admission,
+                Err(wait) => {
+                    return Err(LlmError::Server {
+                        status: 503,
+                        message: format!(
+                            "the circuit breaker for {} is open after repeated failures; next try in {:.0} s",
+                            self.provider,
+                            wait.as_secs_f64().ceil()
+                        ),
+                    })
+                }
+            };
             if let Some(limiter) = &self.limiter {
                 limiter.acquire().await;
             }
@@ -156,10 +159,15 @@ impl Transport {
                 Err(err) => err,
             };
             if !is_transient(&err) {
+                // The provider answered (it refused the request, not the
+                // call): it is up, as far as the circuit goes.
+                self.breaker.record_success();
                 return Err(err);
             }
-            self.breaker.record_failure();
-            if number >= attempts {
+            // The breaker counts calls, not attempts (docs/cli.md), so a call
+            // is patient with a restarting server; a trial is not.
+            if number >= attempts || admission == Admission::Trial {
+                self.breaker.record_failure();
                 return Err(gave_up(err, number));
             }
             let retry_after = match &err {

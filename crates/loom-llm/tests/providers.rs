@@ -579,7 +579,7 @@ async fn a_slow_stream_is_cancelled_promptly() {
 }
 
 #[tokio::test]
-async fn the_circuit_opens_after_repeated_failures() {
+async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
     let server = FakeServer::start(
         (0..10)
             .map(|_| Reply::status(500, json!({"error": {"message": "down"}})))
@@ -589,24 +589,71 @@ async fn the_circuit_opens_after_repeated_failures() {
     config.base_url = server.url();
     config.http = HttpSettings {
         retry: RetryPolicy {
-            max_attempts: 2,
+            max_attempts: 3,
             base_delay: Duration::from_millis(5),
             max_delay: Duration::from_millis(10),
         },
         breaker: loom_llm::BreakerSettings {
-            failure_threshold: 3,
-            open_for: Duration::from_secs(60),
+            failure_threshold: 2,
+            open_for: Duration::from_millis(300),
         },
         ..HttpSettings::default()
     };
     let model = OpenAiModel::new(config).unwrap();
     assert!(chunks(&model).await.is_err());
+    assert_eq!(
+        server.requests().len(),
+        3,
+        "a call's own retries do not open the circuit"
+    );
     assert!(chunks(&model).await.is_err());
-    let sent = server.requests().len();
-    assert_eq!(sent, 3, "the third failure opened the circuit");
+    assert_eq!(server.requests().len(), 6, "the second failed call opened it");
     let err = chunks(&model).await.unwrap_err();
     assert!(err.to_string().contains("circuit breaker"), "{err}");
-    assert_eq!(server.requests().len(), sent, "an open circuit sends nothing");
+    assert_eq!(server.requests().len(), 6, "an open circuit sends nothing");
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let err = chunks(&model).await.unwrap_err();
+    assert!(
+        !err.to_string().contains("circuit breaker"),
+        "the trial went out: {err}"
+    );
+    assert_eq!(server.requests().len(), 7, "a trial is not retried");
+    let err = chunks(&model).await.unwrap_err();
+    assert!(
+        err.to_string().contains("circuit breaker"),
+        "the failed trial reopened it: {err}"
+    );
+    assert_eq!(server.requests().len(), 7);
+}
+
+#[tokio::test]
+async fn the_default_retries_outlast_a_model_server_that_is_loading() {
+    // llama.cpp answers `503 Loading model` while it reads its weights; a
+    // call made then is waited through (the default number of attempts,
+    // the waits shortened here), not given up on.
+    let loading = || {
+        Reply::status(
+            503,
+            json!({"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}),
+        )
+    };
+    let mut replies: Vec<Reply> = (0..7).map(|_| loading()).collect();
+    replies.push(Reply::Sse(openai_text("ready", 3)));
+    let server = FakeServer::start(replies);
+    let mut config = OpenAiConfig::new("m");
+    config.base_url = server.url();
+    config.http = HttpSettings {
+        retry: RetryPolicy {
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+            ..RetryPolicy::default()
+        },
+        ..HttpSettings::default()
+    };
+    let model = OpenAiModel::new(config).unwrap();
+    assert_eq!(text_of(&chunks(&model).await.unwrap()), "ready");
+    assert_eq!(server.requests().len(), 8);
 }
 
 #[tokio::test]
