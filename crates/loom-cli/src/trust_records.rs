@@ -112,7 +112,7 @@ pub(crate) async fn audit(trusted: Trusted) {
         let dir = tokio::task::spawn_blocking(move || crate::state::workspace_dir(&project)).await??;
         let path = dir.join("loom.db");
         let store = tokio::task::spawn_blocking(move || loom::stores::SqliteStore::open(path)).await??;
-        loom::Store::append_audit(&store, &entry).await?;
+        loom::AuditLog::append_audit(&store, &entry).await?;
         anyhow::Ok(())
     };
     if let Err(err) = appended.await {

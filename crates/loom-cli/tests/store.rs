@@ -9,7 +9,7 @@ mod common;
 use common::loom_in;
 
 use loom::stores::SqliteStore;
-use loom::{RunStatus, Store};
+use loom::{RunIndex, RunLog, RunStatus};
 
 const SCRIPT: &str =
     r#"[{"tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"x"}}]},{"content":"written"}]"#;

@@ -1,6 +1,6 @@
 //! The audit trail's records (docs/server.md, "Audit trail"): who did
 //! what to which run, from where, and how it ended. A store keeps them
-//! beside the runs ([`crate::Store::append_audit`]); they are never
+//! beside the runs ([`crate::AuditLog::append_audit`]); they are never
 //! changed or removed by Loom. A record never holds a token: only the
 //! name of the token's entry.
 
@@ -40,7 +40,7 @@ pub struct AuditEntry {
 /// The outcome of an action that succeeded.
 pub const OUTCOME_OK: &str = "ok";
 
-/// Which records to read ([`crate::Store::audit_entries`]), oldest first.
+/// Which records to read ([`crate::AuditLog::audit_entries`]), oldest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditQuery {
     /// Only records at or after this time (milliseconds since the epoch).

@@ -74,7 +74,7 @@ fn lease_clock_ms(at: std::time::Instant) -> u64 {
         .saturating_add(1)
 }
 
-/// The lease a store's writes are fenced by ([`crate::Store::write_fence`]):
+/// The lease a store's writes are fenced by ([`crate::RunLog::write_fence`]):
 /// what is kept beside the store for the run (its workspace snapshots)
 /// carries the same fence, so a worker that lost its lease writes nothing
 /// there either.

@@ -100,8 +100,8 @@ pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};
 pub use snapshots::{RestorePlan, SkipReason, SkippedFile, SnapshotError, StepFiles, WorkspaceSnapshots};
 pub use status::{InvalidTransition, RunStatus};
 pub use store::{
-    Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunQuery, RunRecord, RunSnapshot,
-    Store, StoreAddress, StoreError,
+    Admissions, AuditLog, Checkpoint, EventsStored, JournalEntry, KeyedRequest, ParentLink, QueuedRun, RunIndex,
+    RunLog, RunQuery, RunRecord, RunSnapshot, Store, StoreAddress, StoreError,
 };
 pub use tokens::{TiktokenCounter, TokenCounter};
 pub use tool::{

@@ -103,7 +103,7 @@ pub struct ParentLink {
 }
 
 /// What a request carrying an idempotency key led to
-/// ([`Store::remember_request`]): a retry with the same key and payload gets
+/// ([`Admissions::remember_request`]): a retry with the same key and payload gets
 /// the same run, also from another process or after a restart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedRequest {
@@ -114,7 +114,7 @@ pub struct KeyedRequest {
     pub run_id: String,
 }
 
-/// Which runs to list ([`Store::query_runs`]), newest first.
+/// Which runs to list ([`RunIndex::query_runs`]), newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunQuery {
     /// Only the runs of this principal.
@@ -262,41 +262,27 @@ impl StoreError {
     }
 }
 
-/// What [`Store::append_events_then`] calls once the events are stored or
+/// What [`RunLog::append_events_then`] calls once the events are stored or
 /// refused, handing them back.
 pub type EventsStored = Box<dyn FnOnce(Vec<Event>, Result<(), StoreError>) + Send>;
 
-/// Durable storage of sessions, runs, messages, checkpoints, events and
-/// the tool journal.
+/// A run's own record and log, as the run writes it and a reader of one
+/// run reads it: its row, status and owner, events, checkpoints and the
+/// journal of its tool calls.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait RunLog: Send + Sync + 'static {
     /// Records a new run (and its session, if new) with its status — or,
-    /// for a run the store holds `QUEUED` (see [`Store::queue_run`]), moves
+    /// for a run the store holds `QUEUED` (see [`Admissions::queue_run`]), moves
     /// that record to `run`'s status and owner. Any other run of that id is
     /// an error.
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError>;
-
-    /// Records a run accepted and not started (`QUEUED`, no owner) with the
-    /// request that starts it, and — in the same write — the idempotency
-    /// key of the request that asked for it (`(key, request)`, owned by the
-    /// run's principal). Once this returns, the run outlives the process.
-    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError>;
-
-    /// The runs [`Store::queue_run`] recorded that are still `QUEUED`, in
-    /// the order they were accepted.
-    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError>;
-
-    /// The request a gateway stored with the run ([`Store::queue_run`]),
-    /// kept after it started: what a run resumed after a restart was
-    /// allowed (its tools). `None` for runs no gateway queued.
-    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError>;
 
     /// Appends events to `run_id`'s log (events already there are kept as
     /// they are). A run's events are appended as they happen, in small
     /// groups, before anybody sees them.
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError>;
 
-    /// [`Store::append_events`] with nobody waiting: `then` gets the events
+    /// [`RunLog::append_events`] with nobody waiting: `then` gets the events
     /// back once they are stored or refused, on whatever thread the store
     /// finished on (so it must not block), possibly before this returns.
     /// A run's event log writes this way so that its events become visible
@@ -338,9 +324,6 @@ pub trait Store: Send + Sync + 'static {
     /// A run with its history, last checkpoint and journal.
     async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError>;
 
-    /// The newest runs first.
-    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
-
     /// A run's events with `seq` greater than `after_seq`.
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError>;
 
@@ -365,10 +348,6 @@ pub trait Store: Send + Sync + 'static {
         Ok(seqs)
     }
 
-    /// Runs that claim to be executing or about to (`QUEUED`, `RUNNING`,
-    /// `WAITING_PERMISSION`): each names the process that owns it.
-    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
-
     /// Marks an active run `INTERRUPTED` if it is still owned by `owner`
     /// (whose process is known to be dead). Returns whether it changed.
     async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError>;
@@ -376,11 +355,37 @@ pub trait Store: Send + Sync + 'static {
     /// Takes an `INTERRUPTED` run over: `RUNNING` again, owned by `owner`.
     async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError>;
 
+    /// Whether the store keeps anything. Only the store of a run without
+    /// one says no; its callers then skip the calls that would do nothing
+    /// (a journal row per tool call, a checkpoint per turn) — same path,
+    /// no cost.
+    fn keeps_anything(&self) -> bool {
+        true
+    }
+
+    /// The lease this store's writes are fenced by (a worker's store of a
+    /// run it holds, docs/cluster.md), if any.
+    fn write_fence(&self) -> Option<crate::fence::WriteFence> {
+        None
+    }
+}
+
+/// The runs, listed and looked up: newest first, by query, by session,
+/// by parent, and those that claim to be executing.
+#[async_trait]
+pub trait RunIndex: Send + Sync + 'static {
+    /// The newest runs first.
+    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Runs that claim to be executing or about to (`QUEUED`, `RUNNING`,
+    /// `WAITING_PERMISSION`): each names the process that owns it.
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError>;
+
     /// The runs of a session, oldest first.
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError>;
 
     /// The runs started as sub-agents of `parent_run_id`, oldest first. The
-    /// default filters [`Store::list_runs`]; a store with an index does better.
+    /// default filters [`RunIndex::list_runs`]; a store with an index does better.
     async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         let mut runs: Vec<RunRecord> = self
             .list_runs(usize::MAX)
@@ -392,16 +397,8 @@ pub trait Store: Send + Sync + 'static {
         Ok(runs)
     }
 
-    /// Remembers what `owner`'s request with idempotency `key` led to. The
-    /// first answer for a key stays: remembering it again changes nothing.
-    /// A store may forget keys after a day.
-    async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError>;
-
-    /// What [`Store::remember_request`] kept for `owner`'s `key`.
-    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError>;
-
     /// The runs `query` asks for, newest first (by start time, then id
-    /// descending). The default filters [`Store::list_runs`]; a store with
+    /// descending). The default filters [`RunIndex::list_runs`]; a store with
     /// an index does better.
     async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
         let mut runs: Vec<RunRecord> = self
@@ -414,7 +411,39 @@ pub trait Store: Send + Sync + 'static {
         runs.truncate(query.limit);
         Ok(runs)
     }
+}
 
+/// What a gateway admitted and has not started, and what it answered:
+/// queued runs with the requests that start them, and idempotency keys.
+#[async_trait]
+pub trait Admissions: Send + Sync + 'static {
+    /// Records a run accepted and not started (`QUEUED`, no owner) with the
+    /// request that starts it, and — in the same write — the idempotency
+    /// key of the request that asked for it (`(key, request)`, owned by the
+    /// run's principal). Once this returns, the run outlives the process.
+    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError>;
+
+    /// The runs [`Admissions::queue_run`] recorded that are still `QUEUED`, in
+    /// the order they were accepted.
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError>;
+
+    /// The request a gateway stored with the run ([`Admissions::queue_run`]),
+    /// kept after it started: what a run resumed after a restart was
+    /// allowed (its tools). `None` for runs no gateway queued.
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError>;
+
+    /// Remembers what `owner`'s request with idempotency `key` led to. The
+    /// first answer for a key stays: remembering it again changes nothing.
+    /// A store may forget keys after a day.
+    async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError>;
+
+    /// What [`Admissions::remember_request`] kept for `owner`'s `key`.
+    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError>;
+}
+
+/// The audit trail (docs/server.md, "Audit trail"): append-only.
+#[async_trait]
+pub trait AuditLog: Send + Sync + 'static {
     /// Appends `entry` to the audit trail (docs/server.md, "Audit
     /// trail"). Records are kept in the order they are appended and never
     /// changed.
@@ -422,15 +451,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// The audit records `query` asks for, oldest first.
     async fn audit_entries(&self, query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError>;
+}
 
-    /// Whether the store keeps anything. Only the store of a run without
-    /// one says no; its callers then skip the calls that would do nothing
-    /// (a journal row per tool call, a checkpoint per turn) — same path,
-    /// no cost.
-    fn keeps_anything(&self) -> bool {
-        true
-    }
-
+/// Durable storage of sessions, runs, messages, checkpoints, events and
+/// the tool journal: every role, and where the store lives. A caller that
+/// needs one role takes that trait (the engine writes through [`RunLog`]);
+/// `Arc<dyn Store>` coerces to each.
+pub trait Store: RunLog + RunIndex + Admissions + AuditLog {
     /// The files this store writes, if it writes local files: tools are
     /// kept away from them (a tool writing into the database would break
     /// the run that records it).
@@ -442,12 +469,6 @@ pub trait Store: Send + Sync + 'static {
     /// (Redis): what is kept beside the runs (their workspace snapshots)
     /// is kept there too. `None` for a store in local files ([`Store::files`]).
     fn address(&self) -> Option<StoreAddress> {
-        None
-    }
-
-    /// The lease this store's writes are fenced by (a worker's store of a
-    /// run it holds, docs/cluster.md), if any.
-    fn write_fence(&self) -> Option<crate::fence::WriteFence> {
         None
     }
 }
@@ -483,25 +504,13 @@ impl RunSnapshot {
 pub(crate) struct NoStore;
 
 #[async_trait]
-impl Store for NoStore {
+impl RunLog for NoStore {
     fn keeps_anything(&self) -> bool {
         false
     }
 
     async fn create_run(&self, _run: &RunRecord) -> Result<(), StoreError> {
         Ok(())
-    }
-
-    async fn queue_run(&self, _run: &QueuedRun, _key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
-        Ok(Vec::new())
-    }
-
-    async fn run_request(&self, _run_id: &str) -> Result<Option<String>, StoreError> {
-        Ok(None)
     }
 
     async fn append_events(&self, _run_id: &str, _events: &[Event]) -> Result<(), StoreError> {
@@ -539,16 +548,8 @@ impl Store for NoStore {
         Err(StoreError::NotFound(run_id.to_string()))
     }
 
-    async fn list_runs(&self, _limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        Ok(Vec::new())
-    }
-
     async fn events(&self, run_id: &str, _after_seq: u64) -> Result<Vec<Event>, StoreError> {
         Err(StoreError::NotFound(run_id.to_string()))
-    }
-
-    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
-        Ok(Vec::new())
     }
 
     async fn mark_interrupted(&self, _run_id: &str, _owner: &str) -> Result<bool, StoreError> {
@@ -558,17 +559,35 @@ impl Store for NoStore {
     async fn reclaim_run(&self, run_id: &str, _owner: &str) -> Result<(), StoreError> {
         Err(StoreError::NotFound(run_id.to_string()))
     }
+}
+
+#[async_trait]
+impl RunIndex for NoStore {
+    async fn list_runs(&self, _limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
 
     async fn session_runs(&self, _session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         Ok(Vec::new())
     }
+}
 
-    async fn append_audit(&self, _entry: &AuditEntry) -> Result<(), StoreError> {
+#[async_trait]
+impl Admissions for NoStore {
+    async fn queue_run(&self, _run: &QueuedRun, _key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
         Ok(())
     }
 
-    async fn audit_entries(&self, _query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
         Ok(Vec::new())
+    }
+
+    async fn run_request(&self, _run_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(None)
     }
 
     async fn remember_request(&self, _owner: &str, _key: &str, _request: &KeyedRequest) -> Result<(), StoreError> {
@@ -579,3 +598,16 @@ impl Store for NoStore {
         Ok(None)
     }
 }
+
+#[async_trait]
+impl AuditLog for NoStore {
+    async fn append_audit(&self, _entry: &AuditEntry) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn audit_entries(&self, _query: &AuditQuery) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+impl Store for NoStore {}

@@ -10,10 +10,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    AuditEntry, AuditQuery, Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink, QueuedRun, RunMetrics,
-    RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult,
+    Admissions, AuditEntry, AuditLog, AuditQuery, Checkpoint, Event, JournalEntry, KeyedRequest, Message, ParentLink,
+    QueuedRun, RunIndex, RunLog, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError,
+    ToolCall, ToolResult,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::ScriptInvocation;
 use redis::{Script, Value};
 
 use crate::appender::{Append, Appender};
@@ -177,6 +179,26 @@ impl RedisStore {
         err
     }
 
+    /// Runs one of this store's write scripts and returns its answer: the
+    /// fence goes last, where every write script reads it, and a refusal
+    /// (a stale lease, Redis down) is typed by [`Self::write_error`].
+    async fn write<T: redis::FromRedisValue>(&self, invocation: &mut ScriptInvocation<'_>) -> Result<T, StoreError> {
+        invocation.arg(self.fence_arg()?);
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|err| self.write_error(err))
+    }
+
+    /// [`Self::write`] of a script that answers `ok`, or anything else
+    /// when `run_id` is not stored.
+    async fn write_to_run(&self, run_id: &str, invocation: &mut ScriptInvocation<'_>) -> Result<(), StoreError> {
+        match self.write::<String>(invocation).await?.as_str() {
+            "ok" => Ok(()),
+            _ => Err(StoreError::NotFound(run_id.to_string())),
+        }
+    }
+
     pub(crate) fn conn(&self) -> ConnectionManager {
         self.conn.clone()
     }
@@ -315,11 +337,7 @@ impl RedisStore {
                 .arg(&end.metrics);
             event_args(&mut invocation, &end.events);
         }
-        invocation.arg(self.fence_arg()?);
-        let reply: Vec<String> = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
+        let reply: Vec<String> = self.write(&mut invocation).await?;
         match reply.first().map(String::as_str) {
             Some("ok") => Ok(Changed::Yes),
             Some("missing") => Err(StoreError::NotFound(run_id.to_string())),
@@ -481,17 +499,13 @@ pub(crate) fn seq_of(id: &str) -> u64 {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl RunLog for RedisStore {
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
         let mut invocation = self.scripts.create_run.key(self.run_key(&run.run_id));
         for arg in self.new_run_args(run, run.status, None)? {
             invocation.arg(arg);
         }
-        invocation.arg(self.fence_arg()?);
-        let reply: String = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
+        let reply: String = self.write(&mut invocation).await?;
         match reply.as_str() {
             "created" | "taken" => Ok(()),
             _ => Err(StoreError::Backend(format!(
@@ -501,86 +515,11 @@ impl Store for RedisStore {
         }
     }
 
-    async fn queue_run(&self, queued: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
-        let run = &queued.record;
-        let mut invocation = self.scripts.queue_run.key(self.run_key(&run.run_id));
-        for arg in self.new_run_args(run, RunStatus::Queued, Some(&queued.request))? {
-            invocation.arg(arg);
-        }
-        match (key, &run.principal) {
-            (Some((key, keyed)), Some(owner)) => invocation
-                .arg(self.request_key(owner, key))
-                .arg(format!("{} {}", keyed.digest, keyed.run_id))
-                .arg(REQUEST_KEY_RETENTION.as_millis() as u64),
-            _ => invocation.arg("").arg("").arg(0),
-        };
-        invocation
-            .arg(self.queue_bound.map(|max| max.to_string()).unwrap_or_default())
-            .arg(if self.queue_bound.is_some() { "1" } else { "" })
-            .arg(self.fence_arg()?);
-        let reply: String = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
-        match reply.as_str() {
-            "queued" => Ok(()),
-            "full" => Err(StoreError::QueueFull {
-                limit: self.queue_bound.unwrap_or_default(),
-            }),
-            _ => Err(StoreError::Backend(format!(
-                "a run with id '{}' already exists",
-                run.run_id
-            ))),
-        }
-    }
-
-    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
-        let ids = self.ids(&self.index("status:QUEUED")).await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            pipe.hgetall(self.run_key(id));
-        }
-        let rows: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await.map_err(backend)?;
-        rows.into_iter()
-            .filter_map(|row| {
-                let request = row.get("request").cloned()?;
-                Some(record(&row).map(|record| QueuedRun { record, request }))
-            })
-            // Read after the index: a run started meanwhile is not queued.
-            .filter(|queued| !matches!(queued, Ok(queued) if queued.record.status != RunStatus::Queued))
-            .collect()
-    }
-
-    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-        let (exists, request): (bool, Option<String>) = redis::pipe()
-            .atomic()
-            .exists(self.run_key(run_id))
-            .hget(self.run_key(run_id), "request")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(backend)?;
-        if !exists {
-            return Err(StoreError::NotFound(run_id.to_string()));
-        }
-        Ok(request)
-    }
-
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
         let mut invocation = self.scripts.append_events.key(self.run_key(run_id));
         invocation.key(self.run_part(run_id, "events"));
         event_args(&mut invocation, &event_rows(events)?);
-        invocation.arg(self.fence_arg()?);
-        let reply: String = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
-        match reply.as_str() {
-            "ok" => Ok(()),
-            _ => Err(StoreError::NotFound(run_id.to_string())),
-        }
+        self.write_to_run(run_id, &mut invocation).await
     }
 
     fn append_events_then(
@@ -651,51 +590,29 @@ impl Store for RedisStore {
             }
             None => invocation.arg("").arg(0),
         };
-        invocation.arg(self.fence_arg()?);
-        let reply: String = invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
-        match reply.as_str() {
-            "ok" => Ok(()),
-            _ => Err(StoreError::NotFound(run_id.to_string())),
-        }
+        self.write_to_run(run_id, &mut invocation).await
     }
 
     async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
         // Acknowledged by Redis before the tool runs; how durable that is
         // is Redis's `appendfsync` (docs/cluster.md).
-        let reply: String = self
-            .scripts
-            .journal_intent
-            .key(self.run_key(run_id))
+        let mut invocation = self.scripts.journal_intent.key(self.run_key(run_id));
+        invocation
             .key(self.run_part(run_id, "journal"))
             .key(self.run_part(run_id, "results"))
             .arg(&call.id)
             .arg(now_ms())
-            .arg(json(call)?)
-            .arg(self.fence_arg()?)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
-        match reply.as_str() {
-            "ok" => Ok(()),
-            _ => Err(StoreError::NotFound(run_id.to_string())),
-        }
+            .arg(json(call)?);
+        self.write_to_run(run_id, &mut invocation).await
     }
 
     async fn journal_result(&self, run_id: &str, result: &ToolResult) -> Result<(), StoreError> {
-        let _: String = self
-            .scripts
-            .journal_result
-            .key(self.run_part(run_id, "journal"))
+        let mut invocation = self.scripts.journal_result.key(self.run_part(run_id, "journal"));
+        invocation
             .key(self.run_part(run_id, "results"))
             .arg(&result.call_id)
-            .arg(json(result)?)
-            .arg(self.fence_arg()?)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(|err| self.write_error(err))?;
+            .arg(json(result)?);
+        let _: String = self.write(&mut invocation).await?;
         Ok(())
     }
 
@@ -779,26 +696,6 @@ impl Store for RedisStore {
         })
     }
 
-    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let stop = isize::try_from(limit).map_or(-1, |limit| limit - 1);
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.index("runs"))
-            .arg(0)
-            .arg(stop)
-            .arg("REV")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(backend)?;
-        let mut runs = self.records(&ids).await?;
-        // Newest first, ties by id as SQLite lists them (a tie at the page's
-        // edge may differ).
-        runs.sort_by(|a, b| b.started_ms.cmp(&a.started_ms).then_with(|| a.run_id.cmp(&b.run_id)));
-        Ok(runs)
-    }
-
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
         self.events_page(run_id, after_seq, usize::MAX).await
     }
@@ -849,20 +746,6 @@ impl Store for RedisStore {
             .collect())
     }
 
-    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
-        let mut runs = Vec::new();
-        for status in ACTIVE {
-            let ids = self.ids(&self.index(&format!("status:{}", status.as_str()))).await?;
-            runs.extend(self.records(&ids).await?);
-        }
-        // The indexes are read one after another: a run that moved between
-        // them is read twice, or has ended since.
-        runs.retain(|run| ACTIVE.contains(&run.status));
-        runs.sort_by(|a, b| (a.started_ms, &a.run_id).cmp(&(b.started_ms, &b.run_id)));
-        runs.dedup_by(|a, b| a.run_id == b.run_id);
-        Ok(runs)
-    }
-
     async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
         let change = StatusChange {
             from: ACTIVE.to_vec(),
@@ -899,6 +782,51 @@ impl Store for RedisStore {
         }
     }
 
+    fn write_fence(&self) -> Option<loom_core::WriteFence> {
+        self.fence.as_ref().map(|fence| loom_core::WriteFence {
+            run_id: fence.run_id.clone(),
+            epoch: fence.epoch,
+            guard: fence.guard.clone(),
+        })
+    }
+}
+
+#[async_trait]
+impl RunIndex for RedisStore {
+    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let stop = isize::try_from(limit).map_or(-1, |limit| limit - 1);
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.index("runs"))
+            .arg(0)
+            .arg(stop)
+            .arg("REV")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        let mut runs = self.records(&ids).await?;
+        // Newest first, ties by id as SQLite lists them (a tie at the page's
+        // edge may differ).
+        runs.sort_by(|a, b| b.started_ms.cmp(&a.started_ms).then_with(|| a.run_id.cmp(&b.run_id)));
+        Ok(runs)
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let mut runs = Vec::new();
+        for status in ACTIVE {
+            let ids = self.ids(&self.index(&format!("status:{}", status.as_str()))).await?;
+            runs.extend(self.records(&ids).await?);
+        }
+        // The indexes are read one after another: a run that moved between
+        // them is read twice, or has ended since.
+        runs.retain(|run| ACTIVE.contains(&run.status));
+        runs.sort_by(|a, b| (a.started_ms, &a.run_id).cmp(&(b.started_ms, &b.run_id)));
+        runs.dedup_by(|a, b| a.run_id == b.run_id);
+        Ok(runs)
+    }
+
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         let ids = self.ids(&self.index(&format!("session:{session_id}"))).await?;
         self.records(&ids).await
@@ -907,6 +835,109 @@ impl Store for RedisStore {
     async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         let ids = self.ids(&self.index(&format!("children:{parent_run_id}"))).await?;
         self.records(&ids).await
+    }
+
+    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        // The smallest index that holds every run the query asks for,
+        // newest first from the cursor on; the rest is filtered.
+        let index = match (&query.session_id, query.status) {
+            (Some(session), _) => self.index(&format!("session:{session}")),
+            (None, Some(status)) => self.index(&format!("status:{}", status.as_str())),
+            (None, None) => self.index("runs"),
+        };
+        let max = query
+            .before
+            .as_ref()
+            .map_or_else(|| "+inf".to_string(), |(ms, _)| ms.to_string());
+        let mut found = Vec::new();
+        let mut offset: isize = 0;
+        while found.len() < query.limit {
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&index)
+                .arg(&max)
+                .arg("-inf")
+                .arg("BYSCORE")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(QUERY_BATCH)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(backend)?;
+            if ids.is_empty() {
+                break;
+            }
+            offset += ids.len() as isize;
+            found.extend(self.records(&ids).await?.into_iter().filter(|run| query.matches(run)));
+        }
+        found.truncate(query.limit);
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl Admissions for RedisStore {
+    async fn queue_run(&self, queued: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        let run = &queued.record;
+        let mut invocation = self.scripts.queue_run.key(self.run_key(&run.run_id));
+        for arg in self.new_run_args(run, RunStatus::Queued, Some(&queued.request))? {
+            invocation.arg(arg);
+        }
+        match (key, &run.principal) {
+            (Some((key, keyed)), Some(owner)) => invocation
+                .arg(self.request_key(owner, key))
+                .arg(format!("{} {}", keyed.digest, keyed.run_id))
+                .arg(REQUEST_KEY_RETENTION.as_millis() as u64),
+            _ => invocation.arg("").arg("").arg(0),
+        };
+        invocation
+            .arg(self.queue_bound.map(|max| max.to_string()).unwrap_or_default())
+            .arg(if self.queue_bound.is_some() { "1" } else { "" });
+        let reply: String = self.write(&mut invocation).await?;
+        match reply.as_str() {
+            "queued" => Ok(()),
+            "full" => Err(StoreError::QueueFull {
+                limit: self.queue_bound.unwrap_or_default(),
+            }),
+            _ => Err(StoreError::Backend(format!(
+                "a run with id '{}' already exists",
+                run.run_id
+            ))),
+        }
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        let ids = self.ids(&self.index("status:QUEUED")).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.hgetall(self.run_key(id));
+        }
+        let rows: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await.map_err(backend)?;
+        rows.into_iter()
+            .filter_map(|row| {
+                let request = row.get("request").cloned()?;
+                Some(record(&row).map(|record| QueuedRun { record, request }))
+            })
+            // Read after the index: a run started meanwhile is not queued.
+            .filter(|queued| !matches!(queued, Ok(queued) if queued.record.status != RunStatus::Queued))
+            .collect()
+    }
+
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        let (exists, request): (bool, Option<String>) = redis::pipe()
+            .atomic()
+            .exists(self.run_key(run_id))
+            .hget(self.run_key(run_id), "request")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(backend)?;
+        if !exists {
+            return Err(StoreError::NotFound(run_id.to_string()));
+        }
+        Ok(request)
     }
 
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
@@ -943,7 +974,10 @@ impl Store for RedisStore {
             })
             .transpose()
     }
+}
 
+#[async_trait]
+impl AuditLog for RedisStore {
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         // A stream: appended in order, never trimmed by Loom.
         let _: Value = redis::cmd("XADD")
@@ -997,56 +1031,13 @@ impl Store for RedisStore {
         found.reverse();
         Ok(found)
     }
+}
 
-    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        // The smallest index that holds every run the query asks for,
-        // newest first from the cursor on; the rest is filtered.
-        let index = match (&query.session_id, query.status) {
-            (Some(session), _) => self.index(&format!("session:{session}")),
-            (None, Some(status)) => self.index(&format!("status:{}", status.as_str())),
-            (None, None) => self.index("runs"),
-        };
-        let max = query
-            .before
-            .as_ref()
-            .map_or_else(|| "+inf".to_string(), |(ms, _)| ms.to_string());
-        let mut found = Vec::new();
-        let mut offset: isize = 0;
-        while found.len() < query.limit {
-            let ids: Vec<String> = redis::cmd("ZRANGE")
-                .arg(&index)
-                .arg(&max)
-                .arg("-inf")
-                .arg("BYSCORE")
-                .arg("REV")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(QUERY_BATCH)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(backend)?;
-            if ids.is_empty() {
-                break;
-            }
-            offset += ids.len() as isize;
-            found.extend(self.records(&ids).await?.into_iter().filter(|run| query.matches(run)));
-        }
-        found.truncate(query.limit);
-        Ok(found)
-    }
-
+impl Store for RedisStore {
     fn address(&self) -> Option<loom_core::StoreAddress> {
         Some(loom_core::StoreAddress {
             url: self.url.clone(),
             prefix: self.prefix.clone(),
-        })
-    }
-
-    fn write_fence(&self) -> Option<loom_core::WriteFence> {
-        self.fence.as_ref().map(|fence| loom_core::WriteFence {
-            run_id: fence.run_id.clone(),
-            epoch: fence.epoch,
-            guard: fence.guard.clone(),
         })
     }
 }

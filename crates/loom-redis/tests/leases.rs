@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom_core::{
-    Checkpoint, Claim, Control, Lease, LeaseGuard, QueuedRun, Renewal, RunLeases, RunMetrics, RunRecord, RunState,
-    RunStatus, Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
+    Admissions, Checkpoint, Claim, Control, Lease, LeaseGuard, QueuedRun, Renewal, RunIndex, RunLeases, RunLog,
+    RunMetrics, RunRecord, RunState, RunStatus, Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
 };
 use loom_redis::RedisStore;
 use loom_testkit::redis_server::RedisServer;

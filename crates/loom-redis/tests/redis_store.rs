@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
-use loom_core::Store;
+use loom_core::{RunIndex, RunLog};
 use loom_redis::RedisStore;
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::store_conformance as conformance;

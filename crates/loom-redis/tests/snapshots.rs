@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom_core::{
-    Claim, LeaseGuard, QueuedRun, RunLeases, RunMetrics, RunStatus, SnapshotError, Store, WorkspaceSnapshots,
-    WriteFence,
+    Admissions, Claim, LeaseGuard, QueuedRun, RunLeases, RunLog, RunMetrics, RunStatus, SnapshotError,
+    WorkspaceSnapshots, WriteFence,
 };
 use loom_redis::{RedisSnapshots, RedisStore};
 use loom_snapshot::{Filter, SnapshotStore, Snapshots};

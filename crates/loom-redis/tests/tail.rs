@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use loom_core::{EventTail, Store, Tailed};
+use loom_core::{EventTail, RunLog, Tailed};
 use loom_redis::RedisStore;
 use loom_testkit::redis_server::RedisServer;
 use loom_testkit::store_conformance::{event, record};

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use loom_core::async_trait;
 use loom_core::{
-    Checkpoint, Event, EventsStored, KeyedRequest, QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunStatus,
-    Store, StoreError, ToolCall, ToolResult,
+    Admissions, AuditLog, Checkpoint, Event, EventsStored, KeyedRequest, QueuedRun, RunIndex, RunLog, RunMetrics,
+    RunQuery, RunRecord, RunSnapshot, RunStatus, Store, StoreError, ToolCall, ToolResult,
 };
 
 use crate::feed::EventFeed;
@@ -33,21 +33,9 @@ async fn timed<T>(operation: &'static str, write: impl std::future::Future<Outpu
 }
 
 #[async_trait]
-impl Store for ObservedStore {
+impl RunLog for ObservedStore {
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
         timed("create_run", self.inner.create_run(run)).await
-    }
-
-    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
-        timed("queue_run", self.inner.queue_run(run, key)).await
-    }
-
-    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
-        self.inner.queued_runs().await
-    }
-
-    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-        self.inner.run_request(run_id).await
     }
 
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
@@ -119,14 +107,6 @@ impl Store for ObservedStore {
         self.inner.load_run(run_id).await
     }
 
-    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.list_runs(limit).await
-    }
-
-    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.query_runs(query).await
-    }
-
     async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
         self.inner.events(run_id, after_seq).await
     }
@@ -139,16 +119,31 @@ impl Store for ObservedStore {
         self.inner.events_page(run_id, after_seq, limit).await
     }
 
-    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.active_runs().await
-    }
-
     async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
         timed("set_status", self.inner.mark_interrupted(run_id, owner)).await
     }
 
     async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
         timed("set_status", self.inner.reclaim_run(run_id, owner)).await
+    }
+
+    fn write_fence(&self) -> Option<loom_core::WriteFence> {
+        self.inner.write_fence()
+    }
+}
+
+#[async_trait]
+impl RunIndex for ObservedStore {
+    async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.list_runs(limit).await
+    }
+
+    async fn query_runs(&self, query: &RunQuery) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.query_runs(query).await
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.active_runs().await
     }
 
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
@@ -158,6 +153,21 @@ impl Store for ObservedStore {
     async fn child_runs(&self, parent_run_id: &str) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.child_runs(parent_run_id).await
     }
+}
+
+#[async_trait]
+impl Admissions for ObservedStore {
+    async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        timed("queue_run", self.inner.queue_run(run, key)).await
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        self.inner.queued_runs().await
+    }
+
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        self.inner.run_request(run_id).await
+    }
 
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
         timed("remember_request", self.inner.remember_request(owner, key, request)).await
@@ -166,7 +176,10 @@ impl Store for ObservedStore {
     async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
         self.inner.remembered_request(owner, key).await
     }
+}
 
+#[async_trait]
+impl AuditLog for ObservedStore {
     async fn append_audit(&self, entry: &loom_core::AuditEntry) -> Result<(), StoreError> {
         timed("append_audit", self.inner.append_audit(entry)).await
     }
@@ -174,16 +187,14 @@ impl Store for ObservedStore {
     async fn audit_entries(&self, query: &loom_core::AuditQuery) -> Result<Vec<loom_core::AuditEntry>, StoreError> {
         self.inner.audit_entries(query).await
     }
+}
 
+impl Store for ObservedStore {
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }
 
     fn address(&self) -> Option<loom_core::StoreAddress> {
         self.inner.address()
-    }
-
-    fn write_fence(&self) -> Option<loom_core::WriteFence> {
-        self.inner.write_fence()
     }
 }

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loom_core::{
-    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, Phase, RunMetrics, RunRecord, RunState, RunStatus,
-    Store, ToolCall, ToolResult, ToolStatus, TurnState,
+    Agent, Checkpoint, Event, EventKind, Message, MonitorConfig, Phase, RunLog, RunMetrics, RunRecord, RunState,
+    RunStatus, Store, ToolCall, ToolResult, ToolStatus, TurnState,
 };
 use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom_store::SqliteStore;

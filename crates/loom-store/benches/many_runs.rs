@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loom_core::{Checkpoint, Event, EventKind, Message, RunRecord, RunState, RunStatus, Store, TurnState};
+use loom_core::{Checkpoint, Event, EventKind, Message, RunLog, RunRecord, RunState, RunStatus, TurnState};
 use loom_store::SqliteStore;
 
 /// Writes of events per run.

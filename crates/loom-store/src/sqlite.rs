@@ -6,9 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use loom_core::{
-    AuditEntry, AuditQuery, Checkpoint, Event, EventsStored, JournalEntry, KeyedRequest, Message, ParentLink,
-    QueuedRun, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store, StoreError, ToolCall,
-    ToolResult,
+    Admissions, AuditEntry, AuditLog, AuditQuery, Checkpoint, Event, EventsStored, JournalEntry, KeyedRequest, Message,
+    ParentLink, QueuedRun, RunIndex, RunLog, RunMetrics, RunQuery, RunRecord, RunSnapshot, RunState, RunStatus, Store,
+    StoreError, ToolCall, ToolResult,
 };
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -366,7 +366,7 @@ fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl RunLog for SqliteStore {
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
         let run = run.clone();
         let metrics = json(&run.metrics)?;
@@ -407,81 +407,6 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
-    }
-
-    async fn queue_run(&self, queued: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
-        let run = queued.record.clone();
-        let request = queued.request.clone();
-        let key = key.map(|(key, request)| (key.to_string(), request.clone()));
-        let metrics = json(&run.metrics)?;
-        let fail = self.fail();
-        self.write("queue_run", move |tx| {
-            insert_session(tx, &run).map_err(&fail)?;
-            tx.prepare_cached(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, principal, request)
-                 VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?6, ?7, ?8)",
-            )
-            .and_then(|mut insert| {
-                insert.execute(params![
-                    run.run_id,
-                    run.session_id,
-                    run.prompt,
-                    run.model,
-                    run.started_ms as i64,
-                    metrics,
-                    run.principal,
-                    request
-                ])
-            })
-            .map_err(&fail)?;
-            if let (Some((key, keyed)), Some(owner)) = (&key, &run.principal) {
-                insert_request_key(tx, owner, key, keyed).map_err(&fail)?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-        let run_id = run_id.to_string();
-        let fail = self.fail();
-        self.read(move |conn| {
-            let found: Option<Option<String>> = conn
-                .prepare_cached("SELECT request FROM runs WHERE id = ?1")
-                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
-                .optional()
-                .map_err(&fail)?;
-            found.ok_or(StoreError::NotFound(run_id))
-        })
-        .await
-    }
-
-    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
-        let fail = self.fail();
-        let rows = self
-            .read(move |conn| {
-                let mut select = conn
-                    .prepare_cached(&format!(
-                        "SELECT {RUN_COLUMNS}, request FROM runs
-                         WHERE status = 'QUEUED' AND request IS NOT NULL ORDER BY started_ms, id"
-                    ))
-                    .map_err(&fail)?;
-                let rows = select
-                    .query_map([], |row| Ok((row_to_record(row)?, row.get::<_, String>(14)?)))
-                    .map_err(&fail)?
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(&fail)?;
-                Ok(rows)
-            })
-            .await?;
-        rows.into_iter()
-            .map(|(raw, request)| {
-                Ok(QueuedRun {
-                    record: record(raw)?,
-                    request,
-                })
-            })
-            .collect()
     }
 
     async fn append_events(&self, run_id: &str, events: &[Event]) -> Result<(), StoreError> {
@@ -704,6 +629,109 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
+        self.events_page(run_id, after_seq, usize::MAX).await
+    }
+
+    async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.read(move |conn| {
+            let exists: Option<i64> = conn
+                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
+                .optional()
+                .map_err(&fail)?;
+            if exists.is_none() {
+                return Err(StoreError::NotFound(run_id));
+            }
+            let mut select = conn
+                .prepare_cached("SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
+                .map_err(&fail)?;
+            let bodies = select
+                .query_map(
+                    params![
+                        run_id,
+                        // Past the largest seq SQLite holds: nothing (not a wrap to -1, the whole log).
+                        i64::try_from(after_seq).unwrap_or(i64::MAX),
+                        limit.min(i64::MAX as usize) as i64
+                    ],
+                    |row| row.get::<_, String>(0),
+                )
+                .map_err(&fail)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&fail)?;
+            bodies.iter().map(|body| parse(body)).collect()
+        })
+        .await
+    }
+
+    async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
+        let run_ids = run_ids.to_vec();
+        let fail = self.fail();
+        self.read(move |conn| {
+            // The primary key (run_id, seq) answers each MAX from the index.
+            let mut select = conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")
+                .map_err(&fail)?;
+            run_ids
+                .iter()
+                .map(|run_id| {
+                    let seq: i64 = select.query_row(params![run_id], |row| row.get(0)).map_err(&fail)?;
+                    Ok(seq.max(0) as u64)
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
+        let (run_id, owner) = (run_id.to_string(), owner.to_string());
+        let fail = self.fail();
+        self.write("mark_interrupted", move |tx| {
+            // Compare-and-set on the owner: a run another process took over
+            // meanwhile is left alone.
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE runs SET status = 'INTERRUPTED'
+                     WHERE id = ?1 AND owner = ?2 AND status IN ('QUEUED', 'RUNNING', 'WAITING_PERMISSION')",
+                )
+                .and_then(|mut update| update.execute(params![run_id, owner]))
+                .map_err(&fail)?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
+        let (run_id, owner) = (run_id.to_string(), owner.to_string());
+        let fail = self.fail();
+        self.write("reclaim_run", move |tx| {
+            let current: Option<String> = tx
+                .prepare_cached("SELECT status FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)).optional())
+                .map_err(&fail)?;
+            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
+            // Only an interrupted run can be taken over; a running one has a
+            // live owner (or one not yet known to be dead).
+            if current != RunStatus::Interrupted {
+                return Err(loom_core::InvalidTransition {
+                    from: current,
+                    to: RunStatus::Running,
+                }
+                .into());
+            }
+            tx.prepare_cached("UPDATE runs SET status = 'RUNNING', owner = ?2 WHERE id = ?1")
+                .and_then(|mut update| update.execute(params![run_id, owner]))
+                .map_err(&fail)?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl RunIndex for SqliteStore {
     async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let fail = self.fail();
         self.read(move |conn| {
@@ -764,62 +792,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
-        self.events_page(run_id, after_seq, usize::MAX).await
-    }
-
-    async fn events_page(&self, run_id: &str, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
-        let run_id = run_id.to_string();
-        let fail = self.fail();
-        self.read(move |conn| {
-            let exists: Option<i64> = conn
-                .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
-                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
-                .optional()
-                .map_err(&fail)?;
-            if exists.is_none() {
-                return Err(StoreError::NotFound(run_id));
-            }
-            let mut select = conn
-                .prepare_cached("SELECT body FROM events WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
-                .map_err(&fail)?;
-            let bodies = select
-                .query_map(
-                    params![
-                        run_id,
-                        // Past the largest seq SQLite holds: nothing (not a wrap to -1, the whole log).
-                        i64::try_from(after_seq).unwrap_or(i64::MAX),
-                        limit.min(i64::MAX as usize) as i64
-                    ],
-                    |row| row.get::<_, String>(0),
-                )
-                .map_err(&fail)?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(&fail)?;
-            bodies.iter().map(|body| parse(body)).collect()
-        })
-        .await
-    }
-
-    async fn last_seqs(&self, run_ids: &[String]) -> Result<Vec<u64>, StoreError> {
-        let run_ids = run_ids.to_vec();
-        let fail = self.fail();
-        self.read(move |conn| {
-            // The primary key (run_id, seq) answers each MAX from the index.
-            let mut select = conn
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?1")
-                .map_err(&fail)?;
-            run_ids
-                .iter()
-                .map(|run_id| {
-                    let seq: i64 = select.query_row(params![run_id], |row| row.get(0)).map_err(&fail)?;
-                    Ok(seq.max(0) as u64)
-                })
-                .collect()
-        })
-        .await
-    }
-
     async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
         self.select_runs(
             format!(
@@ -828,61 +800,6 @@ impl Store for SqliteStore {
             None,
         )
         .await
-    }
-
-    async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
-        let (run_id, owner) = (run_id.to_string(), owner.to_string());
-        let fail = self.fail();
-        self.write("mark_interrupted", move |tx| {
-            // Compare-and-set on the owner: a run another process took over
-            // meanwhile is left alone.
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE runs SET status = 'INTERRUPTED'
-                     WHERE id = ?1 AND owner = ?2 AND status IN ('QUEUED', 'RUNNING', 'WAITING_PERMISSION')",
-                )
-                .and_then(|mut update| update.execute(params![run_id, owner]))
-                .map_err(&fail)?;
-            Ok(changed > 0)
-        })
-        .await
-    }
-
-    async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
-        let (run_id, owner) = (run_id.to_string(), owner.to_string());
-        let fail = self.fail();
-        self.write("reclaim_run", move |tx| {
-            let current: Option<String> = tx
-                .prepare_cached("SELECT status FROM runs WHERE id = ?1")
-                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)).optional())
-                .map_err(&fail)?;
-            let current = status_of(&current.ok_or_else(|| StoreError::NotFound(run_id.clone()))?)?;
-            // Only an interrupted run can be taken over; a running one has a
-            // live owner (or one not yet known to be dead).
-            if current != RunStatus::Interrupted {
-                return Err(loom_core::InvalidTransition {
-                    from: current,
-                    to: RunStatus::Running,
-                }
-                .into());
-            }
-            tx.prepare_cached("UPDATE runs SET status = 'RUNNING', owner = ?2 WHERE id = ?1")
-                .and_then(|mut update| update.execute(params![run_id, owner]))
-                .map_err(&fail)?;
-            Ok(())
-        })
-        .await
-    }
-
-    fn files(&self) -> Vec<PathBuf> {
-        // The database and SQLite's companions (WAL, shared memory, journal).
-        let mut files = vec![self.path.clone()];
-        for suffix in ["-wal", "-shm", "-journal"] {
-            let mut name = self.path.as_os_str().to_owned();
-            name.push(suffix);
-            files.push(PathBuf::from(name));
-        }
-        files
     }
 
     async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
@@ -900,6 +817,84 @@ impl Store for SqliteStore {
         )
         .await
     }
+}
+
+#[async_trait]
+impl Admissions for SqliteStore {
+    async fn queue_run(&self, queued: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
+        let run = queued.record.clone();
+        let request = queued.request.clone();
+        let key = key.map(|(key, request)| (key.to_string(), request.clone()));
+        let metrics = json(&run.metrics)?;
+        let fail = self.fail();
+        self.write("queue_run", move |tx| {
+            insert_session(tx, &run).map_err(&fail)?;
+            tx.prepare_cached(
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, principal, request)
+                 VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?6, ?7, ?8)",
+            )
+            .and_then(|mut insert| {
+                insert.execute(params![
+                    run.run_id,
+                    run.session_id,
+                    run.prompt,
+                    run.model,
+                    run.started_ms as i64,
+                    metrics,
+                    run.principal,
+                    request
+                ])
+            })
+            .map_err(&fail)?;
+            if let (Some((key, keyed)), Some(owner)) = (&key, &run.principal) {
+                insert_request_key(tx, owner, key, keyed).map_err(&fail)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        let run_id = run_id.to_string();
+        let fail = self.fail();
+        self.read(move |conn| {
+            let found: Option<Option<String>> = conn
+                .prepare_cached("SELECT request FROM runs WHERE id = ?1")
+                .and_then(|mut select| select.query_row(params![run_id], |row| row.get(0)))
+                .optional()
+                .map_err(&fail)?;
+            found.ok_or(StoreError::NotFound(run_id))
+        })
+        .await
+    }
+
+    async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
+        let fail = self.fail();
+        let rows = self
+            .read(move |conn| {
+                let mut select = conn
+                    .prepare_cached(&format!(
+                        "SELECT {RUN_COLUMNS}, request FROM runs
+                         WHERE status = 'QUEUED' AND request IS NOT NULL ORDER BY started_ms, id"
+                    ))
+                    .map_err(&fail)?;
+                let rows = select
+                    .query_map([], |row| Ok((row_to_record(row)?, row.get::<_, String>(14)?)))
+                    .map_err(&fail)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&fail)?;
+                Ok(rows)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(raw, request)| {
+                Ok(QueuedRun {
+                    record: record(raw)?,
+                    request,
+                })
+            })
+            .collect()
+    }
 
     async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
         let (owner, key, request) = (owner.to_string(), key.to_string(), request.clone());
@@ -910,6 +905,32 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
+        let (owner, key) = (owner.to_string(), key.to_string());
+        let fail = self.fail();
+        self.read(move |conn| {
+            let oldest = now_ms().saturating_sub(REQUEST_KEY_RETENTION_MS) as i64;
+            conn.prepare_cached(
+                "SELECT digest, run_id FROM request_keys WHERE owner = ?1 AND key = ?2 AND created_ms >= ?3",
+            )
+            .and_then(|mut select| {
+                select
+                    .query_row(params![owner, key, oldest], |row| {
+                        Ok(KeyedRequest {
+                            digest: row.get::<_, i64>(0)? as u64,
+                            run_id: row.get(1)?,
+                        })
+                    })
+                    .optional()
+            })
+            .map_err(&fail)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl AuditLog for SqliteStore {
     async fn append_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
         let body = serde_json::to_string(entry).map_err(|err| StoreError::Backend(err.to_string()))?;
         let (time_ms, token) = (entry.time_ms.min(i64::MAX as u64) as i64, entry.token.clone());
@@ -954,28 +975,18 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
-    async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
-        let (owner, key) = (owner.to_string(), key.to_string());
-        let fail = self.fail();
-        self.read(move |conn| {
-            let oldest = now_ms().saturating_sub(REQUEST_KEY_RETENTION_MS) as i64;
-            conn.prepare_cached(
-                "SELECT digest, run_id FROM request_keys WHERE owner = ?1 AND key = ?2 AND created_ms >= ?3",
-            )
-            .and_then(|mut select| {
-                select
-                    .query_row(params![owner, key, oldest], |row| {
-                        Ok(KeyedRequest {
-                            digest: row.get::<_, i64>(0)? as u64,
-                            run_id: row.get(1)?,
-                        })
-                    })
-                    .optional()
-            })
-            .map_err(&fail)
-        })
-        .await
+impl Store for SqliteStore {
+    fn files(&self) -> Vec<PathBuf> {
+        // The database and SQLite's companions (WAL, shared memory, journal).
+        let mut files = vec![self.path.clone()];
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut name = self.path.as_os_str().to_owned();
+            name.push(suffix);
+            files.push(PathBuf::from(name));
+        }
+        files
     }
 }
 

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use loom_core::{Checkpoint, Event, Message, QueuedRun, RunMetrics, RunState, RunStatus, Store, StoreError, TurnState};
+use loom_core::{
+    Admissions, Checkpoint, Event, Message, QueuedRun, RunLog, RunMetrics, RunState, RunStatus, StoreError, TurnState,
+};
 use loom_store::{SqliteStore, MIGRATIONS, SCHEMA_VERSION};
 
 use loom_testkit::store_conformance::{self, event, record};
@@ -269,7 +271,7 @@ async fn two_processes_write_the_same_database_at_once() {
 mod with_the_engine {
     use std::sync::Arc;
 
-    use loom_core::{Agent, RunStatus, Store};
+    use loom_core::{Agent, RunLog, RunStatus};
     use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
     use loom_store::SqliteStore;
     use serde_json::json;
@@ -328,7 +330,7 @@ mod with_the_engine {
 mod while_a_tool_runs {
     use std::sync::Arc;
 
-    use loom_core::{Agent, Message, RunStatus, Store, Tool, ToolContext, ToolError, ToolOutput};
+    use loom_core::{Agent, Message, RunLog, RunStatus, Tool, ToolContext, ToolError, ToolOutput};
     use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
     use loom_store::SqliteStore;
     use serde_json::json;
@@ -614,7 +616,7 @@ mod while_another_process_holds_the_database {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use loom_core::{Agent, RunStatus, Store, Tool, ToolContext, ToolError, ToolOutput};
+    use loom_core::{Agent, RunLog, RunStatus, Tool, ToolContext, ToolError, ToolOutput};
     use loom_llm::{ScriptToolCall, ScriptTurn, ScriptedModel};
     use loom_store::SqliteStore;
     use serde_json::json;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use loom::models::{ScriptToolCall, ScriptTurn, ScriptedModel};
 use loom::stores::SqliteStore;
 use loom::{
-    validate_history, Agent, EventKind, Message, ResumeError, RunRequest, RunStatus, Store, StoreError, Tool,
-    ToolContext, ToolError, ToolOutput,
+    validate_history, Agent, EventKind, Message, ResumeError, RunIndex, RunLog, RunRequest, RunStatus, Store,
+    StoreError, Tool, ToolContext, ToolError, ToolOutput,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -5,7 +5,7 @@
 //!
 //! Each emitted event joins the run's waiting events; when no write of the
 //! run is with the store, the waiting events go to it as one group. The
-//! store answers through a callback ([`Store::append_events_then`]) that
+//! store answers through a callback ([`RunLog::append_events_then`]) that
 //! makes the group visible and hands the store the events that gathered
 //! meanwhile — so a busy run writes every few milliseconds rather than per
 //! event, and no task has to be woken (and wait its turn on a busy
@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 use crate::context::{RunContext, StopCause};
 use crate::event::Event;
 use crate::live_state::RunStream;
-use crate::store::{Store, StoreError};
+use crate::store::{RunLog, StoreError};
 
 /// A run's event log, as the driver holds it.
 pub(crate) struct EventLog {
@@ -50,7 +50,7 @@ impl EventLog {
     /// The writer of the log of `ctx`'s run in `store`; returns the log and
     /// the sink its emitter writes to. Nothing is written before
     /// [`EventLog::open`]; a refused write stops the run.
-    pub(crate) fn start(store: Arc<dyn Store>, ctx: RunContext, visible: RunStream) -> (Self, EventSink) {
+    pub(crate) fn start(store: Arc<dyn RunLog>, ctx: RunContext, visible: RunStream) -> (Self, EventSink) {
         let writer = Arc::new(LogWriter {
             store,
             run_id: ctx.run_id_arc(),
@@ -147,7 +147,7 @@ fn stopped() -> StoreError {
 
 /// What the emitter and the store's callbacks share.
 pub(crate) struct LogWriter {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RunLog>,
     run_id: Arc<str>,
     /// The run, stopped when a write is refused.
     ctx: RunContext,
@@ -368,7 +368,7 @@ mod tests {
     use crate::message::ToolCall;
     use crate::metrics::RunMetrics;
     use crate::status::RunStatus;
-    use crate::store::{Checkpoint, EventsStored, KeyedRequest, NoStore, QueuedRun, RunRecord, RunSnapshot};
+    use crate::store::{Checkpoint, EventsStored, NoStore, RunRecord, RunSnapshot};
     use crate::tool_result::ToolResult;
 
     /// A store that holds every group of events until the test answers it.
@@ -400,37 +400,35 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for HeldStore {
+    impl RunLog for HeldStore {
         fn append_events_then(self: Arc<Self>, _run_id: Arc<str>, events: Vec<Event>, then: EventsStored) {
             self.held.lock().unwrap().push((events, then));
         }
+
         async fn append_events(&self, _run_id: &str, _events: &[Event]) -> Result<(), StoreError> {
             unreachable!("the event log appends with append_events_then")
         }
+
         async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError> {
             NoStore.create_run(run).await
         }
-        async fn queue_run(&self, run: &QueuedRun, key: Option<(&str, &KeyedRequest)>) -> Result<(), StoreError> {
-            NoStore.queue_run(run, key).await
-        }
-        async fn queued_runs(&self) -> Result<Vec<QueuedRun>, StoreError> {
-            NoStore.queued_runs().await
-        }
-        async fn run_request(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-            NoStore.run_request(run_id).await
-        }
+
         async fn set_status(&self, run_id: &str, to: RunStatus) -> Result<(), StoreError> {
             NoStore.set_status(run_id, to).await
         }
+
         async fn checkpoint(&self, checkpoint: &Checkpoint<'_>) -> Result<(), StoreError> {
             NoStore.checkpoint(checkpoint).await
         }
+
         async fn journal_intent(&self, run_id: &str, call: &ToolCall) -> Result<(), StoreError> {
             NoStore.journal_intent(run_id, call).await
         }
+
         async fn journal_result(&self, run_id: &str, result: &ToolResult) -> Result<(), StoreError> {
             NoStore.journal_result(run_id, result).await
         }
+
         async fn finish_run(
             &self,
             run_id: &str,
@@ -441,38 +439,21 @@ mod tests {
         ) -> Result<(), StoreError> {
             NoStore.finish_run(run_id, status, content, metrics, events).await
         }
+
         async fn load_run(&self, run_id: &str) -> Result<RunSnapshot, StoreError> {
             NoStore.load_run(run_id).await
         }
-        async fn append_audit(&self, entry: &crate::AuditEntry) -> Result<(), StoreError> {
-            NoStore.append_audit(entry).await
-        }
-        async fn audit_entries(&self, query: &crate::AuditQuery) -> Result<Vec<crate::AuditEntry>, StoreError> {
-            NoStore.audit_entries(query).await
-        }
-        async fn list_runs(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-            NoStore.list_runs(limit).await
-        }
+
         async fn events(&self, run_id: &str, after_seq: u64) -> Result<Vec<Event>, StoreError> {
             NoStore.events(run_id, after_seq).await
         }
-        async fn active_runs(&self) -> Result<Vec<RunRecord>, StoreError> {
-            NoStore.active_runs().await
-        }
+
         async fn mark_interrupted(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
             NoStore.mark_interrupted(run_id, owner).await
         }
+
         async fn reclaim_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
             NoStore.reclaim_run(run_id, owner).await
-        }
-        async fn session_runs(&self, session_id: &str) -> Result<Vec<RunRecord>, StoreError> {
-            NoStore.session_runs(session_id).await
-        }
-        async fn remember_request(&self, owner: &str, key: &str, request: &KeyedRequest) -> Result<(), StoreError> {
-            NoStore.remember_request(owner, key, request).await
-        }
-        async fn remembered_request(&self, owner: &str, key: &str) -> Result<Option<KeyedRequest>, StoreError> {
-            NoStore.remembered_request(owner, key).await
         }
     }
 

@@ -30,7 +30,7 @@ pub struct MonitorConfig {
     pub loop_window: usize,
     /// Share of the latest `error_window` calls that, failing, ends the tool
     /// phase (default 0.8, in (0, 1]: 8 failed calls of the latest 10), once
-    /// the failures span [`MIN_FAILING_TURNS`] turns.
+    /// the failures span at least 3 turns.
     pub error_threshold: f64,
     /// How many of the latest calls the error rule looks at (default 10, at least 1).
     pub error_window: usize,

@@ -1,7 +1,7 @@
 //! The turn machine: a run's whole state and the decision of what happens
 //! next, without IO — no model, no tools, no store, no clock, no channels.
 //!
-//! The driver (`engine`) asks [`TurnMachine::next`] what to do, does it (a
+//! The driver (`engine`) asks `TurnMachine::next` what to do, does it (a
 //! model call, the tool pipeline, a checkpoint) and reports the result
 //! back; the machine updates its state and queues the events that explain
 //! the change, which the driver emits. Because the machine owns nothing
