@@ -76,6 +76,48 @@ async fn seed_scenarios_multi_step_plain_answer_and_cancel_from_another_connecti
     );
 }
 
+/// A run that waits in the gateway's line shows when it was accepted and,
+/// once it begins, when it began (docs/server.md, `run.get`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_shows_when_it_was_accepted_and_when_it_began() {
+    let (_dir, _model, gateway) = gateway("max_runs_per_token = 1", &[]);
+    let mut client = gateway.ws(ALICE).await;
+    let first = run_id(
+        &client
+            .ok("agent.run", json!({"prompt": "slow steps=2 delay_ms=300"}))
+            .await,
+    );
+    let second = run_id(&client.ok("agent.run", json!({"prompt": "wait steps=0"})).await);
+    let queued = client.ok("run.get", json!({"runId": second})).await;
+    assert_eq!(queued["status"], "QUEUED");
+    let accepted = queued["acceptedMs"].as_u64().unwrap();
+    assert!(queued.get("startedMs").is_none(), "not started yet: {queued}");
+    let listed = client.ok("run.list", json!({})).await;
+    let in_list = listed["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|run| run["runId"] == second.as_str())
+        .unwrap();
+    assert!(
+        in_list.get("startedMs").is_none() && in_list["acceptedMs"] == accepted,
+        "{in_list}"
+    );
+
+    client.until(&first, "lifecycle.end").await;
+    client.until(&second, "lifecycle.end").await;
+    let first_view = client.ok("run.get", json!({"runId": first})).await;
+    let view = client.ok("run.get", json!({"runId": second})).await;
+    assert_eq!(view["status"], "DONE");
+    assert_eq!(view["acceptedMs"], accepted, "{view}");
+    // It began once the first run had ended and freed alice's one place.
+    let began = view["startedMs"].as_u64().unwrap();
+    assert!(began >= first_view["endedMs"].as_u64().unwrap(), "{first_view} {view}");
+    assert!(began > accepted, "{view}");
+    // A run that did not wait began when it was accepted.
+    assert!(first_view["startedMs"].as_u64().unwrap() >= first_view["acceptedMs"].as_u64().unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_code_from_a_real_bad_frame_or_request() {
     let (_dir, _model, gateway) = gateway("max_frame_bytes = 2048\nmax_queued = 1\nmax_runs_per_token = 1", &[]);

@@ -148,6 +148,14 @@ fn cluster_configured(dir: &Path, server_settings: &str, settings: &str) -> (Red
 }
 
 /// Each `bash` call appends `TAG-STEP` to effects.txt, then sleeps.
+/// The wall clock, as the gateway stamps runs.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 fn prompt(tag: &str, steps: u32, sleep_s: f32) -> String {
     format!("steps={steps} tool=bash bash=echo+{tag}-STEP+>>+effects.txt;sleep+{sleep_s}")
 }
@@ -489,9 +497,16 @@ async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
     let (server, _model, gateway) = cluster(dir.path());
     let mut client = gateway.ws(ALICE).await;
 
-    // No worker yet: the run waits in the store, and a cancel ends it there.
+    // No worker yet: the runs wait in the store, accepted and not
+    // started, and a cancel ends one there.
     let waiting = start(&gateway, &prompt("q", 1, 0.0)).await;
-    assert_eq!(view(&gateway, &waiting).await["status"], "QUEUED");
+    let later = start(&gateway, &prompt("l", 1, 1.0)).await;
+    let queued = view(&gateway, &waiting).await;
+    assert_eq!(queued["status"], "QUEUED");
+    assert!(
+        queued["acceptedMs"].as_u64().is_some() && queued.get("startedMs").is_none(),
+        "{queued}"
+    );
     let cancelled = client.ok("agent.cancel", json!({"runId": waiting})).await;
     assert_eq!(cancelled["cancelled"], true, "{cancelled}");
     let stored = stored_events(dir.path(), &server.url(0), &waiting);
@@ -501,8 +516,26 @@ async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
     );
     assert_one_clean_log(&stored, "CANCELED");
 
+    let worker_started_ms = now_ms();
     let worker = WorkerProcess::start(dir.path(), 1);
     let why = || format!("gateway:\n{}\nworker:\n{}", gateway.log_text(), worker.log_text());
+    // The run that waited shows when the worker began it, live and after
+    // its end, beside when it was accepted.
+    effect(dir.path(), "l-1", why).await;
+    let began = |view: &Value| view["startedMs"].as_u64().filter(|ms| *ms >= worker_started_ms);
+    let live = loop {
+        let live = view(&gateway, &later).await;
+        if began(&live).is_some() || live["status"] != "QUEUED" && live["status"] != "RUNNING" {
+            break live;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(live["status"], "RUNNING", "{live}");
+    assert!(began(&live).is_some(), "{live}");
+    let done = ended(&gateway, &later, Duration::from_secs(30), why).await;
+    assert_eq!(done["status"], "DONE", "{done}");
+    assert!(began(&done).is_some(), "{done}");
+    assert!(done["acceptedMs"].as_u64().unwrap() < worker_started_ms, "{done}");
     let running = start(&gateway, &prompt("c", 3, 5.0)).await;
     effect(dir.path(), "c-1", why).await;
     let asked = Instant::now();
@@ -517,8 +550,12 @@ async fn cancels_reach_queued_runs_and_the_worker_that_executes_a_run() {
     );
     assert_one_clean_log(&stored, "CANCELED");
     assert_eq!(view(&gateway, &running).await["status"], "CANCELED");
-    // The queued run never ran; the cancelled one stopped in its first call.
-    assert_eq!(effects(dir.path()), BTreeMap::from([("c-1".into(), 1)]));
+    // The cancelled queued run never ran; the cancelled running one
+    // stopped in its first call.
+    assert_eq!(
+        effects(dir.path()),
+        BTreeMap::from([("c-1".into(), 1), ("l-1".into(), 1)])
+    );
     // The worker is free again.
     let next = start(&gateway, &prompt("n", 1, 0.0)).await;
     assert_eq!(

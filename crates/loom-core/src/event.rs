@@ -54,7 +54,17 @@ macro_rules! event_kinds {
             $( $(#[$variant_meta])* #[serde(rename = $wire)] $variant { $($fields)* } ),*
         }
 
-        impl EventKind {
+        impl Event {
+    /// [`Event::ts`] in milliseconds since the Unix epoch (`None` for a
+    /// time that is not RFC 3339).
+    pub fn ts_ms(&self) -> Option<u64> {
+        let time = humantime::parse_rfc3339(&self.ts).ok()?;
+        let since = time.duration_since(std::time::UNIX_EPOCH).ok()?;
+        u64::try_from(since.as_millis()).ok()
+    }
+}
+
+impl EventKind {
             /// Every event's wire name.
             pub const NAMES: &'static [&'static str] = &[$($wire),*];
 

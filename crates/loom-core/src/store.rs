@@ -39,9 +39,15 @@ pub struct RunRecord {
     pub status: RunStatus,
     /// Who runs it (a process id and host, or a worker id).
     pub owner: String,
-    /// Start, milliseconds since the Unix epoch.
+    /// When it began executing, milliseconds since the Unix epoch; while
+    /// it waits in a gateway's line, when it was accepted. The order of
+    /// every list of runs.
     #[serde(alias = "started_ms")]
     pub started_ms: u64,
+    /// When a gateway accepted it into its line (absent for a run started
+    /// at once, from the command line or the library).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_ms: Option<u64>,
     /// End, when it ended.
     #[serde(alias = "ended_ms")]
     pub ended_ms: Option<u64>,
@@ -65,7 +71,7 @@ pub struct RunRecord {
 
 impl RunRecord {
     /// A run that has not ended, with nothing recorded of it yet: no owner,
-    /// answer, metrics, workspace, principal or parent.
+    /// acceptance time, answer, metrics, workspace, principal or parent.
     pub fn new(
         run_id: impl Into<String>,
         session_id: impl Into<String>,
@@ -82,6 +88,7 @@ impl RunRecord {
             status,
             owner: String::new(),
             started_ms,
+            accepted_ms: None,
             ended_ms: None,
             content: None,
             metrics: RunMetrics::default(),
@@ -273,8 +280,8 @@ pub type EventsStored = Box<dyn FnOnce(Vec<Event>, Result<(), StoreError>) + Sen
 pub trait RunLog: Send + Sync + 'static {
     /// Records a new run (and its session, if new) with its status — or,
     /// for a run the store holds `QUEUED` (see [`Admissions::queue_run`]), moves
-    /// that record to `run`'s status and owner. Any other run of that id is
-    /// an error.
+    /// that record to `run`'s status, owner and start time (its acceptance
+    /// time and request stay). Any other run of that id is an error.
     async fn create_run(&self, run: &RunRecord) -> Result<(), StoreError>;
 
     /// Appends events to `run_id`'s log (events already there are kept as
@@ -417,7 +424,8 @@ pub trait RunIndex: Send + Sync + 'static {
 /// queued runs with the requests that start them, and idempotency keys.
 #[async_trait]
 pub trait Admissions: Send + Sync + 'static {
-    /// Records a run accepted and not started (`QUEUED`, no owner) with the
+    /// Records a run accepted and not started (`QUEUED`, no owner, its
+    /// `started_ms` kept as its acceptance time, `accepted_ms`) with the
     /// request that starts it, and — in the same write — the idempotency
     /// key of the request that asked for it (`(key, request)`, owned by the
     /// run's principal). Once this returns, the run outlives the process.

@@ -96,8 +96,9 @@ end
 
 /// `create_run`: KEYS run; ARGV prefix, id, then the new run's fields.
 /// A run stored `QUEUED` with its request is taken over (status, owner,
-/// model, workspace, metrics; its start time stays); any other existing
-/// run is refused.
+/// model, workspace, metrics, and its start time, by which its indexes
+/// order it again; its acceptance time and request stay); any other
+/// existing run is refused.
 pub(crate) fn create_run() -> String {
     format!(
         "{FENCE}{APPEND_EVENTS}{NEW_RUN}{}",
@@ -107,9 +108,13 @@ local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then
   local status = redis.call('HGET', run_key, 'status')
   if status == 'QUEUED' and redis.call('HEXISTS', run_key, 'request') == 1 and ARGV[6] ~= 'QUEUED' then
+    redis.call('HSET', run_key, 'owner', ARGV[7], 'model', ARGV[5], 'metrics', ARGV[9], 'started_ms', ARGV[8])
     move_status(p, run_key, id, status, ARGV[6])
-    redis.call('HSET', run_key, 'owner', ARGV[7], 'model', ARGV[5], 'metrics', ARGV[9])
     set_optional(run_key, 'workspace', ARGV[10])
+    local stored = redis.call('HMGET', run_key, 'session_id', 'parent_run_id')
+    local parent = ''
+    if stored[2] then parent = '=' .. stored[2] end
+    index(p, id, ARGV[8], {session_id = stored[1], parent_run_id = parent, status = ARGV[6]})
     return 'taken'
   end
   return 'exists'
@@ -136,6 +141,7 @@ local run_key, p, id = KEYS[1], ARGV[1], ARGV[2]
 if redis.call('EXISTS', run_key) == 1 then return 'exists' end
 if ARGV[18] ~= '' and redis.call('ZCARD', p .. 'status:QUEUED') >= tonumber(ARGV[18]) then return 'full' end
 new_run(run_key, p, id)
+redis.call('HSET', run_key, 'accepted_ms', ARGV[8])
 if ARGV[15] ~= '' then redis.call('SET', ARGV[15], ARGV[16], 'NX', 'PX', ARGV[17]) end
 if ARGV[19] == '1' then
   redis.call('HSET', run_key, 'for_workers', '1')

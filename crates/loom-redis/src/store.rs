@@ -468,6 +468,7 @@ fn record(row: &HashMap<String, String>) -> Result<RunRecord, StoreError> {
         status: status_of(&field("status"))?,
         owner: field("owner"),
         started_ms: number("started_ms")?.unwrap_or_default(),
+        accepted_ms: number("accepted_ms")?,
         ended_ms: number("ended_ms")?,
         content: optional("content"),
         metrics: row

@@ -24,7 +24,11 @@ pub(crate) struct LiveRun {
     pub(crate) principal: Principal,
     pub(crate) prompt: String,
     pub(crate) model: String,
+    /// When it began executing; while it waits, when it was accepted.
     pub(crate) started_ms: u64,
+    /// When a gateway accepted it (none for a run it took over from the
+    /// command line's store).
+    pub(crate) accepted_ms: Option<u64>,
     /// Waiting in the gateway's line: the queue has not let it start.
     pub(crate) queued: bool,
     /// What starts it, until it is launched.
@@ -51,6 +55,7 @@ impl LiveRun {
     pub(crate) fn record(&self, status: RunStatus) -> RunRecord {
         RunRecord {
             principal: Some(self.principal.name().to_string()),
+            accepted_ms: self.accepted_ms,
             ..RunRecord::new(
                 &self.run_id,
                 &self.session_id,
@@ -98,7 +103,8 @@ impl LiveRun {
             status: state.status,
             prompt: self.prompt.clone(),
             model: self.model.clone(),
-            started_ms: self.started_ms,
+            started_ms: (state.status != RunStatus::Queued).then_some(self.started_ms),
+            accepted_ms: self.accepted_ms,
             ended_ms: None,
             content: state.content,
             metrics: state.metrics,
@@ -194,14 +200,17 @@ impl Registry {
         }
     }
 
-    /// The queue let these runs start: they are executing from now on.
-    pub(crate) fn starting(&mut self, tickets: Vec<Ticket>) -> Vec<Launch> {
+    /// The queue let these runs start at `now_ms`: they are executing from
+    /// now on.
+    pub(crate) fn starting(&mut self, tickets: Vec<Ticket>, now_ms: u64) -> Vec<Launch> {
         let mut launches = Vec::new();
         for ticket in tickets {
             let Some(run) = self.runs.get_mut(&ticket.run_id) else {
                 continue;
             };
             run.queued = false;
+            // It begins now (a worker's run: when the worker says so).
+            run.started_ms = now_ms;
             launches.extend(Self::launch_of(run));
         }
         launches

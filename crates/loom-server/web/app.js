@@ -113,8 +113,9 @@ function renderRuns(runs) {
       el('td', `status ${run.status}`, run.status),
       el('td', 'prompt-cell', run.prompt),
       el('td', '', run.model),
-      el('td', '', new Date(run.startedMs).toLocaleTimeString()),
-      el('td', '', seconds(ended - run.startedMs)),
+      // A queued run has not started: its time is when it was accepted.
+      el('td', '', new Date(run.startedMs ?? run.acceptedMs).toLocaleTimeString()),
+      el('td', '', run.startedMs ? seconds(ended - run.startedMs) : ''),
       el('td', '', m.iterations ?? ''),
       el('td', '', tokens || ''),
       el('td', '', m.costUsd != null ? `$${m.costUsd.toFixed(4)}` : ''));

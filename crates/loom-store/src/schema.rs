@@ -113,4 +113,8 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX audit_by_time ON audit(time_ms);
     CREATE INDEX audit_by_token ON audit(token, id);",
+    // 9: when a gateway accepted a run into its line; `started_ms` is
+    // when it began executing (until then, its acceptance time).
+    "ALTER TABLE runs ADD COLUMN accepted_ms INTEGER;
+     UPDATE runs SET accepted_ms = started_ms WHERE request IS NOT NULL;",
 ];

@@ -18,7 +18,7 @@ use crate::wal_checkpointer::WalCheckpointer;
 
 /// The columns [`row_to_record`] reads, in its order.
 const RUN_COLUMNS: &str =
-    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal, parent_run_id, parent_turn_id";
+    "id, session_id, prompt, model, status, owner, started_ms, ended_ms, content, metrics, workspace, principal, parent_run_id, parent_turn_id, accepted_ms";
 
 /// How long idempotency keys are kept (Stripe's choice, and long enough
 /// for any client's retries).
@@ -322,6 +322,7 @@ struct RawRun {
     principal: Option<String>,
     parent_run_id: Option<String>,
     parent_turn_id: Option<String>,
+    accepted_ms: Option<i64>,
 }
 
 /// Reads a row selected with [`RUN_COLUMNS`].
@@ -341,6 +342,7 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> Result<RawRun, rusqlite::Error> {
         principal: row.get(11)?,
         parent_run_id: row.get(12)?,
         parent_turn_id: row.get(13)?,
+        accepted_ms: row.get(14)?,
     })
 }
 
@@ -353,6 +355,7 @@ fn record(raw: RawRun) -> Result<RunRecord, StoreError> {
         status: status_of(&raw.status)?,
         owner: raw.owner,
         started_ms: raw.started_ms as u64,
+        accepted_ms: raw.accepted_ms.map(|ms| ms as u64),
         ended_ms: raw.ended_ms.map(|e| e as u64),
         content: raw.content,
         metrics: parse::<RunMetrics>(&raw.metrics)?,
@@ -373,15 +376,16 @@ impl RunLog for SqliteStore {
         let fail = self.fail();
         self.write("create_run", move |tx| {
             insert_session(tx, &run).map_err(&fail)?;
-            // A run a gateway queued is taken over by whoever starts it: its
-            // start time (when it was accepted) and its request stay.
+            // A run a gateway queued is taken over by whoever starts it,
+            // from now on; its acceptance time and its request stay.
             let written = tx
                 .prepare_cached(
                     "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, workspace, principal,
                                        parent_run_id, parent_turn_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
                      ON CONFLICT (id) DO UPDATE SET status = excluded.status, owner = excluded.owner,
-                         model = excluded.model, workspace = excluded.workspace, metrics = excluded.metrics
+                         model = excluded.model, workspace = excluded.workspace, metrics = excluded.metrics,
+                         started_ms = excluded.started_ms
                      WHERE runs.status = 'QUEUED' AND runs.request IS NOT NULL AND excluded.status != 'QUEUED'",
                 )
                 .and_then(|mut insert| {
@@ -830,8 +834,9 @@ impl Admissions for SqliteStore {
         self.write("queue_run", move |tx| {
             insert_session(tx, &run).map_err(&fail)?;
             tx.prepare_cached(
-                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, metrics, principal, request)
-                 VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?6, ?7, ?8)",
+                "INSERT INTO runs (id, session_id, prompt, model, status, owner, started_ms, accepted_ms, metrics, principal,
+                                   request)
+                 VALUES (?1, ?2, ?3, ?4, 'QUEUED', '', ?5, ?5, ?6, ?7, ?8)",
             )
             .and_then(|mut insert| {
                 insert.execute(params![
@@ -879,7 +884,7 @@ impl Admissions for SqliteStore {
                     ))
                     .map_err(&fail)?;
                 let rows = select
-                    .query_map([], |row| Ok((row_to_record(row)?, row.get::<_, String>(14)?)))
+                    .query_map([], |row| Ok((row_to_record(row)?, row.get::<_, String>(15)?)))
                     .map_err(&fail)?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(&fail)?;

@@ -501,7 +501,9 @@ async fn a_queued_run_and_its_key_outlive_the_handle() {
     store.queue_run(&run, Some(("order-1", &keyed))).await.unwrap();
     drop(store);
     let store = SqliteStore::open(dir.path().join("loom.db")).unwrap();
-    assert_eq!(store.queued_runs().await.unwrap(), vec![run]);
+    let mut stored = run;
+    stored.record.accepted_ms = Some(stored.record.started_ms);
+    assert_eq!(store.queued_runs().await.unwrap(), vec![stored]);
     assert_eq!(store.remembered_request("alice", "order-1").await.unwrap(), Some(keyed));
 }
 

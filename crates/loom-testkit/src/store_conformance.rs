@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: a failed unwrap is a failed test
 
 use loom_core::{
-    Checkpoint, Event, EventKind, KeyedRequest, Message, QueuedRun, RunMetrics, RunRecord, RunState, RunStatus, Store,
-    StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
+    Checkpoint, Event, EventKind, KeyedRequest, Message, QueuedRun, RunMetrics, RunQuery, RunRecord, RunState,
+    RunStatus, Store, StoreError, ToolCall, ToolResult, ToolStatus, TurnState,
 };
 use serde_json::json;
 
@@ -251,14 +251,22 @@ pub async fn a_queued_run_is_taken_over_by_whoever_starts_it(store: &dyn Store) 
         run_id: "q1".into(),
     };
     store.queue_run(&run, Some(("order-1", &keyed))).await.unwrap();
-    // The run and its key are stored together.
-    assert_eq!(store.queued_runs().await.unwrap(), vec![run.clone()]);
+    // The run and its key are stored together, the run with the time it
+    // was accepted.
+    let accepted = QueuedRun {
+        record: RunRecord {
+            accepted_ms: Some(1),
+            ..queued.clone()
+        },
+        ..run.clone()
+    };
+    assert_eq!(store.queued_runs().await.unwrap(), vec![accepted]);
     assert_eq!(store.remembered_request("alice", "order-1").await.unwrap(), Some(keyed));
     // Queued twice is an error; so is a second queued run of the same id.
     assert!(store.queue_run(&run, None).await.is_err());
 
-    // Whoever starts it takes the record over: RUNNING, with its owner;
-    // the time it was accepted stays.
+    // Whoever starts it takes the record over: RUNNING, with its owner and
+    // its start time; the time it was accepted stays.
     let mut starting = queued.clone();
     starting.status = RunStatus::Running;
     starting.owner = "worker-1".into();
@@ -266,9 +274,47 @@ pub async fn a_queued_run_is_taken_over_by_whoever_starts_it(store: &dyn Store) 
     store.create_run(&starting).await.unwrap();
     let stored = store.load_run("q1").await.unwrap().run;
     assert_eq!(
-        (stored.status, stored.owner.as_str(), stored.started_ms),
-        (RunStatus::Running, "worker-1", 1)
+        (
+            stored.status,
+            stored.owner.as_str(),
+            stored.started_ms,
+            stored.accepted_ms
+        ),
+        (RunStatus::Running, "worker-1", 99, Some(1))
     );
+    // Lists order it by its start now, and find it by its new status.
+    let mut older = record("older");
+    older.started_ms = 50;
+    store.create_run(&older).await.unwrap();
+    let listed: Vec<String> = store
+        .list_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|run| run.run_id)
+        .collect();
+    assert_eq!(listed, ["q1", "older"]);
+    let running = store
+        .query_runs(&RunQuery {
+            status: Some(RunStatus::Running),
+            before: Some((100, String::new())),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        running.iter().map(|run| run.run_id.as_str()).collect::<Vec<_>>(),
+        ["q1"]
+    );
+    let session: Vec<String> = store
+        .session_runs("session-1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|run| run.run_id)
+        .collect();
+    assert_eq!(session, ["older", "q1"], "oldest first, by start");
     assert!(store.queued_runs().await.unwrap().is_empty());
     // Its request stays with it (what a resume after a restart may use).
     assert_eq!(store.run_request("q1").await.unwrap(), Some(run.request.clone()));

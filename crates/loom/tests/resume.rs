@@ -115,19 +115,8 @@ fn dead_owner() -> String {
 /// A run as a process records it before running it: `QUEUED`, owned by `owner`.
 fn queued_record(run_id: &str, prompt: &str, owner: String) -> loom::RunRecord {
     loom::RunRecord {
-        run_id: run_id.into(),
-        session_id: run_id.into(),
-        prompt: prompt.into(),
-        model: "scripted:inline".into(),
-        status: RunStatus::Queued,
         owner,
-        started_ms: 1,
-        ended_ms: None,
-        content: None,
-        metrics: Default::default(),
-        workspace: None,
-        principal: None,
-        parent: None,
+        ..loom::RunRecord::new(run_id, run_id, prompt, "scripted:inline", RunStatus::Queued, 1)
     }
 }
 

@@ -103,8 +103,13 @@ pub struct RunView {
     pub prompt: String,
     /// The model.
     pub model: String,
-    /// Start (or submission, while queued), ms since the epoch.
-    pub started_ms: u64,
+    /// When it began executing, ms since the epoch; absent while `QUEUED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// When the gateway accepted it (absent for a run started elsewhere,
+    /// such as from the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_ms: Option<u64>,
     /// End.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
@@ -123,6 +128,15 @@ pub struct RunView {
     /// The run whose `task` call started it, for a sub-agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<String>,
+}
+
+impl RunView {
+    /// Where the run stands in a list of runs (newest first) and in a
+    /// cursor: its start, or, while it waits, its acceptance — the time
+    /// every store orders its runs by.
+    pub fn listed_ms(&self) -> u64 {
+        self.started_ms.or(self.accepted_ms).unwrap_or_default()
+    }
 }
 
 /// A page of `run.list`.

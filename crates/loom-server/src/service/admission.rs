@@ -202,7 +202,7 @@ impl Service {
                 session_id,
             };
             let launches = match self.inner.queue.push(ticket) {
-                Ok(started) => registry.starting(started),
+                Ok(started) => registry.starting(started, now_ms()),
                 Err(QueueFull) => {
                     registry.remove(&run_id);
                     self.inner.feed.forget(&run_id);
@@ -308,7 +308,7 @@ impl Service {
         agent: Agent,
         run_id: &str,
         session_id: &str,
-        started_ms: u64,
+        accepted_ms: u64,
         history: Option<Vec<Message>>,
     ) -> LiveRun {
         let request = RunRequest {
@@ -331,7 +331,9 @@ impl Service {
                 .model
                 .clone()
                 .unwrap_or_else(|| self.inner.agents.default_model()),
-            started_ms,
+            // Until it begins, its start is its acceptance.
+            started_ms: accepted_ms,
+            accepted_ms: Some(accepted_ms),
             queued: true,
             start: Some(Start::New(agent, Box::new(request))),
             stored: self.inner.store.is_none(),
@@ -357,7 +359,7 @@ impl Service {
         } else {
             self.inner.queue.finished(run_id, !self.shutting_down())
         };
-        let launches = registry.starting(started);
+        let launches = registry.starting(started, now_ms());
         let run = registry.remove(run_id);
         self.publish_gauges(&registry);
         drop(registry);
@@ -390,7 +392,7 @@ impl Service {
             } else {
                 self.inner.queue.finished(run_id, !self.shutting_down())
             };
-            let launches = registry.starting(started);
+            let launches = registry.starting(started, now_ms());
             self.publish_gauges(&registry);
             launches
         };

@@ -64,7 +64,7 @@ impl Service {
             let removed = registry.remove(run_id);
             let started = self.inner.queue.finished(run_id, !self.shutting_down());
             self.publish_gauges(&registry);
-            (registry.starting(started), removed)
+            (registry.starting(started, now_ms()), removed)
         };
         self.inner.feed.close(run_id);
         for launch in launches {
@@ -180,7 +180,7 @@ impl Service {
             }
             let start_more = !self.inner.shutting_down.load(Ordering::SeqCst);
             let started = self.inner.queue.finished(run_id, start_more);
-            let launches = registry.starting(started);
+            let launches = registry.starting(started, now_ms());
             self.publish_gauges(&registry);
             (run, launches)
         };

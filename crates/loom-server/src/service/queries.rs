@@ -130,11 +130,11 @@ impl Service {
                     .map(|(record, seq)| stored_view(record, seq)),
             );
         }
-        runs.sort_by(|a, b| (b.started_ms, &b.run_id).cmp(&(a.started_ms, &a.run_id)));
+        runs.sort_by(|a, b| (b.listed_ms(), &b.run_id).cmp(&(a.listed_ms(), &a.run_id)));
         runs.dedup_by(|a, b| a.run_id == b.run_id);
         let next_cursor = (runs.len() > limit).then(|| {
             let last = &runs[limit - 1];
-            format!("{}:{}", last.started_ms, last.run_id)
+            format!("{}:{}", last.listed_ms(), last.run_id)
         });
         runs.truncate(limit);
         Ok(RunPage { runs, next_cursor })
@@ -148,7 +148,11 @@ pub(super) fn stored_view(record: RunRecord, last_seq: u64) -> RunView {
         status: record.status,
         prompt: record.prompt,
         model: record.model,
-        started_ms: record.started_ms,
+        // Stored runs order by `started_ms`, the acceptance time while queued.
+        started_ms: (record.status != RunStatus::Queued).then_some(record.started_ms),
+        accepted_ms: record
+            .accepted_ms
+            .or((record.status == RunStatus::Queued).then_some(record.started_ms)),
         ended_ms: record.ended_ms,
         content: record.content,
         metrics: record.metrics,
@@ -168,7 +172,7 @@ pub(super) fn matches_view(query: &RunQuery, view: &RunView) -> bool {
         && query
             .before
             .as_ref()
-            .is_none_or(|(ms, id)| (view.started_ms, view.run_id.as_str()) < (*ms, id.as_str()))
+            .is_none_or(|(ms, id)| (view.listed_ms(), view.run_id.as_str()) < (*ms, id.as_str()))
 }
 
 pub(super) fn parse_cursor(cursor: &str) -> Result<(u64, String), ApiError> {

@@ -398,6 +398,12 @@ impl Service {
     fn on_root_event(&self, remote: Arc<RemoteRun>, event: Event) {
         let run_id = remote.run_id.clone();
         remote.state.send_if_modified(|state| state.follow(&run_id, &event));
+        if let (EventKind::LifecycleStart { resumed: false, .. }, Some(started_ms)) = (&event.kind, event.ts_ms()) {
+            // A worker began it: it shows that start, not its acceptance.
+            if let Some(run) = self.registry().runs.get_mut(&run_id) {
+                run.started_ms = started_ms;
+            }
+        }
         let mut model_started = None;
         crate::metrics::observe(&event, &mut model_started);
         let ended = match &event.kind {
@@ -508,6 +514,7 @@ impl Service {
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
                 started_ms: record.started_ms,
+                accepted_ms: record.accepted_ms,
                 queued: false,
                 start: None,
                 stored: true,

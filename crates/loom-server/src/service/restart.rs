@@ -233,6 +233,7 @@ impl Service {
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
                 started_ms: record.started_ms,
+                accepted_ms: record.accepted_ms,
                 queued: true,
                 start: Some(Start::Resume(Box::new(resuming))),
                 stored: true,
@@ -267,7 +268,7 @@ impl Service {
             agent,
             &record.run_id,
             &record.session_id,
-            record.started_ms,
+            record.accepted_ms.unwrap_or(record.started_ms),
             None,
         );
         run.stored = true;
@@ -295,7 +296,7 @@ impl Service {
             }
             registry.add(run);
             let started = self.inner.queue.readmit(ticket);
-            let launches = registry.starting(started);
+            let launches = registry.starting(started, now_ms());
             self.publish_gauges(&registry);
             launches
         };
