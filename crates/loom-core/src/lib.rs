@@ -93,7 +93,7 @@ pub use metrics::{Pricing, RunMetrics, ToolStats};
 pub use model_source::{ModelSource, SourcedModel};
 pub use observe::EventObserver;
 pub use outcome::{ErrorCode, RunOutcome, StopReason, TimeoutKind, WarningCode};
-pub use permission::{Decision, Mode, PermissionPolicy, PolicyError};
+pub use permission::{Decision, Mode, PermissionPolicy, PolicyError, SessionGrant};
 pub use pipeline::{is_secret_name, remember_secrets, PipelineConfig, Redactor};
 pub use recovery::ResumeError;
 pub use retrieval::{RetrievalError, RetrievedDoc, Retriever};

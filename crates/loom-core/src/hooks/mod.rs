@@ -30,10 +30,10 @@ pub enum HookDecision {
     /// Run the call without asking; later hooks are skipped. An explicit
     /// `deny` rule still refuses it.
     Allow,
-    /// Ask a person. An "always" answer grants `grant_key` for the session.
+    /// Ask a person. An "always" answer grants `grant` for the session.
     Ask {
-        /// What "always" grants, e.g. `tool:write_file`.
-        grant_key: String,
+        /// What "always" grants, e.g. `SessionGrant::Tool("write_file".into())`.
+        grant: crate::permission::SessionGrant,
         /// Why the question is asked, shown to the person.
         reason: Option<String>,
     },

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
+use super::grant::SessionGrant;
 use crate::control::PermissionDecision;
 use crate::emitter::EventEmitter;
 use crate::event::{EventKind, TurnIds, Unanswered};
@@ -30,7 +31,7 @@ pub enum AskOutcome {
 }
 
 /// Grants of "always" that last for a session.
-pub type SessionGrants = Arc<Mutex<HashSet<String>>>;
+pub type SessionGrants = Arc<Mutex<HashSet<SessionGrant>>>;
 
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -158,8 +159,8 @@ pub(crate) struct AskRequest<'a> {
     pub call_id: &'a str,
     pub tool: &'a str,
     pub args: &'a Value,
-    /// What an "always" grants: `tool:NAME` or `rule:PATTERN`.
-    pub grant_key: String,
+    /// What an "always" grants.
+    pub grant: SessionGrant,
     /// Why the question is asked (the rule), shown to the person.
     pub reason: Option<String>,
 }
@@ -174,9 +175,9 @@ pub(crate) fn request_id(run_id: &str, call_id: &str) -> String {
 }
 
 impl PermissionGate {
-    /// Whether an earlier "always" covers `grant_key`.
-    pub(crate) fn is_granted(&self, grant_key: &str) -> bool {
-        lock(&self.grants).contains(grant_key)
+    /// Whether an earlier "always" covers `grant`.
+    pub(crate) fn is_granted(&self, grant: &SessionGrant) -> bool {
+        lock(&self.grants).contains(grant)
     }
 
     /// Records a status change in the store, if any. A failure is logged,
@@ -195,7 +196,7 @@ impl PermissionGate {
         match decision {
             PermissionDecision::Allow => (AskOutcome::Allowed, decision),
             PermissionDecision::Always => {
-                lock(&self.grants).insert(request.grant_key.clone());
+                lock(&self.grants).insert(request.grant.clone());
                 (AskOutcome::Allowed, decision)
             }
             PermissionDecision::Deny => (

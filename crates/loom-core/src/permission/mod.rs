@@ -2,6 +2,7 @@
 //! that asks a person through the run's events and `RunHandle`.
 
 mod gate;
+mod grant;
 mod mode;
 mod policy;
 mod sessions;
@@ -9,6 +10,7 @@ mod sessions;
 pub use crate::control::PermissionDecision;
 pub use gate::{AskOutcome, SessionGrants};
 pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
+pub use grant::SessionGrant;
 pub use mode::{Mode, UnknownMode, FILE_WRITING_TOOLS};
 pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};
 pub(crate) use sessions::GrantsBySession;

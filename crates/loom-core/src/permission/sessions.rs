@@ -72,12 +72,20 @@ mod tests {
     fn a_grant_or_a_live_run_keeps_its_session() {
         let sessions = GrantsBySession::default();
         let live = sessions.of("live");
-        sessions.of("granted").lock().unwrap().insert("tool:bash".into());
+        sessions
+            .of("granted")
+            .lock()
+            .unwrap()
+            .insert(crate::permission::SessionGrant::Tool("bash".into()));
         for n in 0..1_000 {
             drop(sessions.of(&format!("session-{n}")));
         }
         // The live run's set is the one the session's next run gets.
         assert!(Arc::ptr_eq(&live, &sessions.of("live")));
-        assert!(sessions.of("granted").lock().unwrap().contains("tool:bash"));
+        assert!(sessions
+            .of("granted")
+            .lock()
+            .unwrap()
+            .contains(&crate::permission::SessionGrant::Tool("bash".into())));
     }
 }

@@ -22,7 +22,7 @@ use crate::codes::WarningCode;
 use crate::event::EventKind;
 use crate::hooks::{HookCall, HookDecision, HookEvent, HookVerdict};
 use crate::message::ToolCall;
-use crate::permission::{AskOutcome, AskRequest, Decision, Verdict};
+use crate::permission::{AskOutcome, AskRequest, Decision, SessionGrant, Verdict};
 use crate::tool::RegisteredTool;
 use crate::tool_result::{Authority, ErrorKind, ToolResult, ToolStatus};
 
@@ -33,7 +33,10 @@ use super::{BatchEnv, ToolPipeline};
 enum HookChoice {
     Allow,
     Deny(String),
-    Ask { grant_key: String, reason: Option<String> },
+    Ask {
+        grant: SessionGrant,
+        reason: Option<String>,
+    },
 }
 
 /// The arguments to run with and who let the call run, or the result that
@@ -56,7 +59,7 @@ pub(crate) async fn authorize(
     match choice {
         Some(HookChoice::Allow) => Ok((args, Authority::Hook)),
         Some(HookChoice::Deny(reason)) => Err(denied(call, reason, Authority::Hook)),
-        Some(HookChoice::Ask { grant_key, reason }) => ask(call, args, grant_key, reason, env).await,
+        Some(HookChoice::Ask { grant, reason }) => ask(call, args, grant, reason, env).await,
         None => {
             let authority = match (&verdict.rule, verdict.by_mode) {
                 (Some(_), _) => Authority::Rule,
@@ -69,11 +72,11 @@ pub(crate) async fn authorize(
                 Decision::Ask => {
                     // "always" grants the rule that asked when it constrains
                     // arguments, otherwise the whole tool.
-                    let grant_key = match (&verdict.rule, verdict.rule_has_arguments) {
-                        (Some(rule), true) => format!("rule:{rule}"),
-                        _ => format!("tool:{}", call.name),
+                    let grant = match (&verdict.rule, verdict.rule_has_arguments) {
+                        (Some(rule), true) => SessionGrant::Rule(rule.clone()),
+                        _ => SessionGrant::Tool(call.name.clone()),
                     };
-                    ask(call, args, grant_key, verdict.rule, env).await
+                    ask(call, args, grant, verdict.rule, env).await
                 }
             }
         }
@@ -121,7 +124,10 @@ async fn lifecycle_hooks(
         }),
         // "always" covers this tool when the hook asks for the same reason.
         HookVerdict::Ask => HookChoice::Ask {
-            grant_key: format!("hook:{}:{}", call.name, reason.as_deref().unwrap_or_default()),
+            grant: SessionGrant::Hook {
+                tool: call.name.clone(),
+                reason: reason.clone(),
+            },
             reason,
         },
     }))
@@ -149,7 +155,7 @@ async fn tool_hooks(
             HookDecision::Rewrite(rewritten) => {
                 *args = validate(call, tool, &rewritten).map_err(|rejection| rejection.into_result(call))?;
             }
-            HookDecision::Ask { grant_key, reason } => return Ok(Some(HookChoice::Ask { grant_key, reason })),
+            HookDecision::Ask { grant, reason } => return Ok(Some(HookChoice::Ask { grant, reason })),
         }
     }
     Ok(None)
@@ -159,18 +165,18 @@ async fn tool_hooks(
 async fn ask(
     call: &ToolCall,
     args: Value,
-    grant_key: String,
+    grant: SessionGrant,
     reason: Option<String>,
     env: &BatchEnv<'_>,
 ) -> Result<(Value, Authority), ToolResult> {
-    if env.gate.is_granted(&grant_key) {
+    if env.gate.is_granted(&grant) {
         return Ok((args, Authority::Session));
     }
     let request = AskRequest {
         call_id: &call.id,
         tool: &call.name,
         args: &args,
-        grant_key,
+        grant,
         reason,
     };
     match env.gate.ask(request, env.events, env.turn, env.ctx).await {
