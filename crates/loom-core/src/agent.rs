@@ -19,7 +19,7 @@ use crate::llm::Llm;
 use crate::machine;
 use crate::memory::MemoryConfig;
 use crate::metrics::Pricing;
-use crate::permission::{GrantsBySession, PendingRequests, PermissionGate, PermissionPolicy, SessionGrants};
+use crate::permission::{GrantsBySession, PendingAsks, PermissionGate, PermissionPolicy, SessionGrants};
 use crate::pipeline::{PipelineConfig, Redactor, ToolPipeline};
 pub use crate::recovery::ResumeError;
 use crate::retrieval::Retriever;
@@ -899,7 +899,7 @@ impl Agent {
         let (pause_tx, pause_rx) = watch::channel(false);
         let (state_tx, state_rx) = watch::channel(state);
         let state_tx = Arc::new(state_tx);
-        let pending = Arc::new(PendingRequests::new(state_tx.clone()));
+        let pending = Arc::new(PendingAsks::new(state_tx.clone()));
         let gate = PermissionGate {
             pending: pending.clone(),
             grants: self.session_grants(ctx.session_id()),

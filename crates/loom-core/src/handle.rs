@@ -16,7 +16,7 @@ use crate::live_state::LiveState;
 use crate::metrics::RunMetrics;
 pub use crate::outcome::RunOutcome;
 use crate::outcome::{ErrorCode, StopReason};
-use crate::permission::PendingRequests;
+use crate::permission::PendingAsks;
 use crate::status::RunStatus;
 
 /// A control could not be delivered.
@@ -39,7 +39,7 @@ pub struct RunController {
     pub(crate) pause_tx: Arc<watch::Sender<bool>>,
     pub(crate) steer_tx: mpsc::UnboundedSender<String>,
     pub(crate) state: watch::Receiver<LiveState>,
-    pub(crate) pending: Arc<PendingRequests>,
+    pub(crate) pending: Arc<PendingAsks>,
 }
 
 impl RunController {

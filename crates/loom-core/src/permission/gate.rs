@@ -40,7 +40,7 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The requests of one run tree waiting for answers, shared by the run,
 /// its sub-agents and its controller.
 #[derive(Debug)]
-pub(crate) struct PendingRequests {
+pub(crate) struct PendingAsks {
     asks: Mutex<Asks>,
     /// The run's state: which asks a previous process left open.
     state: Arc<watch::Sender<LiveState>>,
@@ -56,7 +56,7 @@ struct Asks {
     early: HashMap<String, PermissionDecision>,
 }
 
-impl PendingRequests {
+impl PendingAsks {
     pub(crate) fn new(state: Arc<watch::Sender<LiveState>>) -> Self {
         Self {
             asks: Mutex::default(),
@@ -127,7 +127,7 @@ enum Expected {
 /// Takes an ask out of the waiting ones when its wait ends, however it
 /// ends (a run that no longer waits must not look as if it did).
 struct WaitingEntry<'a> {
-    pending: &'a PendingRequests,
+    pending: &'a PendingAsks,
     request_id: &'a str,
 }
 
@@ -140,7 +140,7 @@ impl Drop for WaitingEntry<'_> {
 /// The ask machinery of one run.
 #[derive(Clone)]
 pub(crate) struct PermissionGate {
-    pub pending: Arc<PendingRequests>,
+    pub pending: Arc<PendingAsks>,
     pub grants: SessionGrants,
     pub timeout: Option<Duration>,
     /// Why nobody can answer, when nobody can (the CLI without a
@@ -153,7 +153,7 @@ pub(crate) struct PermissionGate {
 }
 
 /// What is being asked about.
-pub(crate) struct AskRequest<'a> {
+pub(crate) struct Ask<'a> {
     /// The call asked about: with the run, it names the request, so a
     /// resumed run asks again under the same id.
     pub call_id: &'a str,
@@ -192,7 +192,7 @@ impl PermissionGate {
 
     /// What a person's decision means for the call: an "always" is
     /// granted for the session from now on.
-    fn settle(&self, decision: PermissionDecision, request: &AskRequest<'_>) -> (AskOutcome, PermissionDecision) {
+    fn settle(&self, decision: PermissionDecision, request: &Ask<'_>) -> (AskOutcome, PermissionDecision) {
         match decision {
             PermissionDecision::Allow => (AskOutcome::Allowed, decision),
             PermissionDecision::Always => {
@@ -214,7 +214,7 @@ impl PermissionGate {
     /// the run's; the ask's own timeout bounds it.
     pub(crate) async fn ask(
         &self,
-        request: AskRequest<'_>,
+        request: Ask<'_>,
         events: &EventEmitter,
         turn: &TurnIds,
         ctx: &crate::context::RunContext,

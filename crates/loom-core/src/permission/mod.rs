@@ -8,8 +8,8 @@ mod policy;
 mod sessions;
 
 pub use crate::control::PermissionDecision;
+pub(crate) use gate::{Ask, PendingAsks, PermissionGate};
 pub use gate::{AskOutcome, SessionGrants};
-pub(crate) use gate::{AskRequest, PendingRequests, PermissionGate};
 pub use grant::SessionGrant;
 pub use mode::{Mode, UnknownMode, FILE_WRITING_TOOLS};
 pub use policy::{Decision, PermissionPolicy, PolicyError, Rule, Verdict};

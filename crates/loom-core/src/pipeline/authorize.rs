@@ -22,7 +22,7 @@ use crate::codes::WarningCode;
 use crate::event::EventKind;
 use crate::hooks::{HookCall, HookDecision, HookEvent, HookVerdict};
 use crate::message::ToolCall;
-use crate::permission::{AskOutcome, AskRequest, Decision, SessionGrant, Verdict};
+use crate::permission::{Ask, AskOutcome, Decision, SessionGrant, Verdict};
 use crate::tool::RegisteredTool;
 use crate::tool_result::{Authority, ErrorKind, ToolResult, ToolStatus};
 
@@ -172,7 +172,7 @@ async fn ask(
     if env.gate.is_granted(&grant) {
         return Ok((args, Authority::Session));
     }
-    let request = AskRequest {
+    let request = Ask {
         call_id: &call.id,
         tool: &call.name,
         args: &args,
