@@ -380,7 +380,9 @@ impl Service {
     /// asked for them until its calls are complete (and once more then).
     fn watch_for_children(&self, run_id: &str, event: &Event) {
         match &event.kind {
-            EventKind::ToolCallsStart { calls } if calls.iter().any(|call| call.name == "task") => {
+            EventKind::ToolCallsStart { calls }
+                if calls.iter().any(|call| call.name == loom_core::delegate::TASK_TOOL) =>
+            {
                 self.inner.followed.lock().parents.insert(run_id.to_string());
             }
             EventKind::ToolCallsComplete { .. } | EventKind::LifecycleEnd { .. }
@@ -531,7 +533,9 @@ impl Service {
             .iter()
             .rev()
             .find_map(|event| match &event.kind {
-                EventKind::ToolCallsStart { calls } => Some(calls.iter().any(|call| call.name == "task")),
+                EventKind::ToolCallsStart { calls } => {
+                    Some(calls.iter().any(|call| call.name == loom_core::delegate::TASK_TOOL))
+                }
                 EventKind::ToolCallsComplete { .. } => Some(false),
                 _ => None,
             })
