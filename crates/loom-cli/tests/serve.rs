@@ -104,9 +104,18 @@ async fn a_queued_run_shows_when_it_was_accepted_and_when_it_began() {
         "{in_list}"
     );
 
+    // The live view and the stored record agree on when it began (the
+    // record keeps the time of its `lifecycle.start`).
+    client.until(&first, "step.completed").await;
+    let first_live = client.ok("run.get", json!({"runId": first})).await;
+    assert_eq!(first_live["status"], "RUNNING", "{first_live}");
     client.until(&first, "lifecycle.end").await;
     client.until(&second, "lifecycle.end").await;
     let first_view = client.ok("run.get", json!({"runId": first})).await;
+    assert_eq!(
+        first_live["startedMs"], first_view["startedMs"],
+        "{first_live} {first_view}"
+    );
     let view = client.ok("run.get", json!({"runId": second})).await;
     assert_eq!(view["status"], "DONE");
     assert_eq!(view["acceptedMs"], accepted, "{view}");

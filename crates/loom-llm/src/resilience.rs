@@ -189,6 +189,65 @@ impl CircuitBreaker {
     }
 }
 
+/// One call as a circuit breaker counts it: settled once, as a success or
+/// a failure — also when the call is dropped before it ends (a cancelled
+/// run, a step time-out), which counts as a failed call once an attempt
+/// of it had failed or it was the one trial. Without that, a trial dropped
+/// mid-way left the circuit half-open for good, and a provider whose calls
+/// always ran out of time was never counted.
+pub(crate) struct BreakerCall<'a> {
+    breaker: &'a CircuitBreaker,
+    trial: bool,
+    failed: bool,
+    settled: bool,
+}
+
+impl<'a> BreakerCall<'a> {
+    pub(crate) fn new(breaker: &'a CircuitBreaker) -> Self {
+        Self {
+            breaker,
+            trial: false,
+            failed: false,
+            settled: false,
+        }
+    }
+
+    /// An attempt went out as the breaker let it.
+    pub(crate) fn admitted(&mut self, admission: Admission) {
+        self.trial |= admission == Admission::Trial;
+    }
+
+    /// Whether the call is the one trial of a circuit that was open.
+    pub(crate) fn is_trial(&self) -> bool {
+        self.trial
+    }
+
+    /// An attempt failed in a way that says the provider is unwell.
+    pub(crate) fn attempt_failed(&mut self) {
+        self.failed = true;
+    }
+
+    /// The provider answered.
+    pub(crate) fn succeeded(mut self) {
+        self.settled = true;
+        self.breaker.record_success();
+    }
+
+    /// The call gave up.
+    pub(crate) fn failed(mut self) {
+        self.settled = true;
+        self.breaker.record_failure();
+    }
+}
+
+impl Drop for BreakerCall<'_> {
+    fn drop(&mut self) {
+        if !self.settled && (self.trial || self.failed) {
+            self.breaker.record_failure();
+        }
+    }
+}
+
 /// A client-side limit of requests per minute (a sliding window).
 #[derive(Debug)]
 pub struct RateLimiter {
@@ -314,6 +373,44 @@ mod tests {
         std::thread::sleep(Duration::from_millis(40));
         assert!(breaker.admit().is_ok());
         breaker.record_success();
+        assert_eq!(breaker.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_call_dropped_mid_way_is_counted_once_it_failed_or_was_the_trial() {
+        let breaker = CircuitBreaker::new(
+            "p",
+            BreakerSettings {
+                failure_threshold: 1,
+                open_for: Duration::from_millis(30),
+            },
+        );
+        // Dropped before anything failed (a cancel during the first
+        // attempt): nothing is said of the provider.
+        let mut call = BreakerCall::new(&breaker);
+        call.admitted(breaker.admit().unwrap());
+        drop(call);
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        // Dropped between retries: a failed call.
+        let mut call = BreakerCall::new(&breaker);
+        call.admitted(breaker.admit().unwrap());
+        call.attempt_failed();
+        drop(call);
+        assert!(matches!(breaker.state(), BreakerState::Open { .. }));
+        // The trial, dropped before its answer: the circuit opens again
+        // rather than staying half-open.
+        std::thread::sleep(Duration::from_millis(40));
+        let mut call = BreakerCall::new(&breaker);
+        call.admitted(breaker.admit().unwrap());
+        assert!(call.is_trial());
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        drop(call);
+        assert!(matches!(breaker.state(), BreakerState::Open { .. }));
+        // A settled call is counted once, as settled.
+        std::thread::sleep(Duration::from_millis(40));
+        let mut call = BreakerCall::new(&breaker);
+        call.admitted(breaker.admit().unwrap());
+        call.succeeded();
         assert_eq!(breaker.state(), BreakerState::Closed);
     }
 

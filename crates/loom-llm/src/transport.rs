@@ -15,7 +15,7 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::stream::{self, Stream, StreamExt};
 use loom_core::{LlmChunk, LlmError, LlmStream};
 
-use crate::resilience::{Admission, BreakerSettings, CircuitBreaker, RateLimiter, RetryPolicy};
+use crate::resilience::{BreakerCall, BreakerSettings, CircuitBreaker, RateLimiter, RetryPolicy};
 
 /// Timeouts, retries and limits of a provider.
 #[derive(Debug, Clone)]
@@ -134,6 +134,7 @@ impl Transport {
         let policy = &self.settings.retry;
         let attempts = policy.max_attempts.max(1);
         let mut number = 1;
+        let mut call = BreakerCall::new(&self.breaker);
         loop {
             let admission = match self.breaker.admit() {
                 Ok(admission) => admission,
@@ -148,12 +149,13 @@ impl Transport {
                     })
                 }
             };
+            call.admitted(admission);
             if let Some(limiter) = &self.limiter {
                 limiter.acquire().await;
             }
             let err = match attempt().await {
                 Ok(value) => {
-                    self.breaker.record_success();
+                    call.succeeded();
                     return Ok(value);
                 }
                 Err(err) => err,
@@ -161,13 +163,15 @@ impl Transport {
             if !is_transient(&err) {
                 // The provider answered (it refused the request, not the
                 // call): it is up, as far as the circuit goes.
-                self.breaker.record_success();
+                call.succeeded();
                 return Err(err);
             }
+            call.attempt_failed();
             // The breaker counts calls, not attempts (docs/cli.md), so a call
-            // is patient with a restarting server; a trial is not.
-            if number >= attempts || admission == Admission::Trial {
-                self.breaker.record_failure();
+            // is patient with a restarting server; a trial is not. A call
+            // dropped mid-way is counted too (`BreakerCall`).
+            if number >= attempts || call.is_trial() {
+                call.failed();
                 return Err(gave_up(err, number));
             }
             let retry_after = match &err {

@@ -628,6 +628,38 @@ async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
 }
 
 #[tokio::test]
+async fn a_call_dropped_while_it_retries_counts_as_failed() {
+    // A run cancelled, or out of step time, while its call waits between
+    // retries: the provider was failing, so the circuit hears of it.
+    let server = FakeServer::start(
+        (0..10)
+            .map(|_| Reply::status(500, json!({"error": {"message": "down"}})))
+            .collect(),
+    );
+    let mut config = OpenAiConfig::new("m");
+    config.base_url = server.url();
+    config.http = HttpSettings {
+        retry: RetryPolicy {
+            max_attempts: 8,
+            base_delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(5),
+        },
+        breaker: loom_llm::BreakerSettings {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(60),
+        },
+        ..HttpSettings::default()
+    };
+    let model = OpenAiModel::new(config).unwrap();
+    let dropped = tokio::time::timeout(Duration::from_millis(500), chunks(&model)).await;
+    assert!(dropped.is_err(), "the call was still waiting to retry");
+    assert_eq!(server.requests().len(), 1);
+    let err = chunks(&model).await.unwrap_err();
+    assert!(err.to_string().contains("circuit breaker"), "{err}");
+    assert_eq!(server.requests().len(), 1, "an open circuit sends nothing");
+}
+
+#[tokio::test]
 async fn the_default_retries_outlast_a_model_server_that_is_loading() {
     // llama.cpp answers `503 Loading model` while it reads its weights; a
     // call made then is waited through (the default number of attempts,

@@ -24,8 +24,9 @@ pub(crate) struct LiveRun {
     pub(crate) principal: Principal,
     pub(crate) prompt: String,
     pub(crate) model: String,
-    /// When it began executing; while it waits, when it was accepted.
-    pub(crate) started_ms: u64,
+    /// When it began executing (its `lifecycle.start`, the time its record
+    /// keeps), once it has; none while it waits.
+    pub(crate) started_ms: Option<u64>,
     /// When a gateway accepted it (none for a run it took over from the
     /// command line's store).
     pub(crate) accepted_ms: Option<u64>,
@@ -62,8 +63,22 @@ impl LiveRun {
                 &self.prompt,
                 &self.model,
                 status,
-                self.started_ms,
+                self.listed_ms(),
             )
+        }
+    }
+
+    /// Where it stands in lists: its start, or, until it has begun, its
+    /// acceptance (as stores order runs).
+    pub(crate) fn listed_ms(&self) -> u64 {
+        self.started_ms.or(self.accepted_ms).unwrap_or_default()
+    }
+
+    /// It began at `started_ms` (its first `lifecycle.start`; a resumed
+    /// run keeps the start it had).
+    pub(crate) fn began(&mut self, event: &loom_core::Event) {
+        if let (loom_core::EventKind::LifecycleStart { resumed: false, .. }, Some(ms)) = (&event.kind, event.ts_ms()) {
+            self.started_ms.get_or_insert(ms);
         }
     }
 
@@ -103,7 +118,7 @@ impl LiveRun {
             status: state.status,
             prompt: self.prompt.clone(),
             model: self.model.clone(),
-            started_ms: (state.status != RunStatus::Queued).then_some(self.started_ms),
+            started_ms: self.started_ms,
             accepted_ms: self.accepted_ms,
             ended_ms: None,
             content: state.content,
@@ -181,7 +196,7 @@ impl Registry {
     pub(crate) fn on_session(&self, session_id: &str) -> Vec<&LiveRun> {
         let ids = self.by_session.get(session_id).map(Vec::as_slice).unwrap_or_default();
         let mut runs: Vec<&LiveRun> = ids.iter().filter_map(|id| self.runs.get(id)).collect();
-        runs.sort_by_key(|run| (run.queued, run.started_ms));
+        runs.sort_by_key(|run| (run.queued, run.listed_ms()));
         runs
     }
 
@@ -200,17 +215,14 @@ impl Registry {
         }
     }
 
-    /// The queue let these runs start at `now_ms`: they are executing from
-    /// now on.
-    pub(crate) fn starting(&mut self, tickets: Vec<Ticket>, now_ms: u64) -> Vec<Launch> {
+    /// The queue let these runs start: they are executing from now on.
+    pub(crate) fn starting(&mut self, tickets: Vec<Ticket>) -> Vec<Launch> {
         let mut launches = Vec::new();
         for ticket in tickets {
             let Some(run) = self.runs.get_mut(&ticket.run_id) else {
                 continue;
             };
             run.queued = false;
-            // It begins now (a worker's run: when the worker says so).
-            run.started_ms = now_ms;
             launches.extend(Self::launch_of(run));
         }
         launches

@@ -95,10 +95,10 @@ impl Driver {
             state.named_files =
                 named_files::find(&self.workspace, &self.engine.protected, &self.engine.read_only, &prompt).await;
         }
-        self.emit_start(&state, &prompt, false, forked_from);
+        let started_ms = self.emit_start(&state, &prompt, false, forked_from);
         let mut machine = self.machine(state, Vec::new());
         let opened = match self.earlier_conversation(history).await {
-            Ok(history) => self.open_record(&prompt, principal).await.map(|()| history),
+            Ok(history) => self.open_record(&prompt, principal, started_ms).await.map(|()| history),
             Err(reason) => Err(reason),
         };
         if opened.is_ok() {
@@ -337,8 +337,17 @@ impl Driver {
         }
     }
 
-    fn emit_start(&self, state: &RunState, prompt: &str, resumed: bool, forked_from: Option<crate::event::ForkLink>) {
-        self.events.emit(
+    /// Emits `lifecycle.start`; its time, in ms since the epoch, which the
+    /// run's record keeps as its start (so a gateway that shows the run from
+    /// its events and one that reads its record agree to the millisecond).
+    fn emit_start(
+        &self,
+        state: &RunState,
+        prompt: &str,
+        resumed: bool,
+        forked_from: Option<crate::event::ForkLink>,
+    ) -> u64 {
+        let event = self.events.stamp(
             &TurnIds::of(state.turn()),
             EventKind::LifecycleStart {
                 prompt: prompt.to_string(),
@@ -350,6 +359,14 @@ impl Driver {
                 agent: self.agent_name.as_deref().map(str::to_string),
             },
         );
+        let started_ms = event.ts_ms().unwrap_or_else(|| {
+            self.ctx
+                .started_at()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        });
+        self.events.send(event);
+        started_ms
     }
 
     /// The conversation a run continues: the given history, or the
@@ -392,12 +409,8 @@ impl Driver {
 
     /// Records the run, already `RUNNING`: one write, so no crash can
     /// leave it `QUEUED` behind a process that was running it.
-    async fn open_record(&self, prompt: &str, principal: Option<String>) -> Result<(), StopReason> {
+    async fn open_record(&self, prompt: &str, principal: Option<String>, started_ms: u64) -> Result<(), StopReason> {
         let ctx = &self.ctx;
-        let started_ms = ctx
-            .started_at()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         let record = RunRecord {
             owner: self.engine.owner.clone(),
             workspace: Some(self.workspace.display().to_string()),

@@ -103,7 +103,8 @@ pub struct RunView {
     pub prompt: String,
     /// The model.
     pub model: String,
-    /// When it began executing, ms since the epoch; absent while `QUEUED`.
+    /// When it began executing (its `lifecycle.start`), ms since the
+    /// epoch; absent until then (while `QUEUED`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_ms: Option<u64>,
     /// When the gateway accepted it (absent for a run started elsewhere,

@@ -202,7 +202,7 @@ impl Service {
                 session_id,
             };
             let launches = match self.inner.queue.push(ticket) {
-                Ok(started) => registry.starting(started, now_ms()),
+                Ok(started) => registry.starting(started),
                 Err(QueueFull) => {
                     registry.remove(&run_id);
                     self.inner.feed.forget(&run_id);
@@ -331,8 +331,7 @@ impl Service {
                 .model
                 .clone()
                 .unwrap_or_else(|| self.inner.agents.default_model()),
-            // Until it begins, its start is its acceptance.
-            started_ms: accepted_ms,
+            started_ms: None,
             accepted_ms: Some(accepted_ms),
             queued: true,
             start: Some(Start::New(agent, Box::new(request))),
@@ -359,7 +358,7 @@ impl Service {
         } else {
             self.inner.queue.finished(run_id, !self.shutting_down())
         };
-        let launches = registry.starting(started, now_ms());
+        let launches = registry.starting(started);
         let run = registry.remove(run_id);
         self.publish_gauges(&registry);
         drop(registry);
@@ -392,7 +391,7 @@ impl Service {
             } else {
                 self.inner.queue.finished(run_id, !self.shutting_down())
             };
-            let launches = registry.starting(started, now_ms());
+            let launches = registry.starting(started);
             self.publish_gauges(&registry);
             launches
         };

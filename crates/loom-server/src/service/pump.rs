@@ -64,7 +64,7 @@ impl Service {
             let removed = registry.remove(run_id);
             let started = self.inner.queue.finished(run_id, !self.shutting_down());
             self.publish_gauges(&registry);
-            (registry.starting(started, now_ms()), removed)
+            (registry.starting(started), removed)
         };
         self.inner.feed.close(run_id);
         for launch in launches {
@@ -121,6 +121,11 @@ impl Service {
         while let Some(event) = handle.next_event().await {
             crate::metrics::observe(&event, &mut model_started);
             let event = Arc::new(event);
+            if *event.run_id == *run_id && matches!(event.kind, EventKind::LifecycleStart { .. }) {
+                if let Some(run) = self.registry().runs.get_mut(&run_id) {
+                    run.began(&event);
+                }
+            }
             if *event.run_id == *run_id {
                 self.inner.feed.publish(event);
             } else {
@@ -180,7 +185,7 @@ impl Service {
             }
             let start_more = !self.inner.shutting_down.load(Ordering::SeqCst);
             let started = self.inner.queue.finished(run_id, start_more);
-            let launches = registry.starting(started, now_ms());
+            let launches = registry.starting(started);
             self.publish_gauges(&registry);
             (run, launches)
         };

@@ -400,10 +400,9 @@ impl Service {
     fn on_root_event(&self, remote: Arc<RemoteRun>, event: Event) {
         let run_id = remote.run_id.clone();
         remote.state.send_if_modified(|state| state.follow(&run_id, &event));
-        if let (EventKind::LifecycleStart { resumed: false, .. }, Some(started_ms)) = (&event.kind, event.ts_ms()) {
-            // A worker began it: it shows that start, not its acceptance.
+        if matches!(event.kind, EventKind::LifecycleStart { .. }) {
             if let Some(run) = self.registry().runs.get_mut(&run_id) {
-                run.started_ms = started_ms;
+                run.began(&event);
             }
         }
         let mut model_started = None;
@@ -509,13 +508,13 @@ impl Service {
                 return Ok(());
             }
             let (done, _) = watch::channel(None);
-            registry.add(LiveRun {
+            let mut run = LiveRun {
                 run_id: record.run_id.clone(),
                 session_id: record.session_id.clone(),
                 principal: owner,
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
-                started_ms: record.started_ms,
+                started_ms: (record.status != RunStatus::Queued).then_some(record.started_ms),
                 accepted_ms: record.accepted_ms,
                 queued: false,
                 start: None,
@@ -525,7 +524,12 @@ impl Service {
                 asks_counted: 0,
                 on_worker: true,
                 done,
-            });
+            };
+            // Begun after the record was read: its log says when.
+            for event in &events {
+                run.began(event);
+            }
+            registry.add(run);
             self.inner.feed.open(run_id, state.last_seq);
         }
         // Its sub-agents running now are found from its open `task` calls.

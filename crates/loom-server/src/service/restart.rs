@@ -232,7 +232,8 @@ impl Service {
                 principal: principal.clone(),
                 prompt: record.prompt.clone(),
                 model: record.model.clone(),
-                started_ms: record.started_ms,
+                // An interrupted run has begun: it keeps its start.
+                started_ms: Some(record.started_ms),
                 accepted_ms: record.accepted_ms,
                 queued: true,
                 start: Some(Start::Resume(Box::new(resuming))),
@@ -296,7 +297,7 @@ impl Service {
             }
             registry.add(run);
             let started = self.inner.queue.readmit(ticket);
-            let launches = registry.starting(started, now_ms());
+            let launches = registry.starting(started);
             self.publish_gauges(&registry);
             launches
         };
