@@ -578,8 +578,10 @@ async fn a_slow_stream_is_cancelled_promptly() {
     assert_eq!(outcome.status, RunStatus::Canceled);
 }
 
-#[tokio::test]
-async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
+/// A server that answers every call with a 500, and a model of it with
+/// `attempts` per call, `wait` between them, and a circuit that opens after
+/// `failures` failed calls, for `open_for`.
+fn always_down(attempts: u32, wait: Duration, failures: u32, open_for: Duration) -> (FakeServer, OpenAiModel) {
     let server = FakeServer::start(
         (0..10)
             .map(|_| Reply::status(500, json!({"error": {"message": "down"}})))
@@ -589,17 +591,23 @@ async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
     config.base_url = server.url();
     config.http = HttpSettings {
         retry: RetryPolicy {
-            max_attempts: 3,
-            base_delay: Duration::from_millis(5),
-            max_delay: Duration::from_millis(10),
+            max_attempts: attempts,
+            base_delay: wait,
+            max_delay: wait,
         },
         breaker: loom_llm::BreakerSettings {
-            failure_threshold: 2,
-            open_for: Duration::from_millis(300),
+            failure_threshold: failures,
+            open_for,
         },
         ..HttpSettings::default()
     };
     let model = OpenAiModel::new(config).unwrap();
+    (server, model)
+}
+
+#[tokio::test]
+async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
+    let (server, model) = always_down(3, Duration::from_millis(5), 2, Duration::from_millis(300));
     assert!(chunks(&model).await.is_err());
     assert_eq!(
         server.requests().len(),
@@ -631,26 +639,7 @@ async fn the_circuit_opens_after_repeated_failed_calls_and_one_trial_decides() {
 async fn a_call_dropped_while_it_retries_counts_as_failed() {
     // A run cancelled, or out of step time, while its call waits between
     // retries: the provider was failing, so the circuit hears of it.
-    let server = FakeServer::start(
-        (0..10)
-            .map(|_| Reply::status(500, json!({"error": {"message": "down"}})))
-            .collect(),
-    );
-    let mut config = OpenAiConfig::new("m");
-    config.base_url = server.url();
-    config.http = HttpSettings {
-        retry: RetryPolicy {
-            max_attempts: 8,
-            base_delay: Duration::from_secs(5),
-            max_delay: Duration::from_secs(5),
-        },
-        breaker: loom_llm::BreakerSettings {
-            failure_threshold: 1,
-            open_for: Duration::from_secs(60),
-        },
-        ..HttpSettings::default()
-    };
-    let model = OpenAiModel::new(config).unwrap();
+    let (server, model) = always_down(8, Duration::from_secs(5), 1, Duration::from_secs(60));
     let dropped = tokio::time::timeout(Duration::from_millis(500), chunks(&model)).await;
     assert!(dropped.is_err(), "the call was still waiting to retry");
     assert_eq!(server.requests().len(), 1);
